@@ -1,0 +1,192 @@
+// config/resolve.cpp — argument parsing, load-time resolution, draft derivation.
+#include "config/resolve.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "config/error.hpp"
+
+namespace specactor::config {
+namespace {
+
+using json = nlohmann::json;
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string suggestion(std::string_view field) {
+  std::string best;
+  std::size_t best_d = 4;  // suggest only close matches
+  for (const auto& name : field_names()) {
+    std::size_t d = edit_distance(field, name);
+    if (d < best_d) best_d = d, best = name;
+  }
+  return best.empty() ? "" : " (did you mean " + flag_name(best) + "?)";
+}
+
+bool known_field(std::string_view field) {
+  const auto& names = field_names();
+  return std::find(names.begin(), names.end(), field) != names.end();
+}
+
+std::string field_of_flag(std::string_view flag) {
+  std::string f(flag.substr(2));
+  std::replace(f.begin(), f.end(), '-', '_');
+  return f;
+}
+
+}  // namespace
+
+void apply_config_file(ServerArgs& args, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("--config " + path + ": cannot open the file");
+  json doc;
+  try {
+    doc = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw ConfigError("--config " + path + ": not valid JSON: " + e.what());
+  }
+  if (!doc.is_object()) throw ConfigError("--config " + path + ": expected a JSON object of settings");
+  json applied = json::object();
+  for (const auto& [key, value] : doc.items()) {
+    if (!known_field(key))
+      throw ConfigError("--config " + path + ": unknown setting '" + key + "'" + suggestion(key));
+    set_field(args, key, value, "--config " + path + " key '" + key + "'");
+    applied[key] = value;
+  }
+  if (!applied.empty()) args.override_log.push_back({"user.config_file:" + path, applied});
+}
+
+ServerArgs parse_server_args(const std::vector<std::string>& argv) {
+  ServerArgs args;
+  // Pass 1: the config file (so the command line wins regardless of order).
+  for (std::size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--config") {
+      if (i + 1 >= argv.size()) throw ConfigError("--config: expected a JSON file path");
+      apply_config_file(args, argv[++i]);
+    } else if (a.rfind("--config=", 0) == 0) {
+      apply_config_file(args, a.substr(9));
+    }
+  }
+  // Pass 2: the flags.
+  json applied = json::object();
+  for (std::size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--config") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--config=", 0) == 0) continue;
+    if (a.size() < 3 || a.rfind("--", 0) != 0)
+      throw ConfigError("unexpected argument '" + a + "' (settings are given as --flag value)");
+    std::string flag = a, text;
+    bool has_value = false;
+    if (auto eq = a.find('='); eq != std::string::npos) {
+      flag = a.substr(0, eq);
+      text = a.substr(eq + 1);
+      has_value = true;
+    }
+    const std::string field = field_of_flag(flag);
+    if (!known_field(field)) throw ConfigError("unknown flag " + flag + suggestion(field));
+    if (!has_value) {
+      if (is_bool_field(field)) {
+        text = "true";
+      } else {
+        if (i + 1 >= argv.size() || (argv[i + 1].rfind("--", 0) == 0 && argv[i + 1].size() > 2))
+          throw ConfigError(flag + ": expected a value");
+        text = argv[++i];
+      }
+    }
+    json value = parse_field_text(field, text);
+    set_field(args, field, value, flag);
+    applied[field] = value;
+  }
+  if (!applied.empty()) args.override_log.push_back({"user.argv", applied});
+  return args;
+}
+
+Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const RuntimeFacts& runtime) {
+  Snapshot s = user;
+  const std::string model_name = model.architecture + " model " + s->model_path;
+
+  // Facts from the model file.
+  {
+    json f = json::object();
+    if (model.context_length <= 0)
+      throw ConfigError(s->model_path + ": the model reports no context length; pass --context-length");
+    if (!s->context_length) {
+      f["context_length"] = model.context_length;
+    } else if (*s->context_length > model.context_length && !s->allow_context_length_above_model) {
+      throw ConfigError("--context-length " + std::to_string(*s->context_length) +
+                        " exceeds the context length of " + model_name + " (" +
+                        std::to_string(model.context_length) +
+                        "); pass --allow-context-length-above-model to accept it");
+    }
+    s = derive(s, "load.model_config", f);
+  }
+
+  // KV budget.
+  if (!s->max_total_tokens) {
+    const std::int64_t want = std::max<std::int64_t>(*s->context_length, 32768);
+    const std::int64_t rounded = (want + s->page_size - 1) / s->page_size * s->page_size;
+    s = derive(s, "auto.memory", {{"max_total_tokens", rounded}});
+  }
+
+  // Device.
+  if (s->device == Device::Cuda && !runtime.cuda_usable)
+    throw ConfigError("--device cuda: no usable CUDA device (" +
+                      (runtime.cuda_reason.empty() ? std::string("probe failed") : runtime.cuda_reason) +
+                      "); use --device cpu or auto");
+  if (s->device == Device::Auto)
+    s = derive(s, "auto.device", {{"device", runtime.cuda_usable ? "cuda" : "cpu"}});
+
+  // Speculative shape.
+  if (s->speculative_algorithm != SpecAlgorithm::None) {
+    const SpecShape dflt = auto_spec_shape(s->speculative_algorithm, model.llama_family);
+    const bool none_given =
+        !s->speculative_num_steps && !s->speculative_eagle_topk && !s->speculative_num_draft_tokens;
+    const std::int64_t steps = s->speculative_num_steps.value_or(dflt.num_steps);
+    const std::int64_t topk = s->speculative_eagle_topk.value_or(none_given ? dflt.eagle_topk : 1);
+    std::int64_t tokens = s->speculative_num_draft_tokens.value_or(
+        std::min<std::int64_t>(dflt.num_draft_tokens, 1 + steps * topk));
+    if (topk == 1) tokens = steps + 1;  // a chain verifies exactly its steps plus the root
+    json f = json::object();
+    if (!s->speculative_num_steps) f["speculative_num_steps"] = steps;
+    if (!s->speculative_eagle_topk) f["speculative_eagle_topk"] = topk;
+    if (!s->speculative_num_draft_tokens || *s->speculative_num_draft_tokens != tokens)
+      f["speculative_num_draft_tokens"] = tokens;
+    s = derive(s, "auto.speculative", f);
+  }
+  return s;
+}
+
+Snapshot derive_draft(const Snapshot& target_resolved, const ModelFacts& target_model) {
+  const ServerArgs& t = *target_resolved;
+  if (t.speculative_algorithm == SpecAlgorithm::None)
+    throw ConfigError("derive_draft: --speculative-algorithm is NONE, there is no draft to configure");
+  json f = json::object();
+  f["context_length"] = target_model.context_length;  // the draft reads the target's positions
+  if (t.speculative_draft_load_format) f["load_format"] = std::string(to_string(*t.speculative_draft_load_format));
+  if (t.speculative_draft_attention_backend) {
+    f["attention_backend"] = *t.speculative_draft_attention_backend;
+    f["prefill_attention_backend"] = nullptr;
+    f["decode_attention_backend"] = nullptr;
+  }
+  if (t.speculative_draft_kv_cache_dtype) f["kv_cache_dtype"] = *t.speculative_draft_kv_cache_dtype;
+  if (t.speculative_draft_model_path) f["model_path"] = *t.speculative_draft_model_path;
+  // Never empty (context_length is always set), so the draft always gets its own object.
+  return derive(target_resolved, "draft.per_runner", f);
+}
+
+}  // namespace specactor::config

@@ -1,0 +1,51 @@
+// config/resolve.hpp — from argv / a JSON config file to resolved target and draft snapshots.
+//
+//   user  = parse_server_args(argv)            defaults < config file < argv, logged per source
+//   snap  = freeze(user)                       validated, immutable
+//   tgt   = resolve_target(snap, facts)        load-time decisions, each under a named source
+//   draft = derive_draft(tgt, facts)           per-runner draft fields applied last (they win)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/snapshot.hpp"
+
+namespace specactor::config {
+
+// What resolution needs to know about the loaded target model (config/ depends on nothing of ours;
+// model::ModelInfo converts itself into this).
+struct ModelFacts {
+  std::string architecture;         // e.g. "llama"
+  std::int64_t context_length = 0;  // the model's trained context length, tokens
+  std::int64_t vocab_size = 0;
+  std::int64_t hidden_size = 0;
+  std::int64_t num_layers = 0;
+  bool llama_family = false;
+};
+
+// What resolution needs to know about this machine.
+struct RuntimeFacts {
+  bool cuda_usable = false;  // a CUDA device answered the probe
+  std::string cuda_reason;   // why not, for the error message of --device cuda
+};
+
+// Parses `--flag value`, `--flag=value`, bare `--bool-flag`, and `--config FILE.json` (keys are the
+// field names, applied before the command line). The returned args carry override-log entries
+// "user.config_file" and "user.argv" listing what each set. Throws ConfigError naming the flag.
+ServerArgs parse_server_args(const std::vector<std::string>& argv);
+
+// Reads a JSON config file into `args` (used by --config); errors name the file and key.
+void apply_config_file(ServerArgs& args, const std::string& path);
+
+// Load-time resolution of the target's snapshot: context length from the model (a larger user value
+// is an error unless allowed), KV budget, device, automatic speculative shape. Each decision is a
+// derive() under its own source: "load.model_config", "auto.memory", "auto.device", "auto.speculative".
+Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const RuntimeFacts& runtime);
+
+// The draft's snapshot, derived from the target's *resolved* snapshot with the per-runner draft
+// fields applied on top (source "draft.per_runner"). Requires a speculative algorithm.
+Snapshot derive_draft(const Snapshot& target_resolved, const ModelFacts& target_model);
+
+}  // namespace specactor::config

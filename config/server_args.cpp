@@ -1,0 +1,339 @@
+// config/server_args.cpp — reflection over the field table: JSON, text parsing, validation.
+#include "config/server_args.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <set>
+
+#include "config/error.hpp"
+
+namespace specactor::config {
+namespace {
+
+using json = nlohmann::json;
+
+std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+template <class E> std::string enum_choices() {
+  std::string out;
+  for (const auto& [v, name] : EnumNames<E>::table) {
+    if (!out.empty()) out += "|";
+    out += name;
+  }
+  return out;
+}
+
+template <class E> std::optional<E> enum_from_string(std::string_view text) {
+  for (const auto& [v, name] : EnumNames<E>::table) {
+    if (name.size() != text.size()) continue;
+    bool eq = std::equal(name.begin(), name.end(), text.begin(), [](char a, char b) {
+      return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+    });
+    if (eq) return v;
+  }
+  return std::nullopt;
+}
+
+// Per-type conversions. `where` names the flag/file/source for error messages.
+template <class T> struct Traits;
+
+template <> struct Traits<bool> {
+  static constexpr std::string_view kind = "a boolean (true|false)";
+  static json to_json(bool v) { return v; }
+  static bool from_json(const json& j, const std::string& where) {
+    if (!j.is_boolean()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + j.dump());
+    return j.get<bool>();
+  }
+  static json parse(std::string_view t, const std::string& where) {
+    if (t == "true" || t == "1" || t == "yes" || t == "on") return true;
+    if (t == "false" || t == "0" || t == "no" || t == "off") return false;
+    throw ConfigError(where + ": expected " + std::string(kind) + ", got " + in_quotes(t));
+  }
+};
+
+template <> struct Traits<std::int64_t> {
+  static constexpr std::string_view kind = "an integer";
+  static json to_json(std::int64_t v) { return v; }
+  static std::int64_t from_json(const json& j, const std::string& where) {
+    if (!j.is_number_integer()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + j.dump());
+    return j.get<std::int64_t>();
+  }
+  static json parse(std::string_view t, const std::string& where) {
+    std::int64_t v = 0;
+    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (t.empty() || ec != std::errc{} || end != t.data() + t.size())
+      throw ConfigError(where + ": expected " + std::string(kind) + ", got " + in_quotes(t));
+    return v;
+  }
+};
+
+template <> struct Traits<double> {
+  static constexpr std::string_view kind = "a number";
+  static json to_json(double v) { return v; }
+  static double from_json(const json& j, const std::string& where) {
+    if (!j.is_number()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + j.dump());
+    return j.get<double>();
+  }
+  static json parse(std::string_view t, const std::string& where) {
+    std::string s(t);
+    char* end = nullptr;
+    double v = s.empty() ? 0.0 : std::strtod(s.c_str(), &end);
+    if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v))
+      throw ConfigError(where + ": expected " + std::string(kind) + ", got " + in_quotes(t));
+    return v;
+  }
+};
+
+template <> struct Traits<std::string> {
+  static constexpr std::string_view kind = "a string";
+  static json to_json(const std::string& v) { return v; }
+  static std::string from_json(const json& j, const std::string& where) {
+    if (!j.is_string()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + j.dump());
+    return j.get<std::string>();
+  }
+  static json parse(std::string_view t, const std::string&) { return std::string(t); }
+};
+
+template <class E>
+  requires std::is_enum_v<E>
+struct Traits<E> {
+  static inline const std::string kind_str = "one of " + enum_choices<E>();
+  static json to_json(E v) { return std::string(to_string(v)); }
+  static E from_json(const json& j, const std::string& where) {
+    if (!j.is_string()) throw ConfigError(where + ": expected " + kind_str + ", got " + j.dump());
+    auto v = enum_from_string<E>(j.get<std::string>());
+    if (!v) throw ConfigError(where + ": expected " + kind_str + ", got " + j.dump());
+    return *v;
+  }
+  static json parse(std::string_view t, const std::string& where) {
+    auto v = enum_from_string<E>(t);
+    if (!v) throw ConfigError(where + ": expected " + kind_str + ", got " + in_quotes(t));
+    return std::string(to_string(*v));
+  }
+};
+
+template <class T> struct Traits<std::optional<T>> {
+  static json to_json(const std::optional<T>& v) { return v ? Traits<T>::to_json(*v) : json(nullptr); }
+  static std::optional<T> from_json(const json& j, const std::string& where) {
+    if (j.is_null()) return std::nullopt;
+    return Traits<T>::from_json(j, where);
+  }
+  static json parse(std::string_view t, const std::string& where) { return Traits<T>::parse(t, where); }
+};
+
+// Allowed values of the free-text choice fields.
+const std::vector<std::pair<std::string_view, std::vector<std::string_view>>>& choice_fields() {
+  static const std::vector<std::pair<std::string_view, std::vector<std::string_view>>> table = {
+      {"dtype", {"auto", "float32", "float16", "bfloat16"}},
+      {"kv_cache_dtype", {"auto", "float32", "float16", "bfloat16"}},
+      {"speculative_draft_kv_cache_dtype", {"auto", "float32", "float16", "bfloat16"}},
+      {"attention_backend", {"auto", "cpu", "cuda"}},
+      {"prefill_attention_backend", {"auto", "cpu", "cuda"}},
+      {"decode_attention_backend", {"auto", "cpu", "cuda"}},
+      {"speculative_draft_attention_backend", {"auto", "cpu", "cuda"}},
+      {"log_level", {"trace", "debug", "info", "warn", "error", "off"}},
+  };
+  return table;
+}
+
+void check_choice(std::string_view field, const std::string& value) {
+  for (const auto& [name, allowed] : choice_fields()) {
+    if (name != field) continue;
+    if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return;
+    std::string list;
+    for (auto a : allowed) {
+      if (!list.empty()) list.push_back('|');
+      list.append(a);
+    }
+    throw ConfigError(flag_name(field) + ": expected one of " + list + ", got " + in_quotes(value));
+  }
+}
+
+std::string fail_prefix(std::string_view field) { return flag_name(field); }
+
+}  // namespace
+
+std::string flag_name(std::string_view field) {
+  std::string out = "--";
+  for (char c : field) out += (c == '_') ? '-' : c;
+  return out;
+}
+
+const std::vector<std::string>& field_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    ServerArgs a;
+    for_each_field(a, [&](std::string_view name, std::string_view, auto&) { v.emplace_back(name); });
+    return v;
+  }();
+  return names;
+}
+
+json settings_to_json(const ServerArgs& args) {
+  json out = json::object();
+  for_each_field(args, [&](std::string_view name, std::string_view, const auto& member) {
+    using T = std::decay_t<decltype(member)>;
+    out[std::string(name)] = Traits<T>::to_json(member);
+  });
+  return out;
+}
+
+void set_field(ServerArgs& args, std::string_view field, const json& value, std::string_view where) {
+  bool found = false;
+  for_each_field(args, [&](std::string_view name, std::string_view, auto& member) {
+    if (name != field) return;
+    found = true;
+    using T = std::decay_t<decltype(member)>;
+    member = Traits<T>::from_json(value, std::string(where));
+    if constexpr (std::is_same_v<T, std::string>) check_choice(field, member);
+    if constexpr (std::is_same_v<T, OptString>)
+      if (member) check_choice(field, *member);
+  });
+  if (!found) throw ConfigError(std::string(where) + ": unknown setting '" + std::string(field) + "'");
+}
+
+json parse_field_text(std::string_view field, std::string_view text) {
+  json out;
+  bool found = false;
+  ServerArgs probe;
+  for_each_field(probe, [&](std::string_view name, std::string_view, auto& member) {
+    if (name != field) return;
+    found = true;
+    using T = std::decay_t<decltype(member)>;
+    out = Traits<T>::parse(text, flag_name(field));
+  });
+  if (!found) throw ConfigError("unknown setting '" + std::string(field) + "'");
+  return out;
+}
+
+bool is_bool_field(std::string_view field) {
+  bool result = false;
+  ServerArgs probe;
+  for_each_field(probe, [&](std::string_view name, std::string_view, auto& member) {
+    if (name == field) result = std::is_same_v<std::decay_t<decltype(member)>, bool>;
+  });
+  return result;
+}
+
+bool same_settings(const ServerArgs& a, const ServerArgs& b) { return settings_to_json(a) == settings_to_json(b); }
+
+SpecShape auto_spec_shape(SpecAlgorithm algo, bool llama_family_target) {
+  const bool eagle_family = algo == SpecAlgorithm::Eagle || algo == SpecAlgorithm::Eagle3;
+  if (eagle_family && llama_family_target) return {5, 4, 8};
+  return {3, 1, 4};
+}
+
+bool needs_draft_model(const ServerArgs& a) {
+  switch (a.speculative_algorithm) {
+    case SpecAlgorithm::Eagle:
+    case SpecAlgorithm::Eagle3:
+    case SpecAlgorithm::Mtp:
+    case SpecAlgorithm::FrozenKvMtp:
+      return true;
+    case SpecAlgorithm::Standalone:
+      return !a.speculative_draft_num_layers.has_value();
+    case SpecAlgorithm::None:
+    case SpecAlgorithm::Ngram:
+      return false;
+  }
+  return false;
+}
+
+void validate(const ServerArgs& a) {
+  auto fail = [](std::string_view field, const std::string& msg) {
+    throw ConfigError(fail_prefix(field) + ": " + msg);
+  };
+  auto at_least = [&](std::string_view field, std::int64_t v, std::int64_t lo) {
+    if (v < lo) fail(field, "must be >= " + std::to_string(lo) + " (got " + std::to_string(v) + ")");
+  };
+  auto in_range = [&](std::string_view field, std::int64_t v, std::int64_t lo, std::int64_t hi) {
+    if (v < lo || v > hi)
+      fail(field, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (got " + std::to_string(v) + ")");
+  };
+
+  // Choice strings (also checked on set; a directly built ServerArgs is checked here).
+  for_each_field(a, [&](std::string_view name, std::string_view, const auto& member) {
+    using T = std::decay_t<decltype(member)>;
+    if constexpr (std::is_same_v<T, std::string>) check_choice(name, member);
+    if constexpr (std::is_same_v<T, OptString>)
+      if (member) check_choice(name, *member);
+  });
+
+  // Model.
+  if (a.context_length) at_least("context_length", *a.context_length, 1);
+  {
+    json overrides;
+    try {
+      overrides = json::parse(a.json_model_override_args);
+    } catch (const json::parse_error& e) {
+      fail("json_model_override_args", std::string("not valid JSON: ") + e.what());
+    }
+    if (!overrides.is_object()) fail("json_model_override_args", "expected a JSON object, got " + overrides.dump());
+  }
+
+  // Runtime.
+  in_range("tp_size", a.tp_size, 1, 64);
+  in_range("threads", a.threads, 0, 4096);
+  in_range("page_size", a.page_size, 1, 4096);
+  if (a.max_total_tokens) at_least("max_total_tokens", *a.max_total_tokens, a.page_size);
+  at_least("max_running_requests", a.max_running_requests, 1);
+  at_least("chunked_prefill_size", a.chunked_prefill_size, 1);
+  in_range("port", a.port, 1, 65535);
+  at_least("random_seed", a.random_seed, 0);
+
+  // Speculative decoding.
+  const bool spec = a.speculative_algorithm != SpecAlgorithm::None;
+  const std::string algo(to_string(a.speculative_algorithm));
+  if (!spec) {
+    for (auto [field, set] : {std::pair{"speculative_num_steps", a.speculative_num_steps.has_value()},
+                              std::pair{"speculative_eagle_topk", a.speculative_eagle_topk.has_value()},
+                              std::pair{"speculative_num_draft_tokens", a.speculative_num_draft_tokens.has_value()},
+                              std::pair{"speculative_draft_model_path", a.speculative_draft_model_path.has_value()},
+                              std::pair{"speculative_draft_num_layers", a.speculative_draft_num_layers.has_value()}}) {
+      if (set) fail(field, "is set but --speculative-algorithm is NONE; choose an algorithm or drop the flag");
+    }
+  }
+  if (a.speculative_num_steps) in_range("speculative_num_steps", *a.speculative_num_steps, 1, 64);
+  if (a.speculative_eagle_topk) in_range("speculative_eagle_topk", *a.speculative_eagle_topk, 1, 64);
+  if (a.speculative_num_draft_tokens) in_range("speculative_num_draft_tokens", *a.speculative_num_draft_tokens, 2, 1024);
+  if (a.speculative_num_steps && a.speculative_eagle_topk && a.speculative_num_draft_tokens) {
+    const std::int64_t most = 1 + *a.speculative_num_steps * *a.speculative_eagle_topk;
+    if (*a.speculative_num_draft_tokens > most)
+      fail("speculative_num_draft_tokens",
+           "must be <= 1 + steps * topk = " + std::to_string(most) + " (got " +
+               std::to_string(*a.speculative_num_draft_tokens) + " with --speculative-num-steps " +
+               std::to_string(*a.speculative_num_steps) + " and --speculative-eagle-topk " +
+               std::to_string(*a.speculative_eagle_topk) + ")");
+  }
+  for (auto [field, v] : {std::pair{"speculative_accept_threshold_single", a.speculative_accept_threshold_single},
+                          std::pair{"speculative_accept_threshold_acc", a.speculative_accept_threshold_acc}}) {
+    if (!(v > 0.0 && v <= 1.0)) fail(field, "must be in (0, 1] (got " + std::to_string(v) + ")");
+  }
+  if (spec && needs_draft_model(a) && (!a.speculative_draft_model_path || a.speculative_draft_model_path->empty())) {
+    std::string what = a.speculative_algorithm == SpecAlgorithm::Standalone
+                           ? "a draft model (or --speculative-draft-num-layers K for self-speculation)"
+                           : "the " + algo + " head to load";
+    fail("speculative_draft_model_path", "is required by --speculative-algorithm " + algo + ": give " + what);
+  }
+  if (a.speculative_draft_num_layers) {
+    if (a.speculative_algorithm != SpecAlgorithm::Standalone)
+      fail("speculative_draft_num_layers", "only applies to --speculative-algorithm STANDALONE (got " + algo + ")");
+    at_least("speculative_draft_num_layers", *a.speculative_draft_num_layers, 1);
+  }
+  if (a.speculative_use_rejection_sampling && a.speculative_eagle_topk && *a.speculative_eagle_topk != 1)
+    fail("speculative_use_rejection_sampling",
+         "needs a chain draft (--speculative-eagle-topk 1, got " + std::to_string(*a.speculative_eagle_topk) + ")");
+  if (a.speculative_token_map && !(a.speculative_algorithm == SpecAlgorithm::Eagle ||
+                                   a.speculative_algorithm == SpecAlgorithm::Eagle3))
+    fail("speculative_token_map", "only applies to EAGLE and EAGLE3 drafters (got " + algo + ")");
+  at_least("speculative_ngram_min_match_window_size", a.speculative_ngram_min_match_window_size, 1);
+  if (a.speculative_ngram_max_match_window_size < a.speculative_ngram_min_match_window_size)
+    fail("speculative_ngram_max_match_window_size",
+         "must be >= --speculative-ngram-min-match-window-size (" +
+             std::to_string(a.speculative_ngram_min_match_window_size) + "), got " +
+             std::to_string(a.speculative_ngram_max_match_window_size));
+  in_range("speculative_ngram_max_bfs_breadth", a.speculative_ngram_max_bfs_breadth, 1, 64);
+}
+
+}  // namespace specactor::config

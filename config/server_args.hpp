@@ -1,0 +1,165 @@
+// config/server_args.hpp — every user-facing setting of specactor, with its default.
+//
+// The field list is written once, in SPECACTOR_SERVER_ARGS below: (C++ type, name, default, doc).
+// From it come the struct members, the `--flag-name` command-line flags (sglang's names), the JSON
+// config-file keys, the snapshot JSON and the content hash. After resolution a ServerArgs is only
+// ever seen through `Snapshot` (config/snapshot.hpp), a pointer to const: nothing can assign to it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace specactor::config {
+
+enum class LoadFormat { Auto, Gguf, Safetensors, Dummy };
+enum class Device { Auto, Cpu, Cuda };
+enum class SpecAlgorithm { None, Eagle, Eagle3, Mtp, FrozenKvMtp, Standalone, Ngram };
+
+// Name tables for the enums: the first name of a value is the canonical one; later entries are aliases.
+template <class E> struct EnumNames;
+template <> struct EnumNames<LoadFormat> {
+  static constexpr std::array<std::pair<LoadFormat, std::string_view>, 4> table{{
+      {LoadFormat::Auto, "auto"},
+      {LoadFormat::Gguf, "gguf"},
+      {LoadFormat::Safetensors, "safetensors"},
+      {LoadFormat::Dummy, "dummy"}}};
+};
+template <> struct EnumNames<Device> {
+  static constexpr std::array<std::pair<Device, std::string_view>, 3> table{{
+      {Device::Auto, "auto"}, {Device::Cpu, "cpu"}, {Device::Cuda, "cuda"}}};
+};
+template <> struct EnumNames<SpecAlgorithm> {
+  static constexpr std::array<std::pair<SpecAlgorithm, std::string_view>, 8> table{{
+      {SpecAlgorithm::None, "NONE"},
+      {SpecAlgorithm::Eagle, "EAGLE"},
+      {SpecAlgorithm::Eagle3, "EAGLE3"},
+      {SpecAlgorithm::Mtp, "MTP"},
+      {SpecAlgorithm::FrozenKvMtp, "FROZEN_KV_MTP"},
+      {SpecAlgorithm::Standalone, "STANDALONE"},
+      {SpecAlgorithm::Ngram, "NGRAM"},
+      {SpecAlgorithm::Eagle, "NEXTN"}}};  // NEXTN is sglang's alias of EAGLE
+};
+
+template <class E> std::string_view to_string(E value) {
+  for (const auto& [v, name] : EnumNames<E>::table)
+    if (v == value) return name;
+  return "?";
+}
+
+using OptInt = std::optional<std::int64_t>;
+using OptString = std::optional<std::string>;
+using OptLoadFormat = std::optional<LoadFormat>;
+
+// clang-format off
+#define SPECACTOR_SERVER_ARGS(X)                                                                        \
+  /* ---- model ---- */                                                                                \
+  X(std::string,   model_path,                 "",        "target model: a GGUF file, or a directory with config.json + *.safetensors") \
+  X(OptString,     tokenizer_path,             {},        "tokenizer source; unset = the model's own (GGUF metadata / tokenizer.json)") \
+  X(LoadFormat,    load_format,                LoadFormat::Auto, "weight format of the target: auto|gguf|safetensors|dummy (dummy = random weights, shapes from the file)") \
+  X(std::string,   dtype,                      "auto",    "activation dtype: auto|float32|float16|bfloat16 (auto = float32 on the CPU)") \
+  X(OptInt,        context_length,             {},        "maximum sequence length in tokens; unset = the model's own") \
+  X(bool,          allow_context_length_above_model, false, "accept a --context-length above the model's trained length") \
+  X(std::string,   json_model_override_args,   "{}",      "JSON object of model hyper-parameters overriding the file's, applied when the model config is built") \
+  X(bool,          skip_tokenizer_init,        false,     "do not load a tokenizer; requests must carry token ids") \
+  /* ---- runtime ---- */                                                                              \
+  X(Device,        device,                     Device::Auto, "compute device: auto|cpu|cuda (auto = cuda when a usable GPU exists)") \
+  X(std::int64_t,  tp_size,                    1,         "tensor-parallel ranks for the target model") \
+  X(std::int64_t,  threads,                    0,         "CPU compute threads; 0 = all cores") \
+  X(std::string,   kv_cache_dtype,             "auto",    "KV cache element type: auto|float32|float16|bfloat16 (auto = float32)") \
+  X(std::int64_t,  page_size,                  16,        "tokens per KV-cache page") \
+  X(OptInt,        max_total_tokens,           {},        "KV-cache capacity in tokens over all requests; unset = max(context length, 32768)") \
+  X(std::int64_t,  max_running_requests,       32,        "most requests decoded together in one batch") \
+  X(std::int64_t,  chunked_prefill_size,       2048,      "most prompt tokens prefilled per step (longer prompts are chunked)") \
+  X(bool,          disable_chunked_prefix_cache, false,   "do not reuse KV of earlier chunks as a prefix cache") \
+  X(std::string,   attention_backend,          "auto",    "attention kernels: auto|cpu|cuda (auto = follow --device)") \
+  X(OptString,     prefill_attention_backend,  {},        "attention kernels for prefill only; unset = --attention-backend") \
+  X(OptString,     decode_attention_backend,   {},        "attention kernels for decode only; unset = --attention-backend") \
+  X(std::int64_t,  random_seed,                0,         "seed for sampling when a request gives none") \
+  X(std::string,   log_level,                  "info",    "log level: trace|debug|info|warn|error|off") \
+  /* ---- speculative decoding ---- */                                                                 \
+  X(SpecAlgorithm, speculative_algorithm,      SpecAlgorithm::None, "NONE|EAGLE|EAGLE3|NEXTN (= EAGLE)|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM") \
+  X(OptString,     speculative_draft_model_path, {},      "draft model or head (EAGLE/EAGLE3/MTP head, standalone draft GGUF)") \
+  X(OptLoadFormat, speculative_draft_load_format, {},     "weight format of the draft; unset = the target's") \
+  X(OptInt,        speculative_num_steps,      {},        "draft steps per speculative step (tree depth); unset = automatic") \
+  X(OptInt,        speculative_eagle_topk,     {},        "branches kept per draft step; 1 = chain; unset = automatic") \
+  X(OptInt,        speculative_num_draft_tokens, {},      "tree nodes verified per step, root included; unset = automatic") \
+  X(double,        speculative_accept_threshold_single, 1.0, "accept a draft token whose target probability reaches this; < 1 is lossy") \
+  X(double,        speculative_accept_threshold_acc, 1.0, "divide the accumulated acceptance probability by this; < 1 is lossy") \
+  X(OptString,     speculative_token_map,      {},        "hot-vocabulary file (FR-Spec): the draft's output head keeps only these token ids") \
+  X(OptString,     speculative_draft_attention_backend, {}, "attention kernels of the draft; unset = the target's") \
+  X(OptString,     speculative_draft_kv_cache_dtype, {},  "KV cache element type of the draft; unset = the target's") \
+  X(bool,          speculative_use_rejection_sampling, false, "chain rejection sampling with the draft's probabilities (topk = 1 drafters that sample)") \
+  X(OptInt,        speculative_draft_num_layers, {},      "STANDALONE self-speculation: run only the target's first K layers as the draft") \
+  X(std::int64_t,  speculative_ngram_min_match_window_size, 1, "NGRAM: shortest suffix matched against the context") \
+  X(std::int64_t,  speculative_ngram_max_match_window_size, 12, "NGRAM: longest suffix matched against the context") \
+  X(std::int64_t,  speculative_ngram_max_bfs_breadth, 4,  "NGRAM: most candidate continuations sharing the root (1 = chain)") \
+  X(OptString,     speculative_ngram_corpus_path, {},     "NGRAM: extra text corpus to match against, indexed once at start-up") \
+  /* ---- server ---- */                                                                               \
+  X(std::string,   host,                       "127.0.0.1", "HTTP server address") \
+  X(std::int64_t,  port,                       30000,     "HTTP server port")
+// clang-format on
+
+// One entry of a snapshot's override log: who changed which fields to what.
+struct OverrideEntry {
+  std::string source;     // e.g. "user.argv", "load.model_config", "draft.per_runner"
+  nlohmann::json fields;  // {field_name: new value, ...}
+};
+
+struct ServerArgs {
+#define SPECACTOR_DECLARE_FIELD(type, name, def, doc) type name = def;
+  SPECACTOR_SERVER_ARGS(SPECACTOR_DECLARE_FIELD)
+#undef SPECACTOR_DECLARE_FIELD
+
+  // Provenance, not a setting: excluded from the content hash and from settings equality.
+  std::vector<OverrideEntry> override_log;
+};
+
+// Calls f(name, doc, member) for every setting, in declaration order.
+template <class Args, class F> void for_each_field(Args& args, F&& f) {
+#define SPECACTOR_VISIT_FIELD(type, name, def, doc) f(std::string_view{#name}, std::string_view{doc}, args.name);
+  SPECACTOR_SERVER_ARGS(SPECACTOR_VISIT_FIELD)
+#undef SPECACTOR_VISIT_FIELD
+}
+
+// "speculative_num_steps" -> "--speculative-num-steps"
+std::string flag_name(std::string_view field);
+
+// Names of all settings in declaration order.
+const std::vector<std::string>& field_names();
+
+// Settings as a JSON object {field: value} (unset optionals are null).
+nlohmann::json settings_to_json(const ServerArgs& args);
+
+// Sets one field from JSON. Throws ConfigError naming `where` (a flag, file or source) when the
+// field is unknown or the value has the wrong type.
+void set_field(ServerArgs& args, std::string_view field, const nlohmann::json& value, std::string_view where);
+
+// Parses a command-line value for one field ("4", "true", "EAGLE", ...) into JSON of the right type.
+nlohmann::json parse_field_text(std::string_view field, std::string_view text);
+
+// True when the field is a plain bool (a bare `--flag` means true).
+bool is_bool_field(std::string_view field);
+
+// Same settings (override logs ignored).
+bool same_settings(const ServerArgs& a, const ServerArgs& b);
+
+// Checks every range and combination rule; throws ConfigError naming the first offending flag.
+void validate(const ServerArgs& args);
+
+// The defaults of the automatic choice of (steps, topk, draft tokens).
+struct SpecShape {
+  std::int64_t num_steps, eagle_topk, num_draft_tokens;
+};
+SpecShape auto_spec_shape(SpecAlgorithm algo, bool llama_family_target);
+
+// Does this algorithm load a draft model/head from --speculative-draft-model-path?
+bool needs_draft_model(const ServerArgs& args);
+
+}  // namespace specactor::config

@@ -1,0 +1,139 @@
+// tests/test_cli.cpp — the specactor launcher as a user runs it: exit codes, stdout JSON, stderr
+// messages.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/gguf_writer.hpp"
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int rc;
+  std::string out, err;
+};
+
+Run run(const std::string& args) {
+  const fs::path err_path = fs::temp_directory_path() / ("specactor_cli_err." + std::to_string(::getpid()));
+  const std::string cmd = std::string(SPECACTOR_BINARY) + " " + args + " 2>" + err_path.string();
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  std::size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  std::ifstream e(err_path);
+  std::stringstream ss;
+  ss << e.rdbuf();
+  fs::remove(err_path);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, ss.str()};
+}
+
+std::string tiny_model() {
+  static const std::string path = [] {
+    const fs::path p = fs::temp_directory_path() / ("specactor_cli_tiny." + std::to_string(::getpid()) + ".gguf");
+    specactor::testing::tiny_llama().write(p.string());
+    return p.string();
+  }();
+  return path;
+}
+
+std::string default_model() {
+  const std::string p = SPECACTOR_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return fs::exists(p) ? p : "";
+}
+
+void check_draft_config(const std::string& model, std::int64_t ctx) {
+  const Run r = run("config --model-path " + model +
+                    " --speculative-algorithm EAGLE --speculative-draft-model-path X"
+                    " --speculative-draft-load-format dummy");
+  REQUIRE_MESSAGE(r.rc == 0, r.err);
+  const json j = json::parse(r.out);
+  CHECK(j["target"]["settings"]["load_format"] == "auto");
+  CHECK(j["target"]["settings"]["context_length"] == ctx);
+  CHECK(j["target"]["settings"]["model_path"] == model);
+  CHECK(j["draft"]["settings"]["load_format"] == "dummy");
+  CHECK(j["draft"]["settings"]["context_length"] == ctx);
+  CHECK(j["draft"]["settings"]["model_path"] == "X");
+  CHECK(j["target"]["override_log"].size() >= 2);
+  CHECK(j["draft"]["override_log"].back()["source"] == "draft.per_runner");
+  CHECK(j["target_hash_before_draft"] == j["target_hash_after_draft"]);
+  CHECK(j["target_hash_before_draft"] == j["target"]["hash"]);
+  CHECK(j["draft"]["hash"] != j["target"]["hash"]);
+}
+
+}  // namespace
+
+TEST_CASE("specactor config: target and draft snapshots (tiny model)") { check_draft_config(tiny_model(), 128); }
+
+TEST_CASE("specactor config: target and draft snapshots (default model)") {
+  const std::string model = default_model();
+  if (model.empty()) {
+    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
+    return;
+  }
+  check_draft_config(model, 8192);
+}
+
+TEST_CASE("specactor: bad input gets one clear message on stderr and exit status 2") {
+  struct Case {
+    std::string args, expect;
+  };
+  const std::vector<Case> cases = {
+      {"config --model-path " + tiny_model() + " --tp-sise 2", "specactor: error: unknown flag --tp-sise (did you mean --tp-size?)"},
+      {"config --model-path " + tiny_model() + " --speculative-algorithm EAGLE",
+       "specactor: error: --speculative-draft-model-path: is required by --speculative-algorithm EAGLE"},
+      {"config", "specactor: error: --model-path is required"},
+      {"config --model-path /nonexistent.gguf", "specactor: error: /nonexistent.gguf: cannot open: No such file"},
+      {"config --model-path " + tiny_model() + " --context-length 4096",
+       "exceeds the context length of llama model"},
+      {"inspect /nonexistent.gguf", "specactor: error: /nonexistent.gguf: cannot open"},
+      {"inspect " + std::string(SPECACTOR_SOURCE_DIR) + "/CMakeLists.txt", "not a GGUF file (magic"},
+      {"frobnicate", "specactor: error: unknown command 'frobnicate'"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    const Run r = run(c.args);
+    CHECK(r.rc == 2);
+    CHECK(r.out.empty());
+    CHECK_MESSAGE(r.err.find(c.expect) != std::string::npos, r.err);
+  }
+}
+
+TEST_CASE("specactor inspect and devices") {
+  const Run r = run("inspect --json " + tiny_model());
+  REQUIRE_MESSAGE(r.rc == 0, r.err);
+  const json j = json::parse(r.out);
+  CHECK(j["architecture"] == "llama");
+  CHECK(j["num_layers"] == 2);
+  CHECK(j["vocab_size"] == 64);
+  const Run text = run("inspect " + tiny_model());
+  CHECK(text.rc == 0);
+  CHECK(text.out.find("num_kv_heads") != std::string::npos);
+
+  const Run d = run("devices");
+  REQUIRE(d.rc == 0);
+  const json dj = json::parse(d.out);
+  CHECK((dj["backend"] == "cpu" || dj["backend"] == "cuda"));
+  CHECK(dj["cuda_usable"] == (dj["backend"] == "cuda"));
+}
+
+TEST_CASE("specactor config --help lists every flag") {
+  const Run r = run("config --help");
+  CHECK(r.rc == 0);
+  CHECK(r.out.find("--speculative-num-draft-tokens") != std::string::npos);
+  CHECK(r.out.find("--json-model-override-args") != std::string::npos);
+}

@@ -1,0 +1,251 @@
+// tests/test_config.cpp — settings: the field table, parsing argv and config files, validation,
+// automatic choices, and one clear message per bad flag.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <unistd.h>
+
+#include "config/error.hpp"
+#include "config/resolve.hpp"
+
+using namespace specactor::config;
+using json = nlohmann::json;
+
+namespace {
+
+ServerArgs parse(std::vector<std::string> argv) { return parse_server_args(argv); }
+
+// The message of the ConfigError that parsing + freezing `argv` raises ("" when none).
+std::string error_of(std::vector<std::string> argv) {
+  try {
+    freeze(parse_server_args(argv));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+ModelFacts llama_facts(std::int64_t ctx = 4096) { return {"llama", ctx, 49152, 576, 30, true}; }
+RuntimeFacts no_gpu() { return {false, "no driver"}; }
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const auto p = std::filesystem::temp_directory_path() / (name + "." + std::to_string(::getpid()) + ".json");
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+}  // namespace
+
+TEST_CASE("every setting has a default, a flag name and a one-line doc") {
+  ServerArgs a;
+  int n = 0;
+  for_each_field(a, [&](std::string_view name, std::string_view doc, const auto&) {
+    CAPTURE(name);
+    CHECK(!doc.empty());
+    CHECK(doc.find('\n') == std::string_view::npos);
+    CHECK(flag_name(name).rfind("--", 0) == 0);
+    ++n;
+  });
+  CHECK(n == static_cast<int>(field_names().size()));
+  for (const char* required :
+       {"model_path", "tokenizer_path", "load_format", "dtype", "context_length", "json_model_override_args",
+        "skip_tokenizer_init", "device", "tp_size", "threads", "kv_cache_dtype", "page_size", "max_total_tokens",
+        "max_running_requests", "chunked_prefill_size", "disable_chunked_prefix_cache", "attention_backend",
+        "prefill_attention_backend", "decode_attention_backend", "random_seed", "log_level", "speculative_algorithm",
+        "speculative_draft_model_path", "speculative_draft_load_format", "speculative_num_steps",
+        "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_accept_threshold_single",
+        "speculative_accept_threshold_acc", "speculative_token_map", "speculative_draft_attention_backend",
+        "speculative_draft_kv_cache_dtype", "speculative_use_rejection_sampling", "host", "port"}) {
+    CAPTURE(required);
+    CHECK(std::find(field_names().begin(), field_names().end(), required) != field_names().end());
+  }
+  CHECK(flag_name("speculative_num_steps") == "--speculative-num-steps");
+  CHECK_NOTHROW(validate(a));
+}
+
+TEST_CASE("argv parsing: values, =values, bare bools, aliases, and provenance") {
+  const ServerArgs a = parse({"--model-path", "m.gguf", "--tp-size=2", "--skip-tokenizer-init",
+                              "--speculative-algorithm", "nextn", "--speculative-draft-model-path", "h",
+                              "--speculative-accept-threshold-single", "0.5", "--context-length", "1024",
+                              "--disable-chunked-prefix-cache=false"});
+  CHECK(a.model_path == "m.gguf");
+  CHECK(a.tp_size == 2);
+  CHECK(a.skip_tokenizer_init);
+  CHECK(a.speculative_algorithm == SpecAlgorithm::Eagle);  // NEXTN is an alias of EAGLE
+  CHECK(a.speculative_accept_threshold_single == 0.5);
+  CHECK(a.context_length == 1024);
+  CHECK_FALSE(a.disable_chunked_prefix_cache);
+  REQUIRE(a.override_log.size() == 1);
+  CHECK(a.override_log[0].source == "user.argv");
+  CHECK(a.override_log[0].fields["tp_size"] == 2);
+  CHECK(a.override_log[0].fields["speculative_algorithm"] == "EAGLE");
+}
+
+TEST_CASE("a JSON config file is applied first; the command line wins") {
+  const std::string path = write_temp("cfg", R"({"tp_size": 3, "page_size": 32, "log_level": "debug"})");
+  const ServerArgs a = parse({"--tp-size", "4", "--config", path});
+  CHECK(a.tp_size == 4);
+  CHECK(a.page_size == 32);
+  CHECK(a.log_level == "debug");
+  REQUIRE(a.override_log.size() == 2);
+  CHECK(a.override_log[0].source == "user.config_file:" + path);
+  CHECK(a.override_log[1].source == "user.argv");
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("bad flags and values: one clear message each, naming the flag") {
+  struct Case {
+    std::vector<std::string> argv;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{"--tp-sise", "2"}, "unknown flag --tp-sise (did you mean --tp-size?)"},
+      {{"--frobnicate"}, "unknown flag --frobnicate"},
+      {{"--tp-size", "two"}, "--tp-size: expected an integer, got 'two'"},
+      {{"--tp-size", "2.5"}, "--tp-size: expected an integer, got '2.5'"},
+      {{"--tp-size"}, "--tp-size: expected a value"},
+      {{"--skip-tokenizer-init=maybe"}, "--skip-tokenizer-init: expected a boolean (true|false), got 'maybe'"},
+      {{"--speculative-accept-threshold-acc", "x"}, "--speculative-accept-threshold-acc: expected a number, got 'x'"},
+      {{"--speculative-algorithm", "MEDUSA"},
+       "--speculative-algorithm: expected one of NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|NEXTN, got 'MEDUSA'"},
+      {{"--load-format", "pt"}, "--load-format: expected one of auto|gguf|safetensors|dummy, got 'pt'"},
+      {{"--kv-cache-dtype", "fp8"}, "--kv-cache-dtype: expected one of auto|float32|float16|bfloat16, got 'fp8'"},
+      {{"stray"}, "unexpected argument 'stray'"},
+      {{"--tp-size", "0"}, "--tp-size: must be in [1, 64] (got 0)"},
+      {{"--page-size", "0"}, "--page-size: must be in [1, 4096] (got 0)"},
+      {{"--port", "70000"}, "--port: must be in [1, 65535] (got 70000)"},
+      {{"--context-length", "0"}, "--context-length: must be >= 1 (got 0)"},
+      {{"--max-total-tokens", "8"}, "--max-total-tokens: must be >= 16 (got 8)"},
+      {{"--json-model-override-args", "{oops"}, "--json-model-override-args: not valid JSON"},
+      {{"--json-model-override-args", "[1]"}, "--json-model-override-args: expected a JSON object, got [1]"},
+      {{"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "0"},
+       "--speculative-num-steps: must be in [1, 64] (got 0)"},
+      {{"--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "0"},
+       "--speculative-eagle-topk: must be in [1, 64] (got 0)"},
+      {{"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+        "--speculative-num-draft-tokens", "8"},
+       "--speculative-num-draft-tokens: must be <= 1 + steps * topk = 7 (got 8 with --speculative-num-steps 3 and "
+       "--speculative-eagle-topk 2)"},
+      {{"--speculative-algorithm", "EAGLE"},
+       "--speculative-draft-model-path: is required by --speculative-algorithm EAGLE: give the EAGLE head to load"},
+      {{"--speculative-algorithm", "STANDALONE"},
+       "--speculative-draft-model-path: is required by --speculative-algorithm STANDALONE: give a draft model (or "
+       "--speculative-draft-num-layers K for self-speculation)"},
+      {{"--speculative-num-steps", "3"},
+       "--speculative-num-steps: is set but --speculative-algorithm is NONE; choose an algorithm or drop the flag"},
+      {{"--speculative-algorithm", "NGRAM", "--speculative-draft-num-layers", "4"},
+       "--speculative-draft-num-layers: only applies to --speculative-algorithm STANDALONE (got NGRAM)"},
+      {{"--speculative-algorithm", "NGRAM", "--speculative-accept-threshold-single", "0"},
+       "--speculative-accept-threshold-single: must be in (0, 1] (got 0.000000)"},
+      {{"--speculative-algorithm", "NGRAM", "--speculative-token-map", "hot.txt"},
+       "--speculative-token-map: only applies to EAGLE and EAGLE3 drafters (got NGRAM)"},
+      {{"--speculative-algorithm", "NGRAM", "--speculative-use-rejection-sampling", "--speculative-eagle-topk", "2"},
+       "--speculative-use-rejection-sampling: needs a chain draft (--speculative-eagle-topk 1, got 2)"},
+      {{"--speculative-algorithm", "NGRAM", "--speculative-ngram-min-match-window-size", "5",
+        "--speculative-ngram-max-match-window-size", "3"},
+       "--speculative-ngram-max-match-window-size: must be >= --speculative-ngram-min-match-window-size (5), got 3"},
+      {{"--config"}, "--config: expected a JSON file path"},
+      {{"--config", "/nonexistent/x.json"}, "--config /nonexistent/x.json: cannot open the file"},
+  };
+  std::set<std::string> seen;
+  for (const auto& c : cases) {
+    CAPTURE(c.expect);
+    const std::string msg = error_of(c.argv);
+    CHECK_MESSAGE(msg.find(c.expect) != std::string::npos, msg);
+    CHECK(seen.insert(msg).second);
+  }
+}
+
+TEST_CASE("bad config files name the file and the key") {
+  const std::string unknown = write_temp("unknown", R"({"tp_sise": 2})");
+  CHECK(error_of({"--config", unknown}) ==
+        "--config " + unknown + ": unknown setting 'tp_sise' (did you mean --tp-size?)");
+  const std::string wrong = write_temp("wrong", R"({"tp_size": "2"})");
+  CHECK(error_of({"--config", wrong}) == "--config " + wrong + " key 'tp_size': expected an integer, got \"2\"");
+  const std::string broken = write_temp("broken", R"({"tp_size": )");
+  CHECK(error_of({"--config", broken}).find("--config " + broken + ": not valid JSON") == 0);
+  const std::string array = write_temp("array", "[1, 2]");
+  CHECK(error_of({"--config", array}) == "--config " + array + ": expected a JSON object of settings");
+  for (const auto& p : {unknown, wrong, broken, array}) std::filesystem::remove(p);
+}
+
+TEST_CASE("automatic speculative shape") {
+  auto resolved = [](std::vector<std::string> argv, bool llama = true) {
+    argv.insert(argv.begin(), {"--model-path", "m.gguf"});
+    ModelFacts f = llama_facts();
+    f.llama_family = llama;
+    return resolve_target(freeze(parse_server_args(argv)), f, no_gpu());
+  };
+  SUBCASE("EAGLE on a Llama target: 5/4/8") {
+    auto s = resolved({"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "h"});
+    CHECK(*s->speculative_num_steps == 5);
+    CHECK(*s->speculative_eagle_topk == 4);
+    CHECK(*s->speculative_num_draft_tokens == 8);
+    CHECK(s->override_log.back().source == "auto.speculative");
+  }
+  SUBCASE("EAGLE3 on a non-Llama target: 3/1/4") {
+    auto s = resolved({"--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "h"}, false);
+    CHECK(*s->speculative_num_steps == 3);
+    CHECK(*s->speculative_eagle_topk == 1);
+    CHECK(*s->speculative_num_draft_tokens == 4);
+  }
+  SUBCASE("other algorithms: 3/1/4") {
+    auto s = resolved({"--speculative-algorithm", "NGRAM"});
+    CHECK(*s->speculative_num_steps == 3);
+    CHECK(*s->speculative_eagle_topk == 1);
+    CHECK(*s->speculative_num_draft_tokens == 4);
+  }
+  SUBCASE("topk = 1 forces draft tokens = steps + 1") {
+    auto s = resolved({"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "6", "--speculative-eagle-topk",
+                       "1", "--speculative-num-draft-tokens", "3"});
+    CHECK(*s->speculative_num_draft_tokens == 7);
+    CHECK(s->override_log.back().fields == json{{"speculative_num_draft_tokens", 7}});
+  }
+  SUBCASE("user values are kept") {
+    auto s = resolved({"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "h",
+                       "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens",
+                       "6"});
+    CHECK(*s->speculative_num_steps == 3);
+    CHECK(*s->speculative_eagle_topk == 2);
+    CHECK(*s->speculative_num_draft_tokens == 6);
+  }
+}
+
+TEST_CASE("load-time resolution: context length, KV budget, device") {
+  const Snapshot user = freeze(parse({"--model-path", "m.gguf"}));
+  const Snapshot t = resolve_target(user, llama_facts(8192), no_gpu());
+  CHECK(*t->context_length == 8192);
+  CHECK(*t->max_total_tokens == 32768);
+  CHECK(t->device == Device::Cpu);
+  CHECK_FALSE(user->context_length.has_value());  // the user's snapshot is untouched
+
+  const Snapshot big = freeze(parse({"--model-path", "m.gguf", "--context-length", "10000"}));
+  CHECK_THROWS_WITH_AS(resolve_target(big, llama_facts(8192), no_gpu()),
+                       "--context-length 10000 exceeds the context length of llama model m.gguf (8192); pass "
+                       "--allow-context-length-above-model to accept it",
+                       ConfigError);
+  const Snapshot allowed =
+      freeze(parse({"--model-path", "m.gguf", "--context-length", "10000", "--allow-context-length-above-model"}));
+  CHECK(*resolve_target(allowed, llama_facts(8192), no_gpu())->context_length == 10000);
+
+  const Snapshot cuda = freeze(parse({"--model-path", "m.gguf", "--device", "cuda"}));
+  CHECK_THROWS_WITH_AS(resolve_target(cuda, llama_facts(), no_gpu()),
+                       "--device cuda: no usable CUDA device (no driver); use --device cpu or auto", ConfigError);
+  CHECK(resolve_target(cuda, llama_facts(), {true, ""})->device == Device::Cuda);
+}
+
+TEST_CASE("snapshots round-trip through JSON with their override log") {
+  const Snapshot user = freeze(parse({"--model-path", "m.gguf", "--speculative-algorithm", "NGRAM"}));
+  const Snapshot t = resolve_target(user, llama_facts(), no_gpu());
+  const Snapshot back = snapshot_from_json(to_json(*t));
+  CHECK(same_settings(*back, *t));
+  CHECK(content_hash(*back) == content_hash(*t));
+  CHECK(override_log_json(*back) == override_log_json(*t));
+  json tampered = to_json(*t);
+  tampered["settings"]["tp_size"] = 2;
+  CHECK_THROWS_WITH_AS(snapshot_from_json(tampered), doctest::Contains("does not match its settings"), ConfigError);
+}
