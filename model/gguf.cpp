@@ -208,11 +208,12 @@ std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path) {
   return f;
 }
 
-std::shared_ptr<const GgufFile> GgufFile::parse(const std::uint8_t* data, std::size_t size, std::string name) {
+std::shared_ptr<const GgufFile> GgufFile::parse(std::vector<std::uint8_t> image, std::string name) {
   std::shared_ptr<GgufFile> f(new GgufFile());
   f->path_ = std::move(name);
-  f->base_ = data;
-  f->size_ = size;
+  f->image_ = std::move(image);
+  f->base_ = f->image_.data();
+  f->size_ = f->image_.size();
   f->parse_all();
   return f;
 }

@@ -72,8 +72,8 @@ class GgufFile {
  public:
   // Maps and validates `path`. Throws GgufError.
   static std::shared_ptr<const GgufFile> open(const std::string& path);
-  // Validates an in-memory image (kept alive by the caller); `name` is used in messages.
-  static std::shared_ptr<const GgufFile> parse(const std::uint8_t* data, std::size_t size, std::string name);
+  // Validates an in-memory image, which the returned object keeps; `name` is used in messages.
+  static std::shared_ptr<const GgufFile> parse(std::vector<std::uint8_t> image, std::string name);
 
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
@@ -110,6 +110,7 @@ class GgufFile {
   const std::uint8_t* base_ = nullptr;
   std::size_t size_ = 0;
   void* mapping_ = nullptr;  // non-null when this object owns an mmap
+  std::vector<std::uint8_t> image_;  // the bytes, when parsed from memory
   std::uint32_t version_ = 0;
   std::uint64_t alignment_ = 32;
   std::uint64_t data_offset_ = 0;

@@ -1,0 +1,101 @@
+#include "kernels/cpu/ops.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/matmul.hpp"  // dot8
+
+namespace specactor::kernels {
+
+void rope_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
+              const std::int32_t* positions, double base, bool neox) {
+  const std::int64_t half = rope_dim / 2;
+  std::vector<float> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
+  for (std::int64_t t = 0; t < n_tok; ++t) {
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double theta = positions[t] * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
+      cs[i] = static_cast<float>(std::cos(theta));
+      sn[i] = static_cast<float>(std::sin(theta));
+    }
+    for (std::int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + (t * n_heads + h) * head_dim;
+      for (std::int64_t i = 0; i < half; ++i) {
+        const std::int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * cs[i] - x1 * sn[i];
+        v[b] = x0 * sn[i] + x1 * cs[i];
+      }
+    }
+  }
+}
+
+void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void softmax_cpu(float* x, std::int64_t n) {
+  float mx = -INFINITY;
+  for (std::int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  float sum = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void attention_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
+                   std::int64_t head_dim, const PagedKvView& kv, std::int64_t n_prefix, const std::uint64_t* mask,
+                   float scale, float* out) {
+  const std::int64_t group = n_heads / n_kv_heads;
+  const std::int64_t n_ctx = n_prefix + n_q;
+#pragma omp parallel
+  {
+    std::vector<float> score(static_cast<std::size_t>(n_ctx));
+    std::vector<std::int64_t> slot(static_cast<std::size_t>(n_ctx));
+#pragma omp for schedule(static) collapse(2)
+    for (std::int64_t i = 0; i < n_q; ++i) {
+      for (std::int64_t h = 0; h < n_heads; ++h) {
+        const float* qv = q + (i * n_heads + h) * head_dim;
+        const std::int64_t kvh = h / group;
+        // Visible slots in storage order: the prefix, then the new tokens this query may see.
+        std::int64_t n = 0;
+        for (std::int64_t s = 0; s < n_ctx; ++s) {
+          if (s >= n_prefix) {
+            const std::int64_t j = s - n_prefix;
+            const bool visible = mask ? ((mask[i] >> j) & 1u) != 0 : j <= i;
+            if (!visible) continue;
+          }
+          slot[n++] = s;
+        }
+        float mx = -INFINITY;
+        for (std::int64_t c = 0; c < n; ++c) {
+          const std::int64_t s = slot[c];
+          const float* kr = kv.k + kv.pages[s / kv.page_size] * kv.page_stride + (s % kv.page_size) * kv.row + kvh * head_dim;
+          score[c] = dot8(qv, kr, head_dim) * scale;
+          mx = std::max(mx, score[c]);
+        }
+        float sum = 0.0f;
+        for (std::int64_t c = 0; c < n; ++c) {
+          score[c] = std::exp(score[c] - mx);
+          sum += score[c];
+        }
+        const float inv = 1.0f / sum;
+        float* o = out + (i * n_heads + h) * head_dim;
+        for (std::int64_t d = 0; d < head_dim; ++d) o[d] = 0.0f;
+        for (std::int64_t c = 0; c < n; ++c) {
+          const std::int64_t s = slot[c];
+          const float* vr = kv.v + kv.pages[s / kv.page_size] * kv.page_stride + (s % kv.page_size) * kv.row + kvh * head_dim;
+          const float p = score[c] * inv;
+          for (std::int64_t d = 0; d < head_dim; ++d) o[d] += p * vr[d];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace specactor::kernels

@@ -1,0 +1,41 @@
+// kernels/cpu/ops.hpp — the float kernels of a Llama forward on the CPU: RoPE, SiLU-gated MLP
+// activation, softmax, attention over a paged KV cache with an optional tree mask.
+// Every kernel treats each token independently, so results do not depend on the batch.
+#pragma once
+
+#include <cstdint>
+
+namespace specactor::kernels {
+
+// Rotary position embedding, in place. x: (n_tok, n_heads, head_dim); the first rope_dim values of
+// each head rotate. neox = false: GGUF-llama layout, pairs (2i, 2i+1); neox = true: Hugging Face /
+// NeoX layout, pairs (i, i + rope_dim/2). Angle of pair i at position p: p · base^(−2i/rope_dim).
+void rope_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
+              const std::int32_t* positions, double base, bool neox);
+
+// out[i] = silu(gate[i]) * up[i] for n values; out may alias gate.
+void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n);
+
+// Softmax of n values in place (max-subtracted, float accumulation in index order).
+void softmax_cpu(float* x, std::int64_t n);
+
+// The KV cache of one sequence in one layer, as plain memory: slot s lives in page pages[s / page_size]
+// at row s % page_size; a row holds n_kv_heads × head_dim floats for K (and the same for V).
+struct PagedKvView {
+  const float* k = nullptr;        // layer base of the K pool
+  const float* v = nullptr;        // layer base of the V pool
+  const std::int32_t* pages = nullptr;
+  std::int64_t page_size = 0;
+  std::int64_t page_stride = 0;    // floats per page (page_size × row)
+  std::int64_t row = 0;            // floats per slot (n_kv_heads × head_dim)
+};
+
+// Attention of n_q new queries of one sequence. q, out: (n_q, n_heads, head_dim). Keys/values: slots
+// [0, n_prefix + n_q) of `kv`; the new tokens occupy slots n_prefix + j. Query i sees every prefix
+// slot and new slot j iff (mask ? bit j of mask[i] : j <= i) — mask is the bit-packed QLEN tree mask
+// (n_q ≤ 64). Grouped heads: query head h reads KV head h / (n_heads / n_kv_heads).
+void attention_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
+                   std::int64_t head_dim, const PagedKvView& kv, std::int64_t n_prefix, const std::uint64_t* mask,
+                   float scale, float* out);
+
+}  // namespace specactor::kernels

@@ -1,0 +1,108 @@
+#include "kernels/cpu/sampling.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace specactor::kernels {
+
+namespace {
+std::uint64_t splitmix64(std::uint64_t& x) {
+  std::uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+Rng::Rng(std::uint64_t seed) {
+  for (auto& s : s_) s = splitmix64(seed);
+}
+
+std::uint64_t Rng::next() {
+  const std::uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const std::uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+std::int32_t argmax(const float* logits, std::int64_t n) {
+  std::int64_t best = 0;
+  for (std::int64_t i = 1; i < n; ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<std::int32_t>(best);
+}
+
+void sampling_probs(const float* logits, std::int64_t n, const SamplingParams& p, std::vector<float>& probs) {
+  probs.assign(static_cast<std::size_t>(n), 0.0f);
+  if (p.greedy()) {
+    probs[static_cast<std::size_t>(argmax(logits, n))] = 1.0f;
+    return;
+  }
+  // Candidates sorted by logit (descending, ties by id) — only as many as top-k needs.
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+  std::iota(ids.begin(), ids.end(), 0);
+  auto by_logit = [&](std::int32_t a, std::int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::size_t keep = ids.size();
+  if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < keep) {
+    keep = static_cast<std::size_t>(p.top_k);
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(keep), ids.end(), by_logit);
+  } else {
+    std::sort(ids.begin(), ids.end(), by_logit);
+  }
+  const double inv_t = 1.0 / p.temperature;
+  const double mx = logits[ids[0]];
+  std::vector<double> w(keep);
+  double sum = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) sum += (w[i] = std::exp((logits[ids[i]] - mx) * inv_t));
+  // top-p: smallest prefix whose mass reaches top_p.
+  if (p.top_p < 1.0f) {
+    double acc = 0.0;
+    for (std::size_t i = 0; i < keep; ++i) {
+      acc += w[i] / sum;
+      if (acc >= p.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  // min-p: drop candidates below min_p × the top probability.
+  if (p.min_p > 0.0f) {
+    const double floor = p.min_p * w[0];
+    std::size_t k = 1;
+    while (k < keep && w[k] >= floor) ++k;
+    keep = k;
+  }
+  double kept = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) kept += w[i];
+  for (std::size_t i = 0; i < keep; ++i) probs[static_cast<std::size_t>(ids[i])] = static_cast<float>(w[i] / kept);
+}
+
+std::int32_t sample_from_probs(const std::vector<float>& probs, double u) {
+  double acc = 0.0;
+  std::int32_t last = -1;
+  for (std::size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] <= 0.0f) continue;
+    acc += probs[i];
+    last = static_cast<std::int32_t>(i);
+    if (u < acc) return last;
+  }
+  return last;  // rounding left u above the total: the last kept token
+}
+
+std::int32_t sample(const float* logits, std::int64_t n, const SamplingParams& p, Rng& rng) {
+  if (p.greedy()) return argmax(logits, n);
+  std::vector<float> probs;
+  sampling_probs(logits, n, p, probs);
+  return sample_from_probs(probs, rng.uniform());
+}
+
+}  // namespace specactor::kernels
