@@ -3,10 +3,14 @@
 //   specactor config  [server flags]        resolved target + derived draft snapshots as JSON
 //   specactor inspect MODEL.gguf [--json]   model hyper-parameters from the GGUF metadata
 //   specactor devices                       what the device probe found (CPU / CUDA / NCCL)
+//   specactor generate --model-path M --prompt P [--chat] [--max-new-tokens N] [--temperature T]
+//                      [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [server flags]
 //
 // Results go to stdout; logs and errors to stderr. Bad input exits with status 2 and one message.
+#include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,7 +21,10 @@
 #include "config/error.hpp"
 #include "config/resolve.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/sampling.hpp"
 #include "model/gguf.hpp"
+#include "model/loader.hpp"
 #include "model/model_info.hpp"
 
 namespace sc = specactor::config;
@@ -35,6 +42,9 @@ constexpr const char* kUsage =
     "                               (when --speculative-algorithm is set) and their override logs\n"
     "  inspect MODEL.gguf [--json]  print the model's hyper-parameters\n"
     "  devices                      print what the CPU/CUDA device probe found\n"
+    "  generate --model-path M --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T]\n"
+    "           [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [server flags]\n"
+    "                               stream the continuation to stdout (logs and timings: stderr)\n"
     "\n"
     "`specactor config --help` lists every server flag with its default.\n";
 
@@ -51,6 +61,201 @@ void print_server_flags() {
 sc::RuntimeFacts runtime_facts() {
   const sk::DeviceProbe& p = sk::probe_devices();
   return {p.cuda_usable, p.reason};
+}
+
+// Takes the command's own flags out of argv (spec: flag -> takes a value); the rest are server flags.
+std::vector<std::string> take_tool_flags(const std::vector<std::string>& argv, const std::map<std::string, bool>& spec,
+                                         std::map<std::string, std::string>& out) {
+  std::vector<std::string> rest;
+  for (std::size_t i = 0; i < argv.size(); ++i) {
+    std::string flag = argv[i], value;
+    bool inline_value = false;
+    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      inline_value = true;
+    }
+    auto it = spec.find(flag);
+    if (it == spec.end()) {
+      rest.push_back(argv[i]);
+      continue;
+    }
+    if (it->second && !inline_value) {
+      if (i + 1 >= argv.size()) throw sc::ConfigError(flag + ": expected a value");
+      value = argv[++i];
+    } else if (!it->second && !inline_value) {
+      value = "true";
+    }
+    out[flag] = value;
+  }
+  return rest;
+}
+
+template <class T> T tool_value(const std::map<std::string, std::string>& f, const std::string& flag, T dflt) {
+  auto it = f.find(flag);
+  if (it == f.end()) return dflt;
+  const std::string& v = it->second;
+  try {
+    std::size_t used = 0;
+    T out;
+    if constexpr (std::is_same_v<T, bool>) {
+      if (v == "true" || v == "1") return true;
+      if (v == "false" || v == "0") return false;
+      throw std::invalid_argument(v);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      out = static_cast<T>(std::stod(v, &used));
+    } else {
+      out = static_cast<T>(std::stoll(v, &used));
+    }
+    if (used != v.size()) throw std::invalid_argument(v);
+    return out;
+  } catch (const std::exception&) {
+    throw sc::ConfigError(flag + ": '" + v + "' is not a valid " +
+                          (std::is_same_v<T, bool> ? "boolean" : std::is_floating_point_v<T> ? "number" : "integer"));
+  }
+}
+
+// Parses server flags, reads the model's metadata and resolves the target snapshot.
+struct Resolved {
+  sc::Snapshot target;
+  sm::ModelInfo info;
+};
+Resolved resolve_from_args(const std::vector<std::string>& args) {
+  const sc::Snapshot user = sc::freeze(sc::parse_server_args(args));
+  if (user->model_path.empty())
+    throw sc::ConfigError("--model-path is required (after tools/setup the default model is "
+                          "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  auto file = sm::GgufFile::open(user->model_path);
+  sm::ModelInfo info = sm::read_model_info(*file);
+  return {sc::resolve_target(user, info.facts(), runtime_facts()), std::move(info)};
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int cmd_generate(const std::vector<std::string>& argv) {
+  std::map<std::string, std::string> f;
+  const auto rest = take_tool_flags(argv,
+                                    {{"--prompt", true}, {"--system", true}, {"--chat", false}, {"--max-new-tokens", true},
+                                     {"--temperature", true}, {"--top-p", true}, {"--top-k", true}, {"--min-p", true},
+                                     {"--seed", true}, {"--json", false}, {"--ignore-eos", false}},
+                                    f);
+  if (!f.count("--prompt")) throw sc::ConfigError("--prompt is required");
+  const auto max_new = tool_value<std::int64_t>(f, "--max-new-tokens", 128);
+  if (max_new < 1) throw sc::ConfigError("--max-new-tokens: must be >= 1 (got " + std::to_string(max_new) + ")");
+  specactor::kernels::SamplingParams sp;
+  sp.temperature = tool_value<float>(f, "--temperature", 0.0f);
+  sp.top_p = tool_value<float>(f, "--top-p", 1.0f);
+  sp.top_k = tool_value<std::int32_t>(f, "--top-k", 0);
+  sp.min_p = tool_value<float>(f, "--min-p", 0.0f);
+  if (sp.temperature < 0) throw sc::ConfigError("--temperature: must be >= 0");
+  if (!(sp.top_p > 0 && sp.top_p <= 1)) throw sc::ConfigError("--top-p: must be in (0, 1]");
+  if (sp.top_k < 0) throw sc::ConfigError("--top-k: must be >= 0");
+  if (!(sp.min_p >= 0 && sp.min_p < 1)) throw sc::ConfigError("--min-p: must be in [0, 1)");
+  const bool as_json = tool_value<bool>(f, "--json", false);
+  const bool chat = tool_value<bool>(f, "--chat", false);
+  const bool ignore_eos = tool_value<bool>(f, "--ignore-eos", false);
+
+  const Resolved r = resolve_from_args(rest);
+  const sc::ServerArgs& s = *r.target;
+  spdlog::set_level(spdlog::level::from_str(s.log_level));
+  const auto seed = tool_value<std::int64_t>(f, "--seed", s.random_seed);
+
+  const auto t_load = std::chrono::steady_clock::now();
+  const sm::LoadedModel m = sm::load_model(s, sm::terminal_progress("loading " + r.info.name));
+  if (!m.tokenizer) throw sc::ConfigError("--skip-tokenizer-init: generate needs a tokenizer for --prompt");
+  const double load_s = seconds_since(t_load);
+  spdlog::info("loaded {} ({} layers, {} MiB of weights) in {:.2f} s; cpu path {}", s.model_path, m.config.n_layers,
+               m.weights->weight_bytes() >> 20, load_s, specactor::kernels::cpu_path_name(specactor::kernels::cpu_path()));
+
+  std::vector<std::int32_t> prompt;
+  if (chat) {
+    if (m.chat.format == sm::ChatFormat::Plain)
+      spdlog::warn("the model's chat template is not recognised (supported: ChatML, Llama-3); sending plain text");
+    std::vector<sm::ChatMessage> msgs;
+    if (f.count("--system")) msgs.push_back({"system", f.at("--system")});
+    msgs.push_back({"user", f.at("--prompt")});
+    prompt = m.tokenizer->encode(m.chat.render(msgs), true, true);
+  } else {
+    prompt = m.tokenizer->encode(f.at("--prompt"), true, false);
+  }
+  const std::int64_t ctx = *s.context_length;
+  if (static_cast<std::int64_t>(prompt.size()) >= ctx)
+    throw sc::ConfigError("--prompt: " + std::to_string(prompt.size()) + " tokens do not fit the context length " +
+                          std::to_string(ctx));
+  const std::int64_t budget = std::min<std::int64_t>(max_new, ctx - static_cast<std::int64_t>(prompt.size()));
+  const std::int64_t kv_tokens =
+      std::min<std::int64_t>(*s.max_total_tokens, static_cast<std::int64_t>(prompt.size()) + budget + s.page_size);
+  sm::KvCache kv(m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, s.page_size,
+                 std::max<std::int64_t>(kv_tokens, s.page_size));
+  sm::LlamaRunner runner(m.weights, static_cast<int>(s.threads));
+  sm::KvCache::Seq seq;
+  sm::ForwardResult out;
+
+  // Prefill in chunks; logits of the last prompt token only.
+  const auto t_prefill = std::chrono::steady_clock::now();
+  for (std::size_t at = 0; at < prompt.size();) {
+    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(s.chunked_prefill_size), prompt.size() - at);
+    std::vector<sm::ForwardSeq> batch(1);
+    batch[0].kv = &seq;
+    batch[0].tokens.assign(prompt.begin() + static_cast<long>(at), prompt.begin() + static_cast<long>(at + n));
+    if (at + n == prompt.size()) batch[0].logit_rows = {static_cast<std::int32_t>(n - 1)};
+    runner.forward(batch, kv, out);
+    at += n;
+  }
+  const double prefill_s = seconds_since(t_prefill);
+
+  specactor::kernels::Rng rng(static_cast<std::uint64_t>(seed));
+  sm::StreamDecoder stream(*m.tokenizer);
+  std::vector<std::int32_t> generated;
+  std::string text, finish = "length";
+  const auto t_decode = std::chrono::steady_clock::now();
+  for (std::int64_t i = 0; i < budget; ++i) {
+    const std::int32_t tok = specactor::kernels::sample(out.logits.data(), m.config.vocab_size, sp, rng);
+    if (!ignore_eos && m.tokenizer->is_end_of_generation(tok)) {
+      finish = "stop";
+      break;
+    }
+    generated.push_back(tok);
+    const std::string piece = stream.push(tok);
+    text += piece;
+    if (!as_json && !piece.empty()) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (i + 1 == budget) break;
+    std::vector<sm::ForwardSeq> batch(1);
+    batch[0].kv = &seq;
+    batch[0].tokens = {tok};
+    batch[0].logit_rows = {0};
+    runner.forward(batch, kv, out);
+  }
+  const double decode_s = seconds_since(t_decode);
+  const std::string tail = stream.finish();
+  text += tail;
+  if (!as_json) {
+    std::fwrite(tail.data(), 1, tail.size(), stdout);
+    std::fputc('\n', stdout);
+  }
+  const double prefill_tps = prompt.size() / std::max(prefill_s, 1e-9);
+  const double decode_tps = generated.size() / std::max(decode_s, 1e-9);
+  spdlog::info("prompt {} tokens, {:.1f} tok/s prefill; generated {} tokens, {:.1f} tok/s decode ({})", prompt.size(),
+               prefill_tps, generated.size(), decode_tps, finish);
+  if (as_json) {
+    json j = {{"prompt_tokens", prompt},
+              {"tokens", generated},
+              {"text", text},
+              {"finish_reason", finish},
+              {"timings",
+               {{"load_s", load_s},
+                {"prefill_s", prefill_s},
+                {"decode_s", decode_s},
+                {"prefill_tokens_per_s", prefill_tps},
+                {"decode_tokens_per_s", decode_tps}}}};
+    std::cout << j.dump(2) << "\n";
+  }
+  return 0;
 }
 
 int cmd_config(const std::vector<std::string>& args) {
@@ -149,6 +354,7 @@ int main(int argc, char** argv) {
     if (cmd == "config") return cmd_config(std::vector<std::string>(argv + 2, argv + argc));
     if (cmd == "inspect") return cmd_inspect(argc - 1, argv + 1);
     if (cmd == "devices") return cmd_devices();
+    if (cmd == "generate") return cmd_generate(std::vector<std::string>(argv + 2, argv + argc));
     if (cmd == "--help" || cmd == "-h" || cmd == "help") return std::fputs(kUsage, stdout), 0;
     if (cmd == "--version") return std::puts("specactor 0.1.0"), 0;
     std::fprintf(stderr, "specactor: error: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);

@@ -1,0 +1,29 @@
+// model/chat.hpp — chat formatting chosen from the model's `tokenizer.chat_template`.
+// Jinja is not interpreted: the template is recognised (ChatML, Llama-3) and rendered natively;
+// anything else falls back to plain text (the caller warns).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace specactor::model {
+
+enum class ChatFormat { ChatML, Llama3, Plain };
+std::string_view to_string(ChatFormat f);
+
+struct ChatMessage {
+  std::string role;  // system | user | assistant
+  std::string content;
+};
+
+struct ChatTemplate {
+  ChatFormat format = ChatFormat::Plain;
+  std::string default_system;  // system turn the template inserts when the conversation has none
+
+  static ChatTemplate detect(std::string_view jinja_template);
+  // The prompt text (special tokens written literally; encode with parse_special = true).
+  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+};
+
+}  // namespace specactor::model

@@ -1,0 +1,75 @@
+#include "model/kv_cache.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace specactor::model {
+
+KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t page_size,
+                 std::int64_t max_total_tokens)
+    : n_layers_(n_layers), row_(n_kv_heads * head_dim), page_size_(page_size) {
+  if (n_layers <= 0 || row_ <= 0 || page_size <= 0 || max_total_tokens < page_size)
+    throw std::invalid_argument("KvCache: bad shape (layers " + std::to_string(n_layers) + ", row " +
+                                std::to_string(row_) + ", page " + std::to_string(page_size) + ", tokens " +
+                                std::to_string(max_total_tokens) + ")");
+  n_pages_ = max_total_tokens / page_size;
+  page_stride_ = page_size_ * row_;
+  layer_stride_ = n_pages_ * page_stride_;
+  const std::size_t n = static_cast<std::size_t>(n_layers_ * layer_stride_);
+  try {
+    // Not value-initialised: pages become resident only when written.
+    k_ = std::make_unique_for_overwrite<float[]>(n);
+    v_ = std::make_unique_for_overwrite<float[]>(n);
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error("KvCache: cannot allocate " + std::to_string(2 * n * sizeof(float) >> 20) +
+                             " MiB for " + std::to_string(max_total_tokens) +
+                             " tokens; lower --max-total-tokens");
+  }
+  free_.resize(static_cast<std::size_t>(n_pages_));
+  for (std::int64_t i = 0; i < n_pages_; ++i) free_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(n_pages_ - 1 - i);
+}
+
+void KvCache::reserve(Seq& seq, std::int64_t new_len) {
+  const std::int64_t need = pages_for(new_len) - static_cast<std::int64_t>(seq.pages.size());
+  if (need <= 0) return;
+  if (need > free_pages()) throw KvExhausted(need, free_pages());
+  for (std::int64_t i = 0; i < need; ++i) {
+    seq.pages.push_back(free_.back());
+    free_.pop_back();
+  }
+}
+
+void KvCache::truncate(Seq& seq, std::int64_t new_len) {
+  new_len = std::clamp<std::int64_t>(new_len, 0, seq.length);
+  const auto keep = static_cast<std::size_t>(pages_for(new_len));
+  while (seq.pages.size() > keep) {
+    free_.push_back(seq.pages.back());
+    seq.pages.pop_back();
+  }
+  seq.length = new_len;
+}
+
+float* KvCache::k_row(std::int64_t layer, const Seq& seq, std::int64_t slot) {
+  return k_.get() + layer * layer_stride_ + seq.pages[static_cast<std::size_t>(slot / page_size_)] * page_stride_ +
+         (slot % page_size_) * row_;
+}
+
+float* KvCache::v_row(std::int64_t layer, const Seq& seq, std::int64_t slot) {
+  return v_.get() + layer * layer_stride_ + seq.pages[static_cast<std::size_t>(slot / page_size_)] * page_stride_ +
+         (slot % page_size_) * row_;
+}
+
+kernels::PagedKvView KvCache::view(std::int64_t layer, const Seq& seq) const {
+  return {k_.get() + layer * layer_stride_, v_.get() + layer * layer_stride_, seq.pages.data(), page_size_,
+          page_stride_, row_};
+}
+
+void KvCache::copy_slot(const Seq& seq, std::int64_t from, std::int64_t to) {
+  if (from == to) return;
+  for (std::int64_t l = 0; l < n_layers_; ++l) {
+    std::memcpy(k_row(l, seq, to), k_row(l, seq, from), static_cast<std::size_t>(row_) * sizeof(float));
+    std::memcpy(v_row(l, seq, to), v_row(l, seq, from), static_cast<std::size_t>(row_) * sizeof(float));
+  }
+}
+
+}  // namespace specactor::model

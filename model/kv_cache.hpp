@@ -1,0 +1,65 @@
+// model/kv_cache.hpp — the paged KV cache: one pool of pages per model, a page table per sequence.
+//
+// Storage: K and V each hold [layer][page][slot][kv_heads × head_dim] floats. A sequence's token at
+// storage slot s lives in page pages[s / page_size], row s % page_size. Pages are taken from a free
+// list on demand and returned on truncate/release; nothing is allocated per token.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
+
+namespace specactor::model {
+
+// The pool cannot supply the pages asked for. Nothing was changed; the caller may wait and retry.
+class KvExhausted : public std::runtime_error {
+ public:
+  KvExhausted(std::int64_t need_pages, std::int64_t free_pages)
+      : std::runtime_error("KV cache exhausted: need " + std::to_string(need_pages) + " more pages, " +
+                           std::to_string(free_pages) + " free"),
+        need(need_pages),
+        free(free_pages) {}
+  std::int64_t need, free;
+};
+
+class KvCache {
+ public:
+  struct Seq {
+    std::vector<std::int32_t> pages;  // page table
+    std::int64_t length = 0;          // slots in use
+  };
+
+  KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t page_size,
+          std::int64_t max_total_tokens);
+
+  std::int64_t page_size() const { return page_size_; }
+  std::int64_t total_pages() const { return n_pages_; }
+  std::int64_t free_pages() const { return static_cast<std::int64_t>(free_.size()); }
+  std::int64_t capacity_tokens() const { return n_pages_ * page_size_; }
+  std::int64_t pages_for(std::int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
+  std::int64_t row_floats() const { return row_; }
+
+  // Grows seq's page table to hold new_len slots. Throws KvExhausted (and changes nothing) when the
+  // pool is short.
+  void reserve(Seq& seq, std::int64_t new_len);
+  // Rolls seq back to new_len slots (e.g. rejected draft tokens) and returns whole unused pages.
+  void truncate(Seq& seq, std::int64_t new_len);
+  void release(Seq& seq) { truncate(seq, 0); }
+
+  float* k_row(std::int64_t layer, const Seq& seq, std::int64_t slot);
+  float* v_row(std::int64_t layer, const Seq& seq, std::int64_t slot);
+  kernels::PagedKvView view(std::int64_t layer, const Seq& seq) const;
+  // Copies the K and V rows of slot `from` to slot `to` in every layer (accepted-path compaction).
+  void copy_slot(const Seq& seq, std::int64_t from, std::int64_t to);
+
+ private:
+  std::int64_t n_layers_, row_, page_size_, n_pages_, page_stride_, layer_stride_;
+  std::unique_ptr<float[]> k_, v_;
+  std::vector<std::int32_t> free_;
+};
+
+}  // namespace specactor::model

@@ -1,0 +1,273 @@
+// model/llama.cpp — Llama weights binding and the batched CPU forward pass.
+#include "model/llama.hpp"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/quant.hpp"
+#include "kernels/cpu/rmsnorm.hpp"
+
+namespace specactor::model {
+
+namespace k = specactor::kernels;
+
+LlamaConfig LlamaConfig::from(const ModelInfo& info, const std::string& json_overrides) {
+  LlamaConfig c;
+  c.vocab_size = info.vocab_size;
+  c.hidden = info.hidden_size;
+  c.ffn = info.ffn_hidden_size;
+  c.n_layers = info.num_layers;
+  c.n_heads = info.num_heads;
+  c.n_kv_heads = info.num_kv_heads;
+  c.head_dim = info.head_dim;
+  c.rope_dim = info.rope_dim;
+  c.context_length = info.context_length;
+  c.rope_base = info.rope_base;
+  c.norm_eps = info.norm_eps;
+  const auto j = nlohmann::json::parse(json_overrides.empty() ? "{}" : json_overrides);  // validated by config/
+  const std::string where = info.path + ": --json-model-override-args";
+  for (const auto& [key, v] : j.items()) {
+    if (key == "rope_theta" && v.is_number() && v.get<double>() > 0) c.rope_base = v.get<double>();
+    else if (key == "rms_norm_eps" && v.is_number() && v.get<double>() > 0) c.norm_eps = v.get<double>();
+    else if (key == "num_hidden_layers" && v.is_number_integer() && v.get<std::int64_t>() >= 1 &&
+             v.get<std::int64_t>() <= info.num_layers)
+      c.n_layers = v.get<std::int64_t>();
+    else if (key == "rope_theta" || key == "rms_norm_eps" || key == "num_hidden_layers")
+      throw GgufError(where + ": bad value " + v.dump() + " for '" + key + "'");
+    else
+      throw GgufError(where + ": unknown key '" + key + "' (known: rope_theta, rms_norm_eps, num_hidden_layers)");
+  }
+  return c;
+}
+
+namespace {
+
+std::string shape_str(const std::vector<std::uint64_t>& d) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const GgufFile> file, const LlamaConfig& cfg,
+                                                        config::LoadFormat format, std::int64_t num_layers,
+                                                        const Progress& progress) {
+  auto w = std::shared_ptr<LlamaWeights>(new LlamaWeights());
+  w->cfg_ = cfg;
+  if (num_layers > 0) {
+    if (num_layers > cfg.n_layers)
+      throw GgufError(file->path() + ": asked for the first " + std::to_string(num_layers) + " layers of a " +
+                      std::to_string(cfg.n_layers) + "-layer model");
+    w->cfg_.n_layers = num_layers;
+  }
+  w->file_ = file;
+  const bool dummy = format == config::LoadFormat::Dummy;
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  const std::string& path = file->path();
+
+  auto tensor = [&](const std::string& name, std::vector<std::uint64_t> dims) -> const GgufTensorInfo& {
+    const GgufTensorInfo* t = file->find_tensor(name);
+    if (!t) throw GgufError(path + ": missing tensor '" + name + "' (expected shape " + shape_str(dims) + ")");
+    if (t->dims != dims)
+      throw GgufError(path + ": tensor '" + name + "' has shape " + shape_str(t->dims) + ", expected " + shape_str(dims));
+    if (!k::weight_type_supported(static_cast<std::uint32_t>(t->type)))
+      throw GgufError(path + ": tensor '" + name + "' has type " +
+                      std::string(ggml_type_info(static_cast<std::uint32_t>(t->type))->name) +
+                      ", which specactor cannot compute (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q6_K)");
+    return *t;
+  };
+  auto matrix = [&](const std::string& name, std::int64_t out, std::int64_t in) {
+    const GgufTensorInfo& t = tensor(name, {static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(out)});
+    if (in % 32 != 0) throw GgufError(path + ": tensor '" + name + "' rows of " + std::to_string(in) + " are not a multiple of 32");
+    k::WeightMatrix m;
+    m.out_dim = out;
+    m.in_dim = in;
+    if (dummy) {
+      auto buf = std::make_unique<std::uint8_t[]>(static_cast<std::size_t>(out * in) * sizeof(float));
+      auto* f = reinterpret_cast<float*>(buf.get());
+      for (std::int64_t i = 0; i < out * in; ++i) f[i] = dist(rng);
+      m.type = k::WeightType::F32;
+      m.data = buf.get();
+      w->owned_.push_back(std::move(buf));
+    } else {
+      m.type = static_cast<k::WeightType>(t.type);
+      m.data = t.data;
+    }
+    m.row_stride = k::row_bytes(m.type, static_cast<std::size_t>(in));
+    return m;
+  };
+  auto vector = [&](const std::string& name, std::int64_t n) -> const float* {
+    const GgufTensorInfo& t = tensor(name, {static_cast<std::uint64_t>(n)});
+    if (!dummy && t.type == GgmlType::F32 && reinterpret_cast<std::uintptr_t>(t.data) % alignof(float) == 0)
+      return reinterpret_cast<const float*>(t.data);
+    auto buf = std::make_unique<std::uint8_t[]>(static_cast<std::size_t>(n) * sizeof(float));
+    auto* f = reinterpret_cast<float*>(buf.get());
+    if (dummy) std::fill(f, f + n, 1.0f);
+    else k::dequantize_row(static_cast<k::WeightType>(t.type), t.data, f, static_cast<std::size_t>(n));
+    w->owned_.push_back(std::move(buf));
+    return f;
+  };
+
+  const LlamaConfig& c = w->cfg_;
+  const std::size_t total = static_cast<std::size_t>(c.n_layers) + 2;
+  w->tok_embd_ = matrix("token_embd.weight", c.vocab_size, c.hidden);
+  w->output_norm_ = vector("output_norm.weight", c.hidden);
+  w->output_ = file->find_tensor("output.weight") ? matrix("output.weight", c.vocab_size, c.hidden) : w->tok_embd_;
+  if (progress) progress(1, total);
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LlamaLayer L;
+    L.attn_norm = vector(p + "attn_norm.weight", c.hidden);
+    L.wq = matrix(p + "attn_q.weight", c.n_heads * c.head_dim, c.hidden);
+    L.wk = matrix(p + "attn_k.weight", c.kv_dim(), c.hidden);
+    L.wv = matrix(p + "attn_v.weight", c.kv_dim(), c.hidden);
+    L.wo = matrix(p + "attn_output.weight", c.hidden, c.n_heads * c.head_dim);
+    L.ffn_norm = vector(p + "ffn_norm.weight", c.hidden);
+    L.gate = matrix(p + "ffn_gate.weight", c.ffn, c.hidden);
+    L.up = matrix(p + "ffn_up.weight", c.ffn, c.hidden);
+    L.down = matrix(p + "ffn_down.weight", c.hidden, c.ffn);
+    // Pre-fault the layer's pages so the first request does not pay for the disk.
+    volatile std::uint8_t sink = 0;
+    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) {
+      const std::size_t bytes = static_cast<std::size_t>(m->out_dim) * m->row_stride;
+      for (std::size_t off = 0; off < bytes; off += 4096) sink = sink + m->data[off];
+      w->weight_bytes_ += bytes;
+    }
+    w->layers_.push_back(L);
+    if (progress) progress(static_cast<std::size_t>(l) + 2, total);
+  }
+  w->weight_bytes_ += static_cast<std::uint64_t>(w->output_.out_dim) * w->output_.row_stride;
+  {
+    volatile std::uint8_t sink = 0;
+    for (const auto* m : {&w->tok_embd_, &w->output_}) {
+      const std::size_t bytes = static_cast<std::size_t>(m->out_dim) * m->row_stride;
+      for (std::size_t off = 0; off < bytes; off += 4096) sink = sink + m->data[off];
+    }
+  }
+  if (progress) progress(total, total);
+  return w;
+}
+
+LlamaRunner::LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int threads) : w_(std::move(weights)) {
+  if (threads > 0) omp_set_num_threads(threads);
+}
+
+void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out,
+                          const std::vector<int>& hidden_layers) {
+  const LlamaConfig& c = w_->config();
+  const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, KD = c.kv_dim(), F = c.ffn, V = c.vocab_size;
+
+  // Validate and reserve KV for everything first (all or nothing).
+  std::int64_t T = 0, n_logits = 0;
+  for (const auto& s : batch) {
+    const auto n = static_cast<std::int64_t>(s.tokens.size());
+    if (!s.kv) throw std::invalid_argument("forward: sequence without a KV handle");
+    if (!s.positions.empty() && static_cast<std::int64_t>(s.positions.size()) != n)
+      throw std::invalid_argument("forward: positions and tokens differ in length");
+    if (!s.mask.empty() && (static_cast<std::int64_t>(s.mask.size()) != n || n > 64))
+      throw std::invalid_argument("forward: a tree mask needs one word per token and at most 64 tokens");
+    for (auto t : s.tokens)
+      if (t < 0 || t >= V) throw std::invalid_argument("forward: token id " + std::to_string(t) + " outside the vocabulary");
+    for (auto r : s.logit_rows)
+      if (r < 0 || r >= n) throw std::invalid_argument("forward: logit row " + std::to_string(r) + " outside the sequence");
+    T += n;
+    n_logits += static_cast<std::int64_t>(s.logit_rows.size());
+  }
+  std::vector<std::int64_t> old_len(batch.size());
+  std::size_t reserved = 0;
+  try {
+    for (; reserved < batch.size(); ++reserved) {
+      old_len[reserved] = batch[reserved].kv->length;
+      kv.reserve(*batch[reserved].kv, old_len[reserved] + static_cast<std::int64_t>(batch[reserved].tokens.size()));
+    }
+  } catch (const KvExhausted&) {
+    for (std::size_t i = 0; i < reserved; ++i) {
+      // Give back pages taken for this call only (length is still the old one).
+      KvCache::Seq& s = *batch[i].kv;
+      kv.truncate(s, s.length);
+    }
+    throw;
+  }
+
+  x_.resize(static_cast<std::size_t>(T * H));
+  xn_.resize(x_.size());
+  q_.resize(static_cast<std::size_t>(T * QD));
+  att_.resize(q_.size());
+  k_.resize(static_cast<std::size_t>(T * KD));
+  v_.resize(k_.size());
+  tmp_.resize(static_cast<std::size_t>(T * H));
+  gate_.resize(static_cast<std::size_t>(T * F));
+  up_.resize(gate_.size());
+  pos_.resize(static_cast<std::size_t>(T));
+
+  {
+    std::int64_t r = 0;
+    for (const auto& s : batch)
+      for (std::size_t i = 0; i < s.tokens.size(); ++i, ++r) {
+        k::weight_row(w_->embedding(), s.tokens[i], x_.data() + r * H);
+        pos_[static_cast<std::size_t>(r)] =
+            s.positions.empty() ? static_cast<std::int32_t>(s.kv->length + static_cast<std::int64_t>(i)) : s.positions[i];
+      }
+  }
+  out.hidden.assign(hidden_layers.size(), {});
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const auto eps = static_cast<float>(c.norm_eps);
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    const LlamaLayer& L = w_->layers()[static_cast<std::size_t>(l)];
+    k::rmsnorm_cpu(xn_.data(), x_.data(), L.attn_norm, static_cast<int>(T), static_cast<int>(H), eps);
+    k::matmul(L.wq, xn_.data(), T, q_.data());
+    k::matmul(L.wk, xn_.data(), T, k_.data());
+    k::matmul(L.wv, xn_.data(), T, v_.data());
+    k::rope_cpu(q_.data(), T, c.n_heads, c.head_dim, c.rope_dim, pos_.data(), c.rope_base, c.rope_neox);
+    k::rope_cpu(k_.data(), T, c.n_kv_heads, c.head_dim, c.rope_dim, pos_.data(), c.rope_base, c.rope_neox);
+    std::int64_t r0 = 0;
+    for (std::size_t b = 0; b < batch.size(); ++b) {
+      const ForwardSeq& s = batch[b];
+      const auto n = static_cast<std::int64_t>(s.tokens.size());
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::memcpy(kv.k_row(l, *s.kv, old_len[b] + i), k_.data() + (r0 + i) * KD, sizeof(float) * static_cast<std::size_t>(KD));
+        std::memcpy(kv.v_row(l, *s.kv, old_len[b] + i), v_.data() + (r0 + i) * KD, sizeof(float) * static_cast<std::size_t>(KD));
+      }
+      k::attention_cpu(q_.data() + r0 * QD, n, c.n_heads, c.n_kv_heads, c.head_dim, kv.view(l, *s.kv), old_len[b],
+                       s.mask.empty() ? nullptr : s.mask.data(), scale, att_.data() + r0 * QD);
+      r0 += n;
+    }
+    k::matmul(L.wo, att_.data(), T, tmp_.data());
+    for (std::int64_t i = 0; i < T * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
+    k::rmsnorm_cpu(xn_.data(), x_.data(), L.ffn_norm, static_cast<int>(T), static_cast<int>(H), eps);
+    k::matmul(L.gate, xn_.data(), T, gate_.data());
+    k::matmul(L.up, xn_.data(), T, up_.data());
+    k::silu_mul_cpu(gate_.data(), gate_.data(), up_.data(), T * F);
+    k::matmul(L.down, gate_.data(), T, tmp_.data());
+    for (std::int64_t i = 0; i < T * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
+    for (std::size_t h = 0; h < hidden_layers.size(); ++h)
+      if (hidden_layers[h] == l) out.hidden[h] = x_;
+  }
+  for (std::size_t b = 0; b < batch.size(); ++b) batch[b].kv->length = old_len[b] + static_cast<std::int64_t>(batch[b].tokens.size());
+
+  // Final norm and the output head, only for the rows asked for.
+  std::vector<float> rows(static_cast<std::size_t>(n_logits * H));
+  {
+    std::int64_t r0 = 0, o = 0;
+    for (const auto& s : batch) {
+      for (auto r : s.logit_rows) {
+        k::rmsnorm_cpu(rows.data() + o * H, x_.data() + (r0 + r) * H, w_->output_norm(), 1, static_cast<int>(H), eps);
+        ++o;
+      }
+      r0 += static_cast<std::int64_t>(s.tokens.size());
+    }
+  }
+  out.logits.resize(static_cast<std::size_t>(n_logits * V));
+  if (n_logits > 0) k::matmul(w_->output(), rows.data(), n_logits, out.logits.data());
+}
+
+}  // namespace specactor::model

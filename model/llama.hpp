@@ -1,0 +1,103 @@
+// model/llama.hpp — the Llama-family transformer on the CPU: configuration, weights bound to the
+// mmapped GGUF tensors (no copy), and a batched forward pass over a paged KV cache.
+//
+// Shapes (ggml order, row-major rows of `in` elements): token_embd (vocab, hidden); per layer
+// attn_q (hidden, hidden), attn_k/attn_v (kv_dim, hidden), attn_output (hidden, hidden),
+// ffn_gate/ffn_up (ffn, hidden), ffn_down (hidden, ffn); norms (hidden); output (vocab, hidden) or
+// tied to token_embd.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/snapshot.hpp"
+#include "kernels/cpu/matmul.hpp"
+#include "model/gguf.hpp"
+#include "model/kv_cache.hpp"
+#include "model/model_info.hpp"
+
+namespace specactor::model {
+
+// Hyper-parameters the forward pass uses, after json_model_override_args.
+struct LlamaConfig {
+  std::int64_t vocab_size = 0, hidden = 0, ffn = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0,
+               rope_dim = 0, context_length = 0;
+  double rope_base = 10000.0, norm_eps = 1e-5;
+  bool rope_neox = false;  // GGUF llama: adjacent pairs; Hugging Face checkpoints: half split
+
+  std::int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  // From the file's ModelInfo with the JSON overrides applied (the only place they are applied).
+  // Throws GgufError naming the override key when it is unknown or of the wrong type.
+  static LlamaConfig from(const ModelInfo& info, const std::string& json_overrides);
+};
+
+struct LlamaLayer {
+  kernels::WeightMatrix wq, wk, wv, wo, gate, up, down;
+  const float* attn_norm = nullptr;  // (hidden)
+  const float* ffn_norm = nullptr;   // (hidden)
+};
+
+class LlamaWeights {
+ public:
+  using Progress = std::function<void(std::size_t done, std::size_t total)>;
+
+  // Binds (and pre-faults) the tensors of a GGUF Llama model. `num_layers` < 0 = all; K > 0 keeps
+  // only the first K layers (self-speculative draft), sharing the same mapping. load_format dummy:
+  // random F32 weights of the file's shapes. Errors name the file and the tensor.
+  static std::shared_ptr<const LlamaWeights> load(std::shared_ptr<const GgufFile> file, const LlamaConfig& cfg,
+                                                  config::LoadFormat format, std::int64_t num_layers = -1,
+                                                  const Progress& progress = {});
+
+  const LlamaConfig& config() const { return cfg_; }
+  const kernels::WeightMatrix& embedding() const { return tok_embd_; }
+  const kernels::WeightMatrix& output() const { return output_; }
+  const float* output_norm() const { return output_norm_; }
+  const std::vector<LlamaLayer>& layers() const { return layers_; }
+  std::uint64_t weight_bytes() const { return weight_bytes_; }  // bytes streamed per decode step
+  const GgufFile& file() const { return *file_; }
+
+ private:
+  LlamaConfig cfg_;
+  std::shared_ptr<const GgufFile> file_;
+  kernels::WeightMatrix tok_embd_, output_;
+  const float* output_norm_ = nullptr;
+  std::vector<LlamaLayer> layers_;
+  std::vector<std::unique_ptr<std::uint8_t[]>> owned_;  // converted norms / dummy weights
+  std::uint64_t weight_bytes_ = 0;
+};
+
+// One sequence's part of a forward batch.
+struct ForwardSeq {
+  KvCache::Seq* kv = nullptr;           // new tokens go to slots [kv->length, kv->length + n)
+  std::vector<std::int32_t> tokens;     // n new tokens
+  std::vector<std::int32_t> positions;  // RoPE positions; empty = kv->length + i
+  std::vector<std::uint64_t> mask;      // tree mask, one word per new token (bit j: sees new token j); empty = causal
+  std::vector<std::int32_t> logit_rows; // indices into tokens whose logits are returned
+};
+
+struct ForwardResult {
+  std::vector<float> logits;               // (Σ logit_rows, vocab), in batch order
+  std::vector<std::vector<float>> hidden;  // per requested layer: (Σ tokens, hidden), residual stream after the layer
+};
+
+// Runs the model; owns its scratch buffers (one per target/draft worker, not shared across threads).
+class LlamaRunner {
+ public:
+  explicit LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int threads = 0);
+  const LlamaWeights& weights() const { return *w_; }
+
+  // Appends every sequence's tokens to its KV cache and returns the requested logits / hidden
+  // states. All-or-nothing on KV: when the pool is short, KvExhausted is thrown before anything runs.
+  void forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out,
+               const std::vector<int>& hidden_layers = {});
+
+ private:
+  std::shared_ptr<const LlamaWeights> w_;
+  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_;
+  std::vector<std::int32_t> pos_;
+};
+
+}  // namespace specactor::model

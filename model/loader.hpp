@@ -1,0 +1,31 @@
+// model/loader.hpp — everything a worker needs to run a model, loaded from a resolved snapshot.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "config/snapshot.hpp"
+#include "model/chat.hpp"
+#include "model/llama.hpp"
+#include "model/tokenizer.hpp"
+
+namespace specactor::model {
+
+struct LoadedModel {
+  std::shared_ptr<const GgufFile> file;
+  ModelInfo info;
+  LlamaConfig config;  // json_model_override_args applied
+  std::shared_ptr<const LlamaWeights> weights;
+  std::shared_ptr<const Tokenizer> tokenizer;  // null with --skip-tokenizer-init
+  ChatTemplate chat;
+};
+
+// Opens snap.model_path (GGUF), checks it, binds the weights. `num_layers` > 0 keeps only the first
+// K layers (self-speculation). Throws GgufError naming the file/tensor.
+LoadedModel load_model(const config::ServerArgs& snap, const LlamaWeights::Progress& progress = {},
+                       std::int64_t num_layers = -1);
+
+// A progress callback that draws a bar on stderr when it is a terminal (and nothing otherwise).
+LlamaWeights::Progress terminal_progress(std::string label);
+
+}  // namespace specactor::model
