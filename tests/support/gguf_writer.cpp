@@ -93,6 +93,25 @@ void GgufWriter::tensor(std::string_view name, std::uint32_t ggml_type, std::vec
   tensors_.push_back({std::string(name), ggml_type, std::move(dims), std::move(data), offset_override});
 }
 
+bool GgufWriter::remove_tensor(std::string_view name) {
+  for (auto it = tensors_.begin(); it != tensors_.end(); ++it)
+    if (it->name == name) {
+      tensors_.erase(it);
+      return true;
+    }
+  return false;
+}
+
+bool GgufWriter::reshape_tensor(std::string_view name, std::vector<std::uint64_t> dims) {
+  for (auto& t : tensors_)
+    if (t.name == name) {
+      t.data.assign(ggml_nbytes(t.type, dims), 0);
+      t.dims = std::move(dims);
+      return true;
+    }
+  return false;
+}
+
 std::vector<std::uint8_t> GgufWriter::bytes() const {
   std::vector<std::uint8_t> out;
   put<std::uint32_t>(out, magic);
@@ -146,6 +165,7 @@ GgufWriter tiny_llama(const TinyLlamaShape& s, bool with_tensors, std::uint32_t 
   std::vector<std::string> tokens;
   for (std::uint32_t i = 0; i < s.vocab; ++i) tokens.push_back(std::string("t").append(std::to_string(i)));
   w.kv_str_array("tokenizer.ggml.tokens", tokens);
+  w.kv_str_array("tokenizer.ggml.merges", {"t 1", "t 2"});
   w.kv_u32("tokenizer.ggml.bos_token_id", 1);
   w.kv_u32("tokenizer.ggml.eos_token_id", 2);
   if (!with_tensors) return w;

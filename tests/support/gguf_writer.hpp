@@ -34,6 +34,10 @@ class GgufWriter {
   void tensor(std::string_view name, std::uint32_t ggml_type, std::vector<std::uint64_t> dims,
               std::vector<std::uint8_t> data = {}, std::int64_t offset_override = -1);
 
+  // Test helpers for broken models: drop a tensor, or give it other dims (data resized to match).
+  bool remove_tensor(std::string_view name);
+  bool reshape_tensor(std::string_view name, std::vector<std::uint64_t> dims);
+
   std::vector<std::uint8_t> bytes() const;
   void write(const std::string& path) const;
 

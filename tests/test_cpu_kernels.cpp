@@ -1,0 +1,265 @@
+// tests/test_cpu_kernels.cpp — CPU kernels against references: dequantization against the `gguf`
+// package's (tests/data/quant_goldens.json), AVX2 vs scalar matmul (bit-exact), batch invariance,
+// RoPE, attention masks, sampling, and the paged KV cache.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/quant.hpp"
+#include "kernels/cpu/sampling.hpp"
+#include "model/kv_cache.hpp"
+
+using namespace specactor::kernels;
+using json = nlohmann::json;
+
+namespace {
+
+WeightType type_named(const std::string& n) {
+  if (n == "Q8_0") return WeightType::Q8_0;
+  if (n == "Q4_0") return WeightType::Q4_0;
+  if (n == "Q4_1") return WeightType::Q4_1;
+  if (n == "Q4_K") return WeightType::Q4_K;
+  if (n == "Q6_K") return WeightType::Q6_K;
+  if (n == "F16") return WeightType::F16;
+  if (n == "BF16") return WeightType::BF16;
+  return WeightType::F32;
+}
+
+// Random but valid weight bytes of `type` for an (out, in) matrix (scales kept finite and small).
+std::vector<std::uint8_t> random_weights(WeightType t, std::int64_t out, std::int64_t in, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::size_t rb = row_bytes(t, static_cast<std::size_t>(in));
+  std::vector<std::uint8_t> b(rb * static_cast<std::size_t>(out));
+  for (auto& x : b) x = static_cast<std::uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f), val(-1.0f, 1.0f);
+  auto put_f16 = [&](std::size_t at, float v) {
+    const std::uint16_t h = f32_to_f16(v);
+    std::memcpy(b.data() + at, &h, 2);
+  };
+  const std::size_t bb = block_bytes(t);
+  for (std::size_t at = 0; at < b.size(); at += bb) {
+    switch (t) {
+      case WeightType::F32: { const float v = val(rng); std::memcpy(b.data() + at, &v, 4); break; }
+      case WeightType::F16: put_f16(at, val(rng)); break;
+      case WeightType::BF16: { float v = val(rng); std::uint32_t u; std::memcpy(&u, &v, 4); const std::uint16_t h = u >> 16; std::memcpy(b.data() + at, &h, 2); break; }
+      case WeightType::Q8_0: case WeightType::Q4_0: put_f16(at, scale(rng)); break;
+      case WeightType::Q4_1: case WeightType::Q4_K: put_f16(at, scale(rng)); put_f16(at + 2, scale(rng)); break;
+      case WeightType::Q6_K: put_f16(at + 208, scale(rng)); break;
+    }
+  }
+  return b;
+}
+
+const WeightType kAllTypes[] = {WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0,
+                                WeightType::Q4_0, WeightType::Q4_1, WeightType::Q4_K, WeightType::Q6_K};
+
+}  // namespace
+
+TEST_CASE("dequantization matches the gguf package on random blocks of every format") {
+  std::ifstream in(SPECACTOR_SOURCE_DIR "/tests/data/quant_goldens.json");
+  REQUIRE(in);
+  const json g = json::parse(in);
+  REQUIRE(g["cases"].size() == 7);
+  for (const auto& c : g["cases"]) {
+    const std::string name = c["type"];
+    CAPTURE(name);
+    const auto bytes = c["bytes"].get<std::vector<std::uint8_t>>();
+    const auto want = c["values"].get<std::vector<float>>();
+    std::vector<float> got(want.size());
+    dequantize_row(type_named(name), bytes.data(), got.data(), got.size());
+    int mismatches = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) mismatches += got[i] != want[i];
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("f16 conversion: exact for every half value, round to nearest even") {
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = f16_to_f32(static_cast<std::uint16_t>(h));
+    if (std::isnan(f)) continue;
+    REQUIRE(f32_to_f16(f) == h);
+  }
+  CHECK(f16_to_f32(f32_to_f16(1.0f + 1.0f / 4096)) == 1.0f);  // halfway rounds to even
+  CHECK(f16_to_f32(0x3c00) == 1.0f);
+  CHECK(bf16_to_f32(0x3f80) == 1.0f);
+}
+
+TEST_CASE("matmul: AVX2 and scalar paths are bit-identical, and close to a float64 reference") {
+  const std::int64_t out = 37, in = 512, rows = 5;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(rows * in));
+  for (auto& v : x) v = d(rng);
+  for (WeightType t : kAllTypes) {
+    CAPTURE(static_cast<int>(t));
+    const auto bytes = random_weights(t, out, in, 11 + static_cast<std::uint32_t>(t));
+    WeightMatrix w{t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))};
+    std::vector<float> ys(static_cast<std::size_t>(rows * out)), ya(ys.size());
+    matmul_path(CpuPath::Scalar, w, x.data(), rows, ys.data());
+    matmul_path(CpuPath::Avx2, w, x.data(), rows, ya.data());
+    CHECK(ys == ya);
+    std::vector<float> wr(static_cast<std::size_t>(in));
+    double worst = 0;
+    for (std::int64_t o = 0; o < out; ++o) {
+      weight_row(w, o, wr.data());
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double ref = 0, mag = 0;
+        for (std::int64_t i = 0; i < in; ++i) {
+          ref += static_cast<double>(wr[i]) * x[r * in + i];
+          mag += std::abs(static_cast<double>(wr[i]) * x[r * in + i]);
+        }
+        worst = std::max(worst, std::abs(ref - ys[r * out + o]) / (mag + 1e-30));
+      }
+    }
+    CHECK(worst < 1e-5);  // float32 accumulation of 512 products, relative to Σ|w·x|
+  }
+  if (cpu_path() == CpuPath::Scalar) MESSAGE("this CPU lacks AVX2/FMA/F16C: both runs used the scalar path");
+}
+
+TEST_CASE("matmul: a row's result does not depend on how many rows share the call") {
+  const std::int64_t out = 64, in = 256;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (WeightType t : {WeightType::Q4_1, WeightType::Q8_0, WeightType::F32, WeightType::Q6_K}) {
+    const auto bytes = random_weights(t, out, in, 21);
+    WeightMatrix w{t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))};
+    for (std::int64_t rows : {1, 2, 3, 4, 5, 8, 13}) {
+      std::vector<float> x(static_cast<std::size_t>(rows * in));
+      for (auto& v : x) v = d(rng);
+      std::vector<float> batch(static_cast<std::size_t>(rows * out)), single(static_cast<std::size_t>(out));
+      matmul(w, x.data(), rows, batch.data());
+      for (std::int64_t r = 0; r < rows; ++r) {
+        matmul(w, x.data() + r * in, 1, single.data());
+        CHECK(std::equal(single.begin(), single.end(), batch.begin() + r * out));
+      }
+    }
+  }
+}
+
+TEST_CASE("RoPE: both layouts rotate the right pairs by the right angles") {
+  const std::int64_t hd = 8;
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::int32_t pos = 3;
+  auto rot = [&](std::int64_t a, std::int64_t b, int i) {
+    const double th = pos * std::pow(10000.0, -2.0 * i / hd);
+    return std::pair{x[a] * std::cos(th) - x[b] * std::sin(th), x[a] * std::sin(th) + x[b] * std::cos(th)};
+  };
+  std::vector<float> adj = x, neox = x;
+  rope_cpu(adj.data(), 1, 1, hd, hd, &pos, 10000.0, false);
+  rope_cpu(neox.data(), 1, 1, hd, hd, &pos, 10000.0, true);
+  for (int i = 0; i < 4; ++i) {
+    auto [a0, a1] = rot(2 * i, 2 * i + 1, i);
+    CHECK(adj[2 * i] == doctest::Approx(a0).epsilon(1e-5));
+    CHECK(adj[2 * i + 1] == doctest::Approx(a1).epsilon(1e-5));
+    auto [n0, n1] = rot(i, i + 4, i);
+    CHECK(neox[i] == doctest::Approx(n0).epsilon(1e-5));
+    CHECK(neox[i + 4] == doctest::Approx(n1).epsilon(1e-5));
+  }
+  const std::int32_t zero = 0;
+  std::vector<float> same = x;
+  rope_cpu(same.data(), 1, 1, hd, hd, &zero, 10000.0, false);
+  CHECK(same == x);
+}
+
+TEST_CASE("attention: a chain mask equals the causal default; a tree mask hides siblings") {
+  const std::int64_t heads = 4, kvh = 2, hd = 16, page = 4, prefix = 5, n = 4;
+  specactor::model::KvCache kv(1, kvh, hd, page, 64);
+  specactor::model::KvCache::Seq seq;
+  kv.reserve(seq, prefix + n);
+  seq.length = prefix + n;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (std::int64_t s = 0; s < prefix + n; ++s)
+    for (std::int64_t i = 0; i < kvh * hd; ++i) kv.k_row(0, seq, s)[i] = d(rng), kv.v_row(0, seq, s)[i] = d(rng);
+  std::vector<float> q(static_cast<std::size_t>(n * heads * hd));
+  for (auto& v : q) v = d(rng);
+  std::vector<float> causal(q.size()), chain(q.size()), tree(q.size());
+  attention_cpu(q.data(), n, heads, kvh, hd, kv.view(0, seq), prefix, nullptr, 0.25f, causal.data());
+  const std::vector<std::uint64_t> chain_mask = {0b1, 0b11, 0b111, 0b1111};
+  attention_cpu(q.data(), n, heads, kvh, hd, kv.view(0, seq), prefix, chain_mask.data(), 0.25f, chain.data());
+  CHECK(causal == chain);
+  // Tree: node 0 root, nodes 1 and 2 children of 0, node 3 child of 2. Node 3 must equal a query
+  // that sees only (prefix, 0, 2, 3) — i.e. the same as when node 1's K/V were anything else.
+  const std::vector<std::uint64_t> tree_mask = {0b1, 0b11, 0b101, 0b1101};
+  attention_cpu(q.data(), n, heads, kvh, hd, kv.view(0, seq), prefix, tree_mask.data(), 0.25f, tree.data());
+  for (std::int64_t i = 0; i < kvh * hd; ++i) kv.k_row(0, seq, prefix + 1)[i] += 100.0f;
+  std::vector<float> tree2(q.size());
+  attention_cpu(q.data(), n, heads, kvh, hd, kv.view(0, seq), prefix, tree_mask.data(), 0.25f, tree2.data());
+  for (std::int64_t i = 0; i < heads * hd; ++i) {
+    CHECK(tree[3 * heads * hd + i] == tree2[3 * heads * hd + i]);
+    CHECK(tree[2 * heads * hd + i] == tree2[2 * heads * hd + i]);
+  }
+  CHECK(tree[1 * heads * hd] != tree2[1 * heads * hd]);  // node 1 does see itself
+}
+
+TEST_CASE("KV cache: pages come and go; exhaustion is an error that changes nothing") {
+  specactor::model::KvCache kv(2, 1, 8, 4, 16);  // 4 pages of 4 slots
+  specactor::model::KvCache::Seq a, b;
+  kv.reserve(a, 6);
+  CHECK(a.pages.size() == 2);
+  CHECK(kv.free_pages() == 2);
+  kv.reserve(b, 8);
+  CHECK(kv.free_pages() == 0);
+  CHECK_THROWS_AS(kv.reserve(a, 9), specactor::model::KvExhausted);
+  CHECK(a.pages.size() == 2);
+  a.length = 6;
+  kv.truncate(a, 3);
+  CHECK(a.length == 3);
+  CHECK(a.pages.size() == 1);
+  CHECK(kv.free_pages() == 1);
+  kv.release(b);
+  CHECK(kv.free_pages() == 3);
+  kv.reserve(a, 16);
+  CHECK(kv.free_pages() == 0);
+  CHECK_THROWS_WITH(specactor::model::KvCache(1, 1, 8, 4, 2), doctest::Contains("KvCache: bad shape"));
+}
+
+TEST_CASE("sampling: greedy, top-k, top-p, min-p, temperature, seeds") {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+  CHECK(argmax(logits.data(), 5) == 1);  // ties go to the lowest id
+  std::vector<float> p;
+  sampling_probs(logits.data(), 5, {0.0f}, p);
+  CHECK(p == std::vector<float>{0, 1, 0, 0, 0});
+  sampling_probs(logits.data(), 5, {1.0f, 2}, p);
+  CHECK(p[1] == doctest::Approx(0.5));
+  CHECK(p[3] == doctest::Approx(0.5));
+  CHECK(p[0] + p[2] + p[4] == 0.0f);
+  sampling_probs(logits.data(), 5, {1.0f, 0, 0.39f}, p);  // the first of the tied pair alone has p = 0.397
+  CHECK(p[1] == 1.0f);
+  sampling_probs(logits.data(), 5, {1.0f, 0, 1.0f, 0.3f}, p);  // min-p: e^(2-3) = 0.37 >= 0.3 stays, e^-2 goes
+  CHECK(p[0] == 0.0f);
+  CHECK(p[2] > 0.0f);
+  CHECK(p[4] == 0.0f);
+  sampling_probs(logits.data(), 5, {1.0f}, p);
+  double sum = 0;
+  for (float v : p) sum += v;
+  CHECK(sum == doctest::Approx(1.0));
+  CHECK(p[1] / p[2] == doctest::Approx(std::exp(1.0)));
+  sampling_probs(logits.data(), 5, {0.5f}, p);
+  CHECK(p[1] / p[2] == doctest::Approx(std::exp(2.0)));
+
+  Rng r1(42), r2(42), r3(43);
+  std::vector<std::int32_t> s1, s2, s3;
+  for (int i = 0; i < 50; ++i) {
+    s1.push_back(sample(logits.data(), 5, {1.0f}, r1));
+    s2.push_back(sample(logits.data(), 5, {1.0f}, r2));
+    s3.push_back(sample(logits.data(), 5, {1.0f}, r3));
+  }
+  CHECK(s1 == s2);
+  CHECK(s1 != s3);
+  // Empirical frequencies follow the distribution.
+  Rng r(7);
+  std::vector<int> counts(5);
+  sampling_probs(logits.data(), 5, {1.0f}, p);
+  const int draws = 200000;
+  for (int i = 0; i < draws; ++i) counts[static_cast<std::size_t>(sample_from_probs(p, r.uniform()))]++;
+  for (int i = 0; i < 5; ++i) CHECK(counts[i] / double(draws) == doctest::Approx(p[i]).epsilon(0.03));
+}
