@@ -218,17 +218,18 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
       }
   }
   out.hidden.assign(hidden_layers.size(), {});
+  rope_cs_.resize(static_cast<std::size_t>(T * c.rope_dim));
+  k::rope_table_cpu(pos_.data(), T, c.rope_dim, c.rope_base, rope_cs_.data());
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const auto eps = static_cast<float>(c.norm_eps);
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     const LlamaLayer& L = w_->layers()[static_cast<std::size_t>(l)];
     k::rmsnorm_cpu(xn_.data(), x_.data(), L.attn_norm, static_cast<int>(T), static_cast<int>(H), eps);
-    k::matmul(L.wq, xn_.data(), T, q_.data());
-    k::matmul(L.wk, xn_.data(), T, k_.data());
-    k::matmul(L.wv, xn_.data(), T, v_.data());
-    k::rope_cpu(q_.data(), T, c.n_heads, c.head_dim, c.rope_dim, pos_.data(), c.rope_base, c.rope_neox);
-    k::rope_cpu(k_.data(), T, c.n_kv_heads, c.head_dim, c.rope_dim, pos_.data(), c.rope_base, c.rope_neox);
+    const k::MatmulJob qkv[3] = {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}};
+    k::matmul_many(qkv, 3, xn_.data(), T);
+    k::rope_apply_cpu(q_.data(), T, c.n_heads, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
+    k::rope_apply_cpu(k_.data(), T, c.n_kv_heads, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
     std::int64_t r0 = 0;
     for (std::size_t b = 0; b < batch.size(); ++b) {
       const ForwardSeq& s = batch[b];
@@ -244,8 +245,8 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     k::matmul(L.wo, att_.data(), T, tmp_.data());
     for (std::int64_t i = 0; i < T * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
     k::rmsnorm_cpu(xn_.data(), x_.data(), L.ffn_norm, static_cast<int>(T), static_cast<int>(H), eps);
-    k::matmul(L.gate, xn_.data(), T, gate_.data());
-    k::matmul(L.up, xn_.data(), T, up_.data());
+    const k::MatmulJob gate_up[2] = {{&L.gate, gate_.data()}, {&L.up, up_.data()}};
+    k::matmul_many(gate_up, 2, xn_.data(), T);
     k::silu_mul_cpu(gate_.data(), gate_.data(), up_.data(), T * F);
     k::matmul(L.down, gate_.data(), T, tmp_.data());
     for (std::int64_t i = 0; i < T * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];

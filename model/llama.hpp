@@ -96,7 +96,7 @@ class LlamaRunner {
 
  private:
   std::shared_ptr<const LlamaWeights> w_;
-  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_;
+  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, rope_cs_;
   std::vector<std::int32_t> pos_;
 };
 

@@ -3,6 +3,7 @@
 //   specactor config  [server flags]        resolved target + derived draft snapshots as JSON
 //   specactor inspect MODEL.gguf [--json]   model hyper-parameters from the GGUF metadata
 //   specactor devices                       what the device probe found (CPU / CUDA / NCCL)
+//   specactor bench --model-path M [--prompt-tokens N] [--decode-tokens N] [--repeats R] [--json]
 //   specactor generate --model-path M --prompt P [--chat] [--max-new-tokens N] [--temperature T]
 //                      [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [server flags]
 //
@@ -14,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -21,6 +24,7 @@
 #include "config/error.hpp"
 #include "config/resolve.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cpu/machine.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/gguf.hpp"
@@ -45,6 +49,9 @@ constexpr const char* kUsage =
     "  generate --model-path M --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T]\n"
     "           [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [server flags]\n"
     "                               stream the continuation to stdout (logs and timings: stderr)\n"
+    "  bench --model-path M [--prompt-tokens 256] [--decode-tokens 128] [--repeats 3] [--json]\n"
+    "                               prefill and batch-1 decode speed against the measured memory\n"
+    "                               bandwidth and FMA ceilings of this machine\n"
     "\n"
     "`specactor config --help` lists every server flag with its default.\n";
 
@@ -258,6 +265,133 @@ int cmd_generate(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// Prefill then greedy decode of one sequence; returns (prefill seconds, decode seconds).
+std::pair<double, double> run_once(sm::LlamaRunner& runner, sm::KvCache& kv, const std::vector<std::int32_t>& prompt,
+                                   std::int64_t decode_tokens, std::int64_t chunk, std::int64_t vocab) {
+  sm::KvCache::Seq seq;
+  sm::ForwardResult out;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t at = 0; at < prompt.size();) {
+    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(chunk), prompt.size() - at);
+    std::vector<sm::ForwardSeq> b(1);
+    b[0].kv = &seq;
+    b[0].tokens.assign(prompt.begin() + static_cast<long>(at), prompt.begin() + static_cast<long>(at + n));
+    if (at + n == prompt.size()) b[0].logit_rows = {static_cast<std::int32_t>(n - 1)};
+    runner.forward(b, kv, out);
+    at += n;
+  }
+  const double prefill = seconds_since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
+  for (std::int64_t i = 0; i < decode_tokens; ++i) {
+    std::vector<sm::ForwardSeq> b(1);
+    b[0].kv = &seq;
+    b[0].tokens = {specactor::kernels::argmax(out.logits.data(), vocab)};
+    b[0].logit_rows = {0};
+    runner.forward(b, kv, out);
+  }
+  const double decode = seconds_since(t1);
+  kv.release(seq);
+  return {prefill, decode};
+}
+
+int cmd_bench(const std::vector<std::string>& argv) {
+  std::map<std::string, std::string> f;
+  const auto rest = take_tool_flags(
+      argv, {{"--prompt-tokens", true}, {"--decode-tokens", true}, {"--repeats", true}, {"--json", false}}, f);
+  const auto prompt_tokens = tool_value<std::int64_t>(f, "--prompt-tokens", 256);
+  const auto decode_tokens = tool_value<std::int64_t>(f, "--decode-tokens", 128);
+  const auto repeats = tool_value<std::int64_t>(f, "--repeats", 3);
+  const bool as_json = tool_value<bool>(f, "--json", false);
+  if (prompt_tokens < 1) throw sc::ConfigError("--prompt-tokens: must be >= 1");
+  if (decode_tokens < 1) throw sc::ConfigError("--decode-tokens: must be >= 1");
+  if (repeats < 1) throw sc::ConfigError("--repeats: must be >= 1");
+
+  const Resolved r = resolve_from_args(rest);
+  const sc::ServerArgs& s = *r.target;
+  spdlog::set_level(spdlog::level::from_str(s.log_level));
+  if (prompt_tokens + decode_tokens > *s.context_length)
+    throw sc::ConfigError("--prompt-tokens + --decode-tokens (" + std::to_string(prompt_tokens + decode_tokens) +
+                          ") exceed the context length " + std::to_string(*s.context_length));
+  const sm::LoadedModel m = sm::load_model(s, sm::terminal_progress("loading " + r.info.name));
+  if (s.threads > 0) omp_set_num_threads(static_cast<int>(s.threads));
+
+  spdlog::info("measuring the machine: memory bandwidth and peak FMA throughput");
+  const auto bw = specactor::kernels::measure_memory_bandwidth();
+  const double peak_gflops = specactor::kernels::measure_peak_gflops();
+
+  // A prompt of exactly prompt_tokens ids: a fixed text, repeated.
+  const std::string text =
+      "Speculative decoding lets a small draft propose several tokens that the large target model then verifies in "
+      "one forward pass, so that every accepted token costs a fraction of a full decoding step. ";
+  std::vector<std::int32_t> prompt;
+  const auto piece = m.tokenizer ? m.tokenizer->encode(text) : std::vector<std::int32_t>{1, 2, 3};
+  while (static_cast<std::int64_t>(prompt.size()) < prompt_tokens) prompt.insert(prompt.end(), piece.begin(), piece.end());
+  prompt.resize(static_cast<std::size_t>(prompt_tokens));
+
+  sm::KvCache kv(m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, s.page_size,
+                 (prompt_tokens + decode_tokens + s.page_size) / s.page_size * s.page_size + s.page_size);
+  sm::LlamaRunner runner(m.weights, static_cast<int>(s.threads));
+  run_once(runner, kv, prompt, 4, s.chunked_prefill_size, m.config.vocab_size);  // warm-up
+  double best_prefill = 1e30, best_decode = 1e30;
+  for (std::int64_t i = 0; i < repeats; ++i) {
+    const auto [p, d] = run_once(runner, kv, prompt, decode_tokens, s.chunked_prefill_size, m.config.vocab_size);
+    best_prefill = std::min(best_prefill, p);
+    best_decode = std::min(best_decode, d);
+  }
+  const double prefill_tps = prompt_tokens / best_prefill;
+  const double decode_tps = decode_tokens / best_decode;
+
+  // Per decode step: every weight once, plus the KV cache read at the mean context of the run.
+  std::uint64_t macs = 0;
+  for (const auto& L : m.weights->layers())
+    for (const auto* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down})
+      macs += static_cast<std::uint64_t>(w->out_dim * w->in_dim);
+  macs += static_cast<std::uint64_t>(m.weights->output().out_dim * m.weights->output().in_dim);
+  const double mean_ctx = prompt_tokens + decode_tokens / 2.0;
+  const double kv_bytes = 2.0 * m.config.n_layers * m.config.kv_dim() * sizeof(float) * mean_ctx;
+  const double bytes_per_token = static_cast<double>(m.weights->weight_bytes()) + kv_bytes;
+  const double ceiling_tps = bw.read_gbps * 1e9 / bytes_per_token;
+  const double achieved_gbps = bytes_per_token * decode_tps / 1e9;
+  const double achieved_gflops = 2.0 * static_cast<double>(macs) * decode_tps / 1e9;
+  const char* path = specactor::kernels::cpu_path_name(specactor::kernels::cpu_path());
+  const int threads = omp_get_max_threads();
+
+  if (as_json) {
+    json j = {{"model", s.model_path},
+              {"cpu_path", path},
+              {"threads", threads},
+              {"memory_read_gbps", bw.read_gbps},
+              {"memory_copy_gbps", bw.copy_gbps},
+              {"peak_fma_gflops", peak_gflops},
+              {"prompt_tokens", prompt_tokens},
+              {"prefill_tokens_per_s", prefill_tps},
+              {"decode_tokens", decode_tokens},
+              {"decode_tokens_per_s", decode_tps},
+              {"bytes_per_decode_token", bytes_per_token},
+              {"bandwidth_ceiling_tokens_per_s", ceiling_tps},
+              {"fraction_of_bandwidth_ceiling", decode_tps / ceiling_tps},
+              {"decode_gflops", achieved_gflops},
+              {"fraction_of_peak_fma", peak_gflops > 0 ? achieved_gflops / peak_gflops : 0.0},
+              {"repeats", repeats}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("specactor bench: {} ({} layers, {:.1f} MiB of weights), cpu path {}, {} threads\n",
+                           s.model_path, m.config.n_layers, m.weights->weight_bytes() / 1048576.0, path, threads);
+  std::cout << fmt::format("machine:  memory read {:.1f} GB/s (copy {:.1f} GB/s, {} MiB buffer); peak FMA {:.1f} GFLOP/s\n",
+                           bw.read_gbps, bw.copy_gbps, bw.bytes >> 20, peak_gflops);
+  std::cout << fmt::format("prefill:  {} tokens in {:.3f} s = {:.1f} tok/s (best of {})\n", prompt_tokens, best_prefill,
+                           prefill_tps, repeats);
+  std::cout << fmt::format("decode:   batch 1, {} tokens in {:.3f} s = {:.1f} tok/s (best of {})\n", decode_tokens,
+                           best_decode, decode_tps, repeats);
+  std::cout << fmt::format("          {:.1f} MB read per token (weights + KV) -> bandwidth ceiling {:.1f} tok/s; "
+                           "reached {:.1f}% ({:.1f} GB/s)\n",
+                           bytes_per_token / 1e6, ceiling_tps, 100.0 * decode_tps / ceiling_tps, achieved_gbps);
+  std::cout << fmt::format("          {:.2f} GFLOP per token -> {:.1f} GFLOP/s = {:.1f}% of the measured FMA peak\n",
+                           2.0 * macs / 1e9, achieved_gflops, peak_gflops > 0 ? 100.0 * achieved_gflops / peak_gflops : 0.0);
+  return 0;
+}
+
 int cmd_config(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") return print_server_flags(), 0;
@@ -355,6 +489,7 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return cmd_inspect(argc - 1, argv + 1);
     if (cmd == "devices") return cmd_devices();
     if (cmd == "generate") return cmd_generate(std::vector<std::string>(argv + 2, argv + argc));
+    if (cmd == "bench") return cmd_bench(std::vector<std::string>(argv + 2, argv + argc));
     if (cmd == "--help" || cmd == "-h" || cmd == "help") return std::fputs(kUsage, stdout), 0;
     if (cmd == "--version") return std::puts("specactor 0.1.0"), 0;
     std::fprintf(stderr, "specactor: error: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);

@@ -1,7 +1,7 @@
 // kernels/cpu/matmul.hpp — y = x · Wᵀ for quantized or float weights, on the CPU.
 //
-// Versions: an AVX2/FMA/F16C path (chosen at run time when the CPU has it) and a portable scalar
-// path that emulates the same 8-lane arithmetic with std::fma, so both give bit-identical results.
+// Versions: AVX-512, AVX2/FMA/F16C and a portable scalar path, chosen at run time by what the CPU
+// has; all three perform the same 16-lane arithmetic (see matmul.cpp), so they are bit-identical.
 // Every (row, output) dot product runs the same operations in the same order no matter how many
 // rows share the call: a token's logits do not depend on its batch.
 #pragma once
@@ -22,13 +22,22 @@ struct WeightMatrix {
   std::size_t row_stride = 0;  // bytes between rows (= row_bytes(type, in_dim))
 };
 
-enum class CpuPath { Scalar, Avx2 };
-// The path used by matmul(): AVX2 when the CPU supports avx2+fma+f16c and SPECACTOR_CPU_PATH is not
-// "scalar".
+enum class CpuPath { Scalar, Avx2, Avx512 };
+// The path used by matmul(): the widest the CPU supports, unless SPECACTOR_CPU_PATH=scalar|avx2.
 CpuPath cpu_path();
 const char* cpu_path_name(CpuPath p);
+bool cpu_path_available(CpuPath p);
 
-// x: (rows, in_dim) row-major; y: (rows, out_dim). Parallel over output features (OpenMP).
+// Several matrices applied to the same input in one parallel region (q/k/v, gate/up):
+// jobs[j].y = x · jobs[j].wᵀ, each (rows, out_dim_j). All jobs share in_dim.
+struct MatmulJob {
+  const WeightMatrix* w;
+  float* y;
+};
+void matmul_many(const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows);
+
+// x: (rows, in_dim) row-major; y: (rows, out_dim). in_dim must be a multiple of 32. Parallel over
+// output features (OpenMP).
 void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y);
 // The same with an explicit path (tests compare the two).
 void matmul_path(CpuPath path, const WeightMatrix& w, const float* x, std::int64_t rows, float* y);

@@ -7,16 +7,22 @@
 
 namespace specactor::kernels {
 
-void rope_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
-              const std::int32_t* positions, double base, bool neox) {
+void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base, float* table) {
   const std::int64_t half = rope_dim / 2;
-  std::vector<float> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
-  for (std::int64_t t = 0; t < n_tok; ++t) {
+  for (std::int64_t t = 0; t < n_tok; ++t)
     for (std::int64_t i = 0; i < half; ++i) {
       const double theta = positions[t] * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
-      cs[i] = static_cast<float>(std::cos(theta));
-      sn[i] = static_cast<float>(std::sin(theta));
+      table[t * rope_dim + i] = static_cast<float>(std::cos(theta));
+      table[t * rope_dim + half + i] = static_cast<float>(std::sin(theta));
     }
+}
+
+void rope_apply_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
+                    const float* table, bool neox) {
+  const std::int64_t half = rope_dim / 2;
+  for (std::int64_t t = 0; t < n_tok; ++t) {
+    const float* cs = table + t * rope_dim;
+    const float* sn = cs + half;
     for (std::int64_t h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * head_dim;
       for (std::int64_t i = 0; i < half; ++i) {
@@ -27,6 +33,13 @@ void rope_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t h
       }
     }
   }
+}
+
+void rope_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
+              const std::int32_t* positions, double base, bool neox) {
+  std::vector<float> table(static_cast<std::size_t>(n_tok * rope_dim));
+  rope_table_cpu(positions, n_tok, rope_dim, base, table.data());
+  rope_apply_cpu(x, n_tok, n_heads, head_dim, rope_dim, table.data(), neox);
 }
 
 void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n) {
@@ -53,7 +66,9 @@ void attention_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::
                    float scale, float* out) {
   const std::int64_t group = n_heads / n_kv_heads;
   const std::int64_t n_ctx = n_prefix + n_q;
-#pragma omp parallel
+  // Small problems (a decode step over a short context) are not worth waking the other threads.
+  const bool parallel = n_q * n_heads * n_ctx * head_dim >= (1 << 16);
+#pragma omp parallel if (parallel)
   {
     std::vector<float> score(static_cast<std::size_t>(n_ctx));
     std::vector<std::int64_t> slot(static_cast<std::size_t>(n_ctx));

@@ -13,6 +13,12 @@ namespace specactor::kernels {
 void rope_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
               const std::int32_t* positions, double base, bool neox);
 
+// The same in two steps, so a forward pass computes the angles once for all layers:
+// table (n_tok, rope_dim) holds cos of pair i at [t][i] and sin at [t][rope_dim/2 + i].
+void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base, float* table);
+void rope_apply_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
+                    const float* table, bool neox);
+
 // out[i] = silu(gate[i]) * up[i] for n values; out may alias gate.
 void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n);
 
