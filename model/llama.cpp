@@ -91,28 +91,29 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ggu
     m.out_dim = out;
     m.in_dim = in;
     if (dummy) {
-      auto buf = std::make_unique<std::uint8_t[]>(static_cast<std::size_t>(out * in) * sizeof(float));
-      auto* f = reinterpret_cast<float*>(buf.get());
+      auto& buf = w->owned_.emplace_back(static_cast<std::size_t>(out * in) * sizeof(float));
+      auto* f = reinterpret_cast<float*>(buf.data());
       for (std::int64_t i = 0; i < out * in; ++i) f[i] = dist(rng);
       m.type = k::WeightType::F32;
-      m.data = buf.get();
-      w->owned_.push_back(std::move(buf));
+      m.data = buf.data();
     } else {
       m.type = static_cast<k::WeightType>(t.type);
       m.data = t.data;
     }
     m.row_stride = k::row_bytes(m.type, static_cast<std::size_t>(in));
+    std::vector<std::uint8_t> packed;
+    m = k::pack_matrix(m, packed);  // a copy only for the formats the SIMD loops want repacked
+    if (!packed.empty()) w->owned_.push_back(std::move(packed));
     return m;
   };
   auto vector = [&](const std::string& name, std::int64_t n) -> const float* {
     const GgufTensorInfo& t = tensor(name, {static_cast<std::uint64_t>(n)});
     if (!dummy && t.type == GgmlType::F32 && reinterpret_cast<std::uintptr_t>(t.data) % alignof(float) == 0)
       return reinterpret_cast<const float*>(t.data);
-    auto buf = std::make_unique<std::uint8_t[]>(static_cast<std::size_t>(n) * sizeof(float));
-    auto* f = reinterpret_cast<float*>(buf.get());
+    auto& buf = w->owned_.emplace_back(static_cast<std::size_t>(n) * sizeof(float));
+    auto* f = reinterpret_cast<float*>(buf.data());
     if (dummy) std::fill(f, f + n, 1.0f);
     else k::dequantize_row(static_cast<k::WeightType>(t.type), t.data, f, static_cast<std::size_t>(n));
-    w->owned_.push_back(std::move(buf));
     return f;
   };
 

@@ -65,7 +65,7 @@ class LlamaWeights {
   kernels::WeightMatrix tok_embd_, output_;
   const float* output_norm_ = nullptr;
   std::vector<LlamaLayer> layers_;
-  std::vector<std::unique_ptr<std::uint8_t[]>> owned_;  // converted norms / dummy weights
+  std::vector<std::vector<std::uint8_t>> owned_;  // repacked matrices, converted norms, dummy weights
   std::uint64_t weight_bytes_ = 0;
 };
 

@@ -92,7 +92,7 @@ TEST_CASE("f16 conversion: exact for every half value, round to nearest even") {
   CHECK(bf16_to_f32(0x3f80) == 1.0f);
 }
 
-TEST_CASE("matmul: AVX2 and scalar paths are bit-identical, and close to a float64 reference") {
+TEST_CASE("matmul: AVX-512, AVX2 and scalar paths are bit-identical, and close to a float64 reference") {
   const std::int64_t out = 37, in = 512, rows = 5;
   std::mt19937 rng(3);
   std::normal_distribution<float> d(0.0f, 1.0f);
@@ -101,11 +101,23 @@ TEST_CASE("matmul: AVX2 and scalar paths are bit-identical, and close to a float
   for (WeightType t : kAllTypes) {
     CAPTURE(static_cast<int>(t));
     const auto bytes = random_weights(t, out, in, 11 + static_cast<std::uint32_t>(t));
-    WeightMatrix w{t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))};
+    std::vector<std::uint8_t> packed;
+    const WeightMatrix w = pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))}, packed);
     std::vector<float> ys(static_cast<std::size_t>(rows * out)), ya(ys.size());
     matmul_path(CpuPath::Scalar, w, x.data(), rows, ys.data());
-    matmul_path(CpuPath::Avx2, w, x.data(), rows, ya.data());
-    CHECK(ys == ya);
+    for (CpuPath p : {CpuPath::Avx2, CpuPath::Avx512}) {
+      if (!cpu_path_available(p)) {
+        MESSAGE("SKIPPED: this CPU lacks the " << cpu_path_name(p) << " path");
+        continue;
+      }
+      matmul_path(p, w, x.data(), rows, ya.data());
+      CHECK(ys == ya);
+    }
+    // The packed view dequantizes to exactly what the ggml bytes do.
+    std::vector<float> a(static_cast<std::size_t>(in)), b(a.size());
+    weight_row(w, 3, a.data());
+    dequantize_row(t, bytes.data() + 3 * row_bytes(t, static_cast<std::size_t>(in)), b.data(), a.size());
+    CHECK(a == b);
     std::vector<float> wr(static_cast<std::size_t>(in));
     double worst = 0;
     for (std::int64_t o = 0; o < out; ++o) {
@@ -121,7 +133,6 @@ TEST_CASE("matmul: AVX2 and scalar paths are bit-identical, and close to a float
     }
     CHECK(worst < 1e-5);  // float32 accumulation of 512 products, relative to Σ|w·x|
   }
-  if (cpu_path() == CpuPath::Scalar) MESSAGE("this CPU lacks AVX2/FMA/F16C: both runs used the scalar path");
 }
 
 TEST_CASE("matmul: a row's result does not depend on how many rows share the call") {
@@ -130,7 +141,8 @@ TEST_CASE("matmul: a row's result does not depend on how many rows share the cal
   std::normal_distribution<float> d(0.0f, 1.0f);
   for (WeightType t : {WeightType::Q4_1, WeightType::Q8_0, WeightType::F32, WeightType::Q6_K}) {
     const auto bytes = random_weights(t, out, in, 21);
-    WeightMatrix w{t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))};
+    std::vector<std::uint8_t> packed;
+    const WeightMatrix w = pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))}, packed);
     for (std::int64_t rows : {1, 2, 3, 4, 5, 8, 13}) {
       std::vector<float> x(static_cast<std::size_t>(rows * in));
       for (auto& v : x) v = d(rng);

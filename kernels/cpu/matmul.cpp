@@ -1,15 +1,20 @@
 // kernels/cpu/matmul.cpp — quantized/float matrix products: scalar, AVX2 and AVX-512 twins that
 // perform one and the same arithmetic, so every path gives bit-identical results.
 //
-// The canonical arithmetic for one output y = Σ_i W[o,i]·x[i], over 32-element chunks c:
-//   each chunk is (q[0..31], d, m) with W[o, 32c+j] = d·q[j] + m      (float types: q = W, d = 1, m = 0)
-//   lane l (0..15):   p[l]    = q[l]·x[l];  p[l] = fma(q[16+l], x[16+l], p[l])
-//                     acc[l]  = fma(d, p[l], acc[l])
-//   per chunk:        macc[c%2] = fma(m, sx[c], macc[c%2])     sx[c] = Σ of the chunk's x (fixed tree)
-//   result:           tree sum of acc (l+8, l+4, l+2, l+1) + (macc[0] + macc[1])
-// Q4_0/Q4_1/Q8_0/Q4_K chunks keep integer q and fold the scale in once per chunk (d·(q·x) + m·Σx);
-// Q6_K and the float types are decoded to float q. Every (row, output) pair runs these operations
-// in this order whatever the number of rows in the call: a token's logits do not depend on its batch.
+// Layout: Q8_0, Q4_0 and Q4_1 matrices are repacked once at load (pack_matrix) so that each row
+// holds its f16 scales first and its quants after them — [d[nc]] [m[nc] (Q4_1)] [qs[nc]] — and a
+// SIMD loop reads quants without gathering scales. Other types keep the ggml layout.
+//
+// The canonical arithmetic for one output y = Σ_i W[o,i]·x[i] over 32-element chunks c
+// (lane l = 0..15 pairs elements l and 16+l of the chunk; acc[0], acc[1] alternate by chunk):
+//   factored types (Q8_0, Q4_0):  q = integer quant as float (Q4_0: nibble − 8)
+//       p[l] = q[l]·x[l];  p[l] = fma(q[16+l], x[16+l], p[l]);  acc[c%2][l] = fma(d, p[l], acc[c%2][l])
+//   dequantized types:            w = Q4_1: fma(d, nibble, m)   Q4_K: fma(d·sc, nibble, −dmin·mn)
+//                                     Q6_K, F32, F16, BF16: dequantize_row()'s value
+//       p[l] = w[l]·x[l];  p[l] = fma(w[16+l], x[16+l], p[l]);  acc[c%2][l] = acc[c%2][l] + p[l]
+//   result: s[l] = acc[0][l] + acc[1][l], then the tree s[l] += s[l+8], s[l+4], s[l+2], s[l+1].
+// Every (row, output) pair runs these operations in this order whatever the number of rows in the
+// call, so a token's logits do not depend on its batch.
 #include "kernels/cpu/matmul.hpp"
 
 #include <immintrin.h>
@@ -18,6 +23,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,7 +31,8 @@ namespace specactor::kernels {
 
 namespace {
 
-constexpr int kTile = 4;  // activation rows sharing one decoded weight chunk
+constexpr int kTile = 4;         // activation rows sharing one decoded weight chunk
+constexpr int kMaxChunks = 1024; // in_dim up to 32768
 
 std::uint16_t load_u16(const std::uint8_t* p) {
   std::uint16_t v;
@@ -33,16 +40,46 @@ std::uint16_t load_u16(const std::uint8_t* p) {
   return v;
 }
 
-// Σ of each 32-element chunk of x (n/32 values), by the fixed tree of the header comment.
-void chunk_sums(const float* x, std::int64_t n, float* out) {
-  for (std::int64_t c = 0; c < n / 32; ++c) {
-    const float* v = x + 32 * c;
-    float s[16];
-    for (int l = 0; l < 16; ++l) s[l] = v[l] + v[16 + l];
-    for (int w = 8; w >= 1; w /= 2)
-      for (int l = 0; l < w; ++l) s[l] = s[l] + s[l + w];
-    out[c] = s[0];
+constexpr bool is_packed(WeightType t) { return t == WeightType::Q8_0 || t == WeightType::Q4_0 || t == WeightType::Q4_1; }
+constexpr bool is_factored(WeightType t) { return t == WeightType::Q8_0 || t == WeightType::Q4_0; }
+constexpr int quant_bytes(WeightType t) { return t == WeightType::Q8_0 ? 32 : 16; }
+constexpr int scale_arrays(WeightType t) { return t == WeightType::Q4_1 ? 2 : 1; }
+
+// Packed row accessors.
+struct PackedRow {
+  const std::uint8_t* d;   // f16[nc]
+  const std::uint8_t* m;   // f16[nc] (Q4_1)
+  const std::uint8_t* qs;  // nc × quant_bytes
+};
+PackedRow packed_row(WeightType t, const std::uint8_t* row, std::int64_t nc) {
+  PackedRow r;
+  r.d = row;
+  r.m = row + 2 * nc;
+  r.qs = row + 2 * nc * scale_arrays(t);
+  return r;
+}
+
+// Scales of a packed row as floats (all paths use the same exact conversion).
+void row_scales(WeightType t, const std::uint8_t* row, std::int64_t nc, float* d, float* m) {
+  const PackedRow r = packed_row(t, row, nc);
+  for (std::int64_t c = 0; c < nc; ++c) {
+    d[c] = f16_to_f32(load_u16(r.d + 2 * c));
+    if (t == WeightType::Q4_1) m[c] = f16_to_f32(load_u16(r.m + 2 * c));
   }
+}
+
+// The same with F16C (exact conversion, identical values), 8 at a time.
+__attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const std::uint8_t* src, std::int64_t n, float* dst) {
+  std::int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    _mm256_storeu_ps(dst + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * c))));
+  for (; c < n; ++c) dst[c] = _cvtsh_ss(load_u16(src + 2 * c));
+}
+
+void row_scales_f16c(WeightType t, const std::uint8_t* row, std::int64_t nc, float* d, float* m) {
+  const PackedRow r = packed_row(t, row, nc);
+  f16_to_f32_f16c(r.d, nc, d);
+  if (t == WeightType::Q4_1) f16_to_f32_f16c(r.m, nc, m);
 }
 
 // Scale and min of sub-block j (0..7) of a Q4_K super-block.
@@ -56,27 +93,29 @@ void q4k_scale_min(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t&
   }
 }
 
-// Chunk c of a Q4_K row: integer nibbles (as bytes) and (d, m).
-struct Q4kChunk {
-  const std::uint8_t* qs;  // 32 bytes; the nibble is low (hi = false) or high (hi = true)
-  bool hi;
-  float d, m;
-};
-Q4kChunk q4k_chunk(const std::uint8_t* row, std::int64_t c) {
-  const std::uint8_t* b = row + (c / 8) * 144;
-  const int sub = static_cast<int>(c % 8);
-  std::uint8_t sc, mn;
-  q4k_scale_min(sub, b + 4, sc, mn);
-  const float d = f16_to_f32(load_u16(b)), dmin = f16_to_f32(load_u16(b + 2));
-  return {b + 16 + (sub / 2) * 32, (sub % 2) == 1, d * sc, -(dmin * mn)};
+// The 32 weights of chunk c of a ggml-layout row (dequantized types), exactly as the canonical
+// arithmetic defines them.
+template <WeightType T> void dequant_chunk_ggml(const std::uint8_t* row, std::int64_t c, float* w) {
+  if constexpr (T == WeightType::Q4_K) {
+    const std::uint8_t* b = row + (c / 8) * 144;
+    const int sub = static_cast<int>(c % 8);
+    std::uint8_t sc, mn;
+    q4k_scale_min(sub, b + 4, sc, mn);
+    const float d = f16_to_f32(load_u16(b)) * sc, m = -(f16_to_f32(load_u16(b + 2)) * mn);
+    const std::uint8_t* qs = b + 16 + (sub / 2) * 32;
+    for (int j = 0; j < 32; ++j) w[j] = std::fma(d, static_cast<float>((sub % 2) ? (qs[j] >> 4) : (qs[j] & 0xF)), m);
+  } else if constexpr (T == WeightType::Q6_K) {
+    float buf[256];
+    dequantize_row(T, row + (c / 8) * 210, buf, 256);
+    std::memcpy(w, buf + (c % 8) * 32, 32 * sizeof(float));
+  } else {
+    dequantize_row(T, row + c * 32 * block_bytes(T), w, 32);
+  }
 }
 
-// Types whose chunks carry an additive term m (the others skip the m·Σx accumulation entirely).
-constexpr bool has_min(WeightType t) { return t == WeightType::Q4_1 || t == WeightType::Q4_K; }
-
-float tree16(const float* acc16) {
+float tree16(const float* a0, const float* a1) {
   float s[16];
-  std::memcpy(s, acc16, sizeof s);
+  for (int l = 0; l < 16; ++l) s[l] = a0[l] + a1[l];
   for (int w = 8; w >= 1; w /= 2)
     for (int l = 0; l < w; ++l) s[l] = s[l] + s[l + w];
   return s[0];
@@ -84,110 +123,80 @@ float tree16(const float* acc16) {
 
 // ---- scalar path --------------------------------------------------------------------------------
 
-// Chunk c of a row as (q[32], d, m).
-template <WeightType T>
-void decode_chunk_scalar(const std::uint8_t* row, std::int64_t c, float* q, float& d, float& m) {
-  d = 1.0f;
-  m = 0.0f;
-  if constexpr (T == WeightType::Q8_0) {
-    const std::uint8_t* b = row + c * 34;
-    d = f16_to_f32(load_u16(b));
-    for (int j = 0; j < 32; ++j) q[j] = static_cast<float>(static_cast<std::int8_t>(b[2 + j]));
-  } else if constexpr (T == WeightType::Q4_0 || T == WeightType::Q4_1) {
-    constexpr bool q41 = T == WeightType::Q4_1;
-    const std::uint8_t* b = row + c * (q41 ? 20 : 18);
-    d = f16_to_f32(load_u16(b));
-    if (q41) m = f16_to_f32(load_u16(b + 2));
-    const std::uint8_t* qs = b + (q41 ? 4 : 2);
-    constexpr int off = q41 ? 0 : 8;
-    for (int j = 0; j < 16; ++j) {
-      q[j] = static_cast<float>((qs[j] & 0xF) - off);
-      q[j + 16] = static_cast<float>((qs[j] >> 4) - off);
-    }
-  } else if constexpr (T == WeightType::Q4_K) {
-    const Q4kChunk k = q4k_chunk(row, c);
-    d = k.d;
-    m = k.m;
-    for (int j = 0; j < 32; ++j) q[j] = static_cast<float>(k.hi ? (k.qs[j] >> 4) : (k.qs[j] & 0xF));
-  } else if constexpr (T == WeightType::Q6_K) {
-    float buf[256];
-    dequantize_row(T, row + (c / 8) * 210, buf, 256);
-    std::memcpy(q, buf + (c % 8) * 32, 32 * sizeof(float));
-  } else {
-    dequantize_row(T, row + c * 32 * block_bytes(T), q, 32);
-  }
-}
-
 template <WeightType T>
 void matmul_rows_scalar(const WeightMatrix& w, std::int64_t o_begin, std::int64_t o_end, const float* x,
-                        const float* sx, std::int64_t rows, float* y, std::int64_t y_stride) {
-  const std::int64_t chunks = w.in_dim / 32;
-  float q[32];
+                        std::int64_t rows, float* y, std::int64_t y_stride) {
+  const std::int64_t nc = w.in_dim / 32;
+  float q[32], d[kMaxChunks], m[kMaxChunks];
   for (std::int64_t o = o_begin; o < o_end; ++o) {
     const std::uint8_t* row = w.data + static_cast<std::size_t>(o) * w.row_stride;
+    PackedRow pr{};
+    if constexpr (is_packed(T)) {
+      row_scales(T, row, nc, d, m);
+      pr = packed_row(T, row, nc);
+    }
     for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
       const int nt = static_cast<int>(std::min<std::int64_t>(kTile, rows - r0));
-      float acc[kTile][16] = {}, macc[kTile][2] = {};
-      for (std::int64_t c = 0; c < chunks; ++c) {
-        float d, m;
-        decode_chunk_scalar<T>(row, c, q, d, m);
+      float acc[kTile][2][16] = {};
+      for (std::int64_t c = 0; c < nc; ++c) {
+        if constexpr (T == WeightType::Q8_0) {
+          const auto* b = reinterpret_cast<const std::int8_t*>(pr.qs + c * 32);
+          for (int j = 0; j < 32; ++j) q[j] = static_cast<float>(b[j]);
+        } else if constexpr (T == WeightType::Q4_0 || T == WeightType::Q4_1) {
+          const std::uint8_t* b = pr.qs + c * 16;
+          for (int j = 0; j < 16; ++j) {
+            const int lo = b[j] & 0xF, hi = b[j] >> 4;
+            if constexpr (T == WeightType::Q4_0) {
+              q[j] = static_cast<float>(lo - 8);
+              q[16 + j] = static_cast<float>(hi - 8);
+            } else {
+              q[j] = std::fma(d[c], static_cast<float>(lo), m[c]);
+              q[16 + j] = std::fma(d[c], static_cast<float>(hi), m[c]);
+            }
+          }
+        } else {
+          dequant_chunk_ggml<T>(row, c, q);
+        }
         for (int r = 0; r < nt; ++r) {
           const float* xr = x + (r0 + r) * w.in_dim + c * 32;
+          float* a = acc[r][c % 2];
           for (int l = 0; l < 16; ++l) {
             float p = q[l] * xr[l];
             p = std::fma(q[16 + l], xr[16 + l], p);
-            acc[r][l] = std::fma(d, p, acc[r][l]);
+            if constexpr (is_factored(T)) a[l] = std::fma(d[c], p, a[l]);
+            else a[l] = a[l] + p;
           }
-          if constexpr (has_min(T)) macc[r][c % 2] = std::fma(m, sx[(r0 + r) * chunks + c], macc[r][c % 2]);
         }
       }
-      for (int r = 0; r < nt; ++r) {
-        float v = tree16(acc[r]);
-        if constexpr (has_min(T)) v = v + (macc[r][0] + macc[r][1]);
-        y[(r0 + r) * y_stride + o] = v;
-      }
+      for (int r = 0; r < nt; ++r) y[(r0 + r) * y_stride + o] = tree16(acc[r][0], acc[r][1]);
     }
   }
 }
 
-// ---- AVX2 path: lanes 0..7 in `lo`, 8..15 in `hi` -----------------------------------------------
+// ---- AVX2 path: lanes 0..7 in lo, 8..15 in hi ---------------------------------------------------
 
 #define SPECACTOR_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-SPECACTOR_AVX2 inline __m256 bytes8_to_ps(const std::uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-
-// Chunk c as q[0] = elems 0..7, q[1] = 8..15, q[2] = 16..23, q[3] = 24..31, and (d, m).
+// Chunk c as q[0] = elems 0..7, q[1] = 8..15, q[2] = 16..23, q[3] = 24..31.
 template <WeightType T>
-SPECACTOR_AVX2 inline void decode_chunk_avx2(const std::uint8_t* row, std::int64_t c, __m256* q, float& d, float& m) {
-  d = 1.0f;
-  m = 0.0f;
+SPECACTOR_AVX2 inline void chunk_avx2(const std::uint8_t* row, const PackedRow& pr, std::int64_t c, const float* d,
+                                      const float* m, __m256* q) {
   if constexpr (T == WeightType::Q8_0) {
-    const std::uint8_t* b = row + c * 34;
-    d = _cvtsh_ss(load_u16(b));
-    for (int i = 0; i < 4; ++i) q[i] = bytes8_to_ps(b + 2 + 8 * i);
+    const std::uint8_t* b = pr.qs + c * 32;
+    for (int i = 0; i < 4; ++i)
+      q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 8 * i))));
   } else if constexpr (T == WeightType::Q4_0 || T == WeightType::Q4_1) {
-    constexpr bool q41 = T == WeightType::Q4_1;
-    const std::uint8_t* b = row + c * (q41 ? 20 : 18);
-    d = _cvtsh_ss(load_u16(b));
-    if constexpr (q41) m = _cvtsh_ss(load_u16(b + 2));
-    const std::uint8_t* qs = b + (q41 ? 4 : 2);
-    const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
-    const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
+    const std::uint8_t* b = pr.qs + c * 16;
+    const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+    const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 8)));
     const __m256i nib = _mm256_set1_epi32(0xF);
-    const __m256i off = _mm256_set1_epi32(q41 ? 0 : 8);
-    q[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v0, nib), off));
-    q[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v1, nib), off));
-    q[2] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v0, 4), off));
-    q[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v1, 4), off));
-  } else if constexpr (T == WeightType::Q4_K) {
-    const Q4kChunk k = q4k_chunk(row, c);
-    d = k.d;
-    m = k.m;
-    for (int i = 0; i < 4; ++i) {
-      const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(k.qs + 8 * i)));
-      q[i] = _mm256_cvtepi32_ps(k.hi ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(0xF)));
+    const __m256i n[4] = {_mm256_and_si256(v0, nib), _mm256_and_si256(v1, nib), _mm256_srli_epi32(v0, 4),
+                          _mm256_srli_epi32(v1, 4)};
+    if constexpr (T == WeightType::Q4_0) {
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtepi32_ps(_mm256_sub_epi32(n[i], _mm256_set1_epi32(8)));
+    } else {
+      const __m256 dv = _mm256_set1_ps(d[c]), mv = _mm256_set1_ps(m[c]);
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(n[i]), mv);
     }
   } else if constexpr (T == WeightType::F32) {
     const float* p = reinterpret_cast<const float*>(row) + c * 32;
@@ -201,63 +210,79 @@ SPECACTOR_AVX2 inline void decode_chunk_avx2(const std::uint8_t* row, std::int64
       const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)));
       q[i] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     }
-  } else {  // Q6_K
+  } else {  // Q4_K, Q6_K
     alignas(32) float buf[32];
-    decode_chunk_scalar<T>(row, c, buf, d, m);
+    dequant_chunk_ggml<T>(row, c, buf);
     for (int i = 0; i < 4; ++i) q[i] = _mm256_load_ps(buf + 8 * i);
   }
 }
 
-template <WeightType T, int NT>
-SPECACTOR_AVX2 void tile_avx2(const std::uint8_t* row, std::int64_t chunks, std::int64_t in, const float* x,
-                              const float* sx, float* y, std::int64_t y_stride) {
-  __m256 lo[NT], hi[NT];
-  float m0[NT], m1[NT];
-  for (int r = 0; r < NT; ++r) lo[r] = hi[r] = _mm256_setzero_ps(), m0[r] = m1[r] = 0.0f;
-  for (std::int64_t c = 0; c < chunks; ++c) {
-    __m256 q[4];
-    float d, m;
-    decode_chunk_avx2<T>(row, c, q, d, m);
-    const __m256 dv = _mm256_set1_ps(d);
-    for (int r = 0; r < NT; ++r) {
-      const float* xr = x + r * in + c * 32;
-      __m256 p0 = _mm256_mul_ps(q[0], _mm256_loadu_ps(xr));
-      __m256 p1 = _mm256_mul_ps(q[1], _mm256_loadu_ps(xr + 8));
-      p0 = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xr + 16), p0);
-      p1 = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xr + 24), p1);
-      lo[r] = _mm256_fmadd_ps(dv, p0, lo[r]);
-      hi[r] = _mm256_fmadd_ps(dv, p1, hi[r]);
-      if constexpr (has_min(T)) {
-        if (c % 2 == 0) m0[r] = std::fma(m, sx[r * chunks + c], m0[r]);
-        else m1[r] = std::fma(m, sx[r * chunks + c], m1[r]);
-      }
+// tree16() in registers: s = a0 + a1 (lanes 0..7 lo, 8..15 hi); then l+8, l+4, l+2, l+1.
+SPECACTOR_AVX2 inline float tree16_avx2(__m256 a0_lo, __m256 a0_hi, __m256 a1_lo, __m256 a1_hi) {
+  const __m256 t8 = _mm256_add_ps(_mm256_add_ps(a0_lo, a1_lo), _mm256_add_ps(a0_hi, a1_hi));
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+}
+
+// One chunk into accumulator set E (compile-time, so the accumulators stay in registers).
+template <WeightType T, int NT, int E>
+SPECACTOR_AVX2 inline void step_avx2(const std::uint8_t* row, const PackedRow& pr, std::int64_t c, std::int64_t in,
+                                     const float* d, const float* m, const float* x, __m256 (&acc)[NT][2][2]) {
+  __m256 q[4];
+  chunk_avx2<T>(row, pr, c, d, m, q);
+  for (int r = 0; r < NT; ++r) {
+    const float* xr = x + r * in + c * 32;
+    __m256 p0 = _mm256_mul_ps(q[0], _mm256_loadu_ps(xr));
+    __m256 p1 = _mm256_mul_ps(q[1], _mm256_loadu_ps(xr + 8));
+    p0 = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xr + 16), p0);
+    p1 = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xr + 24), p1);
+    if constexpr (is_factored(T)) {
+      const __m256 dv = _mm256_set1_ps(d[c]);
+      acc[r][E][0] = _mm256_fmadd_ps(dv, p0, acc[r][E][0]);
+      acc[r][E][1] = _mm256_fmadd_ps(dv, p1, acc[r][E][1]);
+    } else {
+      acc[r][E][0] = _mm256_add_ps(acc[r][E][0], p0);
+      acc[r][E][1] = _mm256_add_ps(acc[r][E][1], p1);
     }
   }
-  for (int r = 0; r < NT; ++r) {
-    alignas(32) float acc[16];
-    _mm256_store_ps(acc, lo[r]);
-    _mm256_store_ps(acc + 8, hi[r]);
-    float v = tree16(acc);
-    if constexpr (has_min(T)) v = v + (m0[r] + m1[r]);
-    y[r * y_stride] = v;
+}
+
+template <WeightType T, int NT>
+SPECACTOR_AVX2 void tile_avx2(const std::uint8_t* row, const PackedRow& pr, std::int64_t nc, std::int64_t in,
+                              const float* d, const float* m, const float* x, float* y, std::int64_t y_stride) {
+  __m256 acc[NT][2][2];  // [row][chunk parity][lanes 0..7 / 8..15]
+  for (int r = 0; r < NT; ++r)
+    for (int e = 0; e < 2; ++e) acc[r][e][0] = acc[r][e][1] = _mm256_setzero_ps();
+  std::int64_t c = 0;
+  for (; c + 2 <= nc; c += 2) {
+    step_avx2<T, NT, 0>(row, pr, c, in, d, m, x, acc);
+    step_avx2<T, NT, 1>(row, pr, c + 1, in, d, m, x, acc);
   }
+  if (c < nc) step_avx2<T, NT, 0>(row, pr, c, in, d, m, x, acc);
+  for (int r = 0; r < NT; ++r) y[r * y_stride] = tree16_avx2(acc[r][0][0], acc[r][0][1], acc[r][1][0], acc[r][1][1]);
 }
 
 template <WeightType T>
 SPECACTOR_AVX2 void matmul_rows_avx2(const WeightMatrix& w, std::int64_t o_begin, std::int64_t o_end, const float* x,
-                                     const float* sx, std::int64_t rows, float* y, std::int64_t y_stride) {
-  const std::int64_t chunks = w.in_dim / 32, in = w.in_dim;
+                                     std::int64_t rows, float* y, std::int64_t y_stride) {
+  const std::int64_t nc = w.in_dim / 32, in = w.in_dim;
+  float d[kMaxChunks], m[kMaxChunks];
   for (std::int64_t o = o_begin; o < o_end; ++o) {
     const std::uint8_t* row = w.data + static_cast<std::size_t>(o) * w.row_stride;
+    PackedRow pr{};
+    if constexpr (is_packed(T)) {
+      row_scales_f16c(T, row, nc, d, m);
+      pr = packed_row(T, row, nc);
+    }
     for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
       const float* xr = x + r0 * in;
-      const float* sr = sx + r0 * chunks;
       float* yr = y + r0 * y_stride + o;
       switch (std::min<std::int64_t>(kTile, rows - r0)) {
-        case 1: tile_avx2<T, 1>(row, chunks, in, xr, sr, yr, y_stride); break;
-        case 2: tile_avx2<T, 2>(row, chunks, in, xr, sr, yr, y_stride); break;
-        case 3: tile_avx2<T, 3>(row, chunks, in, xr, sr, yr, y_stride); break;
-        default: tile_avx2<T, 4>(row, chunks, in, xr, sr, yr, y_stride); break;
+        case 1: tile_avx2<T, 1>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
+        case 2: tile_avx2<T, 2>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
+        case 3: tile_avx2<T, 3>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
+        default: tile_avx2<T, 4>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
       }
     }
   }
@@ -265,36 +290,25 @@ SPECACTOR_AVX2 void matmul_rows_avx2(const WeightMatrix& w, std::int64_t o_begin
 
 // ---- AVX-512 path: lanes 0..15 in one register -------------------------------------------------
 
-#define SPECACTOR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define SPECACTOR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
+// Chunk c as q0 = elems 0..15, q1 = 16..31. Q4_x nibbles go through a 16-entry table of the chunk's
+// 16 possible weights (vpermps uses the low 4 bits of each index, so no mask is needed).
 template <WeightType T>
-SPECACTOR_AVX512 inline void decode_chunk_avx512(const std::uint8_t* row, std::int64_t c, __m512& q0, __m512& q1,
-                                                 float& d, float& m) {
-  d = 1.0f;
-  m = 0.0f;
+SPECACTOR_AVX512 inline void chunk_avx512(const std::uint8_t* row, const PackedRow& pr, std::int64_t c, const float* d,
+                                          const float* m, __m512& q0, __m512& q1) {
   if constexpr (T == WeightType::Q8_0) {
-    const std::uint8_t* b = row + c * 34;
-    d = _cvtsh_ss(load_u16(b));
-    q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2))));
-    q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18))));
+    const std::uint8_t* b = pr.qs + c * 32;
+    q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))));
+    q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16))));
   } else if constexpr (T == WeightType::Q4_0 || T == WeightType::Q4_1) {
-    constexpr bool q41 = T == WeightType::Q4_1;
-    const std::uint8_t* b = row + c * (q41 ? 20 : 18);
-    d = _cvtsh_ss(load_u16(b));
-    if constexpr (q41) m = _cvtsh_ss(load_u16(b + 2));
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (q41 ? 4 : 2))));
-    const __m512i off = _mm512_set1_epi32(q41 ? 0 : 8);
-    q0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0xF)), off));
-    q1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), off));
-  } else if constexpr (T == WeightType::Q4_K) {
-    const Q4kChunk k = q4k_chunk(row, c);
-    d = k.d;
-    m = k.m;
-    const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k.qs)));
-    const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k.qs + 16)));
-    const __m512i nib = _mm512_set1_epi32(0xF);
-    q0 = _mm512_cvtepi32_ps(k.hi ? _mm512_srli_epi32(v0, 4) : _mm512_and_si512(v0, nib));
-    q1 = _mm512_cvtepi32_ps(k.hi ? _mm512_srli_epi32(v1, 4) : _mm512_and_si512(v1, nib));
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 table;
+    if constexpr (T == WeightType::Q4_0) table = _mm512_sub_ps(iota, _mm512_set1_ps(8.0f));  // exact
+    else table = _mm512_fmadd_ps(_mm512_set1_ps(d[c]), iota, _mm512_set1_ps(m[c]));
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.qs + c * 16)));
+    q0 = _mm512_permutexvar_ps(v, table);
+    q1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
   } else if constexpr (T == WeightType::F32) {
     const float* p = reinterpret_cast<const float*>(row) + c * 32;
     q0 = _mm512_loadu_ps(p);
@@ -307,61 +321,70 @@ SPECACTOR_AVX512 inline void decode_chunk_avx512(const std::uint8_t* row, std::i
     const std::uint8_t* p = row + c * 64;
     q0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
     q1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))), 16));
-  } else {  // Q6_K
+  } else {  // Q4_K, Q6_K
     alignas(64) float buf[32];
-    decode_chunk_scalar<T>(row, c, buf, d, m);
+    dequant_chunk_ggml<T>(row, c, buf);
     q0 = _mm512_load_ps(buf);
     q1 = _mm512_load_ps(buf + 16);
   }
 }
 
-template <WeightType T, int NT>
-SPECACTOR_AVX512 void tile_avx512(const std::uint8_t* row, std::int64_t chunks, std::int64_t in, const float* x,
-                                  const float* sx, float* y, std::int64_t y_stride) {
-  __m512 acc[NT];
-  float m0[NT], m1[NT];
-  for (int r = 0; r < NT; ++r) acc[r] = _mm512_setzero_ps(), m0[r] = m1[r] = 0.0f;
-  for (std::int64_t c = 0; c < chunks; ++c) {
-    __m512 q0, q1;
-    float d, m;
-    decode_chunk_avx512<T>(row, c, q0, q1, d, m);
-    const __m512 dv = _mm512_set1_ps(d);
-    for (int r = 0; r < NT; ++r) {
-      const float* xr = x + r * in + c * 32;
-      __m512 p = _mm512_mul_ps(q0, _mm512_loadu_ps(xr));
-      p = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xr + 16), p);
-      acc[r] = _mm512_fmadd_ps(dv, p, acc[r]);
-      if constexpr (has_min(T)) {
-        if (c % 2 == 0) m0[r] = std::fma(m, sx[r * chunks + c], m0[r]);
-        else m1[r] = std::fma(m, sx[r * chunks + c], m1[r]);
-      }
-    }
-  }
+SPECACTOR_AVX512 inline float tree16_avx512(__m512 a0, __m512 a1) {
+  const __m512 s = _mm512_add_ps(a0, a1);
+  const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+}
+
+template <WeightType T, int NT, int E>
+SPECACTOR_AVX512 inline void step_avx512(const std::uint8_t* row, const PackedRow& pr, std::int64_t c, std::int64_t in,
+                                         const float* d, const float* m, const float* x, __m512 (&acc)[NT][2]) {
+  __m512 q0, q1;
+  chunk_avx512<T>(row, pr, c, d, m, q0, q1);
   for (int r = 0; r < NT; ++r) {
-    alignas(64) float a[16];
-    _mm512_store_ps(a, acc[r]);
-    float v = tree16(a);
-    if constexpr (has_min(T)) v = v + (m0[r] + m1[r]);
-    y[r * y_stride] = v;
+    const float* xr = x + r * in + c * 32;
+    __m512 p = _mm512_mul_ps(q0, _mm512_loadu_ps(xr));
+    p = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xr + 16), p);
+    if constexpr (is_factored(T)) acc[r][E] = _mm512_fmadd_ps(_mm512_set1_ps(d[c]), p, acc[r][E]);
+    else acc[r][E] = _mm512_add_ps(acc[r][E], p);
   }
+}
+
+template <WeightType T, int NT>
+SPECACTOR_AVX512 void tile_avx512(const std::uint8_t* row, const PackedRow& pr, std::int64_t nc, std::int64_t in,
+                                  const float* d, const float* m, const float* x, float* y, std::int64_t y_stride) {
+  __m512 acc[NT][2];
+  for (int r = 0; r < NT; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  std::int64_t c = 0;
+  for (; c + 2 <= nc; c += 2) {
+    step_avx512<T, NT, 0>(row, pr, c, in, d, m, x, acc);
+    step_avx512<T, NT, 1>(row, pr, c + 1, in, d, m, x, acc);
+  }
+  if (c < nc) step_avx512<T, NT, 0>(row, pr, c, in, d, m, x, acc);
+  for (int r = 0; r < NT; ++r) y[r * y_stride] = tree16_avx512(acc[r][0], acc[r][1]);
 }
 
 template <WeightType T>
 SPECACTOR_AVX512 void matmul_rows_avx512(const WeightMatrix& w, std::int64_t o_begin, std::int64_t o_end,
-                                         const float* x, const float* sx, std::int64_t rows, float* y,
-                                         std::int64_t y_stride) {
-  const std::int64_t chunks = w.in_dim / 32, in = w.in_dim;
+                                         const float* x, std::int64_t rows, float* y, std::int64_t y_stride) {
+  const std::int64_t nc = w.in_dim / 32, in = w.in_dim;
+  float d[kMaxChunks], m[kMaxChunks];
   for (std::int64_t o = o_begin; o < o_end; ++o) {
     const std::uint8_t* row = w.data + static_cast<std::size_t>(o) * w.row_stride;
+    PackedRow pr{};
+    if constexpr (is_packed(T)) {
+      row_scales_f16c(T, row, nc, d, m);
+      pr = packed_row(T, row, nc);
+    }
     for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
       const float* xr = x + r0 * in;
-      const float* sr = sx + r0 * chunks;
       float* yr = y + r0 * y_stride + o;
       switch (std::min<std::int64_t>(kTile, rows - r0)) {
-        case 1: tile_avx512<T, 1>(row, chunks, in, xr, sr, yr, y_stride); break;
-        case 2: tile_avx512<T, 2>(row, chunks, in, xr, sr, yr, y_stride); break;
-        case 3: tile_avx512<T, 3>(row, chunks, in, xr, sr, yr, y_stride); break;
-        default: tile_avx512<T, 4>(row, chunks, in, xr, sr, yr, y_stride); break;
+        case 1: tile_avx512<T, 1>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
+        case 2: tile_avx512<T, 2>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
+        case 3: tile_avx512<T, 3>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
+        default: tile_avx512<T, 4>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
       }
     }
   }
@@ -377,8 +400,8 @@ bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512vl");
 }
 
-using RowsFn = void (*)(const WeightMatrix&, std::int64_t, std::int64_t, const float*, const float*, std::int64_t,
-                        float*, std::int64_t);
+using RowsFn = void (*)(const WeightMatrix&, std::int64_t, std::int64_t, const float*, std::int64_t, float*,
+                        std::int64_t);
 
 template <WeightType T> RowsFn rows_fn_typed(CpuPath p) {
   if (p == CpuPath::Avx512 && cpu_has_avx512()) return &matmul_rows_avx512<T>;
@@ -432,13 +455,39 @@ bool cpu_path_available(CpuPath p) {
   return false;
 }
 
+WeightMatrix pack_matrix(const WeightMatrix& src, std::vector<std::uint8_t>& storage) {
+  if (src.packed || !is_packed(src.type)) return src;
+  if (src.in_dim % 32 != 0 || src.in_dim / 32 > kMaxChunks)
+    throw std::invalid_argument("pack_matrix: rows of " + std::to_string(src.in_dim) + " elements are not supported");
+  const std::int64_t nc = src.in_dim / 32;
+  const std::size_t bb = block_bytes(src.type), qb = static_cast<std::size_t>(quant_bytes(src.type));
+  storage.resize(static_cast<std::size_t>(src.out_dim) * src.row_stride);
+  for (std::int64_t o = 0; o < src.out_dim; ++o) {
+    const std::uint8_t* in = src.data + static_cast<std::size_t>(o) * src.row_stride;
+    std::uint8_t* out = storage.data() + static_cast<std::size_t>(o) * src.row_stride;
+    const PackedRow pr = packed_row(src.type, out, nc);
+    for (std::int64_t c = 0; c < nc; ++c) {
+      const std::uint8_t* b = in + c * bb;
+      std::memcpy(const_cast<std::uint8_t*>(pr.d) + 2 * c, b, 2);
+      if (src.type == WeightType::Q4_1) std::memcpy(const_cast<std::uint8_t*>(pr.m) + 2 * c, b + 2, 2);
+      std::memcpy(const_cast<std::uint8_t*>(pr.qs) + c * qb, b + bb - qb, qb);
+    }
+  }
+  WeightMatrix w = src;
+  w.data = storage.data();
+  w.packed = true;
+  return w;
+}
+
 void matmul_many_path(CpuPath path, const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows) {
-  if (n_jobs <= 0) return;
-  const std::int64_t in = jobs[0].w->in_dim;
-  std::vector<float> sx(static_cast<std::size_t>(rows * (in / 32)));
-  for (std::int64_t r = 0; r < rows; ++r) chunk_sums(x + r * in, in, sx.data() + r * (in / 32));
   std::int64_t total = 0;
-  for (int j = 0; j < n_jobs; ++j) total += jobs[j].w->out_dim;
+  for (int j = 0; j < n_jobs; ++j) {
+    const WeightMatrix& w = *jobs[j].w;
+    if (is_packed(w.type) && !w.packed) throw std::invalid_argument("matmul: Q8_0/Q4_0/Q4_1 weights must be packed first");
+    if (w.in_dim % 32 != 0 || w.in_dim / 32 > kMaxChunks || w.in_dim != jobs[0].w->in_dim)
+      throw std::invalid_argument("matmul: unsupported input width " + std::to_string(w.in_dim));
+    total += w.out_dim;
+  }
   // Split the concatenated output rows into equal contiguous ranges, one per thread.
 #pragma omp parallel
   {
@@ -448,7 +497,7 @@ void matmul_many_path(CpuPath path, const MatmulJob* jobs, int n_jobs, const flo
     for (int j = 0; j < n_jobs; ++j) {
       const std::int64_t n = jobs[j].w->out_dim;
       const std::int64_t b = std::max(begin, base), e = std::min(end, base + n);
-      if (b < e) rows_fn(path, jobs[j].w->type)(*jobs[j].w, b - base, e - base, x, sx.data(), rows, jobs[j].y, n);
+      if (b < e) rows_fn(path, jobs[j].w->type)(*jobs[j].w, b - base, e - base, x, rows, jobs[j].y, n);
       base += n;
     }
   }
@@ -466,7 +515,22 @@ void matmul_path(CpuPath path, const WeightMatrix& w, const float* x, std::int64
 void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) { matmul_path(cpu_path(), w, x, rows, y); }
 
 void weight_row(const WeightMatrix& w, std::int64_t r, float* out) {
-  dequantize_row(w.type, w.data + static_cast<std::size_t>(r) * w.row_stride, out, static_cast<std::size_t>(w.in_dim));
+  const std::uint8_t* row = w.data + static_cast<std::size_t>(r) * w.row_stride;
+  if (!w.packed) {
+    dequantize_row(w.type, row, out, static_cast<std::size_t>(w.in_dim));
+    return;
+  }
+  // Rebuild the ggml block from the packed pieces and dequantize it with the reference.
+  const std::int64_t nc = w.in_dim / 32;
+  const PackedRow pr = packed_row(w.type, row, nc);
+  const std::size_t bb = block_bytes(w.type), qb = static_cast<std::size_t>(quant_bytes(w.type));
+  std::uint8_t block[64];
+  for (std::int64_t c = 0; c < nc; ++c) {
+    std::memcpy(block, pr.d + 2 * c, 2);
+    if (w.type == WeightType::Q4_1) std::memcpy(block + 2, pr.m + 2 * c, 2);
+    std::memcpy(block + bb - qb, pr.qs + c * qb, qb);
+    dequantize_row(w.type, block, out + 32 * c, 32);
+  }
 }
 
 float dot8(const float* a, const float* b, std::int64_t n) {
