@@ -56,9 +56,9 @@ std::string shape_str(const std::vector<std::uint64_t>& d) {
 
 }  // namespace
 
-std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const GgufFile> file, const LlamaConfig& cfg,
-                                                        config::LoadFormat format, std::int64_t num_layers,
-                                                        const Progress& progress) {
+std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const TensorSource> file, Naming naming,
+                                                        const LlamaConfig& cfg, config::LoadFormat format,
+                                                        std::int64_t num_layers, const Progress& progress) {
   auto w = std::shared_ptr<LlamaWeights>(new LlamaWeights());
   w->cfg_ = cfg;
   if (num_layers > 0) {
@@ -67,25 +67,29 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ggu
                       std::to_string(cfg.n_layers) + "-layer model");
     w->cfg_.n_layers = num_layers;
   }
-  w->file_ = file;
+  w->source_ = file;
+  const bool hf = naming == Naming::HuggingFace;
+  auto layer_name = [hf](std::int64_t l, const char* gguf, const char* hf_name) {
+    return hf ? "model.layers." + std::to_string(l) + "." + hf_name : "blk." + std::to_string(l) + "." + gguf;
+  };
   const bool dummy = format == config::LoadFormat::Dummy;
   std::mt19937 rng(1234);
   std::normal_distribution<float> dist(0.0f, 0.02f);
   const std::string& path = file->path();
 
-  auto tensor = [&](const std::string& name, std::vector<std::uint64_t> dims) -> const GgufTensorInfo& {
-    const GgufTensorInfo* t = file->find_tensor(name);
+  auto tensor = [&](const std::string& name, std::vector<std::uint64_t> dims) -> const TensorView& {
+    const TensorView* t = file->find(name);
     if (!t) throw GgufError(path + ": missing tensor '" + name + "' (expected shape " + shape_str(dims) + ")");
     if (t->dims != dims)
       throw GgufError(path + ": tensor '" + name + "' has shape " + shape_str(t->dims) + ", expected " + shape_str(dims));
-    if (!k::weight_type_supported(static_cast<std::uint32_t>(t->type)))
+    if (!k::weight_type_supported(t->ggml_type))
       throw GgufError(path + ": tensor '" + name + "' has type " +
-                      std::string(ggml_type_info(static_cast<std::uint32_t>(t->type))->name) +
+                      std::string(ggml_type_info(t->ggml_type) ? ggml_type_info(t->ggml_type)->name : "?") +
                       ", which specactor cannot compute (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q6_K)");
     return *t;
   };
   auto matrix = [&](const std::string& name, std::int64_t out, std::int64_t in) {
-    const GgufTensorInfo& t = tensor(name, {static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(out)});
+    const TensorView& t = tensor(name, {static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(out)});
     if (in % 32 != 0) throw GgufError(path + ": tensor '" + name + "' rows of " + std::to_string(in) + " are not a multiple of 32");
     k::WeightMatrix m;
     m.out_dim = out;
@@ -97,7 +101,7 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ggu
       m.type = k::WeightType::F32;
       m.data = buf.data();
     } else {
-      m.type = static_cast<k::WeightType>(t.type);
+      m.type = static_cast<k::WeightType>(t.ggml_type);
       m.data = t.data;
     }
     m.row_stride = k::row_bytes(m.type, static_cast<std::size_t>(in));
@@ -107,34 +111,34 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ggu
     return m;
   };
   auto vector = [&](const std::string& name, std::int64_t n) -> const float* {
-    const GgufTensorInfo& t = tensor(name, {static_cast<std::uint64_t>(n)});
-    if (!dummy && t.type == GgmlType::F32 && reinterpret_cast<std::uintptr_t>(t.data) % alignof(float) == 0)
+    const TensorView& t = tensor(name, {static_cast<std::uint64_t>(n)});
+    if (!dummy && t.ggml_type == 0 && reinterpret_cast<std::uintptr_t>(t.data) % alignof(float) == 0)
       return reinterpret_cast<const float*>(t.data);
     auto& buf = w->owned_.emplace_back(static_cast<std::size_t>(n) * sizeof(float));
     auto* f = reinterpret_cast<float*>(buf.data());
     if (dummy) std::fill(f, f + n, 1.0f);
-    else k::dequantize_row(static_cast<k::WeightType>(t.type), t.data, f, static_cast<std::size_t>(n));
+    else k::dequantize_row(static_cast<k::WeightType>(t.ggml_type), t.data, f, static_cast<std::size_t>(n));
     return f;
   };
 
   const LlamaConfig& c = w->cfg_;
   const std::size_t total = static_cast<std::size_t>(c.n_layers) + 2;
-  w->tok_embd_ = matrix("token_embd.weight", c.vocab_size, c.hidden);
-  w->output_norm_ = vector("output_norm.weight", c.hidden);
-  w->output_ = file->find_tensor("output.weight") ? matrix("output.weight", c.vocab_size, c.hidden) : w->tok_embd_;
+  w->tok_embd_ = matrix(hf ? "model.embed_tokens.weight" : "token_embd.weight", c.vocab_size, c.hidden);
+  w->output_norm_ = vector(hf ? "model.norm.weight" : "output_norm.weight", c.hidden);
+  const char* head = hf ? "lm_head.weight" : "output.weight";
+  w->output_ = file->find(head) ? matrix(head, c.vocab_size, c.hidden) : w->tok_embd_;
   if (progress) progress(1, total);
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
     LlamaLayer L;
-    L.attn_norm = vector(p + "attn_norm.weight", c.hidden);
-    L.wq = matrix(p + "attn_q.weight", c.n_heads * c.head_dim, c.hidden);
-    L.wk = matrix(p + "attn_k.weight", c.kv_dim(), c.hidden);
-    L.wv = matrix(p + "attn_v.weight", c.kv_dim(), c.hidden);
-    L.wo = matrix(p + "attn_output.weight", c.hidden, c.n_heads * c.head_dim);
-    L.ffn_norm = vector(p + "ffn_norm.weight", c.hidden);
-    L.gate = matrix(p + "ffn_gate.weight", c.ffn, c.hidden);
-    L.up = matrix(p + "ffn_up.weight", c.ffn, c.hidden);
-    L.down = matrix(p + "ffn_down.weight", c.hidden, c.ffn);
+    L.attn_norm = vector(layer_name(l, "attn_norm.weight", "input_layernorm.weight"), c.hidden);
+    L.wq = matrix(layer_name(l, "attn_q.weight", "self_attn.q_proj.weight"), c.n_heads * c.head_dim, c.hidden);
+    L.wk = matrix(layer_name(l, "attn_k.weight", "self_attn.k_proj.weight"), c.kv_dim(), c.hidden);
+    L.wv = matrix(layer_name(l, "attn_v.weight", "self_attn.v_proj.weight"), c.kv_dim(), c.hidden);
+    L.wo = matrix(layer_name(l, "attn_output.weight", "self_attn.o_proj.weight"), c.hidden, c.n_heads * c.head_dim);
+    L.ffn_norm = vector(layer_name(l, "ffn_norm.weight", "post_attention_layernorm.weight"), c.hidden);
+    L.gate = matrix(layer_name(l, "ffn_gate.weight", "mlp.gate_proj.weight"), c.ffn, c.hidden);
+    L.up = matrix(layer_name(l, "ffn_up.weight", "mlp.up_proj.weight"), c.ffn, c.hidden);
+    L.down = matrix(layer_name(l, "ffn_down.weight", "mlp.down_proj.weight"), c.hidden, c.ffn);
     // Pre-fault the layer's pages so the first request does not pay for the disk.
     volatile std::uint8_t sink = 0;
     for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) {

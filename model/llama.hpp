@@ -18,6 +18,7 @@
 #include "model/gguf.hpp"
 #include "model/kv_cache.hpp"
 #include "model/model_info.hpp"
+#include "model/tensor_source.hpp"
 
 namespace specactor::model {
 
@@ -44,12 +45,15 @@ class LlamaWeights {
  public:
   using Progress = std::function<void(std::size_t done, std::size_t total)>;
 
-  // Binds (and pre-faults) the tensors of a GGUF Llama model. `num_layers` < 0 = all; K > 0 keeps
-  // only the first K layers (self-speculative draft), sharing the same mapping. load_format dummy:
-  // random F32 weights of the file's shapes. Errors name the file and the tensor.
-  static std::shared_ptr<const LlamaWeights> load(std::shared_ptr<const GgufFile> file, const LlamaConfig& cfg,
-                                                  config::LoadFormat format, std::int64_t num_layers = -1,
-                                                  const Progress& progress = {});
+  // Tensor names: llama.cpp's GGUF names or Hugging Face's.
+  enum class Naming { Gguf, HuggingFace };
+
+  // Binds (and pre-faults) the tensors of a Llama model. `num_layers` < 0 = all; K > 0 keeps only
+  // the first K layers (self-speculative draft). load_format dummy: random F32 weights of the
+  // file's shapes. Errors name the file and the tensor.
+  static std::shared_ptr<const LlamaWeights> load(std::shared_ptr<const TensorSource> source, Naming naming,
+                                                  const LlamaConfig& cfg, config::LoadFormat format,
+                                                  std::int64_t num_layers = -1, const Progress& progress = {});
 
   const LlamaConfig& config() const { return cfg_; }
   const kernels::WeightMatrix& embedding() const { return tok_embd_; }
@@ -57,11 +61,11 @@ class LlamaWeights {
   const float* output_norm() const { return output_norm_; }
   const std::vector<LlamaLayer>& layers() const { return layers_; }
   std::uint64_t weight_bytes() const { return weight_bytes_; }  // bytes streamed per decode step
-  const GgufFile& file() const { return *file_; }
+  const TensorSource& source() const { return *source_; }
 
  private:
   LlamaConfig cfg_;
-  std::shared_ptr<const GgufFile> file_;
+  std::shared_ptr<const TensorSource> source_;
   kernels::WeightMatrix tok_embd_, output_;
   const float* output_norm_ = nullptr;
   std::vector<LlamaLayer> layers_;

@@ -3,19 +3,46 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+
+#include "model/safetensors.hpp"
 
 namespace specactor::model {
 
+bool uses_safetensors(const config::ServerArgs& s) {
+  if (s.load_format == config::LoadFormat::Safetensors) return true;
+  if (s.load_format == config::LoadFormat::Gguf) return false;
+  return std::filesystem::is_directory(s.model_path) || s.model_path.ends_with(".safetensors");
+}
+
+ModelInfo read_any_model_info(const config::ServerArgs& s) {
+  if (uses_safetensors(s)) return read_hf_model_info(s.model_path);
+  return read_model_info(*GgufFile::open(s.model_path));
+}
+
 LoadedModel load_model(const config::ServerArgs& s, const LlamaWeights::Progress& progress, std::int64_t num_layers) {
-  if (s.load_format == config::LoadFormat::Safetensors)
-    throw GgufError(s.model_path + ": --load-format safetensors is not supported yet; use a GGUF file");
   LoadedModel m;
-  m.file = GgufFile::open(s.model_path);
-  m.info = read_model_info(*m.file);
+  std::shared_ptr<const TensorSource> source;
+  LlamaWeights::Naming naming = LlamaWeights::Naming::Gguf;
+  if (uses_safetensors(s)) {
+    m.info = read_hf_model_info(s.model_path);
+    source = SafetensorsSource::open(s.model_path);
+    naming = LlamaWeights::Naming::HuggingFace;
+  } else {
+    m.file = GgufFile::open(s.model_path);
+    m.info = read_model_info(*m.file);
+    source = std::make_shared<GgufSource>(m.file);
+  }
   m.config = LlamaConfig::from(m.info, s.json_model_override_args);
-  m.weights = LlamaWeights::load(m.file, m.config, s.load_format, num_layers, progress);
+  m.config.rope_neox = naming == LlamaWeights::Naming::HuggingFace;  // GGUF conversion permuted Q/K to adjacent pairs
+  m.weights = LlamaWeights::load(source, naming, m.config, s.load_format, num_layers, progress);
   if (!s.skip_tokenizer_init) {
-    m.tokenizer = Tokenizer::from_gguf(*m.file);
+    std::shared_ptr<const GgufFile> tok_file = m.file;
+    if (s.tokenizer_path) tok_file = GgufFile::open(*s.tokenizer_path);
+    if (!tok_file)
+      throw GgufError(s.model_path + ": a safetensors checkpoint takes its tokenizer from --tokenizer-path FILE.gguf "
+                      "(tokenizer.json is not read); or pass --skip-tokenizer-init");
+    m.tokenizer = Tokenizer::from_gguf(*tok_file);
     if (m.tokenizer->vocab_size() != m.config.vocab_size)
       throw GgufError(s.model_path + ": the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +
                       " tokens but the model's vocabulary is " + std::to_string(m.config.vocab_size));

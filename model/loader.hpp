@@ -11,8 +11,15 @@
 
 namespace specactor::model {
 
+// Which reader a snapshot's model_path needs: load_format gguf/safetensors, or for auto (and dummy)
+// a directory or *.safetensors file means Hugging Face safetensors, anything else GGUF.
+bool uses_safetensors(const config::ServerArgs& snap);
+
+// The model's hyper-parameters, from GGUF metadata or config.json. Throws GgufError.
+ModelInfo read_any_model_info(const config::ServerArgs& snap);
+
 struct LoadedModel {
-  std::shared_ptr<const GgufFile> file;
+  std::shared_ptr<const GgufFile> file;  // null for safetensors checkpoints
   ModelInfo info;
   LlamaConfig config;  // json_model_override_args applied
   std::shared_ptr<const LlamaWeights> weights;
@@ -20,7 +27,8 @@ struct LoadedModel {
   ChatTemplate chat;
 };
 
-// Opens snap.model_path (GGUF), checks it, binds the weights. `num_layers` > 0 keeps only the first
+// Opens snap.model_path (GGUF or safetensors), checks it, binds the weights. The tokenizer comes
+// from the GGUF (for safetensors checkpoints: from --tokenizer-path FILE.gguf). `num_layers` > 0 keeps only the first
 // K layers (self-speculation). Throws GgufError naming the file/tensor.
 LoadedModel load_model(const config::ServerArgs& snap, const LlamaWeights::Progress& progress = {},
                        std::int64_t num_layers = -1);

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -333,4 +334,107 @@ TEST_CASE("model files: truncated, corrupted, wrong architecture, missing or mis
     CHECK(load_error(p).find("not a GGUF file") != std::string::npos);
     fs::remove(p);
   }
+}
+
+TEST_CASE("safetensors + config.json: the same model as GGUF gives the same logits") {
+  const auto pair = specactor::testing::tiny_llama_pair();
+  const fs::path dir = fs::temp_directory_path() / ("specactor_hf_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  specactor::testing::write_safetensors((dir / "model.safetensors").string(), pair.hf);
+  std::ofstream(dir / "config.json") << pair.config_json;
+  const std::string gguf = temp_path("pair");
+  pair.gguf.write(gguf);
+
+  specactor::config::ServerArgs hf_args, gguf_args;
+  hf_args.model_path = dir.string();
+  hf_args.skip_tokenizer_init = true;
+  gguf_args.model_path = gguf;
+  const LoadedModel hf = load_model(hf_args), gg = load_model(gguf_args);
+  CHECK(hf.config.rope_neox);
+  CHECK_FALSE(gg.config.rope_neox);
+  CHECK(hf.info.num_layers == 2);
+  const std::vector<std::int32_t> ids = {5, 17, 42, 3, 9, 60, 1};
+  KvCache kv1(2, 2, 8, 16, 64), kv2(2, 2, 8, 16, 64);
+  KvCache::Seq s1, s2;
+  const auto a = last_logits(hf, ids, kv1, s1), b = last_logits(gg, ids, kv2, s2);
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
+  MESSAGE("max |logit(safetensors, NeoX RoPE) - logit(GGUF, permuted Q/K)| = " << worst);
+  CHECK(worst < 1e-4);
+
+  // Without a tokenizer source a safetensors model says where to get one.
+  hf_args.skip_tokenizer_init = false;
+  CHECK_THROWS_WITH_AS(load_model(hf_args), doctest::Contains("takes its tokenizer from --tokenizer-path"), GgufError);
+
+  // Broken checkpoints.
+  auto load_error = [&](const std::function<void()>& breakit) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    specactor::testing::write_safetensors((dir / "model.safetensors").string(), pair.hf);
+    std::ofstream(dir / "config.json") << pair.config_json;
+    breakit();
+    specactor::config::ServerArgs a;
+    a.model_path = dir.string();
+    a.skip_tokenizer_init = true;
+    try {
+      load_model(a);
+    } catch (const GgufError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string st = (dir / "model.safetensors").string();
+  CHECK(load_error([&] { fs::remove(dir / "config.json"); }).find("config.json: cannot open") != std::string::npos);
+  CHECK(load_error([&] { std::ofstream(dir / "config.json") << R"({"model_type": "gpt2"})"; })
+            .find("model_type 'gpt2' is not supported") != std::string::npos);
+  CHECK(load_error([&] { fs::resize_file(st, fs::file_size(st) - 100); }).find("runs past the end of the data") != std::string::npos);
+  CHECK(load_error([&] {
+          std::fstream f(st, std::ios::in | std::ios::out | std::ios::binary);
+          const std::uint64_t huge = 1ULL << 40;
+          f.write(reinterpret_cast<const char*>(&huge), 8);
+        }).find("header length 1099511627776 runs past the end") != std::string::npos);
+  CHECK(load_error([&] {
+          std::fstream f(st, std::ios::in | std::ios::out | std::ios::binary);
+          f.seekp(8);
+          f.write("XX", 2);
+        }).find("header is not valid JSON") != std::string::npos);
+  CHECK(load_error([&] {
+          auto t = pair.hf;
+          t.erase(t.begin() + 3);  // a layer-0 attention matrix
+          specactor::testing::write_safetensors(st, t);
+        }).find("missing tensor 'model.layers.0.self_attn.k_proj.weight'") != std::string::npos);
+  fs::remove_all(dir);
+  fs::remove(gguf);
+}
+
+TEST_CASE("json_model_override_args reach the model config only; hidden states of chosen layers") {
+  const std::string p = temp_path("override");
+  specactor::testing::tiny_llama().write(p);
+  specactor::config::ServerArgs a;
+  a.model_path = p;
+  const LoadedModel base = load_model(a);
+  a.json_model_override_args = R"({"rope_theta": 500.0, "num_hidden_layers": 1})";
+  const LoadedModel over = load_model(a);
+  CHECK(over.config.rope_base == 500.0);
+  CHECK(over.config.n_layers == 1);
+  CHECK(over.weights->layers().size() == 1);
+  CHECK(over.info.rope_base == base.info.rope_base);  // the file's facts are not rewritten
+  a.json_model_override_args = R"({"rope_thta": 1})";
+  CHECK_THROWS_WITH_AS(load_model(a), doctest::Contains("--json-model-override-args: unknown key 'rope_thta'"), GgufError);
+
+  KvCache kv(2, 2, 8, 16, 64);
+  KvCache::Seq s;
+  LlamaRunner runner(base.weights);
+  std::vector<ForwardSeq> batch(1);
+  batch[0].kv = &s;
+  batch[0].tokens = {3, 4, 5};
+  batch[0].logit_rows = {2};
+  ForwardResult out;
+  runner.forward(batch, kv, out, {0, 1});
+  REQUIRE(out.hidden.size() == 2);
+  CHECK(out.hidden[0].size() == 3 * 32);
+  CHECK(out.hidden[1].size() == 3 * 32);
+  CHECK(out.hidden[0] != out.hidden[1]);
+  fs::remove(p);
 }

@@ -132,8 +132,7 @@ Resolved resolve_from_args(const std::vector<std::string>& args) {
   if (user->model_path.empty())
     throw sc::ConfigError("--model-path is required (after tools/setup the default model is "
                           "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
-  auto file = sm::GgufFile::open(user->model_path);
-  sm::ModelInfo info = sm::read_model_info(*file);
+  sm::ModelInfo info = sm::read_any_model_info(*user);
   return {sc::resolve_target(user, info.facts(), runtime_facts()), std::move(info)};
 }
 
@@ -400,8 +399,7 @@ int cmd_config(const std::vector<std::string>& args) {
   if (user->model_path.empty())
     throw sc::ConfigError("--model-path is required (after tools/setup the default model is "
                           "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
-  auto file = sm::GgufFile::open(user->model_path);
-  const sm::ModelInfo info = sm::read_model_info(*file);
+  const sm::ModelInfo info = sm::read_any_model_info(*user);
   const sc::Snapshot target = sc::resolve_target(user, info.facts(), runtime_facts());
 
   json out;

@@ -69,3 +69,25 @@ struct TinyLlamaShape {
 GgufWriter tiny_llama(const TinyLlamaShape& shape = {}, bool with_tensors = true, std::uint32_t seed = 1);
 
 }  // namespace specactor::testing
+
+namespace specactor::testing {
+
+// A float32 tensor in Hugging Face (row-major, outermost first) shape order.
+struct HfTensor {
+  std::vector<std::uint64_t> shape;
+  std::vector<float> values;
+};
+
+// Writes a single-file safetensors checkpoint (F32 tensors, sorted by name).
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, HfTensor>>& tensors);
+
+// A random tiny Llama in Hugging Face naming (+ its config.json text), and the same model as a GGUF
+// writer with llama.cpp's names and its Q/K row permutation (so both must give the same logits).
+struct TinyPair {
+  std::vector<std::pair<std::string, HfTensor>> hf;
+  std::string config_json;
+  GgufWriter gguf;
+};
+TinyPair tiny_llama_pair(const TinyLlamaShape& shape = {}, std::uint32_t seed = 3);
+
+}  // namespace specactor::testing

@@ -1,0 +1,197 @@
+#include "model/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace specactor::model {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// safetensors dtype -> (ggml type, bytes per element)
+bool dtype_info(const std::string& dt, std::uint32_t& ggml, std::uint32_t& size) {
+  if (dt == "F32") return ggml = 0, size = 4, true;
+  if (dt == "F16") return ggml = 1, size = 2, true;
+  if (dt == "BF16") return ggml = 30, size = 2, true;
+  if (dt == "I32") return ggml = 26, size = 4, true;
+  if (dt == "I64") return ggml = 27, size = 8, true;
+  if (dt == "F64") return ggml = 28, size = 8, true;
+  return false;
+}
+
+}  // namespace
+
+std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  auto fail = [&](const std::string& what) { throw GgufError(path + ": " + what); };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("not a regular file");
+  }
+  const auto size = static_cast<std::size_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    fail("truncated file: " + std::to_string(size) + " bytes cannot hold the safetensors header length");
+  }
+  void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (m == MAP_FAILED) fail(std::string("cannot mmap: ") + std::strerror(err));
+  std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = path;
+  f->mapping_ = m;
+  f->base_ = static_cast<const std::uint8_t*>(m);
+  f->size_ = size;
+
+  std::uint64_t header_len;
+  std::memcpy(&header_len, f->base_, 8);
+  if (header_len > size - 8)
+    fail("header length " + std::to_string(header_len) + " runs past the end of the file (" + std::to_string(size) + " bytes)");
+  json header;
+  try {
+    header = json::parse(f->base_ + 8, f->base_ + 8 + header_len);
+  } catch (const json::parse_error& e) {
+    fail(std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) fail("header is not a JSON object");
+  const std::uint64_t data_start = 8 + header_len;
+  const std::uint64_t data_size = size - data_start;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      f->metadata_ = info;
+      continue;
+    }
+    const std::string where = "tensor '" + name + "'";
+    if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") || !info.contains("data_offsets"))
+      fail(where + ": expected {dtype, shape, data_offsets}");
+    TensorView t;
+    t.name = name;
+    std::uint32_t esize = 0;
+    if (!info["dtype"].is_string() || !dtype_info(info["dtype"].get<std::string>(), t.ggml_type, esize))
+      fail(where + ": unsupported dtype " + info["dtype"].dump() + " (supported: F32, F16, BF16, I32, I64, F64)");
+    const json& shape = info["shape"];
+    if (!shape.is_array() || shape.size() > 4) fail(where + ": shape must be an array of at most 4 dimensions");
+    std::uint64_t n = 1;
+    for (const auto& d : shape) {
+      if (!d.is_number_unsigned()) fail(where + ": shape entries must be non-negative integers");
+      if (__builtin_mul_overflow(n, d.get<std::uint64_t>(), &n)) fail(where + ": element count overflows");
+    }
+    for (auto it = shape.rbegin(); it != shape.rend(); ++it) t.dims.push_back(it->get<std::uint64_t>());  // ggml order
+    if (t.dims.empty()) t.dims.push_back(1);
+    const json& off = info["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail(where + ": data_offsets must be [begin, end]");
+    const auto b = off[0].get<std::uint64_t>(), e = off[1].get<std::uint64_t>();
+    if (b > e || e > data_size)
+      fail(where + ": data [" + std::to_string(b) + ", " + std::to_string(e) + ") runs past the end of the data (" +
+           std::to_string(data_size) + " bytes)");
+    std::uint64_t want;
+    if (__builtin_mul_overflow(n, std::uint64_t{esize}, &want) || want != e - b)
+      fail(where + ": " + std::to_string(e - b) + " bytes of data for " + std::to_string(n) + " elements of " +
+           info["dtype"].get<std::string>());
+    t.data = f->base_ + data_start + b;
+    t.n_bytes = e - b;
+    f->tensors_.emplace(name, std::move(t));
+  }
+  return f;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (mapping_) ::munmap(mapping_, size_);
+}
+
+std::shared_ptr<const SafetensorsSource> SafetensorsSource::open(const std::string& path) {
+  auto src = std::make_shared<SafetensorsSource>();
+  src->path_ = path;
+  std::vector<std::string> shards;
+  if (fs::is_directory(path)) {
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.path().extension() == ".safetensors") shards.push_back(e.path().string());
+    std::sort(shards.begin(), shards.end());
+    if (shards.empty()) throw GgufError(path + ": no *.safetensors files in the directory");
+  } else {
+    shards.push_back(path);
+  }
+  for (const auto& s : shards) src->files_.push_back(SafetensorsFile::open(s));
+  // A tensor may appear in one shard only.
+  std::map<std::string_view, std::string_view> owner;
+  for (const auto& f : src->files_)
+    for (const auto& [name, t] : f->tensors())
+      if (auto [it, fresh] = owner.emplace(name, f->path()); !fresh)
+        throw GgufError(path + ": tensor '" + name + "' appears in both " + std::string(it->second) + " and " + f->path());
+  return src;
+}
+
+const TensorView* SafetensorsSource::find(std::string_view name) const {
+  for (const auto& f : files_)
+    if (auto it = f->tensors().find(name); it != f->tensors().end()) return &it->second;
+  return nullptr;
+}
+
+ModelInfo read_hf_model_info(const std::string& path) {
+  const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  const std::string cfg_path = (dir / "config.json").string();
+  auto fail = [&](const std::string& what) { throw GgufError(cfg_path + ": " + what); };
+  std::ifstream in(cfg_path);
+  if (!in) fail("cannot open (a safetensors model needs its config.json beside it)");
+  json c;
+  try {
+    c = json::parse(in);
+  } catch (const json::parse_error& e) {
+    fail(std::string("not valid JSON: ") + e.what());
+  }
+  ModelInfo m;
+  m.path = path;
+  m.architecture = c.value("model_type", "");
+  if (m.architecture != "llama" && m.architecture != "mistral")
+    fail("model_type '" + m.architecture + "' is not supported (supported: llama)");
+  m.architecture = "llama";
+  auto positive = [&](const char* key) -> std::int64_t {
+    if (!c.contains(key) || !c[key].is_number_integer() || c[key].get<std::int64_t>() <= 0)
+      fail(std::string("'") + key + "' must be a positive integer");
+    return c[key].get<std::int64_t>();
+  };
+  m.hidden_size = positive("hidden_size");
+  m.ffn_hidden_size = positive("intermediate_size");
+  m.num_layers = positive("num_hidden_layers");
+  m.num_heads = positive("num_attention_heads");
+  m.num_kv_heads = c.contains("num_key_value_heads") ? positive("num_key_value_heads") : m.num_heads;
+  m.vocab_size = positive("vocab_size");
+  m.context_length = c.contains("max_position_embeddings") ? positive("max_position_embeddings") : 2048;
+  m.head_dim = c.contains("head_dim") && c["head_dim"].is_number_integer() ? c["head_dim"].get<std::int64_t>()
+                                                                           : m.hidden_size / m.num_heads;
+  if (m.head_dim * m.num_heads != m.hidden_size) fail("hidden_size is not num_attention_heads × head_dim");
+  if (m.num_heads % m.num_kv_heads != 0) fail("num_attention_heads is not a multiple of num_key_value_heads");
+  m.rope_dim = m.head_dim;
+  m.rope_base = c.value("rope_theta", 10000.0);
+  m.norm_eps = c.value("rms_norm_eps", 1e-6);
+  m.bos_token_id = c.contains("bos_token_id") && c["bos_token_id"].is_number_integer() ? c["bos_token_id"].get<std::int64_t>() : -1;
+  m.eos_token_id = c.contains("eos_token_id") && c["eos_token_id"].is_number_integer() ? c["eos_token_id"].get<std::int64_t>() : -1;
+  m.tied_embeddings = c.value("tie_word_embeddings", false);
+  m.name = dir.filename().string();
+  return m;
+}
+
+GgufSource::GgufSource(std::shared_ptr<const GgufFile> file) : file_(std::move(file)) {
+  for (const auto& t : file_->tensors())
+    views_.emplace(t.name, TensorView{t.name, static_cast<std::uint32_t>(t.type), t.dims, t.data, t.n_bytes});
+}
+
+const TensorView* GgufSource::find(std::string_view name) const {
+  auto it = views_.find(name);
+  return it == views_.end() ? nullptr : &it->second;
+}
+
+}  // namespace specactor::model
