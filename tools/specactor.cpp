@@ -9,6 +9,7 @@
 //
 // Results go to stdout; logs and errors to stderr. Bad input exits with status 2 and one message.
 #include <chrono>
+#include <future>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -21,6 +22,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "actors/engine.hpp"
 #include "config/error.hpp"
 #include "config/resolve.hpp"
 #include "kernels/backend.hpp"
@@ -34,6 +36,7 @@
 namespace sc = specactor::config;
 namespace sm = specactor::model;
 namespace sk = specactor::kernels;
+namespace sa = specactor::actors;
 using json = nlohmann::json;
 
 namespace {
@@ -145,12 +148,18 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const auto rest = take_tool_flags(argv,
                                     {{"--prompt", true}, {"--system", true}, {"--chat", false}, {"--max-new-tokens", true},
                                      {"--temperature", true}, {"--top-p", true}, {"--top-k", true}, {"--min-p", true},
-                                     {"--seed", true}, {"--json", false}, {"--ignore-eos", false}},
+                                     {"--seed", true}, {"--json", false}, {"--ignore-eos", false}, {"--stop", true}},
                                     f);
   if (!f.count("--prompt")) throw sc::ConfigError("--prompt is required");
-  const auto max_new = tool_value<std::int64_t>(f, "--max-new-tokens", 128);
-  if (max_new < 1) throw sc::ConfigError("--max-new-tokens: must be >= 1 (got " + std::to_string(max_new) + ")");
-  specactor::kernels::SamplingParams sp;
+  sa::GenerationRequest req;
+  req.prompt = f.at("--prompt");
+  req.chat = tool_value<bool>(f, "--chat", false);
+  if (f.count("--system")) req.system = f.at("--system");
+  if (f.count("--stop")) req.stop = {f.at("--stop")};
+  req.max_new_tokens = tool_value<std::int64_t>(f, "--max-new-tokens", 128);
+  if (req.max_new_tokens < 1)
+    throw sc::ConfigError("--max-new-tokens: must be >= 1 (got " + std::to_string(req.max_new_tokens) + ")");
+  auto& sp = req.sampling;
   sp.temperature = tool_value<float>(f, "--temperature", 0.0f);
   sp.top_p = tool_value<float>(f, "--top-p", 1.0f);
   sp.top_k = tool_value<std::int32_t>(f, "--top-k", 0);
@@ -159,106 +168,63 @@ int cmd_generate(const std::vector<std::string>& argv) {
   if (!(sp.top_p > 0 && sp.top_p <= 1)) throw sc::ConfigError("--top-p: must be in (0, 1]");
   if (sp.top_k < 0) throw sc::ConfigError("--top-k: must be >= 0");
   if (!(sp.min_p >= 0 && sp.min_p < 1)) throw sc::ConfigError("--min-p: must be in [0, 1)");
+  if (f.count("--seed")) req.seed = static_cast<std::uint64_t>(tool_value<std::int64_t>(f, "--seed", 0));
+  req.ignore_eos = tool_value<bool>(f, "--ignore-eos", false);
   const bool as_json = tool_value<bool>(f, "--json", false);
-  const bool chat = tool_value<bool>(f, "--chat", false);
-  const bool ignore_eos = tool_value<bool>(f, "--ignore-eos", false);
 
-  const Resolved r = resolve_from_args(rest);
-  const sc::ServerArgs& s = *r.target;
-  spdlog::set_level(spdlog::level::from_str(s.log_level));
-  const auto seed = tool_value<std::int64_t>(f, "--seed", s.random_seed);
-
+  const sc::ServerArgs args = sc::parse_server_args(rest);
+  spdlog::set_level(spdlog::level::from_str(args.log_level));
   const auto t_load = std::chrono::steady_clock::now();
-  const sm::LoadedModel m = sm::load_model(s, sm::terminal_progress("loading " + r.info.name));
-  if (!m.tokenizer) throw sc::ConfigError("--skip-tokenizer-init: generate needs a tokenizer for --prompt");
+  auto engine = sa::Engine::create(args);
   const double load_s = seconds_since(t_load);
-  spdlog::info("loaded {} ({} layers, {} MiB of weights) in {:.2f} s; cpu path {}", s.model_path, m.config.n_layers,
-               m.weights->weight_bytes() >> 20, load_s, specactor::kernels::cpu_path_name(specactor::kernels::cpu_path()));
+  if (!engine->tokenizer()) throw sc::ConfigError("--skip-tokenizer-init: generate needs a tokenizer for --prompt");
+  spdlog::info("loaded {} in {:.2f} s through the actor engine ({}); cpu path {}", args.model_path, load_s,
+               std::string(sc::to_string(engine->target_snapshot()->speculative_algorithm)),
+               specactor::kernels::cpu_path_name(specactor::kernels::cpu_path()));
+  if (req.chat && sm::ChatTemplate::detect(engine->tokenizer()->chat_template()).format == sm::ChatFormat::Plain)
+    spdlog::warn("the model's chat template is not recognised (supported: ChatML, Llama-3); sending plain text");
 
-  std::vector<std::int32_t> prompt;
-  if (chat) {
-    if (m.chat.format == sm::ChatFormat::Plain)
-      spdlog::warn("the model's chat template is not recognised (supported: ChatML, Llama-3); sending plain text");
-    std::vector<sm::ChatMessage> msgs;
-    if (f.count("--system")) msgs.push_back({"system", f.at("--system")});
-    msgs.push_back({"user", f.at("--prompt")});
-    prompt = m.tokenizer->encode(m.chat.render(msgs), true, true);
-  } else {
-    prompt = m.tokenizer->encode(f.at("--prompt"), true, false);
-  }
-  const std::int64_t ctx = *s.context_length;
-  if (static_cast<std::int64_t>(prompt.size()) >= ctx)
-    throw sc::ConfigError("--prompt: " + std::to_string(prompt.size()) + " tokens do not fit the context length " +
-                          std::to_string(ctx));
-  const std::int64_t budget = std::min<std::int64_t>(max_new, ctx - static_cast<std::int64_t>(prompt.size()));
-  const std::int64_t kv_tokens =
-      std::min<std::int64_t>(*s.max_total_tokens, static_cast<std::int64_t>(prompt.size()) + budget + s.page_size);
-  sm::KvCache kv(m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, s.page_size,
-                 std::max<std::int64_t>(kv_tokens, s.page_size));
-  sm::LlamaRunner runner(m.weights, static_cast<int>(s.threads));
-  sm::KvCache::Seq seq;
-  sm::ForwardResult out;
-
-  // Prefill in chunks; logits of the last prompt token only.
-  const auto t_prefill = std::chrono::steady_clock::now();
-  for (std::size_t at = 0; at < prompt.size();) {
-    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(s.chunked_prefill_size), prompt.size() - at);
-    std::vector<sm::ForwardSeq> batch(1);
-    batch[0].kv = &seq;
-    batch[0].tokens.assign(prompt.begin() + static_cast<long>(at), prompt.begin() + static_cast<long>(at + n));
-    if (at + n == prompt.size()) batch[0].logit_rows = {static_cast<std::int32_t>(n - 1)};
-    runner.forward(batch, kv, out);
-    at += n;
-  }
-  const double prefill_s = seconds_since(t_prefill);
-
-  specactor::kernels::Rng rng(static_cast<std::uint64_t>(seed));
-  sm::StreamDecoder stream(*m.tokenizer);
-  std::vector<std::int32_t> generated;
-  std::string text, finish = "length";
-  const auto t_decode = std::chrono::steady_clock::now();
-  for (std::int64_t i = 0; i < budget; ++i) {
-    const std::int32_t tok = specactor::kernels::sample(out.logits.data(), m.config.vocab_size, sp, rng);
-    if (!ignore_eos && m.tokenizer->is_end_of_generation(tok)) {
-      finish = "stop";
-      break;
-    }
-    generated.push_back(tok);
-    const std::string piece = stream.push(tok);
-    text += piece;
-    if (!as_json && !piece.empty()) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
+  std::promise<sa::TokenEvent> last;
+  auto done = last.get_future();
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  const auto prompt_ids = engine->tokenize(req);
+  engine->submit(req, [&](const sa::TokenEvent& ev) {
+    tokens.insert(tokens.end(), ev.tokens.begin(), ev.tokens.end());
+    text += ev.text;
+    if (!as_json && !ev.text.empty()) {
+      std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
       std::fflush(stdout);
     }
-    if (i + 1 == budget) break;
-    std::vector<sm::ForwardSeq> batch(1);
-    batch[0].kv = &seq;
-    batch[0].tokens = {tok};
-    batch[0].logit_rows = {0};
-    runner.forward(batch, kv, out);
-  }
-  const double decode_s = seconds_since(t_decode);
-  const std::string tail = stream.finish();
-  text += tail;
-  if (!as_json) {
-    std::fwrite(tail.data(), 1, tail.size(), stdout);
-    std::fputc('\n', stdout);
-  }
-  const double prefill_tps = prompt.size() / std::max(prefill_s, 1e-9);
-  const double decode_tps = generated.size() / std::max(decode_s, 1e-9);
-  spdlog::info("prompt {} tokens, {:.1f} tok/s prefill; generated {} tokens, {:.1f} tok/s decode ({})", prompt.size(),
-               prefill_tps, generated.size(), decode_tps, finish);
+    if (ev.finished) last.set_value(ev);
+  });
+  const sa::TokenEvent end = done.get();
+  const sa::EngineMetrics em = engine->metrics();
+  engine->shutdown();
+  if (end.finish_reason == "error") throw std::runtime_error(end.error);
+  const auto& m = end.metrics;
+  if (!as_json) std::fputc('\n', stdout);
+  spdlog::info("prompt {} tokens, first token after {:.1f} ms; generated {} tokens, {:.1f} tok/s decode ({}); "
+               "τ {:.2f}, α {:.2f}",
+               m.prompt_tokens, m.time_to_first_token_ms, m.generated_tokens, m.decode_tokens_per_s, end.finish_reason,
+               m.mean_accepted_length, em.acceptance_rate);
   if (as_json) {
-    json j = {{"prompt_tokens", prompt},
-              {"tokens", generated},
+    json j = {{"prompt_tokens", prompt_ids},
+              {"tokens", tokens},
               {"text", text},
-              {"finish_reason", finish},
+              {"finish_reason", end.finish_reason},
               {"timings",
                {{"load_s", load_s},
-                {"prefill_s", prefill_s},
-                {"decode_s", decode_s},
-                {"prefill_tokens_per_s", prefill_tps},
-                {"decode_tokens_per_s", decode_tps}}}};
+                {"time_to_first_token_ms", m.time_to_first_token_ms},
+                {"decode_tokens_per_s", m.decode_tokens_per_s}}},
+              {"speculative",
+               {{"algorithm", em.algorithm},
+                {"steps", m.steps},
+                {"drafted", m.drafted},
+                {"accepted", m.accepted},
+                {"mean_accepted_length", m.mean_accepted_length},
+                {"acceptance_rate", m.drafted > 0 ? static_cast<double>(m.accepted) / m.drafted : 0.0},
+                {"fallback_steps", m.fallbacks}}}};
     std::cout << j.dump(2) << "\n";
   }
   return 0;

@@ -1,0 +1,39 @@
+#include "actors/draft_worker.hpp"
+
+#include <chrono>
+
+#include <caf/all.hpp>
+
+namespace specactor::actors {
+
+
+draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_pointer<DraftWorkerState> self,
+                                               config::Snapshot snapshot, DrafterFactory factory,
+                                               DraftContext context) {
+  self->state.snapshot = std::move(snapshot);
+  // A factory that throws (a bad head file, ...) ends this actor; the scheduler sees it go down and
+  // continues without drafts.
+  self->state.drafter = factory(self->state.snapshot, context);
+  return {
+      [self](propose_atom, ProposeBatch& batch) -> Proposals {
+        const auto t0 = std::chrono::steady_clock::now();
+        Proposals out;
+        out.chains.reserve(batch.items.size());
+        for (const auto& it : batch.items)
+          out.chains.push_back(self->state.drafter->propose(it.req, *it.context, it.max_tokens));
+        out.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        return out;
+      },
+      [self](catchup_atom, std::uint64_t req, std::vector<std::int32_t>& tokens) {
+        self->state.drafter->catch_up(req, tokens);
+      },
+      [self](release_atom, std::uint64_t req) { self->state.drafter->release(req); },
+      [self](reconf_atom, config::Snapshot& s) {
+        self->state.snapshot = std::move(s);
+        self->state.drafter->reconfigure(self->state.snapshot);
+      },
+      [self](snapshot_atom) -> config::Snapshot { return self->state.snapshot; },
+  };
+}
+
+}  // namespace specactor::actors

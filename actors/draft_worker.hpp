@@ -1,0 +1,35 @@
+// actors/draft_worker.hpp — a draft worker: runs one Drafter (built by the factory registered for
+// the draft snapshot's algorithm) for every request. Detached; it owns the drafter's state only.
+#pragma once
+
+#include <caf/typed_actor.hpp>
+
+#include "actors/drafter.hpp"
+#include "actors/messages.hpp"
+
+namespace specactor::actors {
+
+struct DraftWorkerState {
+  config::Snapshot snapshot;
+  std::unique_ptr<Drafter> drafter;
+  static inline const char* name = "draft_worker";
+};
+
+using draft_worker_actor = caf::typed_actor<
+    // Proposes a chain of draft tokens per request (possibly empty).
+    caf::replies_to<propose_atom, ProposeBatch>::with<Proposals>,
+    // The target accepted these tokens for a request: extend the drafter's state.
+    caf::reacts_to<catchup_atom, std::uint64_t, std::vector<std::int32_t>>,
+    // The request is gone: drop its state.
+    caf::reacts_to<release_atom, std::uint64_t>,
+    // A new draft snapshot (between steps): the worker swaps its pointer and tells the drafter.
+    caf::reacts_to<reconf_atom, config::Snapshot>,
+    // The snapshot the worker holds now.
+    caf::replies_to<snapshot_atom>::with<config::Snapshot>>;
+
+// `snapshot` is the draft snapshot the scheduler derived; `factory` is called with that same object.
+draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_pointer<DraftWorkerState> self,
+                                               config::Snapshot snapshot, DrafterFactory factory,
+                                               DraftContext context);
+
+}  // namespace specactor::actors

@@ -1,0 +1,47 @@
+// actors/drafter.hpp — the draft algorithm interface (plain C++, no CAF) and the registry that maps
+// the algorithm named in the draft snapshot to an implementation. A host application can register
+// its own algorithm before it builds an engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/snapshot.hpp"
+#include "model/model_info.hpp"
+#include "model/tokenizer.hpp"
+
+namespace specactor::actors {
+
+// What a drafter may know about the target when it is built.
+struct DraftContext {
+  model::ModelInfo target_info;
+  std::shared_ptr<const model::Tokenizer> tokenizer;
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Up to max_tokens tokens that might follow `context` (the request's whole sequence so far).
+  virtual std::vector<std::int32_t> propose(std::uint64_t req, const std::vector<std::int32_t>& context,
+                                            std::int32_t max_tokens) = 0;
+  // The target accepted `tokens` (drafts and bonus) for req; stateful drafters extend their state.
+  virtual void catch_up(std::uint64_t req, const std::vector<std::int32_t>& tokens) { (void)req, (void)tokens; }
+  virtual void release(std::uint64_t req) { (void)req; }
+  // A new draft snapshot arrived (e.g. another step count); the drafter reads what it needs.
+  virtual void reconfigure(const config::Snapshot& snapshot) { (void)snapshot; }
+};
+
+using DrafterFactory =
+    std::function<std::unique_ptr<Drafter>(const config::Snapshot& draft_snapshot, const DraftContext& context)>;
+
+// Registers (or replaces) the factory of an algorithm name as written in snapshots ("NGRAM", ...).
+void register_drafter(const std::string& algorithm, DrafterFactory factory);
+// The factory for the algorithm of `draft_snapshot`; throws std::runtime_error naming the algorithm
+// when none is registered.
+DrafterFactory find_drafter(const config::Snapshot& draft_snapshot);
+std::vector<std::string> registered_drafters();
+
+}  // namespace specactor::actors

@@ -1,0 +1,54 @@
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+#include "actors/drafter.hpp"
+
+namespace specactor::actors {
+
+std::unique_ptr<Drafter> make_ngram_drafter(const config::Snapshot& snapshot, const DraftContext& context);
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, DrafterFactory> factories;
+  Registry() { factories["NGRAM"] = &make_ngram_drafter; }  // built-ins, registered explicitly
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+void register_drafter(const std::string& algorithm, DrafterFactory factory) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  r.factories[algorithm] = std::move(factory);
+}
+
+DrafterFactory find_drafter(const config::Snapshot& draft_snapshot) {
+  const std::string algo(config::to_string(draft_snapshot->speculative_algorithm));
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  auto it = r.factories.find(algo);
+  if (it == r.factories.end()) {
+    std::string known;
+    for (const auto& [name, f] : r.factories) known += (known.empty() ? "" : ", ") + name;
+    throw std::runtime_error("--speculative-algorithm " + algo + ": no drafter is registered for it (registered: " +
+                             known + ")");
+  }
+  return it->second;
+}
+
+std::vector<std::string> registered_drafters() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  std::vector<std::string> out;
+  for (const auto& [name, f] : r.factories) out.push_back(name);
+  return out;
+}
+
+}  // namespace specactor::actors

@@ -1,0 +1,183 @@
+#include "actors/engine.hpp"
+
+#include <atomic>
+#include <future>
+#include <mutex>
+
+#include <caf/all.hpp>
+
+#include "actors/engine_caf.hpp"
+#include "actors/scheduler.hpp"
+#include "actors/system.hpp"
+#include "config/error.hpp"
+#include "config/resolve.hpp"
+#include "kernels/backend.hpp"
+#include "model/chat.hpp"
+#include "model/loader.hpp"
+
+namespace specactor::actors {
+
+struct Engine::Impl {
+  std::unique_ptr<caf::actor_system_config> own_cfg;
+  std::unique_ptr<caf::actor_system> own_system;
+  caf::actor_system* system = nullptr;
+  scheduler_actor scheduler;
+  config::Snapshot target;
+  TargetInfo info;
+  model::ChatTemplate chat;
+  std::atomic<std::uint64_t> next_id{1};
+  std::once_flag stopped;
+};
+
+namespace {
+
+config::Snapshot resolve(const config::ServerArgs& user_args) {
+  const config::Snapshot user = config::freeze(user_args);
+  if (user->model_path.empty()) throw config::ConfigError("--model-path is required");
+  const model::ModelInfo info = model::read_any_model_info(*user);
+  const auto& probe = kernels::probe_devices();
+  return config::resolve_target(user, info.facts(), {probe.cuda_usable, probe.reason});
+}
+
+std::unique_ptr<Engine::Impl> start(caf::actor_system& sys, config::Snapshot target) {
+  auto impl = std::make_unique<Engine::Impl>();
+  impl->system = &sys;
+  impl->target = std::move(target);
+  impl->scheduler = spawn_scheduler(sys, impl->target);
+  caf::scoped_actor self{sys};
+  std::string error;
+  self->request(impl->scheduler, caf::infinite, ready_atom::value)
+      .receive([&](TargetInfo& info) { impl->info = std::move(info); },
+               [&](caf::error& err) { error = sys.render(err); });
+  if (!error.empty()) {
+    self->send_exit(impl->scheduler, caf::exit_reason::user_shutdown);
+    throw std::runtime_error(error);
+  }
+  if (impl->info.tokenizer) impl->chat = model::ChatTemplate::detect(impl->info.tokenizer->chat_template());
+  return impl;
+}
+
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+std::unique_ptr<Engine> Engine::create(const config::ServerArgs& user_args) {
+  config::Snapshot target = resolve(user_args);
+  auto cfg = std::make_unique<caf::actor_system_config>();
+  configure_actor_system(*cfg);
+  auto sys = std::make_unique<caf::actor_system>(*cfg);
+  std::unique_ptr<Impl> impl;
+  try {
+    impl = start(*sys, std::move(target));
+  } catch (...) {
+    sys.reset();
+    throw;
+  }
+  impl->own_cfg = std::move(cfg);
+  impl->own_system = std::move(sys);
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+std::unique_ptr<Engine> Engine::from_argv(const std::vector<std::string>& argv) {
+  return create(config::parse_server_args(argv));
+}
+
+std::unique_ptr<Engine> create_engine_in(caf::actor_system& system, const config::ServerArgs& user_args) {
+  return std::unique_ptr<Engine>(new Engine(start(system, resolve(user_args))));
+}
+
+Engine::~Engine() { shutdown(); }
+
+void Engine::shutdown() {
+  std::call_once(impl_->stopped, [this] {
+    {
+      caf::scoped_actor self{*impl_->system};
+      self->send_exit(impl_->scheduler, caf::exit_reason::user_shutdown);
+      self->wait_for(impl_->scheduler);
+    }
+    impl_->scheduler = nullptr;
+    impl_->own_system.reset();  // waits for every actor of an owned system
+    impl_->own_cfg.reset();
+  });
+}
+
+std::vector<std::int32_t> Engine::tokenize(const GenerationRequest& r) const {
+  if (!r.prompt_ids.empty()) return r.prompt_ids;
+  const auto& tok = impl_->info.tokenizer;
+  if (!tok) throw config::ConfigError("this engine has no tokenizer (--skip-tokenizer-init): pass prompt_ids");
+  if (r.chat) {
+    std::vector<model::ChatMessage> msgs;
+    if (!r.system.empty()) msgs.push_back({"system", r.system});
+    msgs.push_back({"user", r.prompt});
+    return tok->encode(impl_->chat.render(msgs), true, true);
+  }
+  return tok->encode(r.prompt, true, false);
+}
+
+std::uint64_t Engine::submit(GenerationRequest request, std::function<void(const TokenEvent&)> on_token) {
+  auto sub = std::make_shared<Submission>();
+  sub->id = impl_->next_id++;
+  sub->prompt = tokenize(request);
+  sub->request = std::move(request);
+  sub->on_token = std::move(on_token);
+  const std::uint64_t id = sub->id;
+  caf::anon_send(impl_->scheduler, submit_atom::value, std::shared_ptr<const Submission>(std::move(sub)));
+  return id;
+}
+
+GenerationResult Engine::generate(GenerationRequest request) {
+  auto result = std::make_shared<GenerationResult>();
+  auto done = std::make_shared<std::promise<void>>();
+  auto future = done->get_future();
+  result->prompt_ids = tokenize(request);
+  auto tok = impl_->info.tokenizer;
+  result->id = submit(std::move(request), [result, done](const TokenEvent& ev) {
+    result->tokens.insert(result->tokens.end(), ev.tokens.begin(), ev.tokens.end());
+    result->text += ev.text;
+    if (ev.finished) {
+      result->finish_reason = ev.finish_reason;
+      result->error = ev.error;
+      result->metrics = ev.metrics;
+      done->set_value();
+    }
+  });
+  future.wait();
+  return std::move(*result);
+}
+
+void Engine::cancel(std::uint64_t id) { caf::anon_send(impl_->scheduler, cancel_atom::value, id); }
+
+EngineMetrics Engine::metrics() {
+  caf::scoped_actor self{*impl_->system};
+  EngineMetrics m;
+  self->request(impl_->scheduler, std::chrono::seconds(60), metrics_atom::value)
+      .receive([&](EngineMetrics& x) { m = std::move(x); },
+               [&](caf::error& err) { m.target_error = "metrics unavailable: " + impl_->system->render(err); });
+  return m;
+}
+
+SnapshotReport Engine::snapshots() {
+  caf::scoped_actor self{*impl_->system};
+  SnapshotReport r;
+  std::string error;
+  self->request(impl_->scheduler, std::chrono::seconds(60), snapshot_atom::value)
+      .receive([&](SnapshotReport& x) { r = std::move(x); }, [&](caf::error& err) { error = impl_->system->render(err); });
+  if (!error.empty()) throw std::runtime_error("snapshot query failed: " + error);
+  return r;
+}
+
+void Engine::reconfigure_draft(const nlohmann::json& fields) {
+  const SnapshotReport r = snapshots();
+  if (!r.derived_draft) throw config::ConfigError("reconfigure_draft: this engine has no speculative algorithm");
+  // A named, counted derive( call site outside config/ (see tests/data/derive_call_sites.txt).
+  const config::Snapshot next = config::derive(r.derived_draft, "runtime.reconfigure_draft", fields);
+  caf::anon_send(impl_->scheduler, reconf_atom::value, next);
+}
+
+void Engine::restart_draft() { caf::anon_send(impl_->scheduler, restart_atom::value); }
+
+const config::Snapshot& Engine::target_snapshot() const { return impl_->target; }
+const model::ModelInfo& Engine::model_info() const { return impl_->info.info; }
+std::shared_ptr<const model::Tokenizer> Engine::tokenizer() const { return impl_->info.tokenizer; }
+
+}  // namespace specactor::actors

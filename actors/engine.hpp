@@ -1,0 +1,71 @@
+// actors/engine.hpp — specactor embedded in a host application. No CAF types needed:
+//
+//   auto engine = specactor::actors::Engine::from_argv({"--model-path", "models/…gguf"});
+//   auto id = engine->submit({.prompt = "Hello", .max_new_tokens = 32},
+//                            [](const specactor::actors::TokenEvent& ev) { std::cout << ev.text; });
+//   auto result = engine->generate({.prompt = "Hi", .chat = true});   // blocking
+//   engine->shutdown();
+//
+// Token callbacks run on the engine's actor threads: keep them short and thread-safe.
+// (To run inside an existing caf::actor_system, see actors/engine_caf.hpp.)
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/engine_types.hpp"
+#include "config/snapshot.hpp"
+#include "model/model_info.hpp"
+#include "model/tokenizer.hpp"
+
+namespace caf {
+class actor_system;
+}
+
+namespace specactor::actors {
+
+class Engine {
+ public:
+  // Resolves the user's settings against the model file and this machine, starts the actors and
+  // waits until the target model is loaded. Throws config::ConfigError / model::GgufError /
+  // std::runtime_error with one clear message.
+  static std::unique_ptr<Engine> create(const config::ServerArgs& user_args);
+  static std::unique_ptr<Engine> from_argv(const std::vector<std::string>& argv);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request; `on_token` receives each step's accepted tokens and a final event.
+  std::uint64_t submit(GenerationRequest request, std::function<void(const TokenEvent&)> on_token);
+  // Submits and waits for the whole result.
+  GenerationResult generate(GenerationRequest request);
+  void cancel(std::uint64_t id);
+  EngineMetrics metrics();
+  // A new draft snapshot derived from the current one (e.g. {"speculative_num_steps": 2}); it
+  // reaches the draft worker between steps. The target's snapshot is not touched.
+  void reconfigure_draft(const nlohmann::json& fields);
+  // Spawns a new draft worker after a failure (a no-op while one is alive).
+  void restart_draft();
+  // Stops the actors; requests in flight end with "error: the engine shut down". Idempotent.
+  void shutdown();
+
+  SnapshotReport snapshots();
+  const config::Snapshot& target_snapshot() const;
+  const model::ModelInfo& model_info() const;
+  std::shared_ptr<const model::Tokenizer> tokenizer() const;
+  // The prompt ids a request would be tokenized to (chat template applied when asked).
+  std::vector<std::int32_t> tokenize(const GenerationRequest& request) const;
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  friend std::unique_ptr<Engine> create_engine_in(caf::actor_system& system, const config::ServerArgs& user_args);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specactor::actors

@@ -1,0 +1,126 @@
+// actors/messages.hpp — atoms and message payloads shared by the scheduler, the target worker and
+// the draft workers. Payloads are plain structs with inspect() overloads (serializable); large or
+// host-side objects travel as shared_ptr<const T> and are marked local-only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+#include <caf/meta/type_name.hpp>
+
+#include "actors/engine_types.hpp"
+#include "config/snapshot_inspect.hpp"
+#include "kernels/cpu/sampling.hpp"
+#include "model/model_info.hpp"
+#include "model/tokenizer.hpp"
+
+namespace specactor::kernels {
+template <class Inspector> typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
+  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p);
+}
+}  // namespace specactor::kernels
+
+namespace specactor::actors {
+
+using info_atom = caf::atom_constant<caf::atom("info")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using release_atom = caf::atom_constant<caf::atom("release")>;
+using propose_atom = caf::atom_constant<caf::atom("propose")>;
+using catchup_atom = caf::atom_constant<caf::atom("catchup")>;
+using reconf_atom = caf::atom_constant<caf::atom("reconf")>;
+using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using ready_atom = caf::atom_constant<caf::atom("ready")>;
+using restart_atom = caf::atom_constant<caf::atom("restart")>;
+
+// One request's share of a target step.
+struct StepItem {
+  std::uint64_t req = 0;
+  std::vector<std::int32_t> tokens;  // a prefill chunk, or [root, draft_1 .. draft_k] when decoding
+  bool prefill = false;              // tokens are prompt tokens (else [root, drafts...])
+  bool sample = false;               // produce tokens: the last prefill chunk, or a decode/verify step
+  kernels::SamplingParams params;
+  std::uint64_t seed = 0;            // used when the worker first sees the request
+};
+template <class Inspector> typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
+  return f(caf::meta::type_name("step_item"), x.req, x.tokens, x.prefill, x.sample, x.params, x.seed);
+}
+
+struct StepBatch {
+  std::vector<StepItem> items;
+};
+template <class Inspector> typename Inspector::result_type inspect(Inspector& f, StepBatch& x) {
+  return f(caf::meta::type_name("step_batch"), x.items);
+}
+
+struct ItemResult {
+  std::uint64_t req = 0;
+  std::vector<std::int32_t> tokens;  // accepted drafts then the bonus token (empty for a non-final prefill chunk)
+  std::int32_t accepted = 0;         // how many of the drafts were accepted
+  std::int32_t drafted = 0;          // how many drafts were verified
+};
+template <class Inspector> typename Inspector::result_type inspect(Inspector& f, ItemResult& x) {
+  return f(caf::meta::type_name("item_result"), x.req, x.tokens, x.accepted, x.drafted);
+}
+
+struct StepResult {
+  std::vector<ItemResult> items;
+  double compute_ms = 0;  // time the worker spent computing (the rest of a step's wall time is messaging)
+};
+template <class Inspector> typename Inspector::result_type inspect(Inspector& f, StepResult& x) {
+  return f(caf::meta::type_name("step_result"), x.items, x.compute_ms);
+}
+
+// What the target worker reports once its model is loaded.
+struct TargetInfo {
+  model::ModelInfo info;
+  std::shared_ptr<const model::Tokenizer> tokenizer;  // null with --skip-tokenizer-init
+  std::int64_t kv_capacity_tokens = 0;
+  std::int64_t page_size = 0;
+};
+
+// The draft worker's input: each request's whole token sequence (shared, immutable) and how many
+// tokens it may propose.
+struct ProposeItem {
+  std::uint64_t req = 0;
+  std::shared_ptr<const std::vector<std::int32_t>> context;
+  std::int32_t max_tokens = 0;
+};
+struct ProposeBatch {
+  std::vector<ProposeItem> items;
+};
+struct Proposals {
+  std::vector<std::vector<std::int32_t>> chains;  // one chain per item, possibly empty
+  double compute_ms = 0;
+};
+template <class Inspector> typename Inspector::result_type inspect(Inspector& f, Proposals& x) {
+  return f(caf::meta::type_name("proposals"), x.chains, x.compute_ms);
+}
+
+template <class Inspector> typename Inspector::result_type inspect(Inspector& f, SnapshotReport& x) {
+  return f(caf::meta::type_name("snapshot_report"), x.resolved_target, x.target_worker, x.derived_draft,
+           x.draft_worker);
+}
+
+// A submission: the request and where its tokens go (host callbacks never leave the process).
+struct Submission {
+  std::uint64_t id = 0;
+  std::vector<std::int32_t> prompt;
+  GenerationRequest request;
+  std::function<void(const TokenEvent&)> on_token;
+};
+
+}  // namespace specactor::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(specactor::actors::TargetInfo)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(specactor::actors::ProposeBatch)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const specactor::actors::Submission>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(specactor::actors::EngineMetrics)

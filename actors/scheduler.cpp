@@ -1,0 +1,522 @@
+// actors/scheduler.cpp — the scheduling loop. One step at a time: admit, build a batch (prefill
+// chunks + decode items), ask the draft worker for proposals when there is one, run the target
+// step, stream the accepted tokens, retire finished requests, repeat while there is work.
+#include "actors/scheduler.hpp"
+
+#include <chrono>
+#include <deque>
+#include <optional>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/draft_worker.hpp"
+#include "actors/target_worker.hpp"
+
+namespace specactor::actors {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+struct Req {
+  std::shared_ptr<const Submission> sub;
+  std::vector<std::int32_t> seq;  // prompt + emitted tokens
+  std::size_t prompt_len = 0;
+  std::size_t prefilled = 0;      // prompt tokens in the target's KV
+  std::size_t chunk = 0;          // prompt tokens in the step in flight
+  std::int64_t max_new = 0;
+  std::int64_t reserved_pages = 0;
+  std::uint64_t seed = 0;
+  std::vector<std::int32_t> generated;
+  std::unique_ptr<model::StreamDecoder> decoder;
+  std::string held;  // text held back: it may be the start of a stop string
+  bool cancelled = false;
+  bool in_step = false;
+  Clock::time_point submitted, first_token;
+  RequestMetrics m;
+  bool decoding() const { return prefilled == prompt_len && !generated.empty(); }
+};
+
+}  // namespace
+
+struct SchedulerState {
+  config::Snapshot target_snapshot;
+  config::Snapshot draft_snapshot;  // derived once the target model is loaded (null for NONE)
+  target_worker_actor target;
+  draft_worker_actor draft;
+  std::optional<TargetInfo> info;
+  std::string target_error;
+  std::vector<caf::typed_response_promise<TargetInfo>> ready_waiters;
+  std::deque<std::unique_ptr<Req>> queue;
+  std::vector<std::unique_ptr<Req>> running;
+  bool busy = false;
+  std::int64_t free_pages = 0, total_pages = 0;
+  EngineMetrics metrics;
+  static inline const char* name = "scheduler";
+};
+
+namespace {
+
+using Self = scheduler_actor::stateful_pointer<SchedulerState>;
+
+void notify(Req& r, TokenEvent ev) {
+  ev.id = r.sub->id;
+  if (!r.sub->on_token) return;
+  try {
+    r.sub->on_token(ev);
+  } catch (const std::exception& e) {
+    spdlog::warn("request {}: the token callback threw: {}", r.sub->id, e.what());
+  }
+}
+
+RequestMetrics finish_metrics(Req& r) {
+  RequestMetrics m = r.m;
+  m.prompt_tokens = static_cast<std::int64_t>(r.prompt_len);
+  m.generated_tokens = static_cast<std::int64_t>(r.generated.size());
+  const auto now = Clock::now();
+  if (!r.generated.empty()) {
+    m.time_to_first_token_ms = ms_between(r.submitted, r.first_token);
+    const double decode_ms = ms_between(r.first_token, now);
+    m.decode_tokens_per_s = r.generated.size() > 1 && decode_ms > 0 ? (r.generated.size() - 1) / (decode_ms / 1000.0) : 0.0;
+  }
+  m.mean_accepted_length = m.steps > 0 ? static_cast<double>(m.accepted + m.steps) / static_cast<double>(m.steps) : 0.0;
+  return m;
+}
+
+// Ends a request: final event, KV released in both workers, budget returned.
+void retire(Self self, Req& r, const std::string& reason, const std::string& error = {}) {
+  auto& st = self->state;
+  TokenEvent ev;
+  if (r.decoder) ev.text = r.held + r.decoder->finish();  // after a stop string nothing is held
+  r.held.clear();
+  ev.finished = true;
+  ev.finish_reason = reason;
+  ev.error = error;
+  ev.metrics = finish_metrics(r);
+  notify(r, std::move(ev));
+  if (st.target) self->send(st.target, release_atom::value, r.sub->id);
+  if (st.draft) self->send(st.draft, release_atom::value, r.sub->id);
+  st.free_pages += r.reserved_pages;
+  if (reason == "error") ++st.metrics.requests_failed;
+  else if (reason == "cancelled") ++st.metrics.requests_cancelled;
+  else ++st.metrics.requests_finished;
+}
+
+// Appends accepted tokens to a request, streams them, and checks the stop conditions.
+// Returns the finish reason ("" while the request goes on).
+std::string emit(Self self, Req& r, const std::vector<std::int32_t>& tokens) {
+  const auto& tok = self->state.info->tokenizer;
+  const GenerationRequest& g = r.sub->request;
+  TokenEvent ev;
+  std::string reason;
+  for (std::int32_t t : tokens) {
+    if (!g.ignore_eos && tok && tok->is_end_of_generation(t)) {
+      reason = "stop";
+      break;
+    }
+    if (r.generated.empty()) r.first_token = Clock::now();
+    r.generated.push_back(t);
+    r.seq.push_back(t);
+    ev.tokens.push_back(t);
+    if (r.decoder) {
+      r.held += r.decoder->push(t);
+      // A stop string ends the request; its text is not part of the output.
+      std::size_t cut = std::string::npos;
+      for (const auto& s : g.stop)
+        if (!s.empty()) cut = std::min(cut, r.held.find(s));
+      if (cut != std::string::npos) {
+        ev.text += r.held.substr(0, cut);
+        r.held.clear();
+        reason = "stop";
+        break;
+      }
+      // Hold back the longest tail that could still become a stop string.
+      std::size_t keep = 0;
+      for (const auto& s : g.stop)
+        for (std::size_t len = std::min(s.size() - 1, r.held.size()); len > keep; --len)
+          if (r.held.compare(r.held.size() - len, len, s, 0, len) == 0) {
+            keep = len;
+            break;
+          }
+      ev.text += r.held.substr(0, r.held.size() - keep);
+      r.held.erase(0, r.held.size() - keep);
+    }
+    ++self->state.metrics.generated_tokens;
+    if (static_cast<std::int64_t>(r.generated.size()) >= r.max_new) {
+      reason = "length";
+      break;
+    }
+  }
+  if (!ev.tokens.empty() || !ev.text.empty()) notify(r, std::move(ev));
+  return reason;
+}
+
+void tick(Self self);
+
+void fail_everything(Self self, const std::string& error) {
+  auto& st = self->state;
+  for (auto& r : st.running) retire(self, *r, "error", error);
+  st.running.clear();
+  for (auto& r : st.queue) retire(self, *r, "error", error);
+  st.queue.clear();
+  st.busy = false;
+}
+
+std::int64_t draft_tokens(const SchedulerState& st) {
+  return st.draft_snapshot ? st.draft_snapshot->speculative_num_draft_tokens.value_or(1) : 1;
+}
+
+// Moves queued requests into the batch while the KV budget and max_running_requests allow.
+void admit(Self self) {
+  auto& st = self->state;
+  while (!st.queue.empty() &&
+         static_cast<std::int64_t>(st.running.size()) < st.target_snapshot->max_running_requests) {
+    Req& r = *st.queue.front();
+    if (r.reserved_pages > st.free_pages) break;  // wait for pages (FIFO: no request is overtaken)
+    st.free_pages -= r.reserved_pages;
+    st.running.push_back(std::move(st.queue.front()));
+    st.queue.pop_front();
+  }
+}
+
+void on_step_result(Self self, StepResult& res, Clock::time_point sent) {
+  auto& st = self->state;
+  st.metrics.step_wall_ms += ms_between(sent, Clock::now());
+  st.metrics.step_compute_ms += res.compute_ms;
+  ++st.metrics.steps;
+  for (auto& item : res.items) {
+    auto it = std::find_if(st.running.begin(), st.running.end(), [&](auto& r) { return r->sub->id == item.req; });
+    if (it == st.running.end()) continue;
+    Req& r = **it;
+    r.in_step = false;
+    std::string reason;
+    if (r.prefilled < r.prompt_len) {
+      r.prefilled += r.chunk;
+      r.chunk = 0;
+      if (!item.tokens.empty()) reason = emit(self, r, item.tokens);
+    } else {
+      ++r.m.steps;
+      ++st.metrics.decode_steps;
+      r.m.drafted += item.drafted;
+      r.m.accepted += item.accepted;
+      st.metrics.drafted += item.drafted;
+      st.metrics.accepted += item.accepted;
+      reason = emit(self, r, item.tokens);
+      if (st.draft) self->send(st.draft, catchup_atom::value, r.sub->id, item.tokens);
+    }
+    if (r.cancelled) reason = "cancelled";
+    if (!reason.empty()) {
+      retire(self, r, reason);
+      st.running.erase(it);
+    }
+  }
+  st.busy = false;
+  tick(self);
+}
+
+void run_step(Self self, StepBatch batch) {
+  const auto sent = Clock::now();
+  self->request(self->state.target, caf::infinite, step_atom::value, std::move(batch))
+      .then([self, sent](StepResult& res) { on_step_result(self, res, sent); },
+            [self](caf::error& err) {
+              const std::string msg = "target step failed: " + self->system().render(err);
+              spdlog::error("{}", msg);
+              auto& st = self->state;
+              // The step's requests cannot continue; the others can.
+              for (auto it = st.running.begin(); it != st.running.end();) {
+                if ((*it)->in_step) {
+                  retire(self, **it, "error", msg);
+                  it = st.running.erase(it);
+                } else {
+                  ++it;
+                }
+              }
+              st.busy = false;
+              tick(self);
+            });
+}
+
+void tick(Self self) {
+  auto& st = self->state;
+  if (st.busy || !st.info || !st.target_error.empty()) return;
+  // Drop cancelled requests between steps.
+  for (auto it = st.running.begin(); it != st.running.end();) {
+    if ((*it)->cancelled) {
+      retire(self, **it, "cancelled");
+      it = st.running.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  admit(self);
+  if (st.running.empty()) {
+    st.metrics.running = 0;
+    st.metrics.queued = static_cast<std::int64_t>(st.queue.size());
+    return;
+  }
+  StepBatch batch;
+  std::vector<Req*> decoding;
+  std::int64_t prefill_budget = st.target_snapshot->chunked_prefill_size;
+  const std::int64_t ctx = *st.target_snapshot->context_length;
+  for (auto& rp : st.running) {
+    Req& r = *rp;
+    StepItem item;
+    item.req = r.sub->id;
+    item.params = r.sub->request.sampling;
+    item.seed = r.seed;
+    if (r.prefilled < r.prompt_len) {
+      if (prefill_budget <= 0) continue;
+      const auto n = static_cast<std::size_t>(std::min<std::int64_t>(prefill_budget, static_cast<std::int64_t>(r.prompt_len - r.prefilled)));
+      item.prefill = true;
+      item.tokens.assign(r.seq.begin() + static_cast<long>(r.prefilled), r.seq.begin() + static_cast<long>(r.prefilled + n));
+      item.sample = r.prefilled + n == r.prompt_len;
+      r.chunk = n;
+      prefill_budget -= static_cast<std::int64_t>(n);
+    } else {
+      item.tokens = {r.seq.back()};
+      item.sample = true;
+      decoding.push_back(&r);
+    }
+    r.in_step = true;
+    batch.items.push_back(std::move(item));
+  }
+  st.metrics.running = static_cast<std::int64_t>(st.running.size());
+  st.metrics.queued = static_cast<std::int64_t>(st.queue.size());
+  if (batch.items.empty()) return;
+  st.busy = true;
+
+  const bool speculative = st.draft_snapshot != nullptr;
+  if (!speculative || decoding.empty()) {
+    run_step(self, std::move(batch));
+    return;
+  }
+  if (!st.draft) {  // the drafter is gone: plain decoding, counted
+    st.metrics.fallback_steps += static_cast<std::int64_t>(decoding.size());
+    for (Req* r : decoding) ++r->m.fallbacks;
+    run_step(self, std::move(batch));
+    return;
+  }
+  ProposeBatch pb;
+  std::vector<std::int32_t> limits;
+  for (Req* r : decoding) {
+    const std::int64_t remaining = r->max_new - static_cast<std::int64_t>(r->generated.size());
+    const std::int64_t room = ctx - static_cast<std::int64_t>(r->seq.size());
+    const auto k = static_cast<std::int32_t>(std::max<std::int64_t>(0, std::min({draft_tokens(st) - 1, remaining - 1, room})));
+    limits.push_back(k);
+    pb.items.push_back({r->sub->id, std::make_shared<const std::vector<std::int32_t>>(r->seq), k});
+  }
+  const auto sent = Clock::now();
+  self->request(st.draft, caf::infinite, propose_atom::value, std::move(pb))
+      .then(
+          [self, batch, decoding, limits, sent](Proposals& p) mutable {
+            self->state.metrics.draft_ms += ms_between(sent, Clock::now());
+            for (std::size_t i = 0; i < decoding.size() && i < p.chains.size(); ++i) {
+              auto& chain = p.chains[i];
+              if (static_cast<std::int32_t>(chain.size()) > limits[i]) chain.resize(static_cast<std::size_t>(limits[i]));
+              for (auto& item : batch.items)
+                if (item.req == decoding[i]->sub->id) item.tokens.insert(item.tokens.end(), chain.begin(), chain.end());
+            }
+            run_step(self, std::move(batch));
+          },
+          [self, batch, decoding](caf::error& err) mutable {
+            // The draft worker failed mid-step: this step runs without drafts.
+            spdlog::warn("draft proposal failed ({}); decoding without drafts", self->system().render(err));
+            self->state.metrics.fallback_steps += static_cast<std::int64_t>(decoding.size());
+            for (Req* r : decoding) ++r->m.fallbacks;
+            run_step(self, std::move(batch));
+          });
+}
+
+void spawn_draft(Self self) {
+  auto& st = self->state;
+  if (!st.draft_snapshot || !st.info) return;
+  DrafterFactory factory;
+  try {
+    factory = find_drafter(st.draft_snapshot);
+  } catch (const std::exception& e) {
+    spdlog::error("{}; decoding without a drafter", e.what());
+    ++st.metrics.draft_failures;
+    return;
+  }
+  // The factory and the worker get the very snapshot object derived above.
+  st.draft = self->spawn<caf::detached + caf::monitored>(draft_worker, st.draft_snapshot, std::move(factory),
+                                                         DraftContext{st.info->info, st.info->tokenizer});
+  st.metrics.draft_alive = true;
+}
+
+void on_target_ready(Self self, TargetInfo& info) {
+  auto& st = self->state;
+  st.info = info;
+  st.total_pages = st.free_pages = info.kv_capacity_tokens / info.page_size;
+  if (st.target_snapshot->speculative_algorithm != config::SpecAlgorithm::None) {
+    // Derived once, from the resolved target snapshot and the model the worker actually loaded.
+    st.draft_snapshot = config::derive_draft(st.target_snapshot, info.info.facts());
+    spawn_draft(self);
+  }
+  st.metrics.algorithm = std::string(config::to_string(st.target_snapshot->speculative_algorithm));
+  for (auto& rp : st.ready_waiters) rp.deliver(info);
+  st.ready_waiters.clear();
+  tick(self);
+}
+
+scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<SchedulerState> self,
+                                         config::Snapshot target) {
+  auto& st = self->state;
+  st.target_snapshot = std::move(target);
+  st.target = self->spawn<caf::detached + caf::monitored>(target_worker, st.target_snapshot);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& s = self->state;
+    if (s.draft && dm.source == caf::actor_cast<caf::actor_addr>(s.draft)) {
+      spdlog::warn("draft worker went down ({}); running requests continue without drafts",
+                   self->system().render(dm.reason));
+      s.draft = nullptr;
+      ++s.metrics.draft_failures;
+      s.metrics.draft_alive = false;
+      return;
+    }
+    if (s.target && dm.source == caf::actor_cast<caf::actor_addr>(s.target)) {
+      s.target = nullptr;
+      if (dm.reason == caf::exit_reason::user_shutdown || dm.reason == caf::exit_reason::normal) return;
+      s.target_error = "target worker failed: " + self->system().render(dm.reason);
+      s.metrics.target_error = s.target_error;
+      spdlog::error("{}", s.target_error);
+      fail_everything(self, s.target_error);
+      for (auto& rp : s.ready_waiters) rp.deliver(caf::make_error(caf::sec::runtime_error, s.target_error));
+      s.ready_waiters.clear();
+    }
+  });
+  self->set_exit_handler([self](caf::exit_msg& msg) {
+    auto& s = self->state;
+    fail_everything(self, "the engine shut down");
+    if (s.draft) self->send_exit(s.draft, msg.reason);
+    if (s.target) self->send_exit(s.target, msg.reason);
+    self->quit(msg.reason);
+  });
+  self->request(st.target, caf::infinite, info_atom::value)
+      .then([self](TargetInfo& info) { on_target_ready(self, info); },
+            [self](caf::error& err) {
+              auto& s = self->state;
+              s.target_error = self->system().render(err);
+              s.metrics.target_error = s.target_error;
+              fail_everything(self, s.target_error);
+              for (auto& rp : s.ready_waiters) rp.deliver(err);
+              s.ready_waiters.clear();
+            });
+
+  return {
+      [self](ready_atom) -> caf::result<TargetInfo> {
+        auto& s = self->state;
+        if (s.info) return *s.info;
+        if (!s.target_error.empty()) return caf::make_error(caf::sec::runtime_error, s.target_error);
+        auto rp = self->make_response_promise<TargetInfo>();
+        s.ready_waiters.push_back(rp);
+        return rp;
+      },
+      [self](submit_atom, std::shared_ptr<const Submission>& sub) {
+        auto& s = self->state;
+        ++s.metrics.requests_submitted;
+        auto r = std::make_unique<Req>();
+        r->sub = sub;
+        r->seq = sub->prompt;
+        r->prompt_len = sub->prompt.size();
+        r->submitted = Clock::now();
+        r->seed = sub->request.seed.value_or(static_cast<std::uint64_t>(s.target_snapshot->random_seed));
+        if (s.info && s.info->tokenizer) r->decoder = std::make_unique<model::StreamDecoder>(*s.info->tokenizer);
+        const std::int64_t ctx = *s.target_snapshot->context_length;
+        std::string error;
+        if (!s.target_error.empty()) error = s.target_error;
+        else if (r->prompt_len == 0) error = "the prompt is empty";
+        else if (static_cast<std::int64_t>(r->prompt_len) >= ctx)
+          error = "the prompt has " + std::to_string(r->prompt_len) + " tokens; the context length is " +
+                  std::to_string(ctx);
+        else if (sub->request.max_new_tokens < 1)
+          error = "max_new_tokens must be >= 1 (got " + std::to_string(sub->request.max_new_tokens) + ")";
+        if (error.empty()) {
+          r->max_new = std::min<std::int64_t>(sub->request.max_new_tokens, ctx - static_cast<std::int64_t>(r->prompt_len));
+          const std::int64_t page = s.target_snapshot->page_size;
+          const std::int64_t need = static_cast<std::int64_t>(r->prompt_len) + r->max_new + draft_tokens(s);
+          r->reserved_pages = (need + page - 1) / page;
+          if (s.info && r->reserved_pages > s.total_pages)
+            error = "the request needs " + std::to_string(need) + " tokens of KV cache but the cache holds " +
+                    std::to_string(s.total_pages * page) + " (--max-total-tokens)";
+        }
+        if (!error.empty()) {
+          r->reserved_pages = 0;
+          retire(self, *r, "error", error);
+          return;
+        }
+        s.queue.push_back(std::move(r));
+        tick(self);
+      },
+      [self](cancel_atom, std::uint64_t id) {
+        auto& s = self->state;
+        for (auto it = s.queue.begin(); it != s.queue.end(); ++it)
+          if ((*it)->sub->id == id) {
+            auto r = std::move(*it);
+            s.queue.erase(it);
+            r->reserved_pages = 0;  // never admitted
+            retire(self, *r, "cancelled");
+            return;
+          }
+        for (auto& r : s.running)
+          if (r->sub->id == id) r->cancelled = true;
+        tick(self);
+      },
+      [self](metrics_atom) -> EngineMetrics {
+        auto& s = self->state;
+        EngineMetrics m = s.metrics;
+        m.running = static_cast<std::int64_t>(s.running.size());
+        m.queued = static_cast<std::int64_t>(s.queue.size());
+        m.mean_accepted_length = m.decode_steps > 0 ? static_cast<double>(m.accepted + m.decode_steps) / m.decode_steps : 0.0;
+        m.acceptance_rate = m.drafted > 0 ? static_cast<double>(m.accepted) / m.drafted : 0.0;
+        m.draft_alive = static_cast<bool>(s.draft);
+        return m;
+      },
+      [self](snapshot_atom) -> caf::result<SnapshotReport> {
+        auto& s = self->state;
+        auto rp = self->make_response_promise<SnapshotReport>();
+        SnapshotReport base{s.target_snapshot, nullptr, s.draft_snapshot, nullptr};
+        if (!s.target) {
+          rp.deliver(base);
+          return rp;
+        }
+        self->request(s.target, std::chrono::seconds(30), snapshot_atom::value)
+            .then(
+                [self, rp, base](config::Snapshot& t) mutable {
+                  base.target_worker = t;
+                  auto& s2 = self->state;
+                  if (!s2.draft) {
+                    rp.deliver(base);
+                    return;
+                  }
+                  self->request(s2.draft, std::chrono::seconds(30), snapshot_atom::value)
+                      .then([rp, base](config::Snapshot& d) mutable {
+                              base.draft_worker = d;
+                              rp.deliver(base);
+                            },
+                            [rp, base](caf::error&) mutable { rp.deliver(base); });
+                },
+                [rp](caf::error& e) mutable { rp.deliver(e); });
+        return rp;
+      },
+      [self](reconf_atom, config::Snapshot& snap) {
+        auto& s = self->state;
+        s.draft_snapshot = snap;
+        if (s.draft) self->send(s.draft, reconf_atom::value, snap);
+      },
+      [self](restart_atom) {
+        if (!self->state.draft) spawn_draft(self);
+      },
+      [self](tick_atom) { tick(self); },
+  };
+}
+
+}  // namespace
+
+scheduler_actor spawn_scheduler(caf::actor_system& system, config::Snapshot target) {
+  return system.spawn(scheduler, std::move(target));
+}
+
+}  // namespace specactor::actors
