@@ -10,6 +10,7 @@ namespace specactor::actors {
 draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_pointer<DraftWorkerState> self,
                                                config::Snapshot snapshot, DrafterFactory factory,
                                                DraftContext context) {
+  self->set_exception_handler(exit_with_message);
   self->state.snapshot = std::move(snapshot);
   // A factory that throws (a bad head file, ...) ends this actor; the scheduler sees it go down and
   // continues without drafts.

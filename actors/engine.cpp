@@ -118,6 +118,11 @@ std::uint64_t Engine::submit(GenerationRequest request, std::function<void(const
   auto sub = std::make_shared<Submission>();
   sub->id = impl_->next_id++;
   sub->prompt = tokenize(request);
+  const std::int64_t vocab = impl_->info.info.vocab_size;
+  for (std::size_t i = 0; i < sub->prompt.size(); ++i)
+    if (sub->prompt[i] < 0 || sub->prompt[i] >= vocab)
+      throw config::ConfigError("prompt_ids[" + std::to_string(i) + "] = " + std::to_string(sub->prompt[i]) +
+                                " is outside the vocabulary (" + std::to_string(vocab) + " tokens)");
   sub->request = std::move(request);
   sub->on_token = std::move(on_token);
   const std::uint64_t id = sub->id;

@@ -39,7 +39,8 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Queues a request; `on_token` receives each step's accepted tokens and a final event.
+  // Queues a request; `on_token` receives each step's accepted tokens and a final event. Throws
+  // config::ConfigError for prompt ids outside the vocabulary.
   std::uint64_t submit(GenerationRequest request, std::function<void(const TokenEvent&)> on_token);
   // Submits and waits for the whole result.
   GenerationResult generate(GenerationRequest request);

@@ -11,6 +11,8 @@
 
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
+#include <caf/error.hpp>
+#include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
 
 #include "actors/engine_types.hpp"
@@ -40,6 +42,10 @@ using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using ready_atom = caf::atom_constant<caf::atom("ready")>;
 using restart_atom = caf::atom_constant<caf::atom("restart")>;
+
+// Exception handler for the workers: the actor exits with the exception's text as its reason, so
+// whoever monitors it can say what went wrong.
+caf::error exit_with_message(caf::scheduled_actor*, std::exception_ptr& eptr);
 
 // One request's share of a target step.
 struct StepItem {

@@ -9,10 +9,12 @@
 namespace specactor::actors {
 
 // Scheduler threads for the cooperative actors: CAF starts 4 by default even on 2 cores; the
-// compute actors are detached (own threads), so the cooperative pool needs only a few.
+// compute actors are detached (own threads), so the cooperative pool needs only a few: half the
+// cores, 1 to 4.
 std::size_t scheduler_threads(unsigned hardware_threads);
 
-// Sets the scheduler thread count on a CAF config before the actor_system is built.
+// Sets the scheduler thread count and the blocking "sharing" policy on a CAF config before the
+// actor_system is built.
 void configure_actor_system(caf::actor_system_config& cfg);
 
 }  // namespace specactor::actors

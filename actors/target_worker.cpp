@@ -53,6 +53,7 @@ ItemResult verify_chain(const StepItem& item, const float* logits, std::int64_t 
 
 target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_pointer<TargetWorkerState> self,
                                                  config::Snapshot snapshot) {
+  self->set_exception_handler(exit_with_message);
   auto& st = self->state;
   st.snapshot = std::move(snapshot);
   try {

@@ -277,22 +277,41 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (prompt_tokens + decode_tokens > *s.context_length)
     throw sc::ConfigError("--prompt-tokens + --decode-tokens (" + std::to_string(prompt_tokens + decode_tokens) +
                           ") exceed the context length " + std::to_string(*s.context_length));
-  const sm::LoadedModel m = sm::load_model(s, sm::terminal_progress("loading " + r.info.name));
-  if (s.threads > 0) omp_set_num_threads(static_cast<int>(s.threads));
-
-  spdlog::info("measuring the machine: memory bandwidth and peak FMA throughput");
-  const auto bw = specactor::kernels::measure_memory_bandwidth();
-  const double peak_gflops = specactor::kernels::measure_peak_gflops();
-
+  // 1) Through the actor engine (scheduler -> target worker messages per step). It runs first: this
+  //    thread must not own an OpenMP pool meanwhile (libgomp stops spinning when more pool threads
+  //    exist than cores, which would slow the engine's forward passes down).
+  auto engine = sa::Engine::create(sc::parse_server_args(rest));
   // A prompt of exactly prompt_tokens ids: a fixed text, repeated.
   const std::string text =
       "Speculative decoding lets a small draft propose several tokens that the large target model then verifies in "
       "one forward pass, so that every accepted token costs a fraction of a full decoding step. ";
   std::vector<std::int32_t> prompt;
-  const auto piece = m.tokenizer ? m.tokenizer->encode(text) : std::vector<std::int32_t>{1, 2, 3};
+  const auto piece = engine->tokenizer() ? engine->tokenizer()->encode(text) : std::vector<std::int32_t>{1, 2, 3};
   while (static_cast<std::int64_t>(prompt.size()) < prompt_tokens) prompt.insert(prompt.end(), piece.begin(), piece.end());
   prompt.resize(static_cast<std::size_t>(prompt_tokens));
+  sa::GenerationRequest req;
+  req.prompt_ids = prompt;
+  req.max_new_tokens = decode_tokens + 1;  // the first token comes from the prefill
+  req.ignore_eos = true;
+  engine->generate(req);  // warm-up
+  const sa::EngineMetrics before = engine->metrics();
+  double decode_tps = 0;
+  for (std::int64_t i = 0; i < repeats; ++i) decode_tps = std::max(decode_tps, engine->generate(req).metrics.decode_tokens_per_s);
+  const sa::EngineMetrics after = engine->metrics();
+  engine->shutdown();
+  const double step_wall = after.step_wall_ms - before.step_wall_ms;
+  const double step_compute = after.step_compute_ms - before.step_compute_ms;
+  const double steps = static_cast<double>(after.steps - before.steps);
+  const double overhead_pct = step_wall > 0 ? 100.0 * (step_wall - step_compute) / step_wall : 0.0;
+  const double overhead_us = steps > 0 ? 1000.0 * (step_wall - step_compute) / steps : 0.0;
 
+  spdlog::info("measuring the machine: memory bandwidth and peak FMA throughput");
+  const auto bw = specactor::kernels::measure_memory_bandwidth();
+  const double peak_gflops = specactor::kernels::measure_peak_gflops();
+
+  // 2) The model alone, no actors, after the engine has stopped: the kernel-level reference.
+  const sm::LoadedModel m = sm::load_model(s);
+  if (s.threads > 0) omp_set_num_threads(static_cast<int>(s.threads));
   sm::KvCache kv(m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, s.page_size,
                  (prompt_tokens + decode_tokens + s.page_size) / s.page_size * s.page_size + s.page_size);
   sm::LlamaRunner runner(m.weights, static_cast<int>(s.threads));
@@ -304,7 +323,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
     best_decode = std::min(best_decode, d);
   }
   const double prefill_tps = prompt_tokens / best_prefill;
-  const double decode_tps = decode_tokens / best_decode;
+  const double direct_decode_tps = decode_tokens / best_decode;
+
 
   // Per decode step: every weight once, plus the KV cache read at the mean context of the run.
   std::uint64_t macs = 0;
@@ -332,6 +352,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
               {"prefill_tokens_per_s", prefill_tps},
               {"decode_tokens", decode_tokens},
               {"decode_tokens_per_s", decode_tps},
+              {"decode_tokens_per_s_without_actors", direct_decode_tps},
+              {"actor_overhead_percent_of_step", overhead_pct},
+              {"actor_overhead_us_per_step", overhead_us},
               {"bytes_per_decode_token", bytes_per_token},
               {"bandwidth_ceiling_tokens_per_s", ceiling_tps},
               {"fraction_of_bandwidth_ceiling", decode_tps / ceiling_tps},
@@ -347,8 +370,12 @@ int cmd_bench(const std::vector<std::string>& argv) {
                            bw.read_gbps, bw.copy_gbps, bw.bytes >> 20, peak_gflops);
   std::cout << fmt::format("prefill:  {} tokens in {:.3f} s = {:.1f} tok/s (best of {})\n", prompt_tokens, best_prefill,
                            prefill_tps, repeats);
-  std::cout << fmt::format("decode:   batch 1, {} tokens in {:.3f} s = {:.1f} tok/s (best of {})\n", decode_tokens,
-                           best_decode, decode_tps, repeats);
+  std::cout << fmt::format("decode:   batch 1, {} tokens: {:.1f} tok/s through the actor engine, {:.1f} tok/s calling the "
+                           "model directly (best of {})\n",
+                           decode_tokens, decode_tps, direct_decode_tps, repeats);
+  std::cout << fmt::format("actors:   {:.1f} us per step outside the target's compute = {:.2f}% of the step "
+                           "(messages, copies, scheduling)\n",
+                           overhead_us, overhead_pct);
   std::cout << fmt::format("          {:.1f} MB read per token (weights + KV) -> bandwidth ceiling {:.1f} tok/s; "
                            "reached {:.1f}% ({:.1f} GB/s)\n",
                            bytes_per_token / 1e6, ceiling_tps, 100.0 * decode_tps / ceiling_tps, achieved_gbps);
