@@ -19,9 +19,11 @@ draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_poin
       [self](propose_atom, ProposeBatch& batch) -> Proposals {
         const auto t0 = std::chrono::steady_clock::now();
         Proposals out;
-        out.chains.reserve(batch.items.size());
-        for (const auto& it : batch.items)
-          out.chains.push_back(self->state.drafter->propose(it.req, *it.context, it.max_tokens));
+        for (const auto& it : batch.items) {
+          DraftTree t = self->state.drafter->propose(it.req, *it.context, it.max_nodes, it.max_depth);
+          out.tokens.push_back(std::move(t.tokens));
+          out.parents.push_back(std::move(t.parents));
+        }
         out.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         return out;
       },

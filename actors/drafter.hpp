@@ -21,12 +21,21 @@ struct DraftContext {
   std::shared_ptr<const model::Tokenizer> tokenizer;
 };
 
+// A proposal: draft tokens and, for each, its parent (-1 = the root, i.e. the last token of the
+// context; else the index of an earlier draft token). A chain is parents = [-1, 0, 1, ...].
+struct DraftTree {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::int32_t> parents;
+  static DraftTree chain(std::vector<std::int32_t> tokens);
+};
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
-  // Up to max_tokens tokens that might follow `context` (the request's whole sequence so far).
-  virtual std::vector<std::int32_t> propose(std::uint64_t req, const std::vector<std::int32_t>& context,
-                                            std::int32_t max_tokens) = 0;
+  // At most max_nodes draft tokens, at most max_depth deep, that might follow `context` (the
+  // request's whole sequence so far; its last token is the root).
+  virtual DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& context, std::int32_t max_nodes,
+                            std::int32_t max_depth) = 0;
   // The target accepted `tokens` (drafts and bonus) for req; stateful drafters extend their state.
   virtual void catch_up(std::uint64_t req, const std::vector<std::int32_t>& tokens) { (void)req, (void)tokens; }
   virtual void release(std::uint64_t req) { (void)req; }

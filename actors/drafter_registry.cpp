@@ -23,6 +23,14 @@ Registry& registry() {
 
 }  // namespace
 
+DraftTree DraftTree::chain(std::vector<std::int32_t> tokens) {
+  DraftTree t;
+  t.parents.resize(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) t.parents[i] = static_cast<std::int32_t>(i) - 1;
+  t.tokens = std::move(tokens);
+  return t;
+}
+
 void register_drafter(const std::string& algorithm, DrafterFactory factory) {
   Registry& r = registry();
   std::lock_guard lock(r.mu);

@@ -51,13 +51,14 @@ caf::error exit_with_message(caf::scheduled_actor*, std::exception_ptr& eptr);
 struct StepItem {
   std::uint64_t req = 0;
   std::vector<std::int32_t> tokens;  // a prefill chunk, or [root, draft_1 .. draft_k] when decoding
+  std::vector<std::int32_t> parents; // per draft: -1 (the root) or the index of an earlier draft; empty = chain
   bool prefill = false;              // tokens are prompt tokens (else [root, drafts...])
   bool sample = false;               // produce tokens: the last prefill chunk, or a decode/verify step
   kernels::SamplingParams params;
   std::uint64_t seed = 0;            // used when the worker first sees the request
 };
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
-  return f(caf::meta::type_name("step_item"), x.req, x.tokens, x.prefill, x.sample, x.params, x.seed);
+  return f(caf::meta::type_name("step_item"), x.req, x.tokens, x.parents, x.prefill, x.sample, x.params, x.seed);
 }
 
 struct StepBatch {
@@ -73,6 +74,7 @@ struct ItemResult {
   std::int32_t accepted = 0;         // how many of the drafts were accepted
   std::int32_t drafted = 0;          // how many drafts were verified
 };
+
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, ItemResult& x) {
   return f(caf::meta::type_name("item_result"), x.req, x.tokens, x.accepted, x.drafted);
 }
@@ -98,17 +100,19 @@ struct TargetInfo {
 struct ProposeItem {
   std::uint64_t req = 0;
   std::shared_ptr<const std::vector<std::int32_t>> context;
-  std::int32_t max_tokens = 0;
+  std::int32_t max_nodes = 0;  // draft tokens (tree nodes without the root)
+  std::int32_t max_depth = 0;
 };
 struct ProposeBatch {
   std::vector<ProposeItem> items;
 };
 struct Proposals {
-  std::vector<std::vector<std::int32_t>> chains;  // one chain per item, possibly empty
+  std::vector<std::vector<std::int32_t>> tokens;   // per item: draft tokens (possibly none)
+  std::vector<std::vector<std::int32_t>> parents;  // per item: their parents (see DraftTree)
   double compute_ms = 0;
 };
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, Proposals& x) {
-  return f(caf::meta::type_name("proposals"), x.chains, x.compute_ms);
+  return f(caf::meta::type_name("proposals"), x.tokens, x.parents, x.compute_ms);
 }
 
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, SnapshotReport& x) {

@@ -299,24 +299,41 @@ void tick(Self self) {
     return;
   }
   ProposeBatch pb;
-  std::vector<std::int32_t> limits;
+  std::vector<std::int32_t> limits;  // max depth per request: what may still be emitted and fit the context
+  const auto steps = static_cast<std::int32_t>(st.draft_snapshot->speculative_num_steps.value_or(1));
   for (Req* r : decoding) {
     const std::int64_t remaining = r->max_new - static_cast<std::int64_t>(r->generated.size());
     const std::int64_t room = ctx - static_cast<std::int64_t>(r->seq.size());
-    const auto k = static_cast<std::int32_t>(std::max<std::int64_t>(0, std::min({draft_tokens(st) - 1, remaining - 1, room})));
-    limits.push_back(k);
-    pb.items.push_back({r->sub->id, std::make_shared<const std::vector<std::int32_t>>(r->seq), k});
+    const auto depth = static_cast<std::int32_t>(std::max<std::int64_t>(0, std::min<std::int64_t>({steps, remaining - 1, room})));
+    const auto nodes = depth == 0 ? 0 : static_cast<std::int32_t>(draft_tokens(st) - 1);
+    limits.push_back(depth);
+    pb.items.push_back({r->sub->id, std::make_shared<const std::vector<std::int32_t>>(r->seq), nodes, depth});
   }
   const auto sent = Clock::now();
   self->request(st.draft, caf::infinite, propose_atom::value, std::move(pb))
       .then(
           [self, batch, decoding, limits, sent](Proposals& p) mutable {
             self->state.metrics.draft_ms += ms_between(sent, Clock::now());
-            for (std::size_t i = 0; i < decoding.size() && i < p.chains.size(); ++i) {
-              auto& chain = p.chains[i];
-              if (static_cast<std::int32_t>(chain.size()) > limits[i]) chain.resize(static_cast<std::size_t>(limits[i]));
+            for (std::size_t i = 0; i < decoding.size() && i < p.tokens.size(); ++i) {
+              const auto& toks = p.tokens[i];
+              const auto& pars = p.parents[i];
+              // Keep only well-formed nodes within the depth limit (a drafter bug must not reach the target).
+              std::vector<std::int32_t> depth(toks.size(), 0), keep_index(toks.size(), -1);
+              std::vector<std::int32_t> kept_tokens, kept_parents;
+              for (std::size_t j = 0; j < toks.size() && j < pars.size(); ++j) {
+                const std::int32_t par = pars[j];
+                if (par >= static_cast<std::int32_t>(j) || (par >= 0 && keep_index[static_cast<std::size_t>(par)] < 0)) continue;
+                depth[j] = par < 0 ? 1 : depth[static_cast<std::size_t>(par)] + 1;
+                if (depth[j] > limits[i] || kept_tokens.size() + 1 >= 64) continue;
+                keep_index[j] = static_cast<std::int32_t>(kept_tokens.size());
+                kept_tokens.push_back(toks[j]);
+                kept_parents.push_back(par < 0 ? -1 : keep_index[static_cast<std::size_t>(par)]);
+              }
               for (auto& item : batch.items)
-                if (item.req == decoding[i]->sub->id) item.tokens.insert(item.tokens.end(), chain.begin(), chain.end());
+                if (item.req == decoding[i]->sub->id) {
+                  item.tokens.insert(item.tokens.end(), kept_tokens.begin(), kept_tokens.end());
+                  item.parents = std::move(kept_parents);
+                }
             }
             run_step(self, std::move(batch));
           },

@@ -5,6 +5,8 @@
 #include <optional>
 
 #include <caf/all.hpp>
+
+#include "kernels/spec/spec.hpp"
 #include <spdlog/spdlog.h>
 
 
@@ -13,38 +15,48 @@ namespace specactor::actors {
 
 namespace {
 
-// Verifies the chain [root, d1..dk] against the target rows (greedy, or SPEC-KERNELS §5 for a chain:
-// accept d_i iff coin <= p_i(d_i); on rejection sample from p_i without d_i; else the bonus from p_k).
-ItemResult verify_chain(const StepItem& item, const float* logits, std::int64_t vocab, kernels::Rng& rng) {
+// The draft tree of a decode item: node 0 is the root, node i+1 is draft i.
+kernels::Tree item_tree(const StepItem& it, std::int64_t seq_len) {
+  const auto n = static_cast<std::int32_t>(it.tokens.size());
+  std::vector<std::int32_t> parents = it.parents;
+  if (parents.empty())  // a chain
+    for (std::int32_t i = 0; i + 1 < n; ++i) parents.push_back(i - 1);
+  return kernels::tree_from_parents({parents}, {static_cast<std::int32_t>(seq_len)}, n);
+}
+
+// Verifies the tree against the target rows (greedy: SPEC-KERNELS §4; sampling: §5, lossless).
+// Returns the result and the accepted path (node indices, the root first).
+ItemResult verify_tree(const StepItem& it, const kernels::Tree& tree, const float* logits, std::int64_t vocab,
+                       kernels::Rng& rng, std::vector<std::int32_t>& path) {
+  const auto n = static_cast<std::int32_t>(it.tokens.size());
+  std::int32_t max_depth = 0;
+  for (std::int32_t i = 0; i < n; ++i) max_depth = std::max(max_depth, tree.positions[static_cast<std::size_t>(i)] - tree.positions[0]);
+  kernels::Verified v;
+  if (it.params.greedy()) {
+    std::vector<std::int32_t> predict(static_cast<std::size_t>(n));
+    for (std::int32_t i = 0; i < n; ++i) predict[static_cast<std::size_t>(i)] = kernels::argmax(logits + i * vocab, vocab);
+    v = kernels::verify_tree_greedy_cpu(it.tokens, tree, predict, 1, n, max_depth + 1);
+  } else {
+    std::vector<float> probs(static_cast<std::size_t>(n * vocab)), row;
+    for (std::int32_t i = 0; i < n; ++i) {
+      kernels::sampling_probs(logits + i * vocab, vocab, it.params, row);
+      std::copy(row.begin(), row.end(), probs.begin() + i * vocab);
+    }
+    std::vector<float> coins(static_cast<std::size_t>(n)), final_coin(1);
+    for (auto& c : coins) c = static_cast<float>(rng.uniform());
+    final_coin[0] = static_cast<float>(rng.uniform());
+    v = kernels::tree_speculative_sampling_target_only_cpu(it.tokens, tree, probs, vocab, coins, final_coin, 1, n,
+                                                           max_depth + 1);
+  }
   ItemResult r;
-  r.req = item.req;
-  const auto k = static_cast<std::int32_t>(item.tokens.size()) - 1;
-  r.drafted = k;
-  std::vector<float> p;
-  for (std::int32_t i = 0; i <= k; ++i) {
-    const float* row = logits + static_cast<std::int64_t>(i) * vocab;
-    if (item.params.greedy()) {
-      const std::int32_t t = kernels::argmax(row, vocab);
-      r.tokens.push_back(t);
-      if (i == k || t != item.tokens[static_cast<std::size_t>(i) + 1]) break;
-      ++r.accepted;
-      continue;
-    }
-    kernels::sampling_probs(row, vocab, item.params, p);
-    if (i < k) {
-      const std::int32_t d = item.tokens[static_cast<std::size_t>(i) + 1];
-      if (rng.uniform() <= p[static_cast<std::size_t>(d)] && p[static_cast<std::size_t>(d)] > 0.0f) {
-        r.tokens.push_back(d);
-        ++r.accepted;
-        continue;
-      }
-      p[static_cast<std::size_t>(d)] = 0.0f;
-      double sum = 0;
-      for (float v : p) sum += v;
-      for (float& v : p) v = static_cast<float>(v / sum);
-    }
-    r.tokens.push_back(kernels::sample_from_probs(p, rng.uniform()));
-    break;
+  r.req = it.req;
+  r.drafted = n - 1;
+  r.accepted = v.accept_token_num[0];
+  path.clear();
+  for (std::int32_t j = 0; j <= r.accepted; ++j) {
+    const std::int32_t node = v.accept_index[static_cast<std::size_t>(j)];
+    path.push_back(node);
+    r.tokens.push_back(v.predicts[static_cast<std::size_t>(node)]);
   }
   return r;
 }
@@ -80,6 +92,7 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
         const std::int64_t vocab = s.model->config.vocab_size;
         std::vector<model::ForwardSeq> fwd(batch.items.size());
         std::vector<std::int64_t> old_len(batch.items.size());
+        std::vector<kernels::Tree> trees(batch.items.size());
         for (std::size_t i = 0; i < batch.items.size(); ++i) {
           const StepItem& it = batch.items[i];
           auto [pos, fresh] = s.seqs.try_emplace(it.req, TargetWorkerState::Seq{{}, kernels::Rng(it.seed)});
@@ -89,8 +102,15 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
           old_len[i] = pos->second.kv.length;
           const auto n = static_cast<std::int32_t>(it.tokens.size());
           if (it.sample && it.prefill) fwd[i].logit_rows = {n - 1};
-          if (it.sample && !it.prefill)
+          if (it.sample && !it.prefill) {
             for (std::int32_t r = 0; r < n; ++r) fwd[i].logit_rows.push_back(r);
+            if (n > 64) return caf::make_error(caf::sec::runtime_error, "target worker: more than 64 tree nodes");
+            if (n > 1) {  // draft tokens: positions by depth, attention by the tree mask
+              trees[i] = item_tree(it, old_len[i]);
+              fwd[i].positions = trees[i].positions;
+              fwd[i].mask = trees[i].mask_bits;
+            }
+          }
         }
         model::ForwardResult out;
         try {
@@ -109,9 +129,15 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
             res.items.push_back({it.req, {}, 0, 0});
           } else if (it.prefill) {
             res.items.push_back({it.req, {kernels::sample(logits, vocab, it.params, seq.rng)}, 0, 0});
+          } else if (it.tokens.size() == 1) {  // plain decode
+            res.items.push_back({it.req, {kernels::sample(logits, vocab, it.params, seq.rng)}, 0, 0});
           } else {
-            ItemResult r = verify_chain(it, logits, vocab, seq.rng);
-            // Keep the root and the accepted drafts; roll back the rejected ones.
+            std::vector<std::int32_t> path;
+            ItemResult r = verify_tree(it, trees[i], logits, vocab, seq.rng, path);
+            // Compact: the accepted nodes' KV rows move to the front of the draft region in path
+            // order (path[j] >= j, so no row is overwritten before it is copied); the rest is freed.
+            for (std::size_t j = 1; j < path.size(); ++j)
+              s.kv->copy_slot(seq.kv, old_len[i] + path[j], old_len[i] + static_cast<std::int64_t>(j));
             s.kv->truncate(seq.kv, old_len[i] + 1 + r.accepted);
             res.items.push_back(std::move(r));
           }

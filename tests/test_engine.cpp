@@ -104,7 +104,7 @@ FactoryLog& factory_log() {
 
 class IdleDrafter final : public Drafter {
  public:
-  std::vector<std::int32_t> propose(std::uint64_t, const std::vector<std::int32_t>&, std::int32_t) override { return {}; }
+  DraftTree propose(std::uint64_t, const std::vector<std::int32_t>&, std::int32_t, std::int32_t) override { return {}; }
 };
 
 void register_recording_drafters() {
@@ -243,9 +243,9 @@ namespace {
 std::atomic<int> g_faulty_calls{0};
 class FaultyDrafter final : public Drafter {
  public:
-  std::vector<std::int32_t> propose(std::uint64_t, const std::vector<std::int32_t>& ctx, std::int32_t n) override {
+  DraftTree propose(std::uint64_t, const std::vector<std::int32_t>& ctx, std::int32_t, std::int32_t depth) override {
     if (++g_faulty_calls == 4) throw std::runtime_error("injected draft failure");
-    return std::vector<std::int32_t>(static_cast<std::size_t>(n), ctx.back());  // plausible but often wrong
+    return DraftTree::chain(std::vector<std::int32_t>(static_cast<std::size_t>(depth), ctx.back()));  // often wrong
   }
 };
 }  // namespace
