@@ -7,13 +7,17 @@
 namespace specactor::actors {
 
 std::unique_ptr<Drafter> make_ngram_drafter(const config::Snapshot& snapshot, const DraftContext& context);
+std::unique_ptr<Drafter> make_standalone_drafter(const config::Snapshot& snapshot, const DraftContext& context);
 
 namespace {
 
 struct Registry {
   std::mutex mu;
   std::map<std::string, DrafterFactory> factories;
-  Registry() { factories["NGRAM"] = &make_ngram_drafter; }  // built-ins, registered explicitly
+  Registry() {  // built-ins, registered explicitly (static libraries drop self-registering objects)
+    factories["NGRAM"] = &make_ngram_drafter;
+    factories["STANDALONE"] = &make_standalone_drafter;
+  }
 };
 
 Registry& registry() {

@@ -1,0 +1,98 @@
+// actors/standalone_drafter.cpp — STANDALONE drafting: a separate (smaller) GGUF model drafts a
+// greedy chain with its own KV cache; or, with --speculative-draft-num-layers K and no draft model,
+// the target's own file truncated to its first K layers (plus final norm and output head).
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include <omp.h>
+
+#include "actors/drafter.hpp"
+#include "kernels/cpu/sampling.hpp"
+#include "model/loader.hpp"
+
+namespace specactor::actors {
+
+namespace {
+
+class StandaloneDrafter final : public Drafter {
+ public:
+  StandaloneDrafter(const config::Snapshot& s, const DraftContext& ctx) {
+    const std::int64_t layers = s->speculative_draft_num_layers.value_or(-1);
+    model_ = model::load_model(*s, {}, layers);
+    const auto& c = model_.config;
+    const std::string what = layers > 0 ? "the first " + std::to_string(layers) + " layers of " + s->model_path
+                                        : "draft model " + s->model_path;
+    if (c.vocab_size != ctx.target_info.vocab_size)
+      throw std::runtime_error(what + ": vocabulary of " + std::to_string(c.vocab_size) +
+                               " tokens does not match the target's " + std::to_string(ctx.target_info.vocab_size));
+    if (model_.tokenizer && ctx.tokenizer)
+      for (std::int32_t id = 0; id < c.vocab_size; ++id)
+        if (model_.tokenizer->token_bytes(id) != ctx.tokenizer->token_bytes(id))
+          throw std::runtime_error(what + ": token " + std::to_string(id) + " differs from the target's vocabulary");
+    kv_ = std::make_unique<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, *s->max_total_tokens);
+    runner_ = std::make_unique<model::LlamaRunner>(model_.weights, static_cast<int>(s->threads));
+  }
+
+  DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
+                    std::int32_t max_depth) override {
+    const std::int32_t depth = std::min(max_nodes, max_depth);
+    if (depth <= 0 || ctx.empty()) return {};
+    // One thread: a second OpenMP pool beside the target's would oversubscribe the cores, and
+    // libgomp then stops spinning in both pools (measured: 2-4x slower steps on 2 cores).
+    omp_set_num_threads(1);
+    State& st = states_[req];
+    // Reuse the KV of the common prefix; roll back the rest (last step's drafts, rejected tokens).
+    std::size_t common = 0;
+    while (common < st.fed.size() && common + 1 < ctx.size() && st.fed[common] == ctx[common]) ++common;
+    kv_->truncate(st.seq, static_cast<std::int64_t>(common));
+    st.fed.resize(common);
+    std::vector<std::int32_t> drafts;
+    try {
+      std::vector<model::ForwardSeq> b(1);
+      b[0].kv = &st.seq;
+      b[0].tokens.assign(ctx.begin() + static_cast<long>(common), ctx.end());
+      b[0].logit_rows = {static_cast<std::int32_t>(b[0].tokens.size()) - 1};
+      model::ForwardResult out;
+      runner_->forward(b, *kv_, out);
+      st.fed = ctx;
+      for (std::int32_t i = 0; i < depth; ++i) {
+        const std::int32_t t = kernels::argmax(out.logits.data(), model_.config.vocab_size);
+        drafts.push_back(t);
+        if (i + 1 == depth) break;
+        b[0].tokens = {t};
+        b[0].logit_rows = {0};
+        runner_->forward(b, *kv_, out);
+      }
+    } catch (const model::KvExhausted&) {
+      // The draft's cache is full: no proposal this step (the target decodes plainly).
+    }
+    kv_->truncate(st.seq, static_cast<std::int64_t>(st.fed.size()));  // drafts are not kept
+    return DraftTree::chain(std::move(drafts));
+  }
+
+  void release(std::uint64_t req) override {
+    auto it = states_.find(req);
+    if (it == states_.end()) return;
+    kv_->release(it->second.seq);
+    states_.erase(it);
+  }
+
+ private:
+  struct State {
+    model::KvCache::Seq seq;
+    std::vector<std::int32_t> fed;  // tokens whose KV the draft holds
+  };
+  model::LoadedModel model_;
+  std::unique_ptr<model::KvCache> kv_;
+  std::unique_ptr<model::LlamaRunner> runner_;
+  std::map<std::uint64_t, State> states_;
+};
+
+}  // namespace
+
+std::unique_ptr<Drafter> make_standalone_drafter(const config::Snapshot& snapshot, const DraftContext& context) {
+  return std::make_unique<StandaloneDrafter>(snapshot, context);
+}
+
+}  // namespace specactor::actors
