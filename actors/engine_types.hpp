@@ -67,12 +67,15 @@ struct EngineMetrics {
   double mean_accepted_length = 0;   // τ over all decode steps
   double acceptance_rate = 0;        // α = accepted / drafted
   std::int64_t draft_failures = 0;   // times the draft worker died
+  std::string draft_error;           // why it last died (e.g. a head file that does not fit the target)
   std::int64_t fallback_steps = 0;   // per-request decode steps run without a draft after a failure
   bool draft_alive = false;
   std::string algorithm;             // the speculative algorithm in the draft snapshot ("NONE" without)
   double step_wall_ms = 0;           // Σ wall time of target steps seen by the scheduler
   double step_compute_ms = 0;        // Σ compute time reported by the target worker
   double draft_ms = 0;               // Σ wall time of propose calls
+  std::vector<std::int64_t> drafted_at;   // [d]: decode steps whose proposal reached depth d+1
+  std::vector<std::int64_t> accepted_at;  // [d]: decode steps that accepted a token at depth d+1
   std::string target_error;          // set once the target worker has failed
 };
 

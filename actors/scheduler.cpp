@@ -34,6 +34,7 @@ struct Req {
   std::string held;  // text held back: it may be the start of a stop string
   bool cancelled = false;
   bool in_step = false;
+  std::int32_t draft_depth = 0;  // depth of the proposal in the step in flight
   Clock::time_point submitted, first_token;
   RequestMetrics m;
   bool decoding() const { return prefilled == prompt_len && !generated.empty(); }
@@ -49,6 +50,7 @@ struct SchedulerState {
   std::optional<TargetInfo> info;
   std::string target_error;
   std::vector<caf::typed_response_promise<TargetInfo>> ready_waiters;
+  bool ready = false;  // the target model is loaded and the draft worker (if any) answered once
   std::deque<std::unique_ptr<Req>> queue;
   std::vector<std::unique_ptr<Req>> running;
   bool busy = false;
@@ -203,6 +205,13 @@ void on_step_result(Self self, StepResult& res, Clock::time_point sent) {
       r.m.accepted += item.accepted;
       st.metrics.drafted += item.drafted;
       st.metrics.accepted += item.accepted;
+      auto& da = st.metrics.drafted_at;
+      auto& aa = st.metrics.accepted_at;
+      if (static_cast<std::int32_t>(da.size()) < r.draft_depth) da.resize(static_cast<std::size_t>(r.draft_depth), 0);
+      if (static_cast<std::int32_t>(aa.size()) < item.accepted) aa.resize(static_cast<std::size_t>(item.accepted), 0);
+      for (std::int32_t d = 0; d < r.draft_depth; ++d) ++da[static_cast<std::size_t>(d)];
+      for (std::int32_t d = 0; d < item.accepted; ++d) ++aa[static_cast<std::size_t>(d)];
+      r.draft_depth = 0;
       reason = emit(self, r, item.tokens);
       if (st.draft) self->send(st.draft, catchup_atom::value, r.sub->id, item.tokens);
     }
@@ -329,6 +338,10 @@ void tick(Self self) {
                 kept_tokens.push_back(toks[j]);
                 kept_parents.push_back(par < 0 ? -1 : keep_index[static_cast<std::size_t>(par)]);
               }
+              std::int32_t max_depth = 0;
+              for (std::size_t j = 0; j < toks.size(); ++j)
+                if (keep_index[j] >= 0) max_depth = std::max(max_depth, depth[j]);
+              decoding[i]->draft_depth = max_depth;
               for (auto& item : batch.items)
                 if (item.req == decoding[i]->sub->id) {
                   item.tokens.insert(item.tokens.end(), kept_tokens.begin(), kept_tokens.end());
@@ -355,6 +368,7 @@ void spawn_draft(Self self) {
   } catch (const std::exception& e) {
     spdlog::error("{}; decoding without a drafter", e.what());
     ++st.metrics.draft_failures;
+    st.metrics.draft_error = e.what();
     return;
   }
   // The factory and the worker get the very snapshot object derived above.
@@ -363,19 +377,33 @@ void spawn_draft(Self self) {
   st.metrics.draft_alive = true;
 }
 
+void announce_ready(Self self) {
+  auto& st = self->state;
+  st.metrics.algorithm = std::string(config::to_string(st.target_snapshot->speculative_algorithm));
+  for (auto& rp : st.ready_waiters) rp.deliver(*st.info);
+  st.ready_waiters.clear();
+  st.ready = true;
+  tick(self);
+}
+
 void on_target_ready(Self self, TargetInfo& info) {
   auto& st = self->state;
   st.info = info;
   st.total_pages = st.free_pages = info.kv_capacity_tokens / info.page_size;
-  if (st.target_snapshot->speculative_algorithm != config::SpecAlgorithm::None) {
-    // Derived once, from the resolved target snapshot and the model the worker actually loaded.
-    st.draft_snapshot = config::derive_draft(st.target_snapshot, info.info.facts());
-    spawn_draft(self);
+  if (st.target_snapshot->speculative_algorithm == config::SpecAlgorithm::None) {
+    announce_ready(self);
+    return;
   }
-  st.metrics.algorithm = std::string(config::to_string(st.target_snapshot->speculative_algorithm));
-  for (auto& rp : st.ready_waiters) rp.deliver(info);
-  st.ready_waiters.clear();
-  tick(self);
+  // Derived once, from the resolved target snapshot and the model the worker actually loaded.
+  st.draft_snapshot = config::derive_draft(st.target_snapshot, info.info.facts());
+  spawn_draft(self);
+  if (!st.draft) {
+    announce_ready(self);
+    return;
+  }
+  // Ready once the draft worker is up (or has failed: then the engine decodes without drafts).
+  self->request(st.draft, caf::infinite, snapshot_atom::value)
+      .then([self](config::Snapshot&) { announce_ready(self); }, [self](caf::error&) { announce_ready(self); });
 }
 
 scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<SchedulerState> self,
@@ -391,6 +419,7 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
       s.draft = nullptr;
       ++s.metrics.draft_failures;
       s.metrics.draft_alive = false;
+      s.metrics.draft_error = self->system().render(dm.reason);
       return;
     }
     if (s.target && dm.source == caf::actor_cast<caf::actor_addr>(s.target)) {
@@ -425,7 +454,7 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
   return {
       [self](ready_atom) -> caf::result<TargetInfo> {
         auto& s = self->state;
-        if (s.info) return *s.info;
+        if (s.ready) return *s.info;
         if (!s.target_error.empty()) return caf::make_error(caf::sec::runtime_error, s.target_error);
         auto rp = self->make_response_promise<TargetInfo>();
         s.ready_waiters.push_back(rp);

@@ -39,6 +39,9 @@ namespace sk = specactor::kernels;
 namespace sa = specactor::actors;
 using json = nlohmann::json;
 
+int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
+                      std::int64_t max_new, bool sweep, bool as_json, const std::string& chart);
+
 namespace {
 
 constexpr const char* kUsage =
@@ -55,6 +58,9 @@ constexpr const char* kUsage =
     "  bench --model-path M [--prompt-tokens 256] [--decode-tokens 128] [--repeats 3] [--json]\n"
     "                               prefill and batch-1 decode speed against the measured memory\n"
     "                               bandwidth and FMA ceilings of this machine\n"
+    "  bench --model-path M --speculative-algorithm A [--prompts tools/bench_prompts.jsonl]\n"
+    "        [--max-new-tokens 64] [--sweep] [--chart FILE.svg] [--json] [server flags]\n"
+    "                               plain vs speculative decoding side by side on a prompt set\n"
     "\n"
     "`specactor config --help` lists every server flag with its default.\n";
 
@@ -261,8 +267,18 @@ std::pair<double, double> run_once(sm::LlamaRunner& runner, sm::KvCache& kv, con
 
 int cmd_bench(const std::vector<std::string>& argv) {
   std::map<std::string, std::string> f;
-  const auto rest = take_tool_flags(
-      argv, {{"--prompt-tokens", true}, {"--decode-tokens", true}, {"--repeats", true}, {"--json", false}}, f);
+  const auto rest = take_tool_flags(argv,
+                                    {{"--prompt-tokens", true}, {"--decode-tokens", true}, {"--repeats", true},
+                                     {"--json", false}, {"--prompts", true}, {"--sweep", false}, {"--chart", true},
+                                     {"--max-new-tokens", true}},
+                                    f);
+  if (sc::parse_server_args(rest).speculative_algorithm != sc::SpecAlgorithm::None) {
+    const auto max_new = tool_value<std::int64_t>(f, "--max-new-tokens", 64);
+    if (max_new < 2) throw sc::ConfigError("--max-new-tokens: must be >= 2");
+    return bench_speculative(rest, f.count("--prompts") ? f.at("--prompts") : "tools/bench_prompts.jsonl", max_new,
+                             tool_value<bool>(f, "--sweep", false), tool_value<bool>(f, "--json", false),
+                             f.count("--chart") ? f.at("--chart") : "");
+  }
   const auto prompt_tokens = tool_value<std::int64_t>(f, "--prompt-tokens", 256);
   const auto decode_tokens = tool_value<std::int64_t>(f, "--decode-tokens", 128);
   const auto repeats = tool_value<std::int64_t>(f, "--repeats", 3);

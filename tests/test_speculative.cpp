@@ -1,0 +1,133 @@
+// tests/test_speculative.cpp — speculative decoding end to end: for every drafter that needs no
+// trained head (NGRAM chain and tree, STANDALONE with a separate draft model, self-speculative
+// first-K-layers), greedy speculative output equals plain greedy output token for token on the
+// shipped prompts (tools/bench_prompts.jsonl), one request at a time and 8 concurrently.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "actors/engine.hpp"
+#include "tests/support/gguf_writer.hpp"
+
+using namespace specactor::actors;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kDefaultModel = SPECACTOR_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+std::vector<std::string> shipped_prompts() {
+  std::ifstream in(SPECACTOR_SOURCE_DIR "/tools/bench_prompts.jsonl");
+  REQUIRE(in);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line)["prompt"].get<std::string>());
+  return out;
+}
+
+std::vector<std::vector<std::int32_t>> run(Engine& e, const std::vector<GenerationRequest>& reqs, bool concurrent) {
+  std::vector<std::vector<std::int32_t>> out(reqs.size());
+  if (!concurrent) {
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      const auto r = e.generate(reqs[i]);
+      REQUIRE_MESSAGE(r.error.empty(), r.error);
+      out[i] = r.tokens;
+    }
+    return out;
+  }
+  std::vector<std::promise<void>> done(reqs.size());
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    e.submit(reqs[i], [&out, &done, i](const TokenEvent& ev) {
+      out[i].insert(out[i].end(), ev.tokens.begin(), ev.tokens.end());
+      if (ev.finished) done[i].set_value();
+    });
+  for (auto& d : done) REQUIRE(d.get_future().wait_for(std::chrono::minutes(5)) == std::future_status::ready);
+  return out;
+}
+
+void check_lossless(const std::vector<std::string>& base, const std::vector<GenerationRequest>& reqs,
+                    const std::vector<std::vector<std::string>>& configs) {
+  auto plain = Engine::from_argv(base);
+  const auto want = run(*plain, reqs, false);
+  const std::vector<GenerationRequest> first8(reqs.begin(), reqs.begin() + static_cast<long>(std::min<std::size_t>(8, reqs.size())));
+  const auto want8 = run(*plain, first8, true);
+  for (std::size_t i = 0; i < first8.size(); ++i) CHECK(want8[i] == want[i]);  // batching changes nothing
+  plain->shutdown();
+  for (const auto& cfg : configs) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), cfg.begin(), cfg.end());
+    std::string label;
+    for (const auto& a : cfg) label += a + " ";
+    CAPTURE(label);
+    auto spec = Engine::from_argv(args);
+    const auto single = run(*spec, reqs, false);
+    const auto together = run(*spec, first8, true);
+    for (std::size_t i = 0; i < reqs.size(); ++i) CHECK(single[i] == want[i]);
+    for (std::size_t i = 0; i < first8.size(); ++i) CHECK(together[i] == want[i]);
+    const EngineMetrics m = spec->metrics();
+    CHECK(m.draft_alive);
+    CHECK(m.draft_failures == 0);
+    MESSAGE(label << ": τ " << m.mean_accepted_length << ", α " << m.acceptance_rate << ", drafted " << m.drafted);
+    spec->shutdown();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("default model: every head-free drafter is lossless on the shipped prompts (single and 8 concurrent)") {
+  if (!fs::exists(kDefaultModel)) {
+    MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
+    return;
+  }
+  std::vector<GenerationRequest> reqs;
+  for (const auto& p : shipped_prompts()) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.chat = true;
+    r.max_new_tokens = 16;
+    reqs.push_back(r);
+  }
+  REQUIRE(reqs.size() >= 12);
+  check_lossless({"--model-path", kDefaultModel, "--log-level", "warn"}, reqs,
+                 {{"--speculative-algorithm", "NGRAM"},
+                  {"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4", "--speculative-eagle-topk", "4",
+                   "--speculative-num-draft-tokens", "10"},
+                  {"--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", kDefaultModel},
+                  {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "8",
+                   "--speculative-num-steps", "2"}});
+}
+
+TEST_CASE("tiny model: STANDALONE and self-speculation are lossless; a mismatched draft vocabulary is reported") {
+  specactor::testing::TinyLlamaShape s;
+  s.vocab = 96;
+  s.context = 256;
+  const std::string p = (fs::temp_directory_path() / ("specactor_spec_tiny." + std::to_string(::getpid()) + ".gguf")).string();
+  specactor::testing::tiny_llama(s, true, 5).write(p);
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest r;
+    for (int k = 0; k < 6 + 5 * i; ++k) r.prompt_ids.push_back((k * 7 + i) % 90 + 3);
+    r.max_new_tokens = 20;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  check_lossless({"--model-path", p, "--log-level", "warn", "--max-total-tokens", "4096"}, reqs,
+                 {{"--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", p},
+                  {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "1"},
+                  {"--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "3", "--speculative-num-steps", "3",
+                   "--speculative-num-draft-tokens", "7"}});
+  if (fs::exists(kDefaultModel)) {
+    auto e = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "off", "--speculative-algorithm",
+                                "STANDALONE", "--speculative-draft-model-path", p});
+    const EngineMetrics m = e->metrics();
+    CHECK_FALSE(m.draft_alive);
+    CHECK(m.draft_error.find("vocabulary of 96 tokens does not match the target's 49152") != std::string::npos);
+  }
+  fs::remove(p);
+}

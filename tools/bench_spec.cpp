@@ -1,0 +1,272 @@
+// tools/bench_spec.cpp — `specactor bench --speculative-algorithm ...`: plain decoding and the
+// speculative setting(s) side by side in one process, on the same prompts, through the engine.
+// Prints per category and overall: decode tokens/s of each, their ratio, τ, α, per-position
+// acceptance, and whether the greedy outputs were identical; --sweep tries a grid of
+// (steps, topk, draft tokens); --chart writes an SVG of speedup and τ per setting.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/engine.hpp"
+#include "config/error.hpp"
+#include "config/resolve.hpp"
+
+namespace sa = specactor::actors;
+namespace sc = specactor::config;
+using json = nlohmann::json;
+
+namespace {
+
+struct Prompt {
+  std::string category, text;
+};
+
+struct Run {
+  std::vector<std::int32_t> tokens;
+  double tps = 0, tau = 0;
+  std::int64_t drafted = 0, accepted = 0;
+};
+
+struct Setting {
+  std::string label;
+  std::vector<std::string> flags;
+  std::vector<Run> runs;
+  sa::EngineMetrics metrics;
+  double median_speedup = 0, mean_tau = 0, alpha = 0;
+  int mismatches = 0;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<Prompt> load_prompts(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw sc::ConfigError("--prompts " + path + ": cannot open the file (run from the repository root, or pass --prompts FILE)");
+  std::vector<Prompt> out;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::parse_error& e) {
+      throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) + ": not valid JSON: " + e.what());
+    }
+    if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
+      throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) + ": expected {\"category\": ..., \"prompt\": \"...\"}");
+    out.push_back({j.value("category", "all"), j["prompt"].get<std::string>()});
+  }
+  if (out.empty()) throw sc::ConfigError("--prompts " + path + ": no prompts");
+  return out;
+}
+
+std::vector<Run> run_prompts(const std::vector<std::string>& args, const std::vector<Prompt>& prompts, std::int64_t max_new,
+                             sa::EngineMetrics& metrics) {
+  auto engine = sa::Engine::from_argv(args);
+  sa::GenerationRequest warm;
+  warm.prompt = "Hello";
+  warm.chat = true;
+  warm.max_new_tokens = 4;
+  engine->generate(warm);
+  std::vector<Run> runs;
+  for (const auto& p : prompts) {
+    sa::GenerationRequest r;
+    r.prompt = p.text;
+    r.chat = true;
+    r.max_new_tokens = max_new;
+    const sa::GenerationResult g = engine->generate(r);
+    if (!g.error.empty()) throw std::runtime_error("bench: " + g.error);
+    runs.push_back({g.tokens, g.metrics.decode_tokens_per_s, g.metrics.mean_accepted_length, g.metrics.drafted,
+                    g.metrics.accepted});
+    std::fprintf(stderr, ".");
+  }
+  std::fprintf(stderr, "\n");
+  metrics = engine->metrics();
+  engine->shutdown();
+  return runs;
+}
+
+void write_chart(const std::string& path, const std::vector<Setting>& settings) {
+  const int w = 120 + 90 * static_cast<int>(settings.size()), h = 360, base = 300;
+  double max_v = 1.0;
+  for (const auto& s : settings) max_v = std::max({max_v, s.median_speedup, s.mean_tau});
+  auto y = [&](double v) { return base - static_cast<int>(240.0 * v / max_v); };
+  std::ofstream o(path);
+  if (!o) throw sc::ConfigError("--chart " + path + ": cannot write the file");
+  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h << "' font-family='sans-serif' font-size='11'>\n";
+  o << "<text x='10' y='20' font-size='14'>specactor bench: median decode speedup vs plain, and mean accepted length τ</text>\n";
+  o << "<line x1='60' y1='" << base << "' x2='" << w - 20 << "' y2='" << base << "' stroke='black'/>\n";
+  o << "<line x1='60' y1='" << y(1.0) << "' x2='" << w - 20 << "' y2='" << y(1.0) << "' stroke='gray' stroke-dasharray='4'/>\n";
+  o << "<text x='10' y='" << y(1.0) + 4 << "'>1.0</text>\n";
+  for (std::size_t i = 0; i < settings.size(); ++i) {
+    const int x = 80 + 90 * static_cast<int>(i);
+    const auto& s = settings[i];
+    o << "<rect x='" << x << "' y='" << y(s.median_speedup) << "' width='30' height='" << base - y(s.median_speedup)
+      << "' fill='#3b7dd8'/>\n";
+    o << "<rect x='" << x + 32 << "' y='" << y(s.mean_tau) << "' width='30' height='" << base - y(s.mean_tau)
+      << "' fill='#e08a2c'/>\n";
+    o << "<text x='" << x << "' y='" << y(s.median_speedup) - 3 << "'>" << fmt::format("{:.2f}", s.median_speedup) << "</text>\n";
+    o << "<text x='" << x + 32 << "' y='" << y(s.mean_tau) - 3 << "'>" << fmt::format("{:.2f}", s.mean_tau) << "</text>\n";
+    o << "<text x='" << x << "' y='" << base + 15 << "' font-size='9'>" << s.label << "</text>\n";
+  }
+  o << "<rect x='" << w - 170 << "' y='30' width='10' height='10' fill='#3b7dd8'/><text x='" << w - 155
+    << "' y='39'>speedup (median)</text>\n";
+  o << "<rect x='" << w - 170 << "' y='45' width='10' height='10' fill='#e08a2c'/><text x='" << w - 155
+    << "' y='54'>τ (mean)</text>\n";
+  o << "</svg>\n";
+}
+
+bool is_spec_shape_flag(const std::string& a) {
+  return a == "--speculative-num-steps" || a == "--speculative-eagle-topk" || a == "--speculative-num-draft-tokens";
+}
+
+}  // namespace
+
+int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
+                      std::int64_t max_new, bool sweep, bool as_json, const std::string& chart) {
+  const sc::ServerArgs user = sc::parse_server_args(server_args);
+  const std::string algo(sc::to_string(user.speculative_algorithm));
+  const std::vector<Prompt> prompts = load_prompts(prompts_path);
+
+  // Plain decoding: the same flags without any --speculative-* setting.
+  std::vector<std::string> plain_args, spec_base;
+  for (std::size_t i = 0; i < server_args.size(); ++i) {
+    const std::string& a = server_args[i];
+    const bool takes_value = i + 1 < server_args.size() && server_args[i + 1].rfind("--", 0) != 0;
+    if (a.rfind("--speculative-", 0) == 0) {
+      if (!(sweep && is_spec_shape_flag(a))) {
+        spec_base.push_back(a);
+        if (takes_value) spec_base.push_back(server_args[i + 1]);
+      }
+      if (takes_value) ++i;
+      continue;
+    }
+    plain_args.push_back(a);
+    spec_base.push_back(a);
+  }
+  plain_args.insert(plain_args.end(), {"--log-level", "warn"});
+  spec_base.insert(spec_base.end(), {"--log-level", "warn"});
+
+  std::vector<Setting> settings;
+  if (sweep) {
+    const bool tree_capable = user.speculative_algorithm == sc::SpecAlgorithm::Ngram;
+    for (int steps : {2, 4, 6, 8})
+      for (int topk : tree_capable ? std::vector<int>{1, 4} : std::vector<int>{1}) {
+        const int n = topk == 1 ? steps + 1 : std::min(1 + steps * topk, 2 * steps + 4);
+        settings.push_back({fmt::format("s{}k{}n{}", steps, topk, n),
+                            {"--speculative-num-steps", std::to_string(steps), "--speculative-eagle-topk",
+                             std::to_string(topk), "--speculative-num-draft-tokens", std::to_string(n)}});
+      }
+  } else {
+    settings.push_back({algo, {}});
+  }
+
+  spdlog::info("bench: plain decoding on {} prompts", prompts.size());
+  sa::EngineMetrics plain_metrics;
+  const std::vector<Run> plain = run_prompts(plain_args, prompts, max_new, plain_metrics);
+  for (auto& s : settings) {
+    std::vector<std::string> args = spec_base;
+    args.insert(args.end(), s.flags.begin(), s.flags.end());
+    spdlog::info("bench: {} {}", algo, s.label);
+    s.runs = run_prompts(args, prompts, max_new, s.metrics);
+    std::vector<double> speedups;
+    double tau = 0;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      if (s.runs[i].tokens != plain[i].tokens) ++s.mismatches;
+      if (plain[i].tps > 0) speedups.push_back(s.runs[i].tps / plain[i].tps);
+      tau += s.runs[i].tau;
+    }
+    s.median_speedup = median(speedups);
+    s.mean_tau = tau / static_cast<double>(prompts.size());
+    s.alpha = s.metrics.acceptance_rate;
+  }
+
+  // Per category for the chosen (or best) setting.
+  const auto best = std::max_element(settings.begin(), settings.end(),
+                                     [](const Setting& a, const Setting& b) { return a.median_speedup < b.median_speedup; });
+  std::map<std::string, std::vector<std::size_t>> by_cat;
+  for (std::size_t i = 0; i < prompts.size(); ++i) by_cat[prompts[i].category].push_back(i);
+  by_cat["overall"] = {};
+  for (std::size_t i = 0; i < prompts.size(); ++i) by_cat["overall"].push_back(i);
+
+  json j;
+  j["algorithm"] = algo;
+  j["prompts"] = prompts_path;
+  j["max_new_tokens"] = max_new;
+  j["settings"] = json::array();
+  for (const auto& s : settings) {
+    json pos = json::array();
+    for (std::size_t d = 0; d < s.metrics.drafted_at.size(); ++d) {
+      const double acc = d < s.metrics.accepted_at.size() ? static_cast<double>(s.metrics.accepted_at[d]) : 0.0;
+      pos.push_back(s.metrics.drafted_at[d] ? acc / static_cast<double>(s.metrics.drafted_at[d]) : 0.0);
+    }
+    json cats = json::object();
+    for (const auto& [cat, idx] : by_cat) {
+      std::vector<double> p, q, r;
+      double tau = 0;
+      for (auto i : idx) {
+        p.push_back(plain[i].tps);
+        q.push_back(s.runs[i].tps);
+        if (plain[i].tps > 0) r.push_back(s.runs[i].tps / plain[i].tps);
+        tau += s.runs[i].tau;
+      }
+      cats[cat] = {{"plain_tokens_per_s", median(p)},
+                   {"speculative_tokens_per_s", median(q)},
+                   {"median_speedup", median(r)},
+                   {"mean_tau", tau / static_cast<double>(idx.size())}};
+    }
+    j["settings"].push_back({{"label", s.label},
+                             {"flags", s.flags},
+                             {"median_speedup", s.median_speedup},
+                             {"mean_tau", s.mean_tau},
+                             {"alpha", s.alpha},
+                             {"acceptance_by_position", pos},
+                             {"outputs_identical_to_plain", s.mismatches == 0},
+                             {"mismatched_prompts", s.mismatches},
+                             {"draft_ms", s.metrics.draft_ms},
+                             {"verify_ms", s.metrics.step_compute_ms},
+                             {"overhead_ms", s.metrics.step_wall_ms - s.metrics.step_compute_ms},
+                             {"by_category", cats}});
+  }
+  j["best"] = best->label;
+  if (!chart.empty()) write_chart(chart, settings);
+
+  if (as_json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("specactor bench: plain vs {} on {} prompts ({}), greedy, up to {} new tokens each\n", algo,
+                           prompts.size(), prompts_path, max_new);
+  for (const auto& s : j["settings"]) {
+    std::cout << fmt::format("\nsetting {}: median speedup {:.2f}x, mean τ {:.2f}, α {:.2f}, outputs identical: {}\n",
+                             s["label"].get<std::string>(), s["median_speedup"].get<double>(), s["mean_tau"].get<double>(),
+                             s["alpha"].get<double>(), s["outputs_identical_to_plain"].get<bool>() ? "yes" : "NO");
+    std::cout << fmt::format("  {:<10} {:>12} {:>12} {:>9} {:>7}\n", "category", "plain tok/s", "spec tok/s", "speedup", "τ");
+    for (const auto& [cat, v] : s["by_category"].items())
+      std::cout << fmt::format("  {:<10} {:>12.1f} {:>12.1f} {:>8.2f}x {:>7.2f}\n", cat,
+                               v["plain_tokens_per_s"].get<double>(), v["speculative_tokens_per_s"].get<double>(),
+                               v["median_speedup"].get<double>(), v["mean_tau"].get<double>());
+    std::string pos;
+    for (const auto& a : s["acceptance_by_position"]) pos += fmt::format(" {:.2f}", a.get<double>());
+    std::cout << "  acceptance by position:" << (pos.empty() ? " (no drafts)" : pos) << "\n";
+    std::cout << fmt::format("  time: draft {:.0f} ms, verify {:.0f} ms, actor overhead {:.1f} ms\n",
+                             s["draft_ms"].get<double>(), s["verify_ms"].get<double>(), s["overhead_ms"].get<double>());
+  }
+  if (sweep) std::cout << fmt::format("\nbest setting: {} ({:.2f}x)\n", best->label, best->median_speedup);
+  if (!chart.empty()) std::cout << "chart: " << chart << "\n";
+  return 0;
+}
