@@ -20,9 +20,11 @@ draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_poin
         const auto t0 = std::chrono::steady_clock::now();
         Proposals out;
         for (const auto& it : batch.items) {
+          self->state.drafter->set_sampling(it.req, it.params, it.seed);
           DraftTree t = self->state.drafter->propose(it.req, *it.context, it.max_nodes, it.max_depth);
           out.tokens.push_back(std::move(t.tokens));
           out.parents.push_back(std::move(t.parents));
+          out.probs.push_back(std::move(t.probs));
         }
         out.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         return out;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/snapshot.hpp"
+#include "kernels/cpu/sampling.hpp"
 #include "model/model_info.hpp"
 #include "model/tokenizer.hpp"
 
@@ -26,6 +27,9 @@ struct DraftContext {
 struct DraftTree {
   std::vector<std::int32_t> tokens;
   std::vector<std::int32_t> parents;
+  // Drafters that sample (chain rejection sampling, --speculative-use-rejection-sampling): the
+  // distribution each chain token was drawn from, tokens.size() × vocab. Empty for deterministic drafts.
+  std::vector<float> probs;
   static DraftTree chain(std::vector<std::int32_t> tokens);
 };
 
@@ -36,6 +40,10 @@ class Drafter {
   // request's whole sequence so far; its last token is the root).
   virtual DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& context, std::int32_t max_nodes,
                             std::int32_t max_depth) = 0;
+  // The request's sampling parameters and seed, given before each propose (drafters that sample use them).
+  virtual void set_sampling(std::uint64_t req, const kernels::SamplingParams& params, std::uint64_t seed) {
+    (void)req, (void)params, (void)seed;
+  }
   // The target accepted `tokens` (drafts and bonus) for req; stateful drafters extend their state.
   virtual void catch_up(std::uint64_t req, const std::vector<std::int32_t>& tokens) { (void)req, (void)tokens; }
   virtual void release(std::uint64_t req) { (void)req; }

@@ -52,13 +52,15 @@ struct StepItem {
   std::uint64_t req = 0;
   std::vector<std::int32_t> tokens;  // a prefill chunk, or [root, draft_1 .. draft_k] when decoding
   std::vector<std::int32_t> parents; // per draft: -1 (the root) or the index of an earlier draft; empty = chain
+  std::vector<float> draft_probs;    // chain drafts sampled from q: q rows (drafts × vocab) for rejection sampling
   bool prefill = false;              // tokens are prompt tokens (else [root, drafts...])
   bool sample = false;               // produce tokens: the last prefill chunk, or a decode/verify step
   kernels::SamplingParams params;
   std::uint64_t seed = 0;            // used when the worker first sees the request
 };
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
-  return f(caf::meta::type_name("step_item"), x.req, x.tokens, x.parents, x.prefill, x.sample, x.params, x.seed);
+  return f(caf::meta::type_name("step_item"), x.req, x.tokens, x.parents, x.draft_probs, x.prefill, x.sample, x.params,
+           x.seed);
 }
 
 struct StepBatch {
@@ -102,6 +104,8 @@ struct ProposeItem {
   std::shared_ptr<const std::vector<std::int32_t>> context;
   std::int32_t max_nodes = 0;  // draft tokens (tree nodes without the root)
   std::int32_t max_depth = 0;
+  kernels::SamplingParams params;
+  std::uint64_t seed = 0;
 };
 struct ProposeBatch {
   std::vector<ProposeItem> items;
@@ -109,10 +113,11 @@ struct ProposeBatch {
 struct Proposals {
   std::vector<std::vector<std::int32_t>> tokens;   // per item: draft tokens (possibly none)
   std::vector<std::vector<std::int32_t>> parents;  // per item: their parents (see DraftTree)
+  std::vector<std::vector<float>> probs;           // per item: q rows when the drafter sampled
   double compute_ms = 0;
 };
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, Proposals& x) {
-  return f(caf::meta::type_name("proposals"), x.tokens, x.parents, x.compute_ms);
+  return f(caf::meta::type_name("proposals"), x.tokens, x.parents, x.probs, x.compute_ms);
 }
 
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, SnapshotReport& x) {

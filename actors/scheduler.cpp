@@ -316,7 +316,8 @@ void tick(Self self) {
     const auto depth = static_cast<std::int32_t>(std::max<std::int64_t>(0, std::min<std::int64_t>({steps, remaining - 1, room})));
     const auto nodes = depth == 0 ? 0 : static_cast<std::int32_t>(draft_tokens(st) - 1);
     limits.push_back(depth);
-    pb.items.push_back({r->sub->id, std::make_shared<const std::vector<std::int32_t>>(r->seq), nodes, depth});
+    pb.items.push_back({r->sub->id, std::make_shared<const std::vector<std::int32_t>>(r->seq), nodes, depth,
+                        r->sub->request.sampling, r->seed});
   }
   const auto sent = Clock::now();
   self->request(st.draft, caf::infinite, propose_atom::value, std::move(pb))
@@ -342,10 +343,13 @@ void tick(Self self) {
               for (std::size_t j = 0; j < toks.size(); ++j)
                 if (keep_index[j] >= 0) max_depth = std::max(max_depth, depth[j]);
               decoding[i]->draft_depth = max_depth;
+              // Sampled drafts keep their q rows only when the whole chain was kept.
+              const bool whole_chain = kept_tokens.size() == toks.size();
               for (auto& item : batch.items)
                 if (item.req == decoding[i]->sub->id) {
                   item.tokens.insert(item.tokens.end(), kept_tokens.begin(), kept_tokens.end());
                   item.parents = std::move(kept_parents);
+                  if (whole_chain && i < p.probs.size()) item.draft_probs = std::move(p.probs[i]);
                 }
             }
             run_step(self, std::move(batch));

@@ -17,7 +17,7 @@ namespace {
 
 class StandaloneDrafter final : public Drafter {
  public:
-  StandaloneDrafter(const config::Snapshot& s, const DraftContext& ctx) {
+  StandaloneDrafter(const config::Snapshot& s, const DraftContext& ctx) : sampling_(s->speculative_use_rejection_sampling) {
     const std::int64_t layers = s->speculative_draft_num_layers.value_or(-1);
     model_ = model::load_model(*s, {}, layers);
     const auto& c = model_.config;
@@ -48,6 +48,8 @@ class StandaloneDrafter final : public Drafter {
     kv_->truncate(st.seq, static_cast<std::int64_t>(common));
     st.fed.resize(common);
     std::vector<std::int32_t> drafts;
+    std::vector<float> q_rows, q;
+    const bool sample = sampling_ && !st.params.greedy();
     try {
       std::vector<model::ForwardSeq> b(1);
       b[0].kv = &st.seq;
@@ -57,7 +59,14 @@ class StandaloneDrafter final : public Drafter {
       runner_->forward(b, *kv_, out);
       st.fed = ctx;
       for (std::int32_t i = 0; i < depth; ++i) {
-        const std::int32_t t = kernels::argmax(out.logits.data(), model_.config.vocab_size);
+        std::int32_t t;
+        if (sample) {  // x ~ q, and q goes to the target for rejection sampling
+          kernels::sampling_probs(out.logits.data(), model_.config.vocab_size, st.params, q);
+          t = kernels::sample_from_probs(q, st.rng.uniform());
+          q_rows.insert(q_rows.end(), q.begin(), q.end());
+        } else {
+          t = kernels::argmax(out.logits.data(), model_.config.vocab_size);
+        }
         drafts.push_back(t);
         if (i + 1 == depth) break;
         b[0].tokens = {t};
@@ -68,7 +77,18 @@ class StandaloneDrafter final : public Drafter {
       // The draft's cache is full: no proposal this step (the target decodes plainly).
     }
     kv_->truncate(st.seq, static_cast<std::int64_t>(st.fed.size()));  // drafts are not kept
-    return DraftTree::chain(std::move(drafts));
+    DraftTree t = DraftTree::chain(std::move(drafts));
+    if (sample && q_rows.size() == t.tokens.size() * static_cast<std::size_t>(model_.config.vocab_size)) t.probs = std::move(q_rows);
+    return t;
+  }
+
+  void set_sampling(std::uint64_t req, const kernels::SamplingParams& params, std::uint64_t seed) override {
+    State& st = states_[req];
+    st.params = params;
+    if (!st.seeded) {
+      st.rng = kernels::Rng(seed ^ 0x5eedd4a7ULL);  // the draft's own stream, independent of the target's
+      st.seeded = true;
+    }
   }
 
   void release(std::uint64_t req) override {
@@ -82,7 +102,11 @@ class StandaloneDrafter final : public Drafter {
   struct State {
     model::KvCache::Seq seq;
     std::vector<std::int32_t> fed;  // tokens whose KV the draft holds
+    kernels::SamplingParams params;
+    kernels::Rng rng;
+    bool seeded = false;
   };
+  bool sampling_;  // --speculative-use-rejection-sampling: draw drafts from q instead of argmax
   model::LoadedModel model_;
   std::unique_ptr<model::KvCache> kv_;
   std::unique_ptr<model::LlamaRunner> runner_;

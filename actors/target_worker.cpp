@@ -131,6 +131,25 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
             res.items.push_back({it.req, {kernels::sample(logits, vocab, it.params, seq.rng)}, 0, 0});
           } else if (it.tokens.size() == 1) {  // plain decode
             res.items.push_back({it.req, {kernels::sample(logits, vocab, it.params, seq.rng)}, 0, 0});
+          } else if (!it.draft_probs.empty() && !it.params.greedy()) {
+            // Chain rejection sampling with the draft's q (SPEC-KERNELS §6): lossless for any q.
+            const auto k = static_cast<std::int32_t>(it.tokens.size()) - 1;
+            std::vector<float> p(static_cast<std::size_t>((k + 1) * vocab)), row;
+            for (std::int32_t j = 0; j <= k; ++j) {
+              kernels::sampling_probs(logits + j * vocab, vocab, it.params, row);
+              std::copy(row.begin(), row.end(), p.begin() + j * vocab);
+            }
+            std::vector<float> coins(static_cast<std::size_t>(k));
+            for (auto& c : coins) c = static_cast<float>(seq.rng.uniform());
+            const std::vector<std::int32_t> drafts(it.tokens.begin() + 1, it.tokens.end());
+            ItemResult r;
+            r.req = it.req;
+            r.drafted = k;
+            r.tokens = kernels::chain_rejection_sampling_cpu(drafts, it.draft_probs, p, vocab, coins,
+                                                             static_cast<float>(seq.rng.uniform()));
+            r.accepted = static_cast<std::int32_t>(r.tokens.size()) - 1;
+            s.kv->truncate(seq.kv, old_len[i] + 1 + r.accepted);  // a chain: nothing to compact
+            res.items.push_back(std::move(r));
           } else {
             std::vector<std::int32_t> path;
             ItemResult r = verify_tree(it, trees[i], logits, vocab, seq.rng, path);

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <cmath>
+#include <map>
 
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -129,5 +131,78 @@ TEST_CASE("tiny model: STANDALONE and self-speculation are lossless; a mismatche
     CHECK_FALSE(m.draft_alive);
     CHECK(m.draft_error.find("vocabulary of 96 tokens does not match the target's 49152") != std::string::npos);
   }
+  fs::remove(p);
+}
+
+TEST_CASE("sampling through the loop: speculative tokens follow the plain sampler's distribution") {
+  specactor::testing::TinyLlamaShape s;
+  s.vocab = 96;
+  s.context = 128;
+  const std::string p = (fs::temp_directory_path() / ("specactor_spec_dist." + std::to_string(::getpid()) + ".gguf")).string();
+  specactor::testing::tiny_llama(s, true, 9).write(p);
+  const std::vector<std::string> base = {"--model-path", p, "--log-level", "warn", "--max-total-tokens", "1024"};
+  const int draws = 1200;
+  // Histogram of the third generated token (two decode steps after the prefill's token).
+  auto histogram = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto e = Engine::from_argv(args);
+    std::map<std::int32_t, int> h;
+    for (int i = 0; i < draws; ++i) {
+      GenerationRequest r;
+      r.prompt_ids = {5, 9, 5, 9, 5};
+      r.max_new_tokens = 3;
+      r.ignore_eos = true;
+      r.sampling.temperature = 1.0f;
+      r.sampling.top_k = 6;
+      r.seed = static_cast<std::uint64_t>(1000 + i);
+      const auto g = e->generate(r);
+      REQUIRE(g.tokens.size() == 3);
+      ++h[g.tokens[2]];
+    }
+    const EngineMetrics m = e->metrics();
+    e->shutdown();
+    return std::pair{h, m};
+  };
+  auto two_sample_chi2 = [](const std::map<std::int32_t, int>& a, const std::map<std::int32_t, int>& b, int& df) {
+    std::map<std::int32_t, std::pair<int, int>> both;
+    for (auto [k, v] : a) both[k].first = v;
+    for (auto [k, v] : b) both[k].second = v;
+    double chi = 0;
+    int small_a = 0, small_b = 0;
+    df = -1;
+    for (auto [k, v] : both) {
+      if (v.first + v.second < 10) {  // pool rare tokens
+        small_a += v.first, small_b += v.second;
+        continue;
+      }
+      chi += double(v.first - v.second) * (v.first - v.second) / (v.first + v.second);
+      ++df;
+    }
+    if (small_a + small_b > 0) {
+      chi += double(small_a - small_b) * (small_a - small_b) / (small_a + small_b);
+      ++df;
+    }
+    return chi;
+  };
+  const auto [plain, pm] = histogram({});
+  const auto [rejection, rm] = histogram({"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "1",
+                                          "--speculative-use-rejection-sampling", "--speculative-num-steps", "2"});
+  const auto [target_only, tm] = histogram({"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "2",
+                                            "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4"});
+  int df1 = 0, df2 = 0;
+  const double chi_rej = two_sample_chi2(plain, rejection, df1), chi_tgt = two_sample_chi2(plain, target_only, df2);
+  MESSAGE("third-token distribution vs plain sampling: rejection sampling chi2 = " << chi_rej << " (df " << df1
+          << ", drafted " << rm.drafted << ", accepted " << rm.accepted << "); target-only tree sampling chi2 = " << chi_tgt
+          << " (df " << df2 << ", drafted " << tm.drafted << ", accepted " << tm.accepted << ")");
+  CHECK(rm.accepted > 0);
+  CHECK(tm.drafted > 0);
+  // p = 0.001 critical value (Wilson–Hilferty approximation of the chi-square quantile).
+  auto crit = [](int df) {
+    const double a = 2.0 / (9.0 * df);
+    return df * std::pow(1.0 - a + 3.0902 * std::sqrt(a), 3.0);
+  };
+  CHECK(chi_rej < crit(df1));
+  CHECK(chi_tgt < crit(df2));
   fs::remove(p);
 }
