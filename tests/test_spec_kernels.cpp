@@ -292,3 +292,74 @@ TEST_CASE("chain rejection sampling emits the target distribution for any draft 
   CHECK(chi2 < kChi2Crit);
   CHECK(chi_wrong > kChi2Crit);
 }
+
+#ifdef SPECACTOR_HAVE_CUDA
+#include "kernels/cuda/cuda_api.hpp"
+#endif
+
+TEST_CASE("spec kernels: CPU vs CUDA parity on the goldens and on random trees") {
+#ifndef SPECACTOR_HAVE_CUDA
+  MESSAGE("SKIPPED: spec kernel CUDA parity (built without CUDA)");
+#else
+  if (!cuda_backend()) {
+    MESSAGE("SKIPPED: spec kernel CUDA parity (no usable CUDA device: " << probe_devices().reason << ")");
+    return;
+  }
+  std::mt19937 rng(23);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int b = 1 + static_cast<int>(rng() % 4), k = 1 + static_cast<int>(rng() % 4), S = 1 + static_cast<int>(rng() % 4);
+    const int n = 2 + static_cast<int>(rng() % std::min(1 + k + (S - 1) * k * k - 1, 16));
+    const std::int64_t vocab = 40;
+    std::vector<std::int32_t> parent_list, selected, seq_lens, cand;
+    for (int r = 0; r < b; ++r) {
+      std::vector<std::vector<float>> scores;
+      std::vector<std::vector<std::int32_t>> tokens, parents;
+      std::vector<float> fs;
+      std::vector<std::int32_t> fid;
+      for (int s = 0; s < S; ++s) {
+        const int nf = s == 0 ? 1 : k;
+        std::vector<float> probs(static_cast<std::size_t>(nf * vocab));
+        for (auto& p : probs) p = static_cast<float>(rng() % 1000) / 1000.0f;
+        const ExpandStep e = topk_expand_cpu(probs.data(), nf, vocab, k, s, fs, fid);
+        scores.push_back(e.scores), tokens.push_back(e.tokens), parents.push_back(e.parents);
+        fs = e.frontier_scores, fid = e.frontier_ids;
+      }
+      const Organized o = organize_draft_results_cpu(scores, tokens, parents, n);
+      parent_list.insert(parent_list.end(), o.parent_list.begin(), o.parent_list.end());
+      selected.insert(selected.end(), o.selected.begin(), o.selected.end());
+      seq_lens.push_back(static_cast<std::int32_t>(rng() % 50));
+      cand.push_back(static_cast<std::int32_t>(rng() % vocab));
+      cand.insert(cand.end(), o.draft_tokens.begin(), o.draft_tokens.end());
+    }
+    const Tree t = build_tree_cpu(parent_list, selected, seq_lens, b, k, n);
+    const auto g = cuda::build_tree_cuda(parent_list, selected, seq_lens, b, k, n);
+    CHECK(g.positions == t.positions);
+    CHECK(g.next_token == t.next_token);
+    CHECK(g.next_sibling == t.next_sibling);
+    // FULL mask = prefix columns + the QLEN rows.
+    std::size_t at = 0;
+    for (int r = 0; r < b; ++r)
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < seq_lens[static_cast<std::size_t>(r)] + n; ++j, ++at) {
+          const int len = seq_lens[static_cast<std::size_t>(r)];
+          const std::uint8_t want = j < len ? 1 : t.mask_qlen[static_cast<std::size_t>((r * n + i) * n + (j - len))];
+          CHECK(g.mask_full[at] == want);
+        }
+    std::vector<std::int32_t> predict(static_cast<std::size_t>(b * n));
+    for (auto& p : predict) p = static_cast<std::int32_t>(rng() % vocab);
+    const Verified vc = verify_tree_greedy_cpu(cand, t, predict, b, n, S + 1);
+    const auto vg = cuda::verify_tree_greedy_cuda(cand, t.retrieve_index, t.next_token, t.next_sibling, predict, b, n, S + 1);
+    CHECK(vg.predicts == vc.predicts);
+    CHECK(vg.accept_index == vc.accept_index);
+    std::vector<float> probs(static_cast<std::size_t>(b * n * vocab)), coins(static_cast<std::size_t>(b * n)), fin(static_cast<std::size_t>(b));
+    for (auto& p : probs) p = static_cast<float>(rng() % 1000) / 40000.0f;
+    for (auto& c : coins) c = static_cast<float>(rng() % 1000) / 1000.0f;
+    for (auto& c : fin) c = static_cast<float>(rng() % 1000) / 1000.0f;
+    const Verified sc = tree_speculative_sampling_target_only_cpu(cand, t, probs, vocab, coins, fin, b, n, S + 1);
+    const auto sg = cuda::tree_speculative_sampling_target_only_cuda(cand, t.retrieve_index, t.next_token, t.next_sibling,
+                                                                     probs, vocab, coins, fin, b, n, S + 1, 1.0f, 1.0f);
+    CHECK(sg.predicts == sc.predicts);
+    CHECK(sg.accept_index == sc.accept_index);
+  }
+#endif
+}

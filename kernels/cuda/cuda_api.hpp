@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace specactor::kernels::cuda {
 
@@ -20,5 +21,27 @@ ProbeResult probe();
 // Host-pointer RMSNorm: copies in, runs on the current device, copies out. Throws std::runtime_error
 // on a CUDA error. Same contract as rmsnorm_cpu.
 void rmsnorm_cuda(float* out, const float* x, const float* weight, int rows, int dim, float eps);
+
+// Speculative kernels (twins of kernels/spec, host vectors in and out).
+struct SpecTree {
+  std::vector<int> parent, next_token, next_sibling, retrieve_index, positions;
+  std::vector<unsigned char> mask_full;  // per request N rows of (seq_len + N): prefix columns, then nodes
+};
+struct SpecVerified {
+  std::vector<int> predicts, accept_index, accept_token_num;
+};
+SpecTree build_tree_cuda(const std::vector<int>& parent_list, const std::vector<int>& selected,
+                         const std::vector<int>& seq_lens, int b, int k, int n);
+SpecVerified verify_tree_greedy_cuda(const std::vector<int>& candidates, const std::vector<int>& retrieve_index,
+                                     const std::vector<int>& next_token, const std::vector<int>& next_sibling,
+                                     const std::vector<int>& target_predict, int b, int n, int steps1);
+SpecVerified tree_speculative_sampling_target_only_cuda(const std::vector<int>& candidates,
+                                                        const std::vector<int>& retrieve_index,
+                                                        const std::vector<int>& next_token,
+                                                        const std::vector<int>& next_sibling,
+                                                        const std::vector<float>& probs, long long vocab,
+                                                        const std::vector<float>& coins,
+                                                        const std::vector<float>& final_coins, int b, int n,
+                                                        int steps1, float threshold_single, float threshold_acc);
 
 }  // namespace specactor::kernels::cuda
