@@ -61,6 +61,46 @@ Tree golden_tree(const json& in, std::int32_t b, std::int32_t n) {
   return t;
 }
 
+
+// A random draft (b requests, top-k expansion over S steps, N nodes) organised and built into a tree.
+struct RandomDraft {
+  int b, k, S, n;
+  std::vector<std::int32_t> parent_list, selected, seq_lens, candidates;
+};
+RandomDraft random_draft(std::mt19937& rng, int max_n, std::int64_t vocab) {
+  RandomDraft d;
+  d.b = 1 + static_cast<int>(rng() % 3);
+  d.k = 1 + static_cast<int>(rng() % 4);
+  d.S = 1 + static_cast<int>(rng() % 5);
+  const int most = 1 + d.k + (d.S - 1) * d.k * d.k;
+  d.n = 2 + static_cast<int>(rng() % std::min(most - 1, max_n));
+  for (int r = 0; r < d.b; ++r) {
+    std::vector<std::vector<float>> scores;
+    std::vector<std::vector<std::int32_t>> tokens, parents;
+    std::vector<float> fs;
+    std::vector<std::int32_t> fid;
+    for (int s = 0; s < d.S; ++s) {
+      const int nf = s == 0 ? 1 : d.k;
+      std::vector<float> probs(static_cast<std::size_t>(nf * vocab));
+      for (auto& p : probs) p = static_cast<float>(rng() % 1000) / 1000.0f;
+      const ExpandStep e = topk_expand_cpu(probs.data(), nf, vocab, d.k, s, fs, fid);
+      scores.push_back(e.scores);
+      tokens.push_back(e.tokens);
+      parents.push_back(e.parents);
+      fs = e.frontier_scores;
+      fid = e.frontier_ids;
+    }
+    const Organized o = organize_draft_results_cpu(scores, tokens, parents, d.n);
+    CHECK(std::is_sorted(o.selected.begin(), o.selected.end()));
+    d.parent_list.insert(d.parent_list.end(), o.parent_list.begin(), o.parent_list.end());
+    d.selected.insert(d.selected.end(), o.selected.begin(), o.selected.end());
+    d.seq_lens.push_back(static_cast<std::int32_t>(rng() % 100));
+    d.candidates.push_back(static_cast<std::int32_t>(rng() % vocab));
+    d.candidates.insert(d.candidates.end(), o.draft_tokens.begin(), o.draft_tokens.end());
+  }
+  return d;
+}
+
 }  // namespace
 
 TEST_CASE("organize_draft_results + build_tree reproduce the goldens") {
@@ -140,34 +180,10 @@ TEST_CASE("tree_speculative_sampling_target_only reproduces the goldens (both th
 TEST_CASE("random trees: one parent per node, positions = seq_len + depth, child lists ascending") {
   std::mt19937 rng(17);
   for (int trial = 0; trial < 300; ++trial) {
-    const int b = 1 + static_cast<int>(rng() % 3), k = 1 + static_cast<int>(rng() % 4), S = 1 + static_cast<int>(rng() % 5);
-    const int max_n = 1 + k + (S - 1) * k * k;
-    const int n = 2 + static_cast<int>(rng() % std::min(max_n - 1, 20));
-    const std::int64_t vocab = 50;
-    std::vector<std::int32_t> parent_list, selected, seq_lens;
-    for (int r = 0; r < b; ++r) {
-      std::vector<std::vector<float>> scores;
-      std::vector<std::vector<std::int32_t>> tokens, parents;
-      std::vector<float> fs;
-      std::vector<std::int32_t> fid;
-      for (int s = 0; s < S; ++s) {
-        const int nf = s == 0 ? 1 : k;
-        std::vector<float> probs(static_cast<std::size_t>(nf * vocab));
-        for (auto& p : probs) p = static_cast<float>(rng() % 1000) / 1000.0f;
-        const ExpandStep e = topk_expand_cpu(probs.data(), nf, vocab, k, s, fs, fid);
-        scores.push_back(e.scores);
-        tokens.push_back(e.tokens);
-        parents.push_back(e.parents);
-        fs = e.frontier_scores;
-        fid = e.frontier_ids;
-      }
-      const Organized o = organize_draft_results_cpu(scores, tokens, parents, n);
-      CHECK(std::is_sorted(o.selected.begin(), o.selected.end()));
-      parent_list.insert(parent_list.end(), o.parent_list.begin(), o.parent_list.end());
-      selected.insert(selected.end(), o.selected.begin(), o.selected.end());
-      seq_lens.push_back(static_cast<std::int32_t>(rng() % 100));
-    }
-    const Tree t = build_tree_cpu(parent_list, selected, seq_lens, b, k, n);
+    const RandomDraft d = random_draft(rng, 20, 50);
+    const int b = d.b, n = d.n;
+    const auto& seq_lens = d.seq_lens;
+    const Tree t = build_tree_cpu(d.parent_list, d.selected, d.seq_lens, d.b, d.k, d.n);
     for (int r = 0; r < b; ++r) {
       std::vector<int> parent_count(static_cast<std::size_t>(n), 0);
       for (int i = 0; i < n; ++i) {
@@ -307,30 +323,10 @@ TEST_CASE("spec kernels: CPU vs CUDA parity on the goldens and on random trees")
   }
   std::mt19937 rng(23);
   for (int trial = 0; trial < 100; ++trial) {
-    const int b = 1 + static_cast<int>(rng() % 4), k = 1 + static_cast<int>(rng() % 4), S = 1 + static_cast<int>(rng() % 4);
-    const int n = 2 + static_cast<int>(rng() % std::min(1 + k + (S - 1) * k * k - 1, 16));
     const std::int64_t vocab = 40;
-    std::vector<std::int32_t> parent_list, selected, seq_lens, cand;
-    for (int r = 0; r < b; ++r) {
-      std::vector<std::vector<float>> scores;
-      std::vector<std::vector<std::int32_t>> tokens, parents;
-      std::vector<float> fs;
-      std::vector<std::int32_t> fid;
-      for (int s = 0; s < S; ++s) {
-        const int nf = s == 0 ? 1 : k;
-        std::vector<float> probs(static_cast<std::size_t>(nf * vocab));
-        for (auto& p : probs) p = static_cast<float>(rng() % 1000) / 1000.0f;
-        const ExpandStep e = topk_expand_cpu(probs.data(), nf, vocab, k, s, fs, fid);
-        scores.push_back(e.scores), tokens.push_back(e.tokens), parents.push_back(e.parents);
-        fs = e.frontier_scores, fid = e.frontier_ids;
-      }
-      const Organized o = organize_draft_results_cpu(scores, tokens, parents, n);
-      parent_list.insert(parent_list.end(), o.parent_list.begin(), o.parent_list.end());
-      selected.insert(selected.end(), o.selected.begin(), o.selected.end());
-      seq_lens.push_back(static_cast<std::int32_t>(rng() % 50));
-      cand.push_back(static_cast<std::int32_t>(rng() % vocab));
-      cand.insert(cand.end(), o.draft_tokens.begin(), o.draft_tokens.end());
-    }
+    const RandomDraft d = random_draft(rng, 16, vocab);
+    const int b = d.b, k = d.k, S = d.S, n = d.n;
+    const auto &parent_list = d.parent_list, &selected = d.selected, &seq_lens = d.seq_lens, &cand = d.candidates;
     const Tree t = build_tree_cpu(parent_list, selected, seq_lens, b, k, n);
     const auto g = cuda::build_tree_cuda(parent_list, selected, seq_lens, b, k, n);
     CHECK(g.positions == t.positions);

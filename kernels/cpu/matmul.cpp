@@ -82,17 +82,6 @@ void row_scales_f16c(WeightType t, const std::uint8_t* row, std::int64_t nc, flo
   if (t == WeightType::Q4_1) f16_to_f32_f16c(r.m, nc, m);
 }
 
-// Scale and min of sub-block j (0..7) of a Q4_K super-block.
-void q4k_scale_min(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = static_cast<std::uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    m = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-
 // The 32 weights of chunk c of a ggml-layout row (dequantized types), exactly as the canonical
 // arithmetic defines them.
 template <WeightType T> void dequant_chunk_ggml(const std::uint8_t* row, std::int64_t c, float* w) {

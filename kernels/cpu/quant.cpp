@@ -96,15 +96,6 @@ float bf16_to_f32(std::uint16_t h) {
   return f;
 }
 
-namespace {
-
-std::uint16_t load_u16(const std::uint8_t* p) {
-  std::uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-
-// Scale and min of sub-block j (0..7) of a Q4_K super-block: 6 bits each, packed in 12 bytes.
 void q4k_scale_min(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m) {
   if (j < 4) {
     sc = q[j] & 63;
@@ -113,6 +104,14 @@ void q4k_scale_min(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t&
     sc = static_cast<std::uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
     m = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
+}
+
+namespace {
+
+std::uint16_t load_u16(const std::uint8_t* p) {
+  std::uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
 }
 
 void dequant_q8_0(const std::uint8_t* b, float* y) {

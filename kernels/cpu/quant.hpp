@@ -27,6 +27,9 @@ float f16_to_f32(std::uint16_t h);
 std::uint16_t f32_to_f16(float f);  // round to nearest even
 float bf16_to_f32(std::uint16_t h);
 
+// Scale and min (6 bits each) of sub-block j (0..7) of a Q4_K super-block, from its 12 scale bytes.
+void q4k_scale_min(int j, const std::uint8_t* scales, std::uint8_t& sc, std::uint8_t& m);
+
 // Dequantizes n elements (a whole number of blocks) starting at `src` into out[n]. Scalar reference.
 void dequantize_row(WeightType t, const void* src, float* out, std::size_t n);
 
