@@ -74,8 +74,9 @@ std::vector<Prompt> load_prompts(const std::string& path) {
   return out;
 }
 
+// Each prompt runs `repeats` times; its best decode rate counts (this machine is shared and noisy).
 std::vector<Run> run_prompts(const std::vector<std::string>& args, const std::vector<Prompt>& prompts, std::int64_t max_new,
-                             sa::EngineMetrics& metrics) {
+                             int repeats, sa::EngineMetrics& metrics) {
   auto engine = sa::Engine::from_argv(args);
   sa::GenerationRequest warm;
   warm.prompt = "Hello";
@@ -88,10 +89,14 @@ std::vector<Run> run_prompts(const std::vector<std::string>& args, const std::ve
     r.prompt = p.text;
     r.chat = true;
     r.max_new_tokens = max_new;
-    const sa::GenerationResult g = engine->generate(r);
-    if (!g.error.empty()) throw std::runtime_error("bench: " + g.error);
-    runs.push_back({g.tokens, g.metrics.decode_tokens_per_s, g.metrics.mean_accepted_length, g.metrics.drafted,
-                    g.metrics.accepted});
+    Run best;
+    for (int k = 0; k < repeats; ++k) {
+      const sa::GenerationResult g = engine->generate(r);
+      if (!g.error.empty()) throw std::runtime_error("bench: " + g.error);
+      if (k == 0 || g.metrics.decode_tokens_per_s > best.tps)
+        best = {g.tokens, g.metrics.decode_tokens_per_s, g.metrics.mean_accepted_length, g.metrics.drafted, g.metrics.accepted};
+    }
+    runs.push_back(std::move(best));
     std::fprintf(stderr, ".");
   }
   std::fprintf(stderr, "\n");
@@ -137,7 +142,7 @@ bool is_spec_shape_flag(const std::string& a) {
 }  // namespace
 
 int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
-                      std::int64_t max_new, bool sweep, bool as_json, const std::string& chart) {
+                      std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart) {
   const sc::ServerArgs user = sc::parse_server_args(server_args);
   const std::string algo(sc::to_string(user.speculative_algorithm));
   const std::vector<Prompt> prompts = load_prompts(prompts_path);
@@ -177,12 +182,12 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
 
   spdlog::info("bench: plain decoding on {} prompts", prompts.size());
   sa::EngineMetrics plain_metrics;
-  const std::vector<Run> plain = run_prompts(plain_args, prompts, max_new, plain_metrics);
+  const std::vector<Run> plain = run_prompts(plain_args, prompts, max_new, repeats, plain_metrics);
   for (auto& s : settings) {
     std::vector<std::string> args = spec_base;
     args.insert(args.end(), s.flags.begin(), s.flags.end());
     spdlog::info("bench: {} {}", algo, s.label);
-    s.runs = run_prompts(args, prompts, max_new, s.metrics);
+    s.runs = run_prompts(args, prompts, max_new, repeats, s.metrics);
     std::vector<double> speedups;
     double tau = 0;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
@@ -207,6 +212,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
   j["algorithm"] = algo;
   j["prompts"] = prompts_path;
   j["max_new_tokens"] = max_new;
+  j["repeats"] = repeats;
   j["settings"] = json::array();
   for (const auto& s : settings) {
     json pos = json::array();
@@ -249,8 +255,9 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("specactor bench: plain vs {} on {} prompts ({}), greedy, up to {} new tokens each\n", algo,
-                           prompts.size(), prompts_path, max_new);
+  std::cout << fmt::format("specactor bench: plain vs {} on {} prompts ({}), greedy, up to {} new tokens each, best of "
+                           "{} runs per prompt\n",
+                           algo, prompts.size(), prompts_path, max_new, repeats);
   for (const auto& s : j["settings"]) {
     std::cout << fmt::format("\nsetting {}: median speedup {:.2f}x, mean τ {:.2f}, α {:.2f}, outputs identical: {}\n",
                              s["label"].get<std::string>(), s["median_speedup"].get<double>(), s["mean_tau"].get<double>(),

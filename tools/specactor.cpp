@@ -40,7 +40,7 @@ namespace sa = specactor::actors;
 using json = nlohmann::json;
 
 int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
-                      std::int64_t max_new, bool sweep, bool as_json, const std::string& chart);
+                      std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart);
 
 namespace {
 
@@ -59,7 +59,7 @@ constexpr const char* kUsage =
     "                               prefill and batch-1 decode speed against the measured memory\n"
     "                               bandwidth and FMA ceilings of this machine\n"
     "  bench --model-path M --speculative-algorithm A [--prompts tools/bench_prompts.jsonl]\n"
-    "        [--max-new-tokens 64] [--sweep] [--chart FILE.svg] [--json] [server flags]\n"
+    "        [--max-new-tokens 64] [--repeats 2] [--sweep] [--chart FILE.svg] [--json] [server flags]\n"
     "                               plain vs speculative decoding side by side on a prompt set\n"
     "\n"
     "`specactor config --help` lists every server flag with its default.\n";
@@ -275,8 +275,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (sc::parse_server_args(rest).speculative_algorithm != sc::SpecAlgorithm::None) {
     const auto max_new = tool_value<std::int64_t>(f, "--max-new-tokens", 64);
     if (max_new < 2) throw sc::ConfigError("--max-new-tokens: must be >= 2");
+    const auto repeats = tool_value<std::int64_t>(f, "--repeats", 2);
+    if (repeats < 1) throw sc::ConfigError("--repeats: must be >= 1");
     return bench_speculative(rest, f.count("--prompts") ? f.at("--prompts") : "tools/bench_prompts.jsonl", max_new,
-                             tool_value<bool>(f, "--sweep", false), tool_value<bool>(f, "--json", false),
+                             static_cast<int>(repeats), tool_value<bool>(f, "--sweep", false),
+                             tool_value<bool>(f, "--json", false),
                              f.count("--chart") ? f.at("--chart") : "");
   }
   const auto prompt_tokens = tool_value<std::int64_t>(f, "--prompt-tokens", 256);
