@@ -22,6 +22,7 @@ struct GenerationRequest {
   std::optional<std::uint64_t> seed;       // default: the snapshot's random_seed
   std::vector<std::string> stop;           // stop strings (not included in the output)
   bool ignore_eos = false;
+  bool speculative = true;                 // false: this request decodes without drafts even when the engine has a drafter
 };
 
 struct RequestMetrics {
@@ -63,6 +64,7 @@ struct EngineMetrics {
   std::int64_t generated_tokens = 0;
   std::int64_t steps = 0;            // target forward calls
   std::int64_t decode_steps = 0;     // per-request decode steps
+  std::int64_t speculative_steps = 0;  // of those, steps of requests that draft (τ is over these)
   std::int64_t drafted = 0, accepted = 0;
   double mean_accepted_length = 0;   // τ over all decode steps
   double acceptance_rate = 0;        // α = accepted / drafted

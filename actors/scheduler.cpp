@@ -201,6 +201,7 @@ void on_step_result(Self self, StepResult& res, Clock::time_point sent) {
     } else {
       ++r.m.steps;
       ++st.metrics.decode_steps;
+      if (st.draft_snapshot && r.sub->request.speculative) ++st.metrics.speculative_steps;
       r.m.drafted += item.drafted;
       r.m.accepted += item.accepted;
       st.metrics.drafted += item.drafted;
@@ -286,7 +287,7 @@ void tick(Self self) {
     } else {
       item.tokens = {r.seq.back()};
       item.sample = true;
-      decoding.push_back(&r);
+      if (r.sub->request.speculative) decoding.push_back(&r);
     }
     r.in_step = true;
     batch.items.push_back(std::move(item));
@@ -519,7 +520,8 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
         EngineMetrics m = s.metrics;
         m.running = static_cast<std::int64_t>(s.running.size());
         m.queued = static_cast<std::int64_t>(s.queue.size());
-        m.mean_accepted_length = m.decode_steps > 0 ? static_cast<double>(m.accepted + m.decode_steps) / m.decode_steps : 0.0;
+        m.mean_accepted_length =
+            m.speculative_steps > 0 ? static_cast<double>(m.accepted + m.speculative_steps) / m.speculative_steps : 0.0;
         m.acceptance_rate = m.drafted > 0 ? static_cast<double>(m.accepted) / m.drafted : 0.0;
         m.draft_alive = static_cast<bool>(s.draft);
         return m;

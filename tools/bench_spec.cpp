@@ -38,7 +38,7 @@ struct Run {
 struct Setting {
   std::string label;
   std::vector<std::string> flags;
-  std::vector<Run> runs;
+  std::vector<Run> runs, plain;  // speculative and plain runs, per prompt
   sa::EngineMetrics metrics;
   double median_speedup = 0, mean_tau = 0, alpha = 0;
   int mismatches = 0;
@@ -74,35 +74,39 @@ std::vector<Prompt> load_prompts(const std::string& path) {
   return out;
 }
 
-// Each prompt runs `repeats` times; its best decode rate counts (this machine is shared and noisy).
-std::vector<Run> run_prompts(const std::vector<std::string>& args, const std::vector<Prompt>& prompts, std::int64_t max_new,
-                             int repeats, sa::EngineMetrics& metrics) {
+// Plain and speculative decoding of every prompt through one engine, alternating per prompt and
+// repeat (a request can opt out of drafting), so both see the same machine state; each prompt's
+// best decode rate of `repeats` runs counts (this machine is shared and noisy).
+void run_prompts(const std::vector<std::string>& args, const std::vector<Prompt>& prompts, std::int64_t max_new,
+                 int repeats, std::vector<Run>& plain, std::vector<Run>& spec, sa::EngineMetrics& metrics) {
   auto engine = sa::Engine::from_argv(args);
   sa::GenerationRequest warm;
   warm.prompt = "Hello";
   warm.chat = true;
   warm.max_new_tokens = 4;
   engine->generate(warm);
-  std::vector<Run> runs;
-  for (const auto& p : prompts) {
+  plain.assign(prompts.size(), {});
+  spec.assign(prompts.size(), {});
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
     sa::GenerationRequest r;
-    r.prompt = p.text;
+    r.prompt = prompts[i].text;
     r.chat = true;
     r.max_new_tokens = max_new;
-    Run best;
-    for (int k = 0; k < repeats; ++k) {
-      const sa::GenerationResult g = engine->generate(r);
-      if (!g.error.empty()) throw std::runtime_error("bench: " + g.error);
-      if (k == 0 || g.metrics.decode_tokens_per_s > best.tps)
-        best = {g.tokens, g.metrics.decode_tokens_per_s, g.metrics.mean_accepted_length, g.metrics.drafted, g.metrics.accepted};
-    }
-    runs.push_back(std::move(best));
+    for (int k = 0; k < repeats; ++k)
+      for (bool speculative : {false, true}) {
+        r.speculative = speculative;
+        const sa::GenerationResult g = engine->generate(r);
+        if (!g.error.empty()) throw std::runtime_error("bench: " + g.error);
+        Run& best = speculative ? spec[i] : plain[i];
+        if (k == 0 || g.metrics.decode_tokens_per_s > best.tps)
+          best = {g.tokens, g.metrics.decode_tokens_per_s, g.metrics.mean_accepted_length, g.metrics.drafted,
+                  g.metrics.accepted};
+      }
     std::fprintf(stderr, ".");
   }
   std::fprintf(stderr, "\n");
   metrics = engine->metrics();
   engine->shutdown();
-  return runs;
 }
 
 void write_chart(const std::string& path, const std::vector<Setting>& settings) {
@@ -147,23 +151,17 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
   const std::string algo(sc::to_string(user.speculative_algorithm));
   const std::vector<Prompt> prompts = load_prompts(prompts_path);
 
-  // Plain decoding: the same flags without any --speculative-* setting.
-  std::vector<std::string> plain_args, spec_base;
+  // With --sweep the grid replaces the user's own shape flags.
+  std::vector<std::string> spec_base;
   for (std::size_t i = 0; i < server_args.size(); ++i) {
     const std::string& a = server_args[i];
     const bool takes_value = i + 1 < server_args.size() && server_args[i + 1].rfind("--", 0) != 0;
-    if (a.rfind("--speculative-", 0) == 0) {
-      if (!(sweep && is_spec_shape_flag(a))) {
-        spec_base.push_back(a);
-        if (takes_value) spec_base.push_back(server_args[i + 1]);
-      }
+    if (sweep && is_spec_shape_flag(a)) {
       if (takes_value) ++i;
       continue;
     }
-    plain_args.push_back(a);
     spec_base.push_back(a);
   }
-  plain_args.insert(plain_args.end(), {"--log-level", "warn"});
   spec_base.insert(spec_base.end(), {"--log-level", "warn"});
 
   std::vector<Setting> settings;
@@ -172,27 +170,28 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     for (int steps : {2, 4, 6, 8})
       for (int topk : tree_capable ? std::vector<int>{1, 4} : std::vector<int>{1}) {
         const int n = topk == 1 ? steps + 1 : std::min(1 + steps * topk, 2 * steps + 4);
-        settings.push_back({fmt::format("s{}k{}n{}", steps, topk, n),
-                            {"--speculative-num-steps", std::to_string(steps), "--speculative-eagle-topk",
-                             std::to_string(topk), "--speculative-num-draft-tokens", std::to_string(n)}});
+        Setting st;
+        st.label = fmt::format("s{}k{}n{}", steps, topk, n);
+        st.flags = {"--speculative-num-steps", std::to_string(steps), "--speculative-eagle-topk", std::to_string(topk),
+                    "--speculative-num-draft-tokens", std::to_string(n)};
+        settings.push_back(std::move(st));
       }
   } else {
-    settings.push_back({algo, {}});
+    Setting st;
+    st.label = algo;
+    settings.push_back(std::move(st));
   }
 
-  spdlog::info("bench: plain decoding on {} prompts", prompts.size());
-  sa::EngineMetrics plain_metrics;
-  const std::vector<Run> plain = run_prompts(plain_args, prompts, max_new, repeats, plain_metrics);
   for (auto& s : settings) {
     std::vector<std::string> args = spec_base;
     args.insert(args.end(), s.flags.begin(), s.flags.end());
-    spdlog::info("bench: {} {}", algo, s.label);
-    s.runs = run_prompts(args, prompts, max_new, repeats, s.metrics);
+    spdlog::info("bench: {} {} on {} prompts, plain and speculative alternating", algo, s.label, prompts.size());
+    run_prompts(args, prompts, max_new, repeats, s.plain, s.runs, s.metrics);
     std::vector<double> speedups;
     double tau = 0;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
-      if (s.runs[i].tokens != plain[i].tokens) ++s.mismatches;
-      if (plain[i].tps > 0) speedups.push_back(s.runs[i].tps / plain[i].tps);
+      if (s.runs[i].tokens != s.plain[i].tokens) ++s.mismatches;
+      if (s.plain[i].tps > 0) speedups.push_back(s.runs[i].tps / s.plain[i].tps);
       tau += s.runs[i].tau;
     }
     s.median_speedup = median(speedups);
@@ -225,9 +224,9 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
       std::vector<double> p, q, r;
       double tau = 0;
       for (auto i : idx) {
-        p.push_back(plain[i].tps);
+        p.push_back(s.plain[i].tps);
         q.push_back(s.runs[i].tps);
-        if (plain[i].tps > 0) r.push_back(s.runs[i].tps / plain[i].tps);
+        if (s.plain[i].tps > 0) r.push_back(s.runs[i].tps / s.plain[i].tps);
         tau += s.runs[i].tau;
       }
       cats[cat] = {{"plain_tokens_per_s", median(p)},
@@ -256,7 +255,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     return 0;
   }
   std::cout << fmt::format("specactor bench: plain vs {} on {} prompts ({}), greedy, up to {} new tokens each, best of "
-                           "{} runs per prompt\n",
+                           "{} alternating runs per prompt\n",
                            algo, prompts.size(), prompts_path, max_new, repeats);
   for (const auto& s : j["settings"]) {
     std::cout << fmt::format("\nsetting {}: median speedup {:.2f}x, mean τ {:.2f}, α {:.2f}, outputs identical: {}\n",
