@@ -359,3 +359,64 @@ TEST_CASE("spec kernels: CPU vs CUDA parity on the goldens and on random trees")
   }
 #endif
 }
+
+TEST_CASE("spec kernels: CPU vs CUDA parity for expansion, organize, chain rejection sampling, compaction") {
+  std::vector<float> rows(10 * 3);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
+  std::vector<float> cpu_rows = rows;
+  compact_accepted_rows_cpu(cpu_rows, 3, 2, {0, 2, 5});
+  CHECK(std::vector<float>(cpu_rows.begin() + 9, cpu_rows.begin() + 12) == std::vector<float>{12, 13, 14});  // slot 3 <- 4
+  CHECK(std::vector<float>(cpu_rows.begin() + 12, cpu_rows.begin() + 15) == std::vector<float>{21, 22, 23});  // slot 4 <- 7
+#ifndef SPECACTOR_HAVE_CUDA
+  MESSAGE("SKIPPED: spec kernel CUDA parity (built without CUDA)");
+#else
+  if (!cuda_backend()) {
+    MESSAGE("SKIPPED: spec kernel CUDA parity (no usable CUDA device: " << probe_devices().reason << ")");
+    return;
+  }
+  std::vector<float> gpu_rows = rows;
+  cuda::compact_accepted_rows_cuda(gpu_rows, 3, 2, {0, 2, 5});
+  CHECK(gpu_rows == cpu_rows);
+  std::mt19937 rng(31);
+  const std::int64_t V = 300;
+  for (int trial = 0; trial < 20; ++trial) {
+    const int k = 1 + static_cast<int>(rng() % 4), nf = trial % 2 ? k : 1, step = nf == 1 ? 0 : 1 + trial % 3;
+    std::vector<float> probs(static_cast<std::size_t>(nf * V)), fs(static_cast<std::size_t>(nf));
+    for (auto& p : probs) p = static_cast<float>(rng() % 200) / 200.0f;  // many ties: the tie rule matters
+    for (auto& f : fs) f = static_cast<float>(rng() % 100) / 100.0f;
+    const ExpandStep c = topk_expand_cpu(probs.data(), nf, V, k, step, fs, {});
+    const auto g = cuda::topk_expand_cuda(probs, nf, V, k, step, fs);
+    CHECK(g.tokens == c.tokens);
+    CHECK(g.scores == c.scores);
+    CHECK(g.parents == c.parents);
+    // organize on the concatenated candidates of one request
+    const int n = 2 + static_cast<int>(rng() % std::min<std::size_t>(c.scores.size(), 8));
+    const Organized o = organize_draft_results_cpu({c.scores}, {c.tokens}, {c.parents}, n);
+    std::vector<int> sel, dt;
+    cuda::organize_draft_results_cuda(c.scores, c.tokens, 1, static_cast<int>(c.scores.size()), n, sel, dt);
+    CHECK(sel == o.selected);
+    CHECK(dt == o.draft_tokens);
+  }
+  for (int trial = 0; trial < 50; ++trial) {
+    const int b = 1 + static_cast<int>(rng() % 3), k = 1 + static_cast<int>(rng() % 4);
+    const std::int64_t v = 12;
+    std::vector<float> q(static_cast<std::size_t>(b * k * v)), p(static_cast<std::size_t>(b * (k + 1) * v)),
+        coins(static_cast<std::size_t>(b * k)), fin(static_cast<std::size_t>(b));
+    std::vector<std::int32_t> drafts(static_cast<std::size_t>(b * k));
+    for (auto& x : q) x = static_cast<float>(rng() % 100) / 1200.0f;
+    for (auto& x : p) x = static_cast<float>(rng() % 100) / 1200.0f;
+    for (auto& x : coins) x = static_cast<float>(rng() % 1000) / 1000.0f;
+    for (auto& x : fin) x = static_cast<float>(rng() % 1000) / 1000.0f;
+    for (auto& x : drafts) x = static_cast<std::int32_t>(rng() % v);
+    const auto g = cuda::chain_rejection_sampling_cuda(drafts, q, p, v, coins, fin, b, k);
+    for (int r = 0; r < b; ++r) {
+      const auto c = chain_rejection_sampling_cpu(
+          std::vector<std::int32_t>(drafts.begin() + r * k, drafts.begin() + (r + 1) * k),
+          std::vector<float>(q.begin() + r * k * v, q.begin() + (r + 1) * k * v),
+          std::vector<float>(p.begin() + r * (k + 1) * v, p.begin() + (r + 1) * (k + 1) * v), v,
+          std::vector<float>(coins.begin() + r * k, coins.begin() + (r + 1) * k), fin[static_cast<std::size_t>(r)]);
+      for (std::size_t i = 0; i < c.size(); ++i) CHECK(g[static_cast<std::size_t>(r * (k + 1)) + i] == c[i]);
+    }
+  }
+#endif
+}

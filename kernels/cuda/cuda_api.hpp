@@ -45,3 +45,26 @@ SpecVerified tree_speculative_sampling_target_only_cuda(const std::vector<int>& 
                                                         int steps1, float threshold_single, float threshold_acc);
 
 }  // namespace specactor::kernels::cuda
+
+namespace specactor::kernels::cuda {
+
+// Top-k draft expansion (§1), organize (§2), chain rejection sampling (§6) and accepted-path row
+// compaction (§7): same contracts as the CPU versions in kernels/spec/spec.hpp.
+struct SpecExpand {
+  std::vector<float> scores, frontier_scores;
+  std::vector<int> tokens, parents, frontier_ids, frontier_tokens;
+};
+SpecExpand topk_expand_cuda(const std::vector<float>& probs, int n_frontier, long long vocab, int k, int step,
+                            const std::vector<float>& frontier_scores);
+// Per request: all steps' scores and tokens concatenated (length L each), parents concatenated
+// (length P); returns selected (b, n-1), draft tokens (b, n-1).
+void organize_draft_results_cuda(const std::vector<float>& scores, const std::vector<int>& tokens, int b, int len, int n,
+                                 std::vector<int>& selected, std::vector<int>& draft_tokens);
+// b chains of k drafts: q (b, k, V), p (b, k+1, V), coins (b, k), final coins (b). out (b, k+1), -1 padded.
+std::vector<int> chain_rejection_sampling_cuda(const std::vector<int>& drafts, const std::vector<float>& q,
+                                               const std::vector<float>& p, long long vocab,
+                                               const std::vector<float>& coins, const std::vector<float>& final_coins,
+                                               int b, int k);
+void compact_accepted_rows_cuda(std::vector<float>& rows, long long row_floats, long long base, const std::vector<int>& path);
+
+}  // namespace specactor::kernels::cuda

@@ -1,8 +1,10 @@
-// kernels/cuda/spec.cu — CUDA twins of kernels/spec (build_tree with the FULL mask, greedy tree
-// verification, target-only tree sampling): one thread per request (or per node), same arguments
-// as the CPU versions through host vectors. Compiled wherever nvcc exists; parity-tested on a GPU.
+// kernels/cuda/spec.cu — CUDA twins of kernels/spec: top-k expansion, organize, build_tree (FULL mask),
+// greedy tree verification, target-only tree sampling, chain rejection sampling and accepted-path row
+// compaction, with the CPU versions' contracts through host vectors. Compiled wherever nvcc exists;
+// parity-tested against the CPU on a GPU.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -232,6 +234,199 @@ SpecVerified tree_speculative_sampling_target_only_cuda(const std::vector<int>& 
                   static_cast<void*>(d_ai), static_cast<void*>(d_an), static_cast<void*>(d_rej)})
     cudaFree(p);
   return v;
+}
+
+}  // namespace specactor::kernels::cuda
+
+namespace specactor::kernels::cuda {
+namespace {
+
+constexpr int kBlock = 256;
+
+// k rounds of a block-wide argmax over one row (ties: the lower index), skipping picked indices.
+__global__ void row_topk_kernel(const float* probs, long long vocab, int k, const float* base_scores, int step,
+                                float* out_scores, int* out_tokens) {
+  const int f = blockIdx.x;
+  const float* row = probs + f * vocab;
+  __shared__ float best_v[kBlock];
+  __shared__ int best_i[kBlock];
+  __shared__ int picked[64];
+  const float base = step == 0 ? 1.0f : base_scores[f];
+  for (int round = 0; round < k; ++round) {
+    float bv = -1.0f;
+    int bi = 0x7fffffff;
+    for (long long t = threadIdx.x; t < vocab; t += blockDim.x) {
+      bool taken = false;
+      for (int j = 0; j < round; ++j) taken = taken || picked[j] == t;
+      if (taken) continue;
+      const float v = row[t];
+      if (v > bv || (v == bv && t < bi)) bv = v, bi = static_cast<int>(t);
+    }
+    best_v[threadIdx.x] = bv;
+    best_i[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) {
+        const float ov = best_v[threadIdx.x + s];
+        const int oi = best_i[threadIdx.x + s];
+        if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x]))
+          best_v[threadIdx.x] = ov, best_i[threadIdx.x] = oi;
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      picked[round] = best_i[0];
+      out_scores[f * k + round] = base * best_v[0];
+      out_tokens[f * k + round] = best_i[0];
+    }
+    __syncthreads();
+  }
+}
+
+// One thread per request: the n-1 best of len scores (ties: lower index), then sorted ascending.
+__global__ void organize_kernel(const float* scores, const int* tokens, int b, int len, int n, int* selected,
+                                int* draft_tokens, unsigned char* used) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= b) return;
+  const float* s = scores + r * len;
+  unsigned char* u = used + r * len;
+  int* sel = selected + r * (n - 1);
+  for (int i = 0; i < n - 1; ++i) {
+    int best = -1;
+    for (int c = 0; c < len; ++c)
+      if (!u[c] && (best < 0 || s[c] > s[best])) best = c;
+    u[best] = 1;
+    sel[i] = best;
+  }
+  for (int i = 1; i < n - 1; ++i)  // insertion sort, ascending
+    for (int j = i; j > 0 && sel[j - 1] > sel[j]; --j) {
+      const int t = sel[j];
+      sel[j] = sel[j - 1];
+      sel[j - 1] = t;
+    }
+  for (int i = 0; i < n - 1; ++i) draft_tokens[r * (n - 1) + i] = tokens[r * len + sel[i]];
+}
+
+__device__ int sample_row(const float* w, long long vocab, float coin) {
+  double total = 0;
+  for (long long t = 0; t < vocab; ++t) total += w[t];
+  const double target = static_cast<double>(coin) * total;
+  double acc = 0;
+  int last = -1;
+  for (long long t = 0; t < vocab; ++t) {
+    if (w[t] <= 0) continue;
+    acc += w[t];
+    last = static_cast<int>(t);
+    if (target < acc) return last;
+  }
+  return last;
+}
+
+__global__ void chain_rejection_kernel(const int* drafts, const float* q, const float* p, long long vocab,
+                                       const float* coins, const float* final_coins, int b, int k, float* residual,
+                                       int* out) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= b) return;
+  for (int i = 0; i <= k; ++i) out[r * (k + 1) + i] = -1;
+  float* res = residual + r * vocab;
+  for (int i = 0; i < k; ++i) {
+    const float* qi = q + (static_cast<long long>(r) * k + i) * vocab;
+    const float* pi = p + (static_cast<long long>(r) * (k + 1) + i) * vocab;
+    const int x = drafts[r * k + i];
+    if (coins[r * k + i] * qi[x] < pi[x]) {
+      out[r * (k + 1) + i] = x;
+      continue;
+    }
+    for (long long t = 0; t < vocab; ++t) res[t] = fmaxf(0.0f, pi[t] - qi[t]);
+    out[r * (k + 1) + i] = sample_row(res, vocab, final_coins[r]);
+    return;
+  }
+  out[r * (k + 1) + k] = sample_row(p + (static_cast<long long>(r) * (k + 1) + k) * vocab, vocab, final_coins[r]);
+}
+
+// Sequential over j (path[j] >= j keeps sources intact), parallel over a row's floats.
+__global__ void compact_kernel(float* rows, long long row_floats, long long base, const int* path, int n) {
+  for (int j = 1; j < n; ++j) {
+    const long long from = base + path[j], to = base + j;
+    if (from != to)
+      for (long long e = threadIdx.x; e < row_floats; e += blockDim.x) rows[to * row_floats + e] = rows[from * row_floats + e];
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+SpecExpand topk_expand_cuda(const std::vector<float>& probs, int n_frontier, long long vocab, int k, int step,
+                            const std::vector<float>& frontier_scores) {
+  if (k > 64) throw std::invalid_argument("topk_expand_cuda: k must be <= 64");
+  float* d_p = upload(probs);
+  float* d_fs = upload(frontier_scores.empty() ? std::vector<float>(1, 1.0f) : frontier_scores);
+  const std::size_t m = static_cast<std::size_t>(n_frontier) * k;
+  float* d_s = alloc<float>(m);
+  int* d_t = alloc<int>(m);
+  row_topk_kernel<<<n_frontier, kBlock>>>(d_p, vocab, k, d_fs, step, d_s, d_t);
+  check(cudaGetLastError(), "launch topk_expand");
+  SpecExpand e;
+  e.scores = download(d_s, m);
+  e.tokens = download(d_t, m);
+  cudaFree(d_p), cudaFree(d_fs), cudaFree(d_s), cudaFree(d_t);
+  // The new frontier: best k of the n_frontier*k candidates (ties: lower index), on the host.
+  std::vector<int> order(m);
+  for (std::size_t i = 0; i < m; ++i) order[i] = static_cast<int>(i);
+  const std::size_t kk = std::min<std::size_t>(static_cast<std::size_t>(k), m);
+  std::partial_sort(order.begin(), order.begin() + static_cast<long>(kk), order.end(), [&](int a, int b) {
+    return e.scores[static_cast<std::size_t>(a)] > e.scores[static_cast<std::size_t>(b)] ||
+           (e.scores[static_cast<std::size_t>(a)] == e.scores[static_cast<std::size_t>(b)] && a < b);
+  });
+  const int first_id = step == 0 ? 0 : k + k * k * (step - 1);
+  if (step == 0) e.parents.push_back(-1);
+  for (std::size_t i = 0; i < kk; ++i) {
+    const int c = order[i];
+    e.frontier_scores.push_back(e.scores[static_cast<std::size_t>(c)]);
+    e.frontier_ids.push_back(first_id + c);
+    e.frontier_tokens.push_back(e.tokens[static_cast<std::size_t>(c)]);
+    e.parents.push_back(first_id + c);
+  }
+  return e;
+}
+
+void organize_draft_results_cuda(const std::vector<float>& scores, const std::vector<int>& tokens, int b, int len, int n,
+                                 std::vector<int>& selected, std::vector<int>& draft_tokens) {
+  float* d_s = upload(scores);
+  int* d_t = upload(tokens);
+  const std::size_t sn = static_cast<std::size_t>(b) * (n - 1);
+  int *d_sel = alloc<int>(sn), *d_dt = alloc<int>(sn);
+  unsigned char* d_used = alloc<unsigned char>(static_cast<std::size_t>(b) * len);
+  check(cudaMemset(d_used, 0, static_cast<std::size_t>(b) * len), "memset");
+  organize_kernel<<<(b + 63) / 64, 64>>>(d_s, d_t, b, len, n, d_sel, d_dt, d_used);
+  check(cudaGetLastError(), "launch organize");
+  selected = download(d_sel, sn);
+  draft_tokens = download(d_dt, sn);
+  cudaFree(d_s), cudaFree(d_t), cudaFree(d_sel), cudaFree(d_dt), cudaFree(d_used);
+}
+
+std::vector<int> chain_rejection_sampling_cuda(const std::vector<int>& drafts, const std::vector<float>& q,
+                                               const std::vector<float>& p, long long vocab,
+                                               const std::vector<float>& coins, const std::vector<float>& final_coins,
+                                               int b, int k) {
+  int* d_d = upload(drafts);
+  float *d_q = upload(q), *d_p = upload(p), *d_c = upload(coins), *d_f = upload(final_coins);
+  float* d_res = alloc<float>(static_cast<std::size_t>(b * vocab));
+  int* d_out = alloc<int>(static_cast<std::size_t>(b) * (k + 1));
+  chain_rejection_kernel<<<(b + 63) / 64, 64>>>(d_d, d_q, d_p, vocab, d_c, d_f, b, k, d_res, d_out);
+  check(cudaGetLastError(), "launch chain_rejection_sampling");
+  std::vector<int> out = download(d_out, static_cast<std::size_t>(b) * (k + 1));
+  cudaFree(d_d), cudaFree(d_q), cudaFree(d_p), cudaFree(d_c), cudaFree(d_f), cudaFree(d_res), cudaFree(d_out);
+  return out;
+}
+
+void compact_accepted_rows_cuda(std::vector<float>& rows, long long row_floats, long long base, const std::vector<int>& path) {
+  float* d_rows = upload(rows);
+  int* d_path = upload(path);
+  compact_kernel<<<1, kBlock>>>(d_rows, row_floats, base, d_path, static_cast<int>(path.size()));
+  check(cudaGetLastError(), "launch compact");
+  rows = download(d_rows, rows.size());
+  cudaFree(d_rows), cudaFree(d_path);
 }
 
 }  // namespace specactor::kernels::cuda

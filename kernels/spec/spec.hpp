@@ -91,3 +91,13 @@ std::vector<std::int32_t> chain_rejection_sampling_cpu(const std::vector<std::in
 std::int32_t sample_distribution(const float* probs, std::int64_t vocab, float coin);
 
 }  // namespace specactor::kernels
+
+namespace specactor::kernels {
+
+// §7 — accepted-path compaction on plain rows: rows[(base + j) * row_floats ...] = rows[(base + path[j]) * ...]
+// for j = 1..path.size()-1 (path[0] is the root, path[j] >= j). The paged KV cache does the same
+// per layer with KvCache::copy_slot.
+void compact_accepted_rows_cpu(std::vector<float>& rows, std::int64_t row_floats, std::int64_t base,
+                               const std::vector<std::int32_t>& path);
+
+}  // namespace specactor::kernels

@@ -280,3 +280,16 @@ std::vector<std::int32_t> chain_rejection_sampling_cpu(const std::vector<std::in
 }
 
 }  // namespace specactor::kernels
+
+namespace specactor::kernels {
+
+void compact_accepted_rows_cpu(std::vector<float>& rows, std::int64_t row_floats, std::int64_t base,
+                               const std::vector<std::int32_t>& path) {
+  for (std::size_t j = 1; j < path.size(); ++j) {
+    const std::int64_t from = base + path[j], to = base + static_cast<std::int64_t>(j);
+    if (from == to) continue;
+    std::copy(rows.begin() + from * row_floats, rows.begin() + (from + 1) * row_floats, rows.begin() + to * row_floats);
+  }
+}
+
+}  // namespace specactor::kernels
