@@ -167,7 +167,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
   std::vector<Setting> settings;
   if (sweep) {
     const bool tree_capable = user.speculative_algorithm == sc::SpecAlgorithm::Ngram;
-    for (int steps : {2, 4, 6, 8})
+    for (int steps : {2, 3, 4, 6, 8})
       for (int topk : tree_capable ? std::vector<int>{1, 4} : std::vector<int>{1}) {
         const int n = topk == 1 ? steps + 1 : std::min(1 + steps * topk, 2 * steps + 4);
         Setting st;
