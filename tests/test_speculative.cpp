@@ -13,7 +13,11 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "actors/drafter.hpp"
 #include "actors/engine.hpp"
+#include "config/snapshot.hpp"
+#include "model/gguf.hpp"
+#include "model/model_info.hpp"
 #include "tests/support/gguf_writer.hpp"
 
 using namespace specactor::actors;
@@ -205,4 +209,59 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   CHECK(chi_rej < crit(df1));
   CHECK(chi_tgt < crit(df2));
   fs::remove(p);
+}
+
+TEST_CASE("NGRAM drafter: matches in the sequence, in an external corpus, and trie proposals") {
+  if (!fs::exists(kDefaultModel)) {
+    MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
+    return;
+  }
+  specactor::config::ServerArgs args;
+  args.model_path = kDefaultModel;
+  args.skip_tokenizer_init = false;
+  const auto file = specactor::model::GgufFile::open(kDefaultModel);
+  const DraftContext ctx{specactor::model::read_model_info(*file), specactor::model::Tokenizer::from_gguf(*file)};
+  const auto& tok = *ctx.tokenizer;
+
+  const std::string corpus = (fs::temp_directory_path() / ("specactor_corpus." + std::to_string(::getpid()) + ".txt")).string();
+  std::ofstream(corpus) << "The actor model treats actors as the universal primitives of concurrent computation.\n";
+  args.speculative_algorithm = specactor::config::SpecAlgorithm::Ngram;
+  args.speculative_ngram_corpus_path = corpus;
+  args.speculative_ngram_min_match_window_size = 2;
+  const auto snap = specactor::config::freeze(args);
+  auto drafter = find_drafter(snap)(snap, ctx);
+
+  // Not in the sequence, but in the corpus: the corpus continuation is proposed.
+  const auto prefix = tok.encode("We know that the actor model treats actors as the");
+  const auto whole = tok.encode("The actor model treats actors as the universal primitives");
+  const DraftTree t = drafter->propose(1, prefix, 4, 4);
+  REQUIRE(!t.tokens.empty());
+  const std::vector<std::int32_t> want(whole.end() - 3, whole.end());
+  CHECK(std::vector<std::int32_t>(t.tokens.begin(), t.tokens.begin() + std::min<std::size_t>(3, t.tokens.size())) ==
+        std::vector<std::int32_t>(want.begin(), want.begin() + std::min<std::size_t>(3, t.tokens.size())));
+  CHECK(t.parents.front() == -1);
+
+  // A match inside the sequence itself (prompt lookup), as a chain.
+  const auto rep = tok.encode("one two three four five. one two three");
+  const DraftTree c = drafter->propose(2, rep, 3, 3);
+  REQUIRE(c.tokens.size() == 3);
+  CHECK(tok.decode(c.tokens) == " four five.");
+  CHECK(c.parents == std::vector<std::int32_t>{-1, 0, 1});
+
+  // topk > 1: several continuations share the root in a trie (parents before children).
+  args.speculative_ngram_corpus_path.reset();
+  args.speculative_eagle_topk = 3;
+  args.speculative_num_steps = 3;
+  args.speculative_num_draft_tokens = 8;
+  const auto snap3 = specactor::config::freeze(args);
+  auto trie = find_drafter(snap3)(snap3, ctx);
+  const auto branches = tok.encode("red apple. red car. red sky. red");
+  const DraftTree tr = trie->propose(3, branches, 7, 3);
+  int roots = 0;
+  for (std::size_t i = 0; i < tr.parents.size(); ++i) {
+    CHECK(tr.parents[i] < static_cast<std::int32_t>(i));
+    roots += tr.parents[i] == -1;
+  }
+  CHECK(roots >= 2);
+  fs::remove(corpus);
 }
