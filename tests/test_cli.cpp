@@ -103,6 +103,17 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
       {"inspect /nonexistent.gguf", "specactor: error: /nonexistent.gguf: cannot open"},
       {"inspect " + std::string(SPECACTOR_SOURCE_DIR) + "/CMakeLists.txt", "not a GGUF file (magic"},
       {"frobnicate", "specactor: error: unknown command 'frobnicate'"},
+      {"generate --model-path " + tiny_model(), "specactor: error: --prompt is required"},
+      {"generate --model-path " + tiny_model() + " --prompt hi --temperature -1", "specactor: error: --temperature: must be >= 0"},
+      {"generate --model-path " + tiny_model() + " --prompt hi --top-p 0", "specactor: error: --top-p: must be in (0, 1]"},
+      {"generate --model-path " + tiny_model() + " --prompt hi --max-new-tokens zero",
+       "specactor: error: --max-new-tokens: 'zero' is not a valid integer"},
+      {"generate --model-path " + tiny_model() + " --prompt hi --max-new-tokens 0",
+       "specactor: error: --max-new-tokens: must be >= 1 (got 0)"},
+      {"bench --model-path " + tiny_model() + " --repeats 0", "specactor: error: --repeats: must be >= 1"},
+      {"bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --prompts /nonexistent.jsonl",
+       "specactor: error: --prompts /nonexistent.jsonl: cannot open the file"},
+      {"bench --model-path " + tiny_model() + " --prompt-tokens 4000", "exceed the context length 128"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.args);
@@ -111,6 +122,19 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
     CHECK(r.out.empty());
     CHECK_MESSAGE(r.err.find(c.expect) != std::string::npos, r.err);
   }
+}
+
+TEST_CASE("specactor bench: a malformed prompt file names the file and the line") {
+  const fs::path p = fs::temp_directory_path() / ("specactor_prompts." + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"hi\"}\n{oops\n";
+  const Run r = run("bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --prompts " + p.string());
+  CHECK(r.rc == 2);
+  CHECK_MESSAGE(r.err.find("--prompts " + p.string() + ":2: not valid JSON") != std::string::npos, r.err);
+  std::ofstream(p) << "{\"category\": \"chat\"}\n";
+  const Run r2 = run("bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --prompts " + p.string());
+  CHECK(r2.rc == 2);
+  CHECK_MESSAGE(r2.err.find(":1: expected {\"category\": ..., \"prompt\": \"...\"}") != std::string::npos, r2.err);
+  fs::remove(p);
 }
 
 TEST_CASE("specactor inspect and devices") {
