@@ -143,13 +143,19 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     s = derive(s, "auto.memory", {{"max_total_tokens", rounded}});
   }
 
-  // Device.
+  // Device and parallelism: only what the engine can actually run.
   if (s->device == Device::Cuda && !runtime.cuda_usable)
     throw ConfigError("--device cuda: no usable CUDA device (" +
                       (runtime.cuda_reason.empty() ? std::string("probe failed") : runtime.cuda_reason) +
                       "); use --device cpu or auto");
+  if (s->device == Device::Cuda && !runtime.cuda_forward)
+    throw ConfigError("--device cuda: this build has no CUDA forward pass yet (the model runs on the CPU); use --device "
+                      "cpu or auto");
   if (s->device == Device::Auto)
-    s = derive(s, "auto.device", {{"device", runtime.cuda_usable ? "cuda" : "cpu"}});
+    s = derive(s, "auto.device", {{"device", runtime.cuda_usable && runtime.cuda_forward ? "cuda" : "cpu"}});
+  if (s->tp_size > runtime.max_tp_size)
+    throw ConfigError("--tp-size " + std::to_string(s->tp_size) + ": this engine runs at most " +
+                      std::to_string(runtime.max_tp_size) + " tensor-parallel rank(s) so far; use --tp-size 1");
 
   // Speculative shape.
   if (s->speculative_algorithm != SpecAlgorithm::None) {

@@ -29,6 +29,8 @@ struct ModelFacts {
 struct RuntimeFacts {
   bool cuda_usable = false;  // a CUDA device answered the probe
   std::string cuda_reason;   // why not, for the error message of --device cuda
+  bool cuda_forward = false; // the engine can run the model on CUDA (not yet: the forward pass is CPU only)
+  std::int64_t max_tp_size = 1;  // tensor-parallel ranks the engine can run (not yet: 1)
 };
 
 // Parses `--flag value`, `--flag=value`, bare `--bool-flag`, and `--config FILE.json` (keys are the

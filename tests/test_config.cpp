@@ -235,7 +235,16 @@ TEST_CASE("load-time resolution: context length, KV budget, device") {
   const Snapshot cuda = freeze(parse({"--model-path", "m.gguf", "--device", "cuda"}));
   CHECK_THROWS_WITH_AS(resolve_target(cuda, llama_facts(), no_gpu()),
                        "--device cuda: no usable CUDA device (no driver); use --device cpu or auto", ConfigError);
-  CHECK(resolve_target(cuda, llama_facts(), {true, ""})->device == Device::Cuda);
+  CHECK_THROWS_WITH_AS(resolve_target(cuda, llama_facts(), {true, ""}),
+                       doctest::Contains("--device cuda: this build has no CUDA forward pass yet"), ConfigError);
+  CHECK(resolve_target(cuda, llama_facts(), {true, "", true})->device == Device::Cuda);
+  const Snapshot auto_dev = freeze(parse({"--model-path", "m.gguf"}));
+  CHECK(resolve_target(auto_dev, llama_facts(), {true, ""})->device == Device::Cpu);  // a GPU but no CUDA forward
+  CHECK(resolve_target(auto_dev, llama_facts(), {true, "", true})->device == Device::Cuda);
+  const Snapshot tp = freeze(parse({"--model-path", "m.gguf", "--tp-size", "2"}));
+  CHECK_THROWS_WITH_AS(resolve_target(tp, llama_facts(), no_gpu()),
+                       "--tp-size 2: this engine runs at most 1 tensor-parallel rank(s) so far; use --tp-size 1",
+                       ConfigError);
 }
 
 TEST_CASE("snapshots round-trip through JSON with their override log") {
