@@ -265,31 +265,6 @@ SPECACTOR_AVX2 void tile_avx2(const std::uint8_t* row, const PackedRow& pr, std:
   for (int r = 0; r < NT; ++r) y[r * y_stride] = tree16_avx2(acc[r][0][0], acc[r][0][1], acc[r][1][0], acc[r][1][1]);
 }
 
-template <WeightType T>
-SPECACTOR_AVX2 void matmul_rows_avx2(const WeightMatrix& w, std::int64_t o_begin, std::int64_t o_end, const float* x,
-                                     std::int64_t rows, float* y, std::int64_t y_stride) {
-  const std::int64_t nc = w.in_dim / 32, in = w.in_dim;
-  float d[kMaxChunks], m[kMaxChunks];
-  for (std::int64_t o = o_begin; o < o_end; ++o) {
-    const std::uint8_t* row = w.data + static_cast<std::size_t>(o) * w.row_stride;
-    PackedRow pr{};
-    if constexpr (is_packed(T)) {
-      row_scales_f16c(T, row, nc, d, m);
-      pr = packed_row(T, row, nc);
-    }
-    for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
-      const float* xr = x + r0 * in;
-      float* yr = y + r0 * y_stride + o;
-      switch (std::min<std::int64_t>(kTile, rows - r0)) {
-        case 1: tile_avx2<T, 1>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
-        case 2: tile_avx2<T, 2>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
-        case 3: tile_avx2<T, 3>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
-        default: tile_avx2<T, 4>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
-      }
-    }
-  }
-}
-
 // ---- AVX-512 path: lanes 0..15 in one register -------------------------------------------------
 
 #define SPECACTOR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
@@ -367,9 +342,26 @@ SPECACTOR_AVX512 void tile_avx512(const std::uint8_t* row, const PackedRow& pr, 
   for (int r = 0; r < NT; ++r) y[r * y_stride] = tree16_avx512(acc[r][0], acc[r][1]);
 }
 
-template <WeightType T>
-SPECACTOR_AVX512 void matmul_rows_avx512(const WeightMatrix& w, std::int64_t o_begin, std::int64_t o_end,
-                                         const float* x, std::int64_t rows, float* y, std::int64_t y_stride) {
+// ---- the row loop shared by the SIMD paths ----------------------------------------------------------
+
+template <WeightType T, int NT> struct Avx2Tile {
+  static void run(const std::uint8_t* row, const PackedRow& pr, std::int64_t nc, std::int64_t in, const float* d,
+                  const float* m, const float* x, float* y, std::int64_t y_stride) {
+    tile_avx2<T, NT>(row, pr, nc, in, d, m, x, y, y_stride);
+  }
+};
+template <WeightType T, int NT> struct Avx512Tile {
+  static void run(const std::uint8_t* row, const PackedRow& pr, std::int64_t nc, std::int64_t in, const float* d,
+                  const float* m, const float* x, float* y, std::int64_t y_stride) {
+    tile_avx512<T, NT>(row, pr, nc, in, d, m, x, y, y_stride);
+  }
+};
+
+// Output rows [o_begin, o_end): per row, its scales once (packed types), then tiles of up to kTile
+// activation rows.
+template <WeightType T, template <WeightType, int> class Tile>
+void matmul_rows_simd(const WeightMatrix& w, std::int64_t o_begin, std::int64_t o_end, const float* x, std::int64_t rows,
+                      float* y, std::int64_t y_stride) {
   const std::int64_t nc = w.in_dim / 32, in = w.in_dim;
   float d[kMaxChunks], m[kMaxChunks];
   for (std::int64_t o = o_begin; o < o_end; ++o) {
@@ -383,10 +375,10 @@ SPECACTOR_AVX512 void matmul_rows_avx512(const WeightMatrix& w, std::int64_t o_b
       const float* xr = x + r0 * in;
       float* yr = y + r0 * y_stride + o;
       switch (std::min<std::int64_t>(kTile, rows - r0)) {
-        case 1: tile_avx512<T, 1>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
-        case 2: tile_avx512<T, 2>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
-        case 3: tile_avx512<T, 3>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
-        default: tile_avx512<T, 4>(row, pr, nc, in, d, m, xr, yr, y_stride); break;
+        case 1: Tile<T, 1>::run(row, pr, nc, in, d, m, xr, yr, y_stride); break;
+        case 2: Tile<T, 2>::run(row, pr, nc, in, d, m, xr, yr, y_stride); break;
+        case 3: Tile<T, 3>::run(row, pr, nc, in, d, m, xr, yr, y_stride); break;
+        default: Tile<T, 4>::run(row, pr, nc, in, d, m, xr, yr, y_stride); break;
       }
     }
   }
@@ -406,8 +398,8 @@ using RowsFn = void (*)(const WeightMatrix&, std::int64_t, std::int64_t, const f
                         std::int64_t);
 
 template <WeightType T> RowsFn rows_fn_typed(CpuPath p) {
-  if (p == CpuPath::Avx512 && cpu_has_avx512()) return &matmul_rows_avx512<T>;
-  if (p != CpuPath::Scalar && cpu_has_avx2()) return &matmul_rows_avx2<T>;
+  if (p == CpuPath::Avx512 && cpu_has_avx512()) return &matmul_rows_simd<T, Avx512Tile>;
+  if (p != CpuPath::Scalar && cpu_has_avx2()) return &matmul_rows_simd<T, Avx2Tile>;
   return &matmul_rows_scalar<T>;
 }
 
