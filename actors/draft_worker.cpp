@@ -21,6 +21,8 @@ draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_poin
         Proposals out;
         for (const auto& it : batch.items) {
           self->state.drafter->set_sampling(it.req, it.params, it.seed);
+          if (!it.hidden.empty() || it.kv_length > 0)
+            self->state.drafter->observe(it.req, TargetFeatures{it.hidden, it.hidden_first, it.kv_pages, it.kv_length});
           DraftTree t = self->state.drafter->propose(it.req, *it.context, it.max_nodes, it.max_depth);
           out.tokens.push_back(std::move(t.tokens));
           out.parents.push_back(std::move(t.parents));
@@ -38,6 +40,8 @@ draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_poin
         self->state.drafter->reconfigure(self->state.snapshot);
       },
       [self](snapshot_atom) -> config::Snapshot { return self->state.snapshot; },
+      [self](needs_atom) -> DrafterNeeds { return self->state.drafter->needs(); },
+      [self](info_atom) -> std::string { return self->state.drafter->model_config(); },
   };
 }
 

@@ -24,6 +24,10 @@ using draft_worker_actor = caf::typed_actor<
     caf::reacts_to<release_atom, std::uint64_t>,
     // A new draft snapshot (between steps): the worker swaps its pointer and tells the drafter.
     caf::reacts_to<reconf_atom, config::Snapshot>,
+    // What the drafter needs from the target (hidden layers, KV view).
+    caf::replies_to<needs_atom>::with<DrafterNeeds>,
+    // The draft model's config as JSON text (the isolation tests read the hot vocabulary here).
+    caf::replies_to<info_atom>::with<std::string>,
     // The snapshot the worker holds now.
     caf::replies_to<snapshot_atom>::with<config::Snapshot>>;
 

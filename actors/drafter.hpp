@@ -11,6 +11,8 @@
 
 #include "config/snapshot.hpp"
 #include "kernels/cpu/sampling.hpp"
+#include "model/kv_cache.hpp"
+#include "model/llama.hpp"
 #include "model/model_info.hpp"
 #include "model/tokenizer.hpp"
 
@@ -20,6 +22,28 @@ namespace specactor::actors {
 struct DraftContext {
   model::ModelInfo target_info;
   std::shared_ptr<const model::Tokenizer> tokenizer;
+  // The target's weights (immutable; heads share its embedding and output head) and a read-only
+  // handle on its KV pool (FROZEN_KV_MTP reads committed pages through it; nothing here can write).
+  // Null when the target runs elsewhere.
+  std::shared_ptr<const model::LlamaWeights> target_weights;
+  std::shared_ptr<const model::KvCache> target_kv;
+};
+
+// What a drafter needs from the target besides tokens: the outputs of these target layers for every
+// committed row (EAGLE: the last layer; EAGLE3: three), and/or a read-only view of its KV pages.
+struct DrafterNeeds {
+  std::vector<std::int32_t> hidden_layers;
+  bool target_kv = false;
+};
+
+// The target's output for one request since the last proposal: hidden rows (one per committed token,
+// in order, each hidden_layers.size() × hidden floats, the layers concatenated) starting at context
+// position `first`, and the request's committed KV pages (target_kv only).
+struct TargetFeatures {
+  const std::vector<float>& hidden;
+  std::int64_t first = 0;
+  const std::vector<std::int32_t>& kv_pages;
+  std::int64_t kv_length = 0;
 };
 
 // A proposal: draft tokens and, for each, its parent (-1 = the root, i.e. the last token of the
@@ -47,6 +71,11 @@ class Drafter {
   // The target accepted `tokens` (drafts and bonus) for req; stateful drafters extend their state.
   virtual void catch_up(std::uint64_t req, const std::vector<std::int32_t>& tokens) { (void)req, (void)tokens; }
   virtual void release(std::uint64_t req) { (void)req; }
+  virtual DrafterNeeds needs() const { return {}; }
+  // Called before propose with what the target produced for req since the last call.
+  virtual void observe(std::uint64_t req, const TargetFeatures& features) { (void)req, (void)features; }
+  // The draft model's config as JSON text (heads: kind, shapes, draft/hot vocabulary); "{}" if none.
+  virtual std::string model_config() const { return "{}"; }
   // A new draft snapshot arrived (e.g. another step count); the drafter reads what it needs.
   virtual void reconfigure(const config::Snapshot& snapshot) { (void)snapshot; }
 };

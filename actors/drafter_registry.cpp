@@ -8,6 +8,10 @@ namespace specactor::actors {
 
 std::unique_ptr<Drafter> make_ngram_drafter(const config::Snapshot& snapshot, const DraftContext& context);
 std::unique_ptr<Drafter> make_standalone_drafter(const config::Snapshot& snapshot, const DraftContext& context);
+std::unique_ptr<Drafter> make_eagle_drafter(const config::Snapshot& snapshot, const DraftContext& context);
+std::unique_ptr<Drafter> make_eagle3_drafter(const config::Snapshot& snapshot, const DraftContext& context);
+std::unique_ptr<Drafter> make_mtp_drafter(const config::Snapshot& snapshot, const DraftContext& context);
+std::unique_ptr<Drafter> make_frozen_kv_mtp_drafter(const config::Snapshot& snapshot, const DraftContext& context);
 
 namespace {
 
@@ -17,6 +21,10 @@ struct Registry {
   Registry() {  // built-ins, registered explicitly (static libraries drop self-registering objects)
     factories["NGRAM"] = &make_ngram_drafter;
     factories["STANDALONE"] = &make_standalone_drafter;
+    factories["EAGLE"] = &make_eagle_drafter;
+    factories["EAGLE3"] = &make_eagle3_drafter;
+    factories["MTP"] = &make_mtp_drafter;
+    factories["FROZEN_KV_MTP"] = &make_frozen_kv_mtp_drafter;
   }
 };
 

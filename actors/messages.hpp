@@ -15,6 +15,7 @@
 #include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
 
+#include "actors/drafter.hpp"
 #include "actors/engine_types.hpp"
 #include "config/snapshot_inspect.hpp"
 #include "kernels/cpu/sampling.hpp"
@@ -42,6 +43,7 @@ using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using ready_atom = caf::atom_constant<caf::atom("ready")>;
 using restart_atom = caf::atom_constant<caf::atom("restart")>;
+using needs_atom = caf::atom_constant<caf::atom("needs")>;
 
 // Exception handler for the workers: the actor exits with the exception's text as its reason, so
 // whoever monitors it can say what went wrong.
@@ -57,17 +59,20 @@ struct StepItem {
   bool sample = false;               // produce tokens: the last prefill chunk, or a decode/verify step
   kernels::SamplingParams params;
   std::uint64_t seed = 0;            // used when the worker first sees the request
+  bool want_hidden = false;          // return the batch's captured layers for this item's committed rows
+  bool want_kv = false;              // return the item's committed KV page table (FROZEN_KV_MTP)
 };
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
   return f(caf::meta::type_name("step_item"), x.req, x.tokens, x.parents, x.draft_probs, x.prefill, x.sample, x.params,
-           x.seed);
+           x.seed, x.want_hidden, x.want_kv);
 }
 
 struct StepBatch {
   std::vector<StepItem> items;
+  std::vector<std::int32_t> capture;  // target layers whose outputs items with want_hidden get back
 };
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, StepBatch& x) {
-  return f(caf::meta::type_name("step_batch"), x.items);
+  return f(caf::meta::type_name("step_batch"), x.items, x.capture);
 }
 
 struct ItemResult {
@@ -75,10 +80,14 @@ struct ItemResult {
   std::vector<std::int32_t> tokens;  // accepted drafts then the bonus token (empty for a non-final prefill chunk)
   std::int32_t accepted = 0;         // how many of the drafts were accepted
   std::int32_t drafted = 0;          // how many drafts were verified
+  std::vector<float> hidden;         // want_hidden: committed rows (prefill rows, or root + accepted path)
+  std::vector<std::int32_t> kv_pages;  // want_kv: the request's page table after the step
+  std::int64_t kv_length = 0;
 };
 
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, ItemResult& x) {
-  return f(caf::meta::type_name("item_result"), x.req, x.tokens, x.accepted, x.drafted);
+  return f(caf::meta::type_name("item_result"), x.req, x.tokens, x.accepted, x.drafted, x.hidden, x.kv_pages,
+           x.kv_length);
 }
 
 struct StepResult {
@@ -95,6 +104,9 @@ struct TargetInfo {
   std::shared_ptr<const model::Tokenizer> tokenizer;  // null with --skip-tokenizer-init
   std::int64_t kv_capacity_tokens = 0;
   std::int64_t page_size = 0;
+  // Local only: the immutable weights and a read-only handle on the KV pool, for head drafters.
+  std::shared_ptr<const model::LlamaWeights> weights;
+  std::shared_ptr<const model::KvCache> kv;
 };
 
 // The draft worker's input: each request's whole token sequence (shared, immutable) and how many
@@ -106,6 +118,10 @@ struct ProposeItem {
   std::int32_t max_depth = 0;
   kernels::SamplingParams params;
   std::uint64_t seed = 0;
+  std::vector<float> hidden;        // target rows since the last proposal (see TargetFeatures)
+  std::int64_t hidden_first = 0;
+  std::vector<std::int32_t> kv_pages;
+  std::int64_t kv_length = 0;
 };
 struct ProposeBatch {
   std::vector<ProposeItem> items;
@@ -118,6 +134,10 @@ struct Proposals {
 };
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, Proposals& x) {
   return f(caf::meta::type_name("proposals"), x.tokens, x.parents, x.probs, x.compute_ms);
+}
+
+template <class Inspector> typename Inspector::result_type inspect(Inspector& f, DrafterNeeds& x) {
+  return f(caf::meta::type_name("drafter_needs"), x.hidden_layers, x.target_kv);
 }
 
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, SnapshotReport& x) {

@@ -35,6 +35,12 @@ struct Req {
   bool cancelled = false;
   bool in_step = false;
   std::int32_t draft_depth = 0;  // depth of the proposal in the step in flight
+  // Target features for a head drafter, gathered since the last proposal.
+  std::vector<float> hidden;
+  std::int64_t hidden_first = 0;  // context position of hidden's first row
+  std::int64_t hidden_rows = 0;   // rows received so far (= position after the last row)
+  std::vector<std::int32_t> kv_pages;
+  std::int64_t kv_length = 0;
   Clock::time_point submitted, first_token;
   RequestMetrics m;
   bool decoding() const { return prefilled == prompt_len && !generated.empty(); }
@@ -47,6 +53,7 @@ struct SchedulerState {
   config::Snapshot draft_snapshot;  // derived once the target model is loaded (null for NONE)
   target_worker_actor target;
   draft_worker_actor draft;
+  DrafterNeeds needs;  // what the draft worker asked for when it came up
   std::optional<TargetInfo> info;
   std::string target_error;
   std::vector<caf::typed_response_promise<TargetInfo>> ready_waiters;
@@ -193,6 +200,16 @@ void on_step_result(Self self, StepResult& res, Clock::time_point sent) {
     if (it == st.running.end()) continue;
     Req& r = **it;
     r.in_step = false;
+    if (!item.hidden.empty()) {
+      const std::size_t width = st.needs.hidden_layers.size() * static_cast<std::size_t>(st.info->info.hidden_size);
+      if (r.hidden.empty()) r.hidden_first = r.hidden_rows;
+      r.hidden.insert(r.hidden.end(), item.hidden.begin(), item.hidden.end());
+      if (width > 0) r.hidden_rows += static_cast<std::int64_t>(item.hidden.size() / width);
+    }
+    if (item.kv_length > 0) {
+      r.kv_pages = std::move(item.kv_pages);
+      r.kv_length = item.kv_length;
+    }
     std::string reason;
     if (r.prefilled < r.prompt_len) {
       r.prefilled += r.chunk;
@@ -250,7 +267,7 @@ void run_step(Self self, StepBatch batch) {
 
 void tick(Self self) {
   auto& st = self->state;
-  if (st.busy || !st.info || !st.target_error.empty()) return;
+  if (st.busy || !st.ready || !st.target_error.empty()) return;
   // Drop cancelled requests between steps.
   for (auto it = st.running.begin(); it != st.running.end();) {
     if ((*it)->cancelled) {
@@ -267,6 +284,7 @@ void tick(Self self) {
     return;
   }
   StepBatch batch;
+  batch.capture = st.needs.hidden_layers;
   std::vector<Req*> decoding;
   std::int64_t prefill_budget = st.target_snapshot->chunked_prefill_size;
   const std::int64_t ctx = *st.target_snapshot->context_length;
@@ -276,6 +294,10 @@ void tick(Self self) {
     item.req = r.sub->id;
     item.params = r.sub->request.sampling;
     item.seed = r.seed;
+    if (st.draft && r.sub->request.speculative) {
+      item.want_hidden = !st.needs.hidden_layers.empty();
+      item.want_kv = st.needs.target_kv;
+    }
     if (r.prefilled < r.prompt_len) {
       if (prefill_budget <= 0) continue;
       const auto n = static_cast<std::size_t>(std::min<std::int64_t>(prefill_budget, static_cast<std::int64_t>(r.prompt_len - r.prefilled)));
@@ -318,7 +340,9 @@ void tick(Self self) {
     const auto nodes = depth == 0 ? 0 : static_cast<std::int32_t>(draft_tokens(st) - 1);
     limits.push_back(depth);
     pb.items.push_back({r->sub->id, std::make_shared<const std::vector<std::int32_t>>(r->seq), nodes, depth,
-                        r->sub->request.sampling, r->seed});
+                        r->sub->request.sampling, r->seed, std::move(r->hidden), r->hidden_first, r->kv_pages,
+                        r->kv_length});
+    r->hidden.clear();
   }
   const auto sent = Clock::now();
   self->request(st.draft, caf::infinite, propose_atom::value, std::move(pb))
@@ -377,8 +401,9 @@ void spawn_draft(Self self) {
     return;
   }
   // The factory and the worker get the very snapshot object derived above.
-  st.draft = self->spawn<caf::detached + caf::monitored>(draft_worker, st.draft_snapshot, std::move(factory),
-                                                         DraftContext{st.info->info, st.info->tokenizer});
+  st.draft = self->spawn<caf::detached + caf::monitored>(
+      draft_worker, st.draft_snapshot, std::move(factory),
+      DraftContext{st.info->info, st.info->tokenizer, st.info->weights, st.info->kv});
   st.metrics.draft_alive = true;
 }
 
@@ -407,8 +432,13 @@ void on_target_ready(Self self, TargetInfo& info) {
     return;
   }
   // Ready once the draft worker is up (or has failed: then the engine decodes without drafts).
-  self->request(st.draft, caf::infinite, snapshot_atom::value)
-      .then([self](config::Snapshot&) { announce_ready(self); }, [self](caf::error&) { announce_ready(self); });
+  self->request(st.draft, caf::infinite, needs_atom::value)
+      .then(
+          [self](DrafterNeeds& n) {
+            self->state.needs = std::move(n);
+            announce_ready(self);
+          },
+          [self](caf::error&) { announce_ready(self); });
 }
 
 scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<SchedulerState> self,

@@ -72,7 +72,7 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
     const bool quiet = st.snapshot->log_level == "warn" || st.snapshot->log_level == "error" || st.snapshot->log_level == "off";
     st.model = model::load_model(*st.snapshot, quiet ? model::LlamaWeights::Progress{} : model::terminal_progress("loading target"));
     const auto& c = st.model->config;
-    st.kv = std::make_unique<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, st.snapshot->page_size,
+    st.kv = std::make_shared<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, st.snapshot->page_size,
                                              *st.snapshot->max_total_tokens);
     st.runner = std::make_unique<model::LlamaRunner>(st.model->weights, static_cast<int>(st.snapshot->threads));
   } catch (const std::exception& e) {
@@ -83,7 +83,7 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
       [self](info_atom) -> caf::result<TargetInfo> {
         auto& s = self->state;
         if (!s.model) return caf::make_error(caf::sec::runtime_error, s.load_error);
-        return TargetInfo{s.model->info, s.model->tokenizer, s.kv->capacity_tokens(), s.kv->page_size()};
+        return TargetInfo{s.model->info, s.model->tokenizer, s.kv->capacity_tokens(), s.kv->page_size(), s.model->weights, s.kv};
       },
       [self](step_atom, StepBatch& batch) -> caf::result<StepResult> {
         auto& s = self->state;
@@ -113,24 +113,51 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
           }
         }
         model::ForwardResult out;
+        bool any_hidden = false;
+        for (const auto& it : batch.items) any_hidden = any_hidden || it.want_hidden;
+        std::vector<int> capture;
+        if (any_hidden)
+          for (auto l : batch.capture) {
+            if (l < 0 || l >= s.model->config.n_layers)
+              return caf::make_error(caf::sec::runtime_error, "target worker: cannot capture layer " + std::to_string(l) + " of " +
+                                                                  std::to_string(s.model->config.n_layers));
+            capture.push_back(l);
+          }
         try {
-          s.runner->forward(fwd, *s.kv, out);
+          s.runner->forward(fwd, *s.kv, out, capture);
         } catch (const model::KvExhausted& e) {
           return caf::make_error(caf::sec::runtime_error, std::string("target worker: ") + e.what());
         }
         StepResult res;
         std::size_t row = 0;
+        std::int64_t tok_row = 0;  // the item's first row in the forward batch
+        const std::int64_t H = s.model->config.hidden;
+        // The captured layers of batch rows, concatenated per row, for the drafter.
+        auto take_rows = [&](ItemResult& r, const std::vector<std::int32_t>& rows) {
+          r.hidden.resize(rows.size() * capture.size() * static_cast<std::size_t>(H));
+          float* dst = r.hidden.data();
+          for (auto rr : rows)
+            for (const auto& layer : out.hidden) {
+              const float* src = layer.data() + (tok_row + rr) * H;
+              dst = std::copy(src, src + H, dst);
+            }
+        };
         for (std::size_t i = 0; i < batch.items.size(); ++i) {
           const StepItem& it = batch.items[i];
           auto& seq = s.seqs.at(it.req);
+          const auto n_tok = static_cast<std::int32_t>(it.tokens.size());
+          std::vector<std::int32_t> committed;  // rows whose KV stays: prefill rows, or root + accepted path
           const float* logits = out.logits.data() + row * static_cast<std::size_t>(vocab);
           row += fwd[i].logit_rows.size();
           if (!it.sample) {
-            res.items.push_back({it.req, {}, 0, 0});
+            res.items.push_back({it.req, {}, 0, 0, {}, {}, 0});
+            for (std::int32_t r = 0; r < n_tok; ++r) committed.push_back(r);
           } else if (it.prefill) {
-            res.items.push_back({it.req, {kernels::sample(logits, vocab, it.params, seq.rng)}, 0, 0});
+            res.items.push_back({it.req, {kernels::sample(logits, vocab, it.params, seq.rng)}, 0, 0, {}, {}, 0});
+            for (std::int32_t r = 0; r < n_tok; ++r) committed.push_back(r);
           } else if (it.tokens.size() == 1) {  // plain decode
-            res.items.push_back({it.req, {kernels::sample(logits, vocab, it.params, seq.rng)}, 0, 0});
+            res.items.push_back({it.req, {kernels::sample(logits, vocab, it.params, seq.rng)}, 0, 0, {}, {}, 0});
+            committed = {0};
           } else if (!it.draft_probs.empty() && !it.params.greedy()) {
             // Chain rejection sampling with the draft's q (SPEC-KERNELS §6): lossless for any q.
             const auto k = static_cast<std::int32_t>(it.tokens.size()) - 1;
@@ -149,6 +176,7 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
                                                              static_cast<float>(seq.rng.uniform()));
             r.accepted = static_cast<std::int32_t>(r.tokens.size()) - 1;
             s.kv->truncate(seq.kv, old_len[i] + 1 + r.accepted);  // a chain: nothing to compact
+            for (std::int32_t j = 0; j <= r.accepted; ++j) committed.push_back(j);
             res.items.push_back(std::move(r));
           } else {
             std::vector<std::int32_t> path;
@@ -158,8 +186,15 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
             for (std::size_t j = 1; j < path.size(); ++j)
               s.kv->copy_slot(seq.kv, old_len[i] + path[j], old_len[i] + static_cast<std::int64_t>(j));
             s.kv->truncate(seq.kv, old_len[i] + 1 + r.accepted);
+            committed = path;
             res.items.push_back(std::move(r));
           }
+          if (it.want_hidden && !capture.empty()) take_rows(res.items.back(), committed);
+          if (it.want_kv) {
+            res.items.back().kv_pages = seq.kv.pages;
+            res.items.back().kv_length = seq.kv.length;
+          }
+          tok_row += n_tok;
         }
         res.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         return res;

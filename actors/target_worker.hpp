@@ -16,7 +16,7 @@ namespace specactor::actors {
 struct TargetWorkerState {
   config::Snapshot snapshot;
   std::optional<model::LoadedModel> model;
-  std::unique_ptr<model::KvCache> kv;
+  std::shared_ptr<model::KvCache> kv;  // drafters get a const handle (TargetInfo::kv)
   std::unique_ptr<model::LlamaRunner> runner;
   std::string load_error;
   struct Seq {

@@ -56,6 +56,59 @@ std::string shape_str(const std::vector<std::uint64_t>& d) {
 
 }  // namespace
 
+WeightBinder::WeightBinder(const TensorSource& file, bool dummy, std::vector<std::vector<std::uint8_t>>& owned,
+                           std::uint32_t seed)
+    : file_(file), dummy_(dummy), owned_(owned), rng_(seed) {}
+
+const TensorView& WeightBinder::tensor(const std::string& name, const std::vector<std::uint64_t>& dims) const {
+  const std::string& path = file_.path();
+  const TensorView* t = file_.find(name);
+  if (!t) throw GgufError(path + ": missing tensor '" + name + "' (expected shape " + shape_str(dims) + ")");
+  if (t->dims != dims)
+    throw GgufError(path + ": tensor '" + name + "' has shape " + shape_str(t->dims) + ", expected " + shape_str(dims));
+  if (!k::weight_type_supported(t->ggml_type))
+    throw GgufError(path + ": tensor '" + name + "' has type " +
+                    std::string(ggml_type_info(t->ggml_type) ? ggml_type_info(t->ggml_type)->name : "?") +
+                    ", which specactor cannot compute (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q6_K)");
+  return *t;
+}
+
+k::WeightMatrix WeightBinder::matrix(const std::string& name, std::int64_t out, std::int64_t in) {
+  const TensorView& t = tensor(name, {static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(out)});
+  if (in % 32 != 0)
+    throw GgufError(file_.path() + ": tensor '" + name + "' rows of " + std::to_string(in) + " are not a multiple of 32");
+  k::WeightMatrix m;
+  m.out_dim = out;
+  m.in_dim = in;
+  if (dummy_) {
+    std::normal_distribution<float> dist(0.0f, 0.02f);
+    auto& buf = owned_.emplace_back(static_cast<std::size_t>(out * in) * sizeof(float));
+    auto* f = reinterpret_cast<float*>(buf.data());
+    for (std::int64_t i = 0; i < out * in; ++i) f[i] = dist(rng_);
+    m.type = k::WeightType::F32;
+    m.data = buf.data();
+  } else {
+    m.type = static_cast<k::WeightType>(t.ggml_type);
+    m.data = t.data;
+  }
+  m.row_stride = k::row_bytes(m.type, static_cast<std::size_t>(in));
+  std::vector<std::uint8_t> packed;
+  m = k::pack_matrix(m, packed);  // a copy only for the formats the SIMD loops want repacked
+  if (!packed.empty()) owned_.push_back(std::move(packed));
+  return m;
+}
+
+const float* WeightBinder::vector(const std::string& name, std::int64_t n) {
+  const TensorView& t = tensor(name, {static_cast<std::uint64_t>(n)});
+  if (!dummy_ && t.ggml_type == 0 && reinterpret_cast<std::uintptr_t>(t.data) % alignof(float) == 0)
+    return reinterpret_cast<const float*>(t.data);
+  auto& buf = owned_.emplace_back(static_cast<std::size_t>(n) * sizeof(float));
+  auto* f = reinterpret_cast<float*>(buf.data());
+  if (dummy_) std::fill(f, f + n, 1.0f);
+  else k::dequantize_row(static_cast<k::WeightType>(t.ggml_type), t.data, f, static_cast<std::size_t>(n));
+  return f;
+}
+
 std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const TensorSource> file, Naming naming,
                                                         const LlamaConfig& cfg, config::LoadFormat format,
                                                         std::int64_t num_layers, const Progress& progress) {
@@ -72,54 +125,9 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ten
   auto layer_name = [hf](std::int64_t l, const char* gguf, const char* hf_name) {
     return hf ? "model.layers." + std::to_string(l) + "." + hf_name : "blk." + std::to_string(l) + "." + gguf;
   };
-  const bool dummy = format == config::LoadFormat::Dummy;
-  std::mt19937 rng(1234);
-  std::normal_distribution<float> dist(0.0f, 0.02f);
-  const std::string& path = file->path();
-
-  auto tensor = [&](const std::string& name, std::vector<std::uint64_t> dims) -> const TensorView& {
-    const TensorView* t = file->find(name);
-    if (!t) throw GgufError(path + ": missing tensor '" + name + "' (expected shape " + shape_str(dims) + ")");
-    if (t->dims != dims)
-      throw GgufError(path + ": tensor '" + name + "' has shape " + shape_str(t->dims) + ", expected " + shape_str(dims));
-    if (!k::weight_type_supported(t->ggml_type))
-      throw GgufError(path + ": tensor '" + name + "' has type " +
-                      std::string(ggml_type_info(t->ggml_type) ? ggml_type_info(t->ggml_type)->name : "?") +
-                      ", which specactor cannot compute (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q6_K)");
-    return *t;
-  };
-  auto matrix = [&](const std::string& name, std::int64_t out, std::int64_t in) {
-    const TensorView& t = tensor(name, {static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(out)});
-    if (in % 32 != 0) throw GgufError(path + ": tensor '" + name + "' rows of " + std::to_string(in) + " are not a multiple of 32");
-    k::WeightMatrix m;
-    m.out_dim = out;
-    m.in_dim = in;
-    if (dummy) {
-      auto& buf = w->owned_.emplace_back(static_cast<std::size_t>(out * in) * sizeof(float));
-      auto* f = reinterpret_cast<float*>(buf.data());
-      for (std::int64_t i = 0; i < out * in; ++i) f[i] = dist(rng);
-      m.type = k::WeightType::F32;
-      m.data = buf.data();
-    } else {
-      m.type = static_cast<k::WeightType>(t.ggml_type);
-      m.data = t.data;
-    }
-    m.row_stride = k::row_bytes(m.type, static_cast<std::size_t>(in));
-    std::vector<std::uint8_t> packed;
-    m = k::pack_matrix(m, packed);  // a copy only for the formats the SIMD loops want repacked
-    if (!packed.empty()) w->owned_.push_back(std::move(packed));
-    return m;
-  };
-  auto vector = [&](const std::string& name, std::int64_t n) -> const float* {
-    const TensorView& t = tensor(name, {static_cast<std::uint64_t>(n)});
-    if (!dummy && t.ggml_type == 0 && reinterpret_cast<std::uintptr_t>(t.data) % alignof(float) == 0)
-      return reinterpret_cast<const float*>(t.data);
-    auto& buf = w->owned_.emplace_back(static_cast<std::size_t>(n) * sizeof(float));
-    auto* f = reinterpret_cast<float*>(buf.data());
-    if (dummy) std::fill(f, f + n, 1.0f);
-    else k::dequantize_row(static_cast<k::WeightType>(t.ggml_type), t.data, f, static_cast<std::size_t>(n));
-    return f;
-  };
+  WeightBinder bind(*file, format == config::LoadFormat::Dummy, w->owned_);
+  auto matrix = [&](const std::string& name, std::int64_t out, std::int64_t in) { return bind.matrix(name, out, in); };
+  auto vector = [&](const std::string& name, std::int64_t n) { return bind.vector(name, n); };
 
   const LlamaConfig& c = w->cfg_;
   const std::size_t total = static_cast<std::size_t>(c.n_layers) + 2;

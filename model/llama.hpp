@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,27 @@ struct LlamaConfig {
   // From the file's ModelInfo with the JSON overrides applied (the only place they are applied).
   // Throws GgufError naming the override key when it is unknown or of the wrong type.
   static LlamaConfig from(const ModelInfo& info, const std::string& json_overrides);
+};
+
+// Binds named tensors of a source as weight matrices / float vectors, checking names, shapes and
+// types (errors name the file and tensor). Dummy: random F32 matrices and unit vectors of the same
+// shapes. Copies it makes (repacked matrices, converted vectors) go to `owned`.
+class WeightBinder {
+ public:
+  WeightBinder(const TensorSource& file, bool dummy, std::vector<std::vector<std::uint8_t>>& owned,
+               std::uint32_t seed = 1234);
+  // A matrix of `out` rows of `in` elements (ggml dims [in, out]).
+  kernels::WeightMatrix matrix(const std::string& name, std::int64_t out, std::int64_t in);
+  // A vector of n values as float32.
+  const float* vector(const std::string& name, std::int64_t n);
+  bool has(const std::string& name) const { return file_.find(name) != nullptr; }
+  const TensorView& tensor(const std::string& name, const std::vector<std::uint64_t>& dims) const;
+
+ private:
+  const TensorSource& file_;
+  bool dummy_;
+  std::vector<std::vector<std::uint8_t>>& owned_;
+  std::mt19937 rng_;
 };
 
 struct LlamaLayer {

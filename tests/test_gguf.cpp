@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "model/gguf.hpp"
+#include "model/head.hpp"
+#include "model/head_writer.hpp"
 #include "model/model_info.hpp"
 #include "tests/support/gguf_writer.hpp"
 
@@ -372,4 +374,152 @@ TEST_CASE("the default model (SmolLM2-135M-Instruct Q4_1), when fetched") {
   CHECK(f->find_tensor("token_embd.weight")->type == GgmlType::Q8_0);
   CHECK(f->find_tensor("blk.0.attn_q.weight")->type == GgmlType::Q4_1);
   CHECK(f->get_string("tokenizer.chat_template").find("<|im_start|>") != std::string_view::npos);
+}
+
+// ---- draft heads (EAGLE / EAGLE3 / MTP): formats, start-up checks, token maps ----
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct HeadFixture {
+  std::string dir = (fs::temp_directory_path() / ("specactor_heads." + std::to_string(::getpid()))).string();
+  ModelInfo info;
+  LlamaConfig cfg;
+  HeadFixture() {
+    fs::create_directories(dir);
+    specactor::testing::TinyLlamaShape s;
+    s.vocab = 96;
+    specactor::testing::tiny_llama(s, true, 5).write(dir + "/tiny.gguf");
+    info = read_model_info(*GgufFile::open(dir + "/tiny.gguf"));
+    cfg = LlamaConfig::from(info, "");
+  }
+  ~HeadFixture() { fs::remove_all(dir); }
+  std::string write(HeadSpec spec, const std::string& name, const ModelInfo* for_info = nullptr) {
+    const std::string p = dir + "/" + name;
+    write_random_head(for_info ? *for_info : info, spec, p);
+    return p;
+  }
+  std::string load_error(const std::string& path, HeadKind kind, const std::vector<std::int32_t>& hot = {},
+                         bool frozen = false) {
+    try {
+      HeadWeights::load(path, kind, cfg, hot, frozen, specactor::config::LoadFormat::Auto);
+    } catch (const GgufError& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("heads: every kind loads from GGUF and from safetensors + config.json, and inspect reads it back") {
+  HeadFixture f;
+  for (HeadKind kind : {HeadKind::Eagle, HeadKind::Eagle3, HeadKind::Mtp})
+    for (bool st : {false, true}) {
+      HeadSpec spec;
+      spec.kind = kind;
+      spec.safetensors = st;
+      spec.layers = kind == HeadKind::Mtp ? 2 : 1;
+      const std::string p = f.write(spec, std::string(to_string(kind)) + (st ? "_hf" : ".gguf"));
+      CAPTURE(p);
+      const auto w = HeadWeights::load(p, kind, f.cfg, {}, false, specactor::config::LoadFormat::Auto);
+      const HeadConfig& c = w->config();
+      CHECK(c.kind == kind);
+      CHECK(c.format == (st ? "safetensors" : "gguf"));
+      CHECK(c.hidden == f.cfg.hidden);
+      CHECK(c.n_layers == spec.layers);
+      CHECK(static_cast<std::int64_t>(w->layers().size()) == spec.layers);
+      if (kind == HeadKind::Eagle3) {
+        CHECK(c.aux_layers.size() == 3);
+        CHECK(c.own_vocab == 96);  // min(vocab, 4096)
+        REQUIRE(c.d2t.size() == 96);
+        CHECK(std::is_sorted(c.d2t.begin(), c.d2t.end()));  // the HF offsets were turned back into ids
+        REQUIRE(w->output());
+      } else {
+        CHECK(c.aux_layers == std::vector<std::int32_t>{static_cast<std::int32_t>(f.cfg.n_layers - 1)});
+        CHECK(w->output() == nullptr);  // the target's output head
+      }
+      CHECK(read_head_config(p).kind == kind);
+      CHECK(f.load_error(p, kind == HeadKind::Eagle ? HeadKind::Mtp : HeadKind::Eagle).find("head, but --speculative-algorithm is") !=
+            std::string::npos);
+    }
+}
+
+TEST_CASE("heads: a wrong hidden size, a missing tensor, a mismatched vocabulary each get their own error") {
+  HeadFixture f;
+  HeadSpec wide;
+  wide.hidden_override = 64;
+  CHECK(f.load_error(f.write(wide, "wide.gguf"), HeadKind::Eagle) ==
+        f.dir + "/wide.gguf: head hidden size 64 does not match the target's 32");
+  HeadSpec missing;
+  missing.kind = HeadKind::Mtp;
+  missing.drop_tensor = "blk.0.eh_proj.weight";
+  CHECK(f.load_error(f.write(missing, "missing.gguf"), HeadKind::Mtp).find("missing tensor 'blk.0.eh_proj.weight'") !=
+        std::string::npos);
+  HeadSpec missing_hf = missing;
+  missing_hf.safetensors = true;
+  missing_hf.drop_tensor = "model.layers.2.eh_proj.weight";
+  CHECK(f.load_error(f.write(missing_hf, "missing_hf"), HeadKind::Mtp).find("missing tensor 'model.layers.2.eh_proj.weight'") !=
+        std::string::npos);
+  // A head with its own output head for a 64-token vocabulary, loaded against the 96-token target.
+  ModelInfo small = f.info;
+  small.vocab_size = 64;
+  HeadSpec own;
+  own.own_output = true;
+  CHECK(f.load_error(f.write(own, "own64.gguf", &small), HeadKind::Eagle).find("head vocabulary 64 does not match the target's 96") !=
+        std::string::npos);
+  // EAGLE3 whose draft-to-target map points past the target's vocabulary.
+  ModelInfo big = f.info;
+  big.vocab_size = 4000;
+  HeadSpec e3;
+  e3.kind = HeadKind::Eagle3;
+  e3.draft_vocab = 200;
+  CHECK(f.load_error(f.write(e3, "e3big.gguf", &big), HeadKind::Eagle3).find("outside the target's vocabulary of 96") !=
+        std::string::npos);
+  // Layer count: a head made for a 5-layer target.
+  ModelInfo deep = f.info;
+  deep.num_layers = 5;
+  HeadSpec mtp;
+  mtp.kind = HeadKind::Mtp;
+  CHECK(f.load_error(f.write(mtp, "deep.gguf", &deep), HeadKind::Mtp) ==
+        f.dir + "/deep.gguf: head target layer count 5 does not match the target's 2");
+  // FROZEN_KV_MTP must share the target's attention shapes.
+  ModelInfo heads8 = f.info;
+  heads8.num_kv_heads = 4;
+  CHECK(f.load_error(f.write(mtp, "kv4.gguf", &heads8), HeadKind::Mtp, {}, true).find("head KV heads 4 does not match the target's 2") !=
+        std::string::npos);
+}
+
+TEST_CASE("heads: --speculative-token-map files are read strictly; the restriction is the draft's only") {
+  HeadFixture f;
+  auto map_file = [&](const std::string& text) {
+    const std::string p = f.dir + "/map.txt";
+    std::ofstream(p) << text;
+    return p;
+  };
+  CHECK(read_token_map(map_file("5 7, 9\n11"), 96) == std::vector<std::int32_t>{5, 7, 9, 11});
+  CHECK(read_token_map(map_file("[3, 4, 95]"), 96) == std::vector<std::int32_t>{3, 4, 95});
+  auto err = [&](const std::string& text) {
+    try {
+      read_token_map(map_file(text), 96);
+    } catch (const GgufError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(err("1 2 x3").find("entry 'x3' is not a token id") != std::string::npos);
+  CHECK(err("1 96").find("token id 96 is outside the target's vocabulary of 96") != std::string::npos);
+  CHECK(err("4 4").find("token id 4 is listed twice") != std::string::npos);
+  CHECK(err("").find("the token map is empty") != std::string::npos);
+  CHECK(err("[1, \"a\"]").find("must be integers") != std::string::npos);
+  HeadSpec spec;
+  const std::string p = f.write(spec, "eagle.gguf");
+  const auto w = HeadWeights::load(p, HeadKind::Eagle, f.cfg, {5, 7, 9}, false, specactor::config::LoadFormat::Auto);
+  CHECK(w->config().hot_vocab == std::vector<std::int32_t>{5, 7, 9});
+  CHECK(w->config().draft_vocab() == 3);
+  CHECK(f.cfg.vocab_size == 96);  // the target's config is another object, untouched
+  HeadSpec e3;
+  e3.kind = HeadKind::Eagle3;
+  CHECK(f.load_error(f.write(e3, "e3.gguf"), HeadKind::Eagle3, {1, 2}).find("has its own draft vocabulary") != std::string::npos);
 }

@@ -9,6 +9,7 @@
 //
 // Results go to stdout; logs and errors to stderr. Bad input exits with status 2 and one message.
 #include <chrono>
+#include <filesystem>
 #include <future>
 #include <cstdio>
 #include <iostream>
@@ -30,6 +31,8 @@
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/gguf.hpp"
+#include "model/head.hpp"
+#include "model/head_writer.hpp"
 #include "model/loader.hpp"
 #include "model/model_info.hpp"
 
@@ -51,6 +54,10 @@ constexpr const char* kUsage =
     "  config  [server flags]       print the resolved target snapshot, the derived draft snapshot\n"
     "                               (when --speculative-algorithm is set) and their override logs\n"
     "  inspect MODEL.gguf [--json]  print the model's hyper-parameters\n"
+    "  inspect HEAD [--target MODEL] a draft head's config (GGUF or safetensors dir); --target checks it fits\n"
+    "  make-head --target MODEL --out PATH [--kind EAGLE|EAGLE3|MTP] [--format gguf|safetensors]\n"
+    "            [--layers N] [--draft-vocab N] [--own-output] [--seed S]\n"
+    "                               write a randomly initialised head shaped for MODEL\n"
     "  devices                      print what the CPU/CUDA device probe found\n"
     "  generate --model-path M --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T]\n"
     "           [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [server flags]\n"
@@ -441,12 +448,31 @@ int cmd_inspect(int argc, char** argv) {
   app.add_option("model", path, "GGUF model file")->required();
   app.add_flag("--json", as_json, "print JSON");
   app.add_flag("--tensors", tensors, "also list every tensor (name, type, shape)");
+  std::string target;
+  app.add_option("--target", target, "draft heads: check that the head fits this target model");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  auto file = sm::GgufFile::open(path);
+  const bool hf = std::filesystem::is_directory(path) || path.ends_with(".safetensors");
+  std::shared_ptr<const sm::GgufFile> gguf;
+  if (!hf) gguf = sm::GgufFile::open(path);
+  const std::string arch = gguf && gguf->has("general.architecture") ? std::string(gguf->get_string("general.architecture")) : "";
+  if (hf || arch == "eagle" || arch == "eagle3" || arch == "mtp") {  // a draft head
+    json j = sm::read_head_config(path).to_json();
+    if (!target.empty()) {  // the start-up checks against a target
+      sc::ServerArgs t;
+      t.model_path = target;
+      const sm::ModelInfo ti = sm::read_any_model_info(t);
+      const auto hc = sm::read_head_config(path);
+      j = sm::HeadWeights::load(path, hc.kind, sm::LlamaConfig::from(ti, ""), {}, false, sc::LoadFormat::Auto)->config().to_json();
+      j["fits_target"] = target;
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  auto file = gguf;
   const sm::ModelInfo info = sm::read_model_info(*file);
   json j = info.to_json();
   j["gguf_version"] = file->version();
@@ -474,6 +500,41 @@ int cmd_inspect(int argc, char** argv) {
   return 0;
 }
 
+int cmd_make_head(int argc, char** argv) {
+  CLI::App app{"write a randomly initialised draft head shaped for a target model", "specactor make-head"};
+  std::string target, out, kind = "EAGLE", format = "gguf";
+  std::int64_t layers = 1, draft_vocab = 0;
+  std::uint32_t seed = 1;
+  bool own_output = false;
+  app.add_option("--target", target, "the target model (GGUF or Hugging Face directory)")->required();
+  app.add_option("--out", out, "output: a .gguf file, or a directory for --format safetensors")->required();
+  app.add_option("--kind", kind, "EAGLE | EAGLE3 | MTP")->check(CLI::IsMember({"EAGLE", "EAGLE3", "MTP"}));
+  app.add_option("--format", format, "gguf | safetensors")->check(CLI::IsMember({"gguf", "safetensors"}));
+  app.add_option("--layers", layers, "MTP: next-token-prediction layers")->check(CLI::Range(1, 8));
+  app.add_option("--draft-vocab", draft_vocab, "EAGLE3: size of the reduced draft vocabulary (default min(vocab, 4096))");
+  app.add_flag("--own-output", own_output, "EAGLE/MTP: write an own output head instead of using the target's");
+  app.add_option("--seed", seed, "random seed");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  sc::ServerArgs t;
+  t.model_path = target;
+  const sm::ModelInfo info = sm::read_any_model_info(t);
+  sm::HeadSpec spec;
+  spec.kind = kind == "EAGLE" ? sm::HeadKind::Eagle : kind == "EAGLE3" ? sm::HeadKind::Eagle3 : sm::HeadKind::Mtp;
+  spec.layers = layers;
+  spec.draft_vocab = draft_vocab;
+  spec.own_output = own_output;
+  spec.safetensors = format == "safetensors";
+  spec.seed = seed;
+  const sm::HeadConfig c = sm::write_random_head(info, spec, out);
+  std::cerr << fmt::format("wrote a random {} head ({} layer(s), hidden {}) for {} to {}\n", sm::to_string(c.kind),
+                           c.n_layers, c.hidden, target, out);
+  return 0;
+}
+
 int cmd_devices() {
   const sk::DeviceProbe& p = sk::probe_devices();
   json j = {{"cuda_compiled", p.cuda_compiled}, {"cuda_usable", p.cuda_usable},
@@ -498,6 +559,7 @@ int main(int argc, char** argv) {
     if (cmd == "config") return cmd_config(std::vector<std::string>(argv + 2, argv + argc));
     if (cmd == "inspect") return cmd_inspect(argc - 1, argv + 1);
     if (cmd == "devices") return cmd_devices();
+    if (cmd == "make-head") return cmd_make_head(argc - 1, argv + 1);
     if (cmd == "generate") return cmd_generate(std::vector<std::string>(argv + 2, argv + argc));
     if (cmd == "bench") return cmd_bench(std::vector<std::string>(argv + 2, argv + argc));
     if (cmd == "--help" || cmd == "-h" || cmd == "help") return std::fputs(kUsage, stdout), 0;

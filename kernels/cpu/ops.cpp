@@ -61,37 +61,41 @@ void softmax_cpu(float* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-void attention_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
-                   std::int64_t head_dim, const PagedKvView& kv, std::int64_t n_prefix, const std::uint64_t* mask,
-                   float scale, float* out) {
+void attention_segments_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
+                            std::int64_t head_dim, const KvSegment& prefix, const KvSegment& masked,
+                            const std::uint64_t* mask, float scale, float* out) {
   const std::int64_t group = n_heads / n_kv_heads;
-  const std::int64_t n_ctx = n_prefix + n_q;
+  const std::int64_t n_ctx = prefix.count + masked.count;
+  const std::int64_t lag = masked.count - n_q;  // causal default: query i sees masked slots j <= i + lag
   // Small problems (a decode step over a short context) are not worth waking the other threads.
   const bool parallel = n_q * n_heads * n_ctx * head_dim >= (1 << 16);
+  auto row = [](const PagedKvView& v, const float* base, std::int64_t s) {
+    return base + v.pages[s / v.page_size] * v.page_stride + (s % v.page_size) * v.row;
+  };
 #pragma omp parallel if (parallel)
   {
     std::vector<float> score(static_cast<std::size_t>(n_ctx));
-    std::vector<std::int64_t> slot(static_cast<std::size_t>(n_ctx));
+    std::vector<const float*> krow(static_cast<std::size_t>(n_ctx)), vrow(static_cast<std::size_t>(n_ctx));
 #pragma omp for schedule(static) collapse(2)
     for (std::int64_t i = 0; i < n_q; ++i) {
       for (std::int64_t h = 0; h < n_heads; ++h) {
         const float* qv = q + (i * n_heads + h) * head_dim;
         const std::int64_t kvh = h / group;
-        // Visible slots in storage order: the prefix, then the new tokens this query may see.
+        // Visible slots in order: every prefix slot, then the masked slots this query may see.
         std::int64_t n = 0;
-        for (std::int64_t s = 0; s < n_ctx; ++s) {
-          if (s >= n_prefix) {
-            const std::int64_t j = s - n_prefix;
-            const bool visible = mask ? ((mask[i] >> j) & 1u) != 0 : j <= i;
-            if (!visible) continue;
-          }
-          slot[n++] = s;
+        for (std::int64_t s = 0; s < prefix.count; ++s) {
+          krow[n] = row(prefix.view, prefix.view.k, prefix.first + s) + kvh * head_dim;
+          vrow[n++] = row(prefix.view, prefix.view.v, prefix.first + s) + kvh * head_dim;
+        }
+        for (std::int64_t j = 0; j < masked.count; ++j) {
+          const bool visible = mask ? ((mask[i] >> j) & 1u) != 0 : j <= i + lag;
+          if (!visible) continue;
+          krow[n] = row(masked.view, masked.view.k, masked.first + j) + kvh * head_dim;
+          vrow[n++] = row(masked.view, masked.view.v, masked.first + j) + kvh * head_dim;
         }
         float mx = -INFINITY;
         for (std::int64_t c = 0; c < n; ++c) {
-          const std::int64_t s = slot[c];
-          const float* kr = kv.k + kv.pages[s / kv.page_size] * kv.page_stride + (s % kv.page_size) * kv.row + kvh * head_dim;
-          score[c] = dot8(qv, kr, head_dim) * scale;
+          score[c] = dot8(qv, krow[c], head_dim) * scale;
           mx = std::max(mx, score[c]);
         }
         float sum = 0.0f;
@@ -103,14 +107,20 @@ void attention_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::
         float* o = out + (i * n_heads + h) * head_dim;
         for (std::int64_t d = 0; d < head_dim; ++d) o[d] = 0.0f;
         for (std::int64_t c = 0; c < n; ++c) {
-          const std::int64_t s = slot[c];
-          const float* vr = kv.v + kv.pages[s / kv.page_size] * kv.page_stride + (s % kv.page_size) * kv.row + kvh * head_dim;
+          const float* vr = vrow[c];
           const float p = score[c] * inv;
           for (std::int64_t d = 0; d < head_dim; ++d) o[d] += p * vr[d];
         }
       }
     }
   }
+}
+
+void attention_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
+                   std::int64_t head_dim, const PagedKvView& kv, std::int64_t n_prefix, const std::uint64_t* mask,
+                   float scale, float* out) {
+  attention_segments_cpu(q, n_q, n_heads, n_kv_heads, head_dim, {kv, 0, n_prefix}, {kv, n_prefix, n_q}, mask, scale,
+                         out);
 }
 
 }  // namespace specactor::kernels

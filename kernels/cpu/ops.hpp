@@ -44,4 +44,20 @@ void attention_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::
                    std::int64_t head_dim, const PagedKvView& kv, std::int64_t n_prefix, const std::uint64_t* mask,
                    float scale, float* out);
 
+// A run of `count` slots of a paged view starting at slot `first`.
+struct KvSegment {
+  PagedKvView view;
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+};
+
+// The general form (draft heads): every slot of `prefix` is visible; query i sees masked slot j iff
+// (mask ? bit j of mask[i] : j <= i + masked.count - n_q). The two segments may live in different
+// memory: FROZEN_KV_MTP reads the target's committed KV as the prefix and its own scratch rows as
+// the masked part; a tree drafter masks over all draft nodes appended so far. masked.count ≤ 64.
+// attention_cpu(kv, n_prefix, mask) is this with prefix = slots [0, n_prefix) and masked = the n_q new slots.
+void attention_segments_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
+                            std::int64_t head_dim, const KvSegment& prefix, const KvSegment& masked,
+                            const std::uint64_t* mask, float scale, float* out);
+
 }  // namespace specactor::kernels

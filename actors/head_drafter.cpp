@@ -1,0 +1,376 @@
+// actors/head_drafter.cpp — EAGLE, EAGLE3, MTP and FROZEN_KV_MTP drafting with a head that reads the
+// target's hidden states (model/head.hpp).
+//
+// Positions: the head's pair (token t_{p+1}, target feature h_p) sits at position p+1. The target
+// commits t_0..t_{n-2} (the root t_{n-1} is not in its KV yet) and hands over h_0..h_{n-2}.
+//   EAGLE/EAGLE3/MTP: every head layer keeps its own KV of the committed pairs (slot p = pair p),
+//     filled lazily from the target's features (the catch-up after verification); draft nodes are
+//     appended after them for one proposal and dropped afterwards. The last committed pair's output
+//     gives the root's children. Draft step i (i >= 1) runs head layer min(i, layers-1), so a
+//     multi-layer MTP head drafts depth i+1 with its layer i (each layer's KV is filled from the
+//     target's features; a layer sees the draft nodes it computed itself).
+//   FROZEN_KV_MTP: no KV pool. The root pair and the draft nodes attend into the target's committed
+//     KV of its last layer (a read-only view of its pages) and to scratch rows for this proposal.
+// Trees follow SPEC-KERNELS §1-2: top-k expansion per step by path score, then the best
+// speculative_num_draft_tokens - 1 candidates.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+#include <omp.h>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/drafter.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/spec/spec.hpp"
+#include "model/head.hpp"
+
+namespace specactor::actors {
+
+namespace {
+
+namespace k = specactor::kernels;
+
+class HeadDrafter final : public Drafter {
+ public:
+  HeadDrafter(const config::Snapshot& s, const DraftContext& ctx, model::HeadKind kind, bool frozen)
+      : frozen_(frozen), kind_(kind) {
+    const std::string algo(config::to_string(s->speculative_algorithm));
+    if (!s->speculative_draft_model_path)
+      throw std::runtime_error("--speculative-algorithm " + algo +
+                               " needs --speculative-draft-model-path (a head file; `specactor make-head` writes a random one)");
+    if (!ctx.target_weights)
+      throw std::runtime_error(algo + " needs the target's weights in this process (its embedding and output head)");
+    if (frozen && !ctx.target_kv) throw std::runtime_error(algo + " needs a read-only view of the target's KV cache");
+    target_ = ctx.target_weights;
+    target_kv_ = ctx.target_kv;
+    const auto& tc = target_->config();
+    std::vector<std::int32_t> hot;
+    if (s->speculative_token_map) hot = model::read_token_map(*s->speculative_token_map, tc.vocab_size);
+    head_ = model::HeadWeights::load(*s->speculative_draft_model_path, kind, tc, hot, frozen, s->load_format);
+    runner_ = std::make_unique<model::HeadRunner>(head_, target_);
+    const auto& hc = head_->config();
+    draft_vocab_ = hc.draft_vocab() > 0 ? hc.draft_vocab() : tc.vocab_size;
+    layers_ = static_cast<int>(hc.n_layers);
+    page_size_ = s->page_size;
+    max_tokens_ = *s->max_total_tokens;
+    configure(s);
+    if (!frozen)
+      for (int l = 0; l < layers_; ++l)
+        kv_.push_back(std::make_unique<model::KvCache>(1, hc.n_kv_heads, hc.head_dim, page_size_, max_tokens_));
+  }
+
+  DrafterNeeds needs() const override { return {head_->config().aux_layers, frozen_}; }
+
+  std::string model_config() const override {
+    auto j = head_->config().to_json();
+    j["algorithm"] = frozen_ ? "FROZEN_KV_MTP" : model::to_string(kind_);
+    j["draft_vocab_size"] = draft_vocab_;
+    j["owns_kv_pool"] = !frozen_;
+    return j.dump();
+  }
+
+  void reconfigure(const config::Snapshot& s) override { configure(s); }
+
+  void observe(std::uint64_t req, const TargetFeatures& f) override {
+    State& st = states_[req];
+    const std::int64_t width = head_->config().feature_width();
+    if (!f.hidden.empty()) {
+      if (f.first != st.rows) st.broken = true;  // a gap (e.g. this worker was restarted): no drafts for req
+      const auto rows = static_cast<std::int64_t>(f.hidden.size()) / width;
+      st.feat.insert(st.feat.end(), f.hidden.begin(), f.hidden.end());
+      if (kind_ == model::HeadKind::Eagle)  // EAGLE reads the target's normed last hidden state
+        runner_->target_norm(st.feat.data() + (st.feat.size() - f.hidden.size()), rows);
+      st.rows += rows;
+      if (frozen_ && static_cast<std::int64_t>(st.feat.size()) > width) {  // only the newest row is read
+        st.feat.erase(st.feat.begin(), st.feat.end() - width);
+        st.feat_base = st.rows - 1;
+      }
+    }
+    if (f.kv_length > 0) {
+      st.kv_pages = f.kv_pages;
+      st.kv_length = f.kv_length;
+    }
+  }
+
+  DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
+                    std::int32_t max_depth) override {
+    omp_set_num_threads(1);  // one OpenMP pool per process does the target's work (see STANDALONE)
+    auto it = states_.find(req);
+    if (it == states_.end() || ctx.size() < 2) return {};
+    State& st = it->second;
+    const auto n = static_cast<std::int64_t>(ctx.size());
+    if (st.broken || st.rows != n - 1) return {};  // features do not line up with the context
+    if (frozen_ && st.kv_length != n - 1) return {};
+    const std::int32_t depth = std::min(max_depth, steps_);
+    if (depth <= 0 || max_nodes <= 0) return {};
+    try {
+      return frozen_ ? draft_frozen(st, ctx, max_nodes, depth) : draft_own(st, ctx, max_nodes, depth);
+    } catch (const model::KvExhausted&) {
+      for (std::size_t l = 0; l < st.seqs.size(); ++l) kv_[l]->truncate(st.seqs[l], st.fed);
+      return {};  // the head's cache is full: the target decodes plainly this step
+    }
+  }
+
+  void release(std::uint64_t req) override {
+    auto it = states_.find(req);
+    if (it == states_.end()) return;
+    for (std::size_t l = 0; l < kv_.size() && l < it->second.seqs.size(); ++l) kv_[l]->release(it->second.seqs[l]);
+    states_.erase(it);
+  }
+
+ private:
+  struct State {
+    std::vector<float> feat;        // target features of positions [feat_base, rows)
+    std::int64_t feat_base = 0, rows = 0;
+    bool broken = false;
+    std::vector<model::KvCache::Seq> seqs;  // per head layer (own KV)
+    std::int64_t fed = 0;                    // committed pairs in every layer's KV
+    std::vector<float> root_hidden;          // output of the last committed pair (layer 0)
+    std::vector<std::int32_t> kv_pages;      // FROZEN: the target's committed pages
+    std::int64_t kv_length = 0;
+  };
+
+  // A node computed in this proposal: which layer, which masked slot, its parent node (-1: none).
+  struct Node {
+    int layer = 0;
+    std::int64_t slot = 0;
+    int parent = -1;
+  };
+
+  void configure(const config::Snapshot& s) {
+    steps_ = static_cast<std::int32_t>(s->speculative_num_steps.value_or(3));
+    topk_ = static_cast<std::int32_t>(std::max<std::int64_t>(1, s->speculative_eagle_topk.value_or(1)));
+    n_tokens_ = static_cast<std::int32_t>(s->speculative_num_draft_tokens.value_or(steps_ + 1));
+    if (static_cast<std::int64_t>(steps_) * topk_ + 1 > 64)
+      throw std::runtime_error("--speculative-num-steps × --speculative-eagle-topk must stay under 64 draft nodes (got " +
+                               std::to_string(steps_) + " × " + std::to_string(topk_) + ")");
+  }
+
+  std::uint64_t mask_of(const std::vector<Node>& nodes, int node, int layer) const {
+    std::uint64_t m = 0;
+    for (int a = node; a >= 0; a = nodes[static_cast<std::size_t>(a)].parent)
+      if (frozen_ || nodes[static_cast<std::size_t>(a)].layer == layer) m |= 1ull << nodes[static_cast<std::size_t>(a)].slot;
+    return m;
+  }
+
+  // Feeds the committed pairs [st.fed, n-1) into every layer's KV (the catch-up).
+  void catch_up(State& st, const std::vector<std::int32_t>& ctx) {
+    const auto n = static_cast<std::int64_t>(ctx.size());
+    const std::int64_t width = head_->config().feature_width();
+    if (st.seqs.size() < static_cast<std::size_t>(layers_)) st.seqs.resize(static_cast<std::size_t>(layers_));
+    std::vector<float> hidden;
+    for (std::int64_t p0 = st.fed; p0 < n - 1; p0 += 256) {
+      const std::int64_t cnt = std::min<std::int64_t>(256, n - 1 - p0);
+      std::vector<std::int32_t> toks(ctx.begin() + p0 + 1, ctx.begin() + p0 + 1 + cnt), pos(static_cast<std::size_t>(cnt));
+      for (std::int64_t i = 0; i < cnt; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(p0 + 1 + i);
+      const float* feat = st.feat.data() + (p0 - st.feat_base) * width;
+      for (int l = 0; l < layers_; ++l) {
+        auto& cache = *kv_[static_cast<std::size_t>(l)];
+        auto& seq = st.seqs[static_cast<std::size_t>(l)];
+        cache.reserve(seq, p0 + cnt);
+        runner_->project(l, toks.data(), feat, width, cnt, pos.data());
+        store(cache, seq, p0, cnt);
+        const k::PagedKvView v = cache.view(0, seq);
+        runner_->finish(l, {v, 0, p0}, {v, p0, cnt}, nullptr, hidden);
+        seq.length = p0 + cnt;
+        if (l == 0 && p0 + cnt == n - 1) st.root_hidden.assign(hidden.end() - head_->config().hidden, hidden.end());
+      }
+    }
+    st.fed = n - 1;
+    // Rows every layer has consumed are not needed again.
+    st.feat.erase(st.feat.begin(), st.feat.begin() + (st.fed - st.feat_base) * width);
+    st.feat_base = st.fed;
+  }
+
+  void store(model::KvCache& cache, const model::KvCache::Seq& seq, std::int64_t first, std::int64_t cnt) {
+    const std::int64_t row = runner_->kv_row();
+    for (std::int64_t i = 0; i < cnt; ++i) {
+      std::copy(runner_->k_rows() + i * row, runner_->k_rows() + (i + 1) * row, cache.k_row(0, seq, first + i));
+      std::copy(runner_->v_rows() + i * row, runner_->v_rows() + (i + 1) * row, cache.v_row(0, seq, first + i));
+    }
+  }
+
+  // Top-k tree expansion (SPEC-KERNELS §1-2). `forward(nodes to run, their parent features)` runs one
+  // step: for frontier node j it gets (token, parent's output, position, parent node) and returns the
+  // output hidden rows; the first level comes from root_hidden.
+  template <class Forward>
+  DraftTree expand(const std::vector<float>& root_hidden, int root_node, std::int64_t root_pos,
+                   std::int32_t max_nodes, std::int32_t depth, Forward&& forward) {
+    const std::int64_t H = head_->config().hidden;
+    const std::int32_t kk = topk_;
+    std::vector<float> logits, probs;
+    runner_->logits(0, root_hidden.data(), 1, logits);
+    probs = logits;
+    k::softmax_cpu(probs.data(), draft_vocab_);
+    std::vector<std::vector<float>> score_list;
+    std::vector<std::vector<std::int32_t>> token_list, parents_list;
+    std::vector<std::int32_t> cand_parent;  // candidate id -> parent candidate id (-1: the root)
+    k::ExpandStep e = k::topk_expand_cpu(probs.data(), 1, draft_vocab_, kk, 0, {}, {});
+    for (std::size_t c = 0; c < e.tokens.size(); ++c) cand_parent.push_back(-1);
+    score_list.push_back(e.scores);
+    token_list.push_back(e.tokens);
+    parents_list.push_back(e.parents);
+    // The frontier: candidate ids, each with its parent's output hidden row and node.
+    std::vector<std::int32_t> frontier = e.frontier_ids, frontier_tokens = e.frontier_tokens;
+    std::vector<float> frontier_scores = e.frontier_scores;
+    std::vector<float> parent_hidden;
+    for (std::size_t j = 0; j < frontier.size(); ++j) parent_hidden.insert(parent_hidden.end(), root_hidden.begin(), root_hidden.end());
+    std::vector<int> parent_node(frontier.size(), root_node);
+    for (std::int32_t step = 1; step < depth; ++step) {
+      const auto nf = static_cast<std::int64_t>(frontier.size());
+      std::vector<std::int32_t> toks(static_cast<std::size_t>(nf)), pos(static_cast<std::size_t>(nf));
+      for (std::int64_t j = 0; j < nf; ++j) {
+        toks[static_cast<std::size_t>(j)] = runner_->to_target(frontier_tokens[static_cast<std::size_t>(j)]);
+        pos[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(root_pos + step);
+      }
+      const int layer = std::min(step, layers_ - 1);
+      std::vector<int> made;
+      std::vector<float> out = forward(layer, toks, parent_hidden, pos, parent_node, made);
+      runner_->logits(layer, out.data(), nf, logits);
+      probs = logits;
+      for (std::int64_t j = 0; j < nf; ++j) k::softmax_cpu(probs.data() + j * draft_vocab_, draft_vocab_);
+      k::ExpandStep s = k::topk_expand_cpu(probs.data(), static_cast<std::int32_t>(nf), draft_vocab_, kk, step,
+                                           frontier_scores, frontier);
+      for (std::size_t c = 0; c < s.tokens.size(); ++c) cand_parent.push_back(frontier[c / static_cast<std::size_t>(kk)]);
+      score_list.push_back(s.scores);
+      token_list.push_back(s.tokens);
+      parents_list.push_back(s.parents);
+      const std::int32_t first_id = kk + kk * kk * (step - 1);
+      std::vector<float> next_hidden;
+      std::vector<int> next_node;
+      for (std::size_t j = 0; j < s.frontier_ids.size(); ++j) {
+        const std::size_t f = static_cast<std::size_t>(s.frontier_ids[j] - first_id) / static_cast<std::size_t>(kk);
+        next_hidden.insert(next_hidden.end(), out.begin() + static_cast<long>(f * H), out.begin() + static_cast<long>((f + 1) * H));
+        next_node.push_back(made[f]);
+      }
+      frontier = s.frontier_ids;
+      frontier_tokens = s.frontier_tokens;
+      frontier_scores = s.frontier_scores;
+      parent_hidden = std::move(next_hidden);
+      parent_node = std::move(next_node);
+    }
+    const std::int32_t want = std::min<std::int32_t>({max_nodes, n_tokens_ - 1, static_cast<std::int32_t>(cand_parent.size())});
+    const k::Organized o = k::organize_draft_results_cpu(score_list, token_list, parents_list, want + 1);
+    DraftTree t;
+    std::map<std::int32_t, std::int32_t> index;  // candidate id -> index in t
+    std::vector<std::int32_t> all_tokens;
+    for (const auto& v : token_list) all_tokens.insert(all_tokens.end(), v.begin(), v.end());
+    for (std::int32_t c : o.selected) {
+      const std::int32_t par = cand_parent[static_cast<std::size_t>(c)];
+      std::int32_t pi = -1;
+      if (par >= 0) {
+        auto p = index.find(par);
+        if (p == index.end()) continue;  // its parent was not selected (a score tie): drop it
+        pi = p->second;
+      }
+      index[c] = static_cast<std::int32_t>(t.tokens.size());
+      t.tokens.push_back(runner_->to_target(all_tokens[static_cast<std::size_t>(c)]));
+      t.parents.push_back(pi);
+    }
+    return t;
+  }
+
+  DraftTree draft_own(State& st, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes, std::int32_t depth) {
+    const auto n = static_cast<std::int64_t>(ctx.size());
+    for (int l = 0; l < static_cast<int>(st.seqs.size()); ++l)
+      kv_[static_cast<std::size_t>(l)]->truncate(st.seqs[static_cast<std::size_t>(l)], st.fed);
+    if (st.fed < n - 1 || st.root_hidden.empty()) catch_up(st, ctx);
+    std::vector<Node> nodes;
+    std::vector<float> hidden;
+    const std::int64_t width = head_->config().hidden;
+    auto forward = [&](int layer, const std::vector<std::int32_t>& toks, const std::vector<float>& feat,
+                       const std::vector<std::int32_t>& pos, const std::vector<int>& parents, std::vector<int>& made) {
+      auto& cache = *kv_[static_cast<std::size_t>(layer)];
+      auto& seq = st.seqs[static_cast<std::size_t>(layer)];
+      const auto cnt = static_cast<std::int64_t>(toks.size());
+      const std::int64_t first = seq.length;
+      cache.reserve(seq, first + cnt);
+      std::vector<std::uint64_t> mask(static_cast<std::size_t>(cnt));
+      for (std::int64_t j = 0; j < cnt; ++j) {
+        nodes.push_back({layer, first + j - st.fed, parents[static_cast<std::size_t>(j)]});
+        made.push_back(static_cast<int>(nodes.size()) - 1);
+        mask[static_cast<std::size_t>(j)] = mask_of(nodes, made.back(), layer);
+      }
+      runner_->project(layer, toks.data(), feat.data(), width, cnt, pos.data());
+      store(cache, seq, first, cnt);
+      seq.length = first + cnt;
+      const k::PagedKvView v = cache.view(0, seq);
+      runner_->finish(layer, {v, 0, st.fed}, {v, st.fed, seq.length - st.fed}, mask.data(), hidden);
+      return hidden;
+    };
+    DraftTree t = expand(st.root_hidden, -1, n - 1, max_nodes, depth, forward);
+    for (int l = 0; l < layers_; ++l) kv_[static_cast<std::size_t>(l)]->truncate(st.seqs[static_cast<std::size_t>(l)], st.fed);
+    return t;
+  }
+
+  DraftTree draft_frozen(State& st, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes, std::int32_t depth) {
+    const auto n = static_cast<std::int64_t>(ctx.size());
+    const auto& hc = head_->config();
+    const std::int64_t row = runner_->kv_row();
+    // Scratch rows for this proposal (not a pool: nothing outlives the call).
+    scratch_k_.assign(static_cast<std::size_t>(64 * row), 0.0f);
+    scratch_v_.assign(scratch_k_.size(), 0.0f);
+    static const std::int32_t page0 = 0;
+    const k::PagedKvView scratch{scratch_k_.data(), scratch_v_.data(), &page0, 64, 64 * row, row};
+    const model::KvCache::Seq target_seq{st.kv_pages, st.kv_length};
+    const k::KvSegment prefix{target_kv_->view(target_->config().n_layers - 1, target_seq), 0, st.kv_length};
+    std::vector<Node> nodes;
+    std::vector<float> hidden;
+    std::int64_t used = 0;
+    auto forward = [&](int layer, const std::vector<std::int32_t>& toks, const std::vector<float>& feat,
+                       const std::vector<std::int32_t>& pos, const std::vector<int>& parents, std::vector<int>& made) {
+      const auto cnt = static_cast<std::int64_t>(toks.size());
+      std::vector<std::uint64_t> mask(static_cast<std::size_t>(cnt));
+      for (std::int64_t j = 0; j < cnt; ++j) {
+        nodes.push_back({layer, used + j, parents[static_cast<std::size_t>(j)]});
+        made.push_back(static_cast<int>(nodes.size()) - 1);
+        mask[static_cast<std::size_t>(j)] = mask_of(nodes, made.back(), layer);
+      }
+      runner_->project(layer, toks.data(), feat.data(), static_cast<std::int64_t>(feat.size()) / cnt, cnt, pos.data());
+      std::copy(runner_->k_rows(), runner_->k_rows() + cnt * row, scratch_k_.begin() + used * row);
+      std::copy(runner_->v_rows(), runner_->v_rows() + cnt * row, scratch_v_.begin() + used * row);
+      used += cnt;
+      runner_->finish(layer, prefix, {scratch, 0, used}, mask.data(), hidden);
+      return hidden;
+    };
+    // The root pair (t_{n-1}, h_{n-2}) at position n-1, with the target's feature.
+    std::vector<int> made;
+    const std::vector<float> root_feat(st.feat.end() - hc.feature_width(), st.feat.end());
+    std::vector<float> root_hidden = forward(0, {ctx.back()}, root_feat, {static_cast<std::int32_t>(n - 1)}, {-1}, made);
+    (void)row;
+    return expand(root_hidden, made[0], n - 1, max_nodes, depth, forward);
+  }
+
+  bool frozen_;
+  model::HeadKind kind_;
+  std::shared_ptr<const model::LlamaWeights> target_;
+  std::shared_ptr<const model::KvCache> target_kv_;  // read-only: only const members are reachable
+  std::shared_ptr<const model::HeadWeights> head_;
+  std::unique_ptr<model::HeadRunner> runner_;
+  std::vector<std::unique_ptr<model::KvCache>> kv_;  // per head layer (not FROZEN_KV_MTP)
+  std::vector<float> scratch_k_, scratch_v_;
+  std::int64_t draft_vocab_ = 0, page_size_ = 0, max_tokens_ = 0;
+  int layers_ = 1;
+  std::int32_t steps_ = 3, topk_ = 1, n_tokens_ = 4;
+  std::map<std::uint64_t, State> states_;
+};
+
+}  // namespace
+
+std::unique_ptr<Drafter> make_eagle_drafter(const config::Snapshot& s, const DraftContext& c) {
+  return std::make_unique<HeadDrafter>(s, c, model::HeadKind::Eagle, false);
+}
+std::unique_ptr<Drafter> make_eagle3_drafter(const config::Snapshot& s, const DraftContext& c) {
+  return std::make_unique<HeadDrafter>(s, c, model::HeadKind::Eagle3, false);
+}
+std::unique_ptr<Drafter> make_mtp_drafter(const config::Snapshot& s, const DraftContext& c) {
+  return std::make_unique<HeadDrafter>(s, c, model::HeadKind::Mtp, false);
+}
+std::unique_ptr<Drafter> make_frozen_kv_mtp_drafter(const config::Snapshot& s, const DraftContext& c) {
+  return std::make_unique<HeadDrafter>(s, c, model::HeadKind::Mtp, true);
+}
+
+}  // namespace specactor::actors

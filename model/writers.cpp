@@ -1,0 +1,177 @@
+// model/writers.cpp — see writers.hpp.
+#include "model/writers.hpp"
+
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace specactor::model {
+namespace {
+
+template <class T> void put(std::vector<std::uint8_t>& out, T v) {
+  const std::size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &v, sizeof(T));
+}
+void put_str(std::vector<std::uint8_t>& out, std::string_view s) {
+  put<std::uint64_t>(out, s.size());
+  out.insert(out.end(), s.begin(), s.end());
+}
+
+}  // namespace
+
+std::uint64_t ggml_nbytes(std::uint32_t type, const std::vector<std::uint64_t>& dims) {
+  std::uint64_t n = 1;
+  for (auto d : dims) n *= d;
+  switch (type) {
+    case 0: return n * 4;               // F32
+    case 1: case 30: return n * 2;      // F16, BF16
+    case 2: return n / 32 * 18;         // Q4_0
+    case 3: return n / 32 * 20;         // Q4_1
+    case 8: return n / 32 * 34;         // Q8_0
+    case 12: return n / 256 * 144;      // Q4_K
+    case 14: return n / 256 * 210;      // Q6_K
+    default: return 0;
+  }
+}
+
+void GgufWriter::kv_raw(std::string_view key, std::uint32_t type, const std::vector<std::uint8_t>& value_bytes) {
+  put_str(kv_, key);
+  put<std::uint32_t>(kv_, type);
+  kv_.insert(kv_.end(), value_bytes.begin(), value_bytes.end());
+  ++kv_count_;
+}
+
+#define SPECACTOR_KV_SCALAR(fn, T, tag)                        \
+  void GgufWriter::fn(std::string_view key, T v) {             \
+    std::vector<std::uint8_t> b;                               \
+    put<T>(b, v);                                              \
+    kv_raw(key, tag, b);                                       \
+  }
+SPECACTOR_KV_SCALAR(kv_u8, std::uint8_t, 0)
+SPECACTOR_KV_SCALAR(kv_u32, std::uint32_t, 4)
+SPECACTOR_KV_SCALAR(kv_i32, std::int32_t, 5)
+SPECACTOR_KV_SCALAR(kv_f32, float, 6)
+SPECACTOR_KV_SCALAR(kv_u64, std::uint64_t, 10)
+#undef SPECACTOR_KV_SCALAR
+
+void GgufWriter::kv_bool(std::string_view key, bool v) { kv_raw(key, 7, {static_cast<std::uint8_t>(v ? 1 : 0)}); }
+
+void GgufWriter::kv_str(std::string_view key, std::string_view v) {
+  std::vector<std::uint8_t> b;
+  put_str(b, v);
+  kv_raw(key, 8, b);
+}
+
+void GgufWriter::kv_str_array(std::string_view key, const std::vector<std::string>& v) {
+  std::vector<std::uint8_t> b;
+  put<std::uint32_t>(b, 8);
+  put<std::uint64_t>(b, v.size());
+  for (const auto& s : v) put_str(b, s);
+  kv_raw(key, 9, b);
+}
+
+void GgufWriter::kv_i32_array(std::string_view key, const std::vector<std::int32_t>& v) {
+  std::vector<std::uint8_t> b;
+  put<std::uint32_t>(b, 5);
+  put<std::uint64_t>(b, v.size());
+  for (auto x : v) put<std::int32_t>(b, x);
+  kv_raw(key, 9, b);
+}
+
+void GgufWriter::kv_f32_array(std::string_view key, const std::vector<float>& v) {
+  std::vector<std::uint8_t> b;
+  put<std::uint32_t>(b, 6);
+  put<std::uint64_t>(b, v.size());
+  for (auto x : v) put<float>(b, x);
+  kv_raw(key, 9, b);
+}
+
+void GgufWriter::tensor(std::string_view name, std::uint32_t ggml_type, std::vector<std::uint64_t> dims,
+                        std::vector<std::uint8_t> data, std::int64_t offset_override) {
+  if (data.empty()) data.assign(ggml_nbytes(ggml_type, dims), 0);
+  tensors_.push_back({std::string(name), ggml_type, std::move(dims), std::move(data), offset_override});
+}
+
+bool GgufWriter::remove_tensor(std::string_view name) {
+  for (auto it = tensors_.begin(); it != tensors_.end(); ++it)
+    if (it->name == name) {
+      tensors_.erase(it);
+      return true;
+    }
+  return false;
+}
+
+bool GgufWriter::reshape_tensor(std::string_view name, std::vector<std::uint64_t> dims) {
+  for (auto& t : tensors_)
+    if (t.name == name) {
+      t.data.assign(ggml_nbytes(t.type, dims), 0);
+      t.dims = std::move(dims);
+      return true;
+    }
+  return false;
+}
+
+std::vector<std::uint8_t> GgufWriter::bytes() const {
+  std::vector<std::uint8_t> out;
+  put<std::uint32_t>(out, magic);
+  put<std::uint32_t>(out, version);
+  put<std::uint64_t>(out, tensors_.size());
+  put<std::uint64_t>(out, kv_count_);
+  out.insert(out.end(), kv_.begin(), kv_.end());
+  std::vector<std::uint64_t> offsets;
+  std::uint64_t next = 0;
+  for (const auto& t : tensors_) {
+    offsets.push_back(next);
+    next += (t.data.size() + alignment - 1) / alignment * alignment;
+  }
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    const auto& t = tensors_[i];
+    put_str(out, t.name);
+    put<std::uint32_t>(out, static_cast<std::uint32_t>(t.dims.size()));
+    for (auto d : t.dims) put<std::uint64_t>(out, d);
+    put<std::uint32_t>(out, t.type);
+    put<std::uint64_t>(out, t.offset_override >= 0 ? static_cast<std::uint64_t>(t.offset_override) : offsets[i]);
+  }
+  while (out.size() % alignment != 0) out.push_back(0);
+  const std::size_t data_start = out.size();
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    out.resize(data_start + offsets[i]);
+    out.insert(out.end(), tensors_[i].data.begin(), tensors_[i].data.end());
+  }
+  return out;
+}
+
+void GgufWriter::write(const std::string& path) const {
+  const auto b = bytes();
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, HfTensor>>& tensors,
+                       const std::vector<std::int64_t>& d2t) {
+  nlohmann::json header = nlohmann::json::object();
+  std::uint64_t off = 0;
+  for (const auto& [name, t] : tensors) {
+    const std::uint64_t bytes = t.values.size() * 4;
+    header[name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
+    off += bytes;
+  }
+  if (!d2t.empty()) header["d2t"] = {{"dtype", "I64"}, {"shape", {d2t.size()}}, {"data_offsets", {off, off + d2t.size() * 8}}};
+  header["__metadata__"] = {{"format", "pt"}};
+  std::string h = header.dump();
+  while (h.size() % 8) h += ' ';
+  std::ofstream f(path, std::ios::binary);
+  const std::uint64_t n = h.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f.write(h.data(), static_cast<std::streamsize>(h.size()));
+  for (const auto& [name, t] : tensors)
+    f.write(reinterpret_cast<const char*>(t.values.data()), static_cast<std::streamsize>(t.values.size() * 4));
+  if (!d2t.empty()) f.write(reinterpret_cast<const char*>(d2t.data()), static_cast<std::streamsize>(d2t.size() * 8));
+  if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+}  // namespace specactor::model
