@@ -85,7 +85,7 @@ TEST_CASE("argv parsing: values, =values, bare bools, aliases, and provenance") 
   CHECK(a.override_log[0].fields["speculative_algorithm"] == "EAGLE");
 }
 
-TEST_CASE("a JSON config file is applied first; the command line wins") {
+TEST_CASE("a JSON config file is applied first, the command line wins") {
   const std::string path = write_temp("cfg", R"({"tp_size": 3, "page_size": 32, "log_level": "debug"})");
   const ServerArgs a = parse({"--tp-size", "4", "--config", path});
   CHECK(a.tp_size == 4);

@@ -181,7 +181,7 @@ TEST_CASE("RoPE: both layouts rotate the right pairs by the right angles") {
   CHECK(same == x);
 }
 
-TEST_CASE("attention: a chain mask equals the causal default; a tree mask hides siblings") {
+TEST_CASE("attention: a chain mask equals the causal default, a tree mask hides siblings") {
   const std::int64_t heads = 4, kvh = 2, hd = 16, page = 4, prefix = 5, n = 4;
   specactor::model::KvCache kv(1, kvh, hd, page, 64);
   specactor::model::KvCache::Seq seq;
@@ -212,7 +212,7 @@ TEST_CASE("attention: a chain mask equals the causal default; a tree mask hides 
   CHECK(tree[1 * heads * hd] != tree2[1 * heads * hd]);  // node 1 does see itself
 }
 
-TEST_CASE("KV cache: pages come and go; exhaustion is an error that changes nothing") {
+TEST_CASE("KV cache: pages come and go, exhaustion is an error that changes nothing") {
   specactor::model::KvCache kv(2, 1, 8, 4, 16);  // 4 pages of 4 slots
   specactor::model::KvCache::Seq a, b;
   kv.reserve(a, 6);

@@ -19,6 +19,11 @@
 #include "actors/scheduler.hpp"
 #include "actors/system.hpp"
 #include "config/resolve.hpp"
+#include "model/gguf.hpp"
+#include "model/head_writer.hpp"
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include "tests/support/gguf_writer.hpp"
 
 using namespace specactor;
@@ -107,28 +112,44 @@ class IdleDrafter final : public Drafter {
   DraftTree propose(std::uint64_t, const std::vector<std::int32_t>&, std::int32_t, std::int32_t) override { return {}; }
 };
 
+// The model config of the last drafter each factory built (read after the engine is idle).
+std::map<std::string, std::string>& drafter_configs() {
+  static std::map<std::string, std::string> m;
+  return m;
+}
+
+// Wraps every built-in factory (the real drafters) so the tests see which snapshot object each got.
 void register_recording_drafters() {
   static bool done = false;
   if (done) return;
   done = true;
-  const DrafterFactory ngram = find_drafter(config::freeze([] {
+  for (const char* algo : {"NGRAM", "EAGLE", "EAGLE3", "MTP", "FROZEN_KV_MTP", "STANDALONE"}) {
     config::ServerArgs a;
-    a.speculative_algorithm = config::SpecAlgorithm::Ngram;
-    return a;
-  }()));
-  auto recording = [](DrafterFactory inner) -> DrafterFactory {
-    return [inner](const config::Snapshot& s, const DraftContext& c) {
-      {
-        std::lock_guard lock(factory_log().mu);
-        factory_log().seen.push_back(s.get());
-      }
-      return inner ? inner(s, c) : std::unique_ptr<Drafter>(new IdleDrafter());
-    };
-  };
-  register_drafter("NGRAM", recording(ngram));
-  // Test doubles for the drafters of later issues: they propose nothing but go through the same
-  // factory/worker protocol.
-  for (const char* algo : {"EAGLE", "EAGLE3", "MTP", "FROZEN_KV_MTP", "STANDALONE"}) register_drafter(algo, recording(nullptr));
+    for (const auto& [v, name] : config::EnumNames<config::SpecAlgorithm>::table)
+      if (name == algo) a.speculative_algorithm = v;
+    a.speculative_draft_model_path = "draft";  // freeze() validates; only the algorithm matters here
+    const DrafterFactory inner = find_drafter(config::freeze(a));
+    register_drafter(algo, [inner, name = std::string(algo)](const config::Snapshot& s, const DraftContext& c) {
+      auto d = inner(s, c);
+      std::lock_guard lock(factory_log().mu);
+      factory_log().seen.push_back(s.get());
+      drafter_configs()[name] = d->model_config();
+      return d;
+    });
+  }
+}
+
+// Random heads for the tiny model, one per kind, written once per process.
+std::string tiny_head(model::HeadKind kind) {
+  static std::map<model::HeadKind, std::string> paths;
+  auto it = paths.find(kind);
+  if (it != paths.end()) return it->second;
+  model::HeadSpec spec;
+  spec.kind = kind;
+  const std::string p = (fs::temp_directory_path() / ("specactor_engine_head_" + std::string(model::to_string(kind)) + "." +
+                                                      std::to_string(::getpid()) + ".gguf")).string();
+  model::write_random_head(model::read_model_info(*model::GgufFile::open(tiny_model())), spec, p);
+  return paths[kind] = p;
 }
 
 }  // namespace
@@ -137,8 +158,18 @@ TEST_CASE("isolation at actor level: every algorithm, before and after the draft
   register_recording_drafters();
   for (const char* algo : {"EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "STANDALONE", "NGRAM"}) {
     CAPTURE(algo);
+    const std::string a = algo;
     std::vector<std::string> extra = {"--speculative-algorithm", algo, "--speculative-draft-load-format", "dummy"};
-    if (std::string(algo) != "NGRAM") extra.insert(extra.end(), {"--speculative-draft-model-path", "draft-head"});
+    std::string draft = a == "STANDALONE" ? tiny_model()
+                        : a == "EAGLE3"   ? tiny_head(model::HeadKind::Eagle3)
+                        : a == "MTP" || a == "FROZEN_KV_MTP" ? tiny_head(model::HeadKind::Mtp)
+                                                             : tiny_head(model::HeadKind::Eagle);
+    if (a != "NGRAM") extra.insert(extra.end(), {"--speculative-draft-model-path", draft});
+    // The hot vocabulary (FR-Spec) for the heads that use the target's output head.
+    const std::string map_path = (fs::temp_directory_path() / ("specactor_map." + std::to_string(::getpid()))).string();
+    std::ofstream(map_path) << "3 5 7 11 13 17 19 23";
+    const bool hot = a == "EAGLE" || a == "NEXTN";  // config validation allows the map for EAGLE(3) only
+    if (hot) extra.insert(extra.end(), {"--speculative-token-map", map_path});
     auto engine = Engine::from_argv(tiny_args(extra));
     const config::Snapshot resolved = engine->target_snapshot();
     const std::uint64_t hash_before = config::content_hash(*resolved);
@@ -163,6 +194,19 @@ TEST_CASE("isolation at actor level: every algorithm, before and after the draft
     }
     CHECK(r.draft_worker->load_format == config::LoadFormat::Dummy);
     CHECK(r.draft_worker->context_length == r.target_worker->context_length);
+    // A real drafter was built and is alive; the draft's model config (only there) holds the hot
+    // vocabulary, while the target's model keeps its full vocabulary.
+    const EngineMetrics m = engine->metrics();
+    CHECK_MESSAGE(m.draft_alive, m.draft_error);
+    CHECK(engine->model_info().vocab_size == 96);
+    if (a != "NGRAM" && a != "STANDALONE") {
+      const auto cfg = nlohmann::json::parse(drafter_configs()[a == "NEXTN" ? "EAGLE" : a]);
+      CHECK(cfg["hot_vocab_size"] == (hot ? 8 : 0));
+      CHECK(cfg["draft_vocab_size"] == (hot ? 8 : 96));
+      CHECK(cfg["owns_kv_pool"] == (a != "FROZEN_KV_MTP"));
+    }
+    // Generation runs through the real drafter.
+    CHECK(engine->generate(ids_request(tiny_prompt(1), 8)).error.empty());
 
     // A runtime reconfigure reaches the draft worker; the target keeps its object.
     engine->reconfigure_draft({{"speculative_num_steps", 2}, {"speculative_num_draft_tokens", 3}});
@@ -290,7 +334,7 @@ TEST_CASE("draft failure mid-generation: every request completes with the same g
   register_drafter("STANDALONE", [](const config::Snapshot&, const DraftContext&) { return std::make_unique<IdleDrafter>(); });
 }
 
-TEST_CASE("target worker failure: running requests fail with a clear error; the engine reports it, never hangs") {
+TEST_CASE("target worker failure: running requests fail with a clear error, the engine reports it, never hangs") {
   // Driven at the actor level: a prompt id outside the vocabulary, sent past the Engine's validation,
   // makes the target worker throw inside its forward pass.
   caf::actor_system_config cfg;

@@ -491,7 +491,7 @@ TEST_CASE("heads: a wrong hidden size, a missing tensor, a mismatched vocabulary
         std::string::npos);
 }
 
-TEST_CASE("heads: --speculative-token-map files are read strictly; the restriction is the draft's only") {
+TEST_CASE("heads: --speculative-token-map files are read strictly, the restriction is the draft's only") {
   HeadFixture f;
   auto map_file = [&](const std::string& text) {
     const std::string p = f.dir + "/map.txt";

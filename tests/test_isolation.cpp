@@ -81,7 +81,7 @@ TEST_CASE("the draft load format applies only when configured") {
   }
 }
 
-TEST_CASE("load-time decisions reach the draft; the parent keeps its value") {
+TEST_CASE("load-time decisions reach the draft, the parent keeps its value") {
   const Snapshot parent = resolved_target();
   const Snapshot loaded = derive(parent, "load.test_decision", {{"disable_chunked_prefix_cache", true}});
   const Snapshot draft = derive_draft(loaded, kStubModel);

@@ -408,7 +408,7 @@ TEST_CASE("safetensors + config.json: the same model as GGUF gives the same logi
   fs::remove(gguf);
 }
 
-TEST_CASE("json_model_override_args reach the model config only; hidden states of chosen layers") {
+TEST_CASE("json_model_override_args reach the model config only, hidden states of chosen layers") {
   const std::string p = temp_path("override");
   specactor::testing::tiny_llama().write(p);
   specactor::config::ServerArgs a;

@@ -16,7 +16,12 @@
 #include "actors/drafter.hpp"
 #include "actors/engine.hpp"
 #include "config/snapshot.hpp"
+#include "kernels/cpu/sampling.hpp"
 #include "model/gguf.hpp"
+#include "model/head.hpp"
+#include "model/head_writer.hpp"
+#include "model/llama.hpp"
+#include "model/loader.hpp"
 #include "model/model_info.hpp"
 #include "tests/support/gguf_writer.hpp"
 
@@ -84,7 +89,167 @@ void check_lossless(const std::vector<std::string>& base, const std::vector<Gene
   }
 }
 
+// Random heads of every kind for `model` (both formats), and the engine flags that use them.
+struct Heads {
+  std::string dir;
+  std::vector<std::vector<std::string>> configs;
+  ~Heads() { fs::remove_all(dir); }
+};
+
+std::unique_ptr<Heads> random_heads(const std::string& model, const std::string& tag) {
+  auto h = std::make_unique<Heads>();
+  h->dir = (fs::temp_directory_path() / ("specactor_heads_" + tag + "." + std::to_string(::getpid()))).string();
+  fs::create_directories(h->dir);
+  const auto info = specactor::model::read_model_info(*specactor::model::GgufFile::open(model));
+  using specactor::model::HeadKind;
+  auto write = [&](HeadKind kind, bool st, std::int64_t layers, bool identity, const std::string& name) {
+    specactor::model::HeadSpec spec;
+    spec.kind = kind;
+    spec.safetensors = st;
+    spec.layers = layers;
+    spec.identity = identity;
+    spec.seed = 11;
+    const std::string p = h->dir + "/" + name;
+    specactor::model::write_random_head(info, spec, p);
+    return p;
+  };
+  const std::string eagle = write(HeadKind::Eagle, false, 1, false, "eagle.gguf");
+  const std::string eagle_id = write(HeadKind::Eagle, true, 1, true, "eagle_identity");
+  const std::string eagle3 = write(HeadKind::Eagle3, false, 1, false, "eagle3.gguf");
+  const std::string eagle3_hf = write(HeadKind::Eagle3, true, 1, false, "eagle3_hf");
+  const std::string mtp_hf = write(HeadKind::Mtp, true, 1, false, "mtp_hf");
+  const std::string mtp2 = write(HeadKind::Mtp, false, 2, false, "mtp2.gguf");
+  auto cfg = [](const char* algo, const std::string& path, const char* steps, const char* topk, const char* tokens) {
+    return std::vector<std::string>{"--speculative-algorithm", algo, "--speculative-draft-model-path", path,
+                                    "--speculative-num-steps", steps, "--speculative-eagle-topk", topk,
+                                    "--speculative-num-draft-tokens", tokens};
+  };
+  h->configs = {cfg("EAGLE", eagle, "3", "1", "4"),           // chain
+                cfg("EAGLE", eagle_id, "3", "3", "7"),        // tree; drafts the root again: accepts on repeats
+                cfg("EAGLE3", eagle3, "3", "2", "5"),
+                cfg("EAGLE3", eagle3_hf, "2", "1", "3"),
+                cfg("MTP", mtp_hf, "1", "1", "2"),            // one layer
+                cfg("MTP", mtp2, "2", "2", "4"),              // two layers, one runner each
+                cfg("FROZEN_KV_MTP", mtp2, "3", "2", "5")};   // no KV of its own
+  return h;
+}
+
 }  // namespace
+
+TEST_CASE("heads (random): EAGLE chain and tree, EAGLE3, MTP 1 and 2 layers, FROZEN_KV_MTP are lossless on the tiny model") {
+  specactor::testing::TinyLlamaShape s;
+  s.vocab = 96;
+  s.context = 256;
+  const std::string p = (fs::temp_directory_path() / ("specactor_heads_tiny." + std::to_string(::getpid()) + ".gguf")).string();
+  specactor::testing::tiny_llama(s, true, 5).write(p);
+  auto heads = random_heads(p, "tiny");
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest r;
+    for (int k = 0; k < 6 + 5 * i; ++k) r.prompt_ids.push_back((k * 7 + i) % 90 + 3);
+    r.max_new_tokens = 24;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  check_lossless({"--model-path", p, "--log-level", "warn", "--max-total-tokens", "4096"}, reqs, heads->configs);
+  fs::remove(p);
+}
+
+TEST_CASE("heads (random): every head algorithm is lossless on the default model (single and 8 concurrent)") {
+  if (!fs::exists(kDefaultModel)) {
+    MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
+    return;
+  }
+  auto heads = random_heads(kDefaultModel, "default");
+  std::vector<GenerationRequest> reqs;
+  const auto prompts = shipped_prompts();
+  for (std::size_t i = 0; i < 8; ++i) {
+    GenerationRequest r;
+    r.prompt = prompts[i * prompts.size() / 8];
+    r.chat = true;
+    r.max_new_tokens = 12;
+    reqs.push_back(r);
+  }
+  check_lossless({"--model-path", kDefaultModel, "--log-level", "warn"}, reqs, heads->configs);
+}
+
+TEST_CASE("EAGLE head plumbing: the first draft is the target's own prediction from the hidden row handed over") {
+  // An identity EAGLE head (fc passes the target's normed last hidden state through, attention and
+  // MLP add nothing) predicts from h_{n-2} what the target predicted there. Any misaligned row, wrong
+  // layer or wrong concatenation order shows up as a different token.
+  specactor::testing::TinyLlamaShape s;
+  s.vocab = 96;
+  s.context = 256;
+  const std::string dir = (fs::temp_directory_path() / ("specactor_plumb." + std::to_string(::getpid()))).string();
+  fs::create_directories(dir);
+  specactor::testing::tiny_llama(s, true, 9).write(dir + "/tiny.gguf");
+  specactor::config::ServerArgs a;
+  a.model_path = dir + "/tiny.gguf";
+  const auto target = specactor::model::load_model(a);
+  specactor::model::HeadSpec spec;
+  spec.identity = true;
+  specactor::model::write_random_head(target.info, spec, dir + "/id.gguf");
+  specactor::model::KvCache kv(target.config.n_layers, target.config.n_kv_heads, target.config.head_dim, 16, 1024);
+  auto kvp = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
+                                                          target.config.head_dim, 16, 1024);
+  for (const char* algo : {"EAGLE", "FROZEN_KV_MTP"}) {
+    CAPTURE(algo);
+    specactor::config::ServerArgs d = a;
+    d.speculative_algorithm = std::string(algo) == "EAGLE" ? specactor::config::SpecAlgorithm::Eagle
+                                                           : specactor::config::SpecAlgorithm::FrozenKvMtp;
+    specactor::model::HeadSpec mspec;
+    mspec.kind = specactor::model::HeadKind::Mtp;
+    specactor::model::write_random_head(target.info, mspec, dir + "/mtp.gguf");
+    d.speculative_draft_model_path = std::string(algo) == "EAGLE" ? dir + "/id.gguf" : dir + "/mtp.gguf";
+    d.speculative_num_steps = 1;
+    d.speculative_eagle_topk = 1;
+    d.speculative_num_draft_tokens = 2;
+    d.max_total_tokens = 1024;
+    const auto snap = specactor::config::freeze(d);
+    DraftContext ctx{target.info, target.tokenizer, target.weights, kvp};
+    auto drafter = find_drafter(snap)(snap, ctx);
+    CHECK(drafter->needs().hidden_layers == std::vector<std::int32_t>{static_cast<std::int32_t>(target.config.n_layers - 1)});
+    CHECK(drafter->needs().target_kv == (std::string(algo) == "FROZEN_KV_MTP"));
+    specactor::model::LlamaRunner runner(target.weights, 1);
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<std::int32_t> toks;
+      for (int k = 0; k < 9 + 5 * trial; ++k) toks.push_back((k * 13 + trial * 5) % 90 + 3);
+      // The target commits toks[0..n-2]; the root toks[n-1] comes next.
+      specactor::model::KvCache::Seq seq;
+      std::vector<specactor::model::ForwardSeq> b(1);
+      b[0].kv = &seq;
+      b[0].tokens.assign(toks.begin(), toks.end() - 1);
+      b[0].logit_rows = {static_cast<std::int32_t>(b[0].tokens.size()) - 1};
+      specactor::model::ForwardResult out;
+      runner.forward(b, *kvp, out, {static_cast<int>(target.config.n_layers - 1)});
+      const std::int32_t predicted = specactor::kernels::argmax(out.logits.data(), target.config.vocab_size);
+      // Bytes of the target's committed KV, to prove the drafter never wrote them.
+      std::vector<float> before;
+      for (std::int64_t l = 0; l < target.config.n_layers; ++l)
+        for (std::int64_t slot = 0; slot < seq.length; ++slot) {
+          const float* k = kvp->view(l, seq).k + seq.pages[static_cast<std::size_t>(slot / 16)] * kvp->view(l, seq).page_stride +
+                           (slot % 16) * kvp->row_floats();
+          before.insert(before.end(), k, k + kvp->row_floats());
+        }
+      drafter->observe(static_cast<std::uint64_t>(trial), TargetFeatures{out.hidden[0], 0, seq.pages, seq.length});
+      const DraftTree t = drafter->propose(static_cast<std::uint64_t>(trial), toks, 1, 1);
+      REQUIRE(t.tokens.size() == 1);
+      if (std::string(algo) == "EAGLE") CHECK(t.tokens[0] == predicted);
+      std::vector<float> after;
+      for (std::int64_t l = 0; l < target.config.n_layers; ++l)
+        for (std::int64_t slot = 0; slot < seq.length; ++slot) {
+          const float* k = kvp->view(l, seq).k + seq.pages[static_cast<std::size_t>(slot / 16)] * kvp->view(l, seq).page_stride +
+                           (slot % 16) * kvp->row_floats();
+          after.insert(after.end(), k, k + kvp->row_floats());
+        }
+      CHECK(after == before);
+      drafter->release(static_cast<std::uint64_t>(trial));
+      kvp->release(seq);
+    }
+  }
+  (void)kv;
+  fs::remove_all(dir);
+}
 
 TEST_CASE("default model: every head-free drafter is lossless on the shipped prompts (single and 8 concurrent)") {
   if (!fs::exists(kDefaultModel)) {
@@ -109,7 +274,7 @@ TEST_CASE("default model: every head-free drafter is lossless on the shipped pro
                    "--speculative-num-steps", "2"}});
 }
 
-TEST_CASE("tiny model: STANDALONE and self-speculation are lossless; a mismatched draft vocabulary is reported") {
+TEST_CASE("tiny model: STANDALONE and self-speculation are lossless, a mismatched draft vocabulary is reported") {
   specactor::testing::TinyLlamaShape s;
   s.vocab = 96;
   s.context = 256;
