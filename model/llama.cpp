@@ -73,25 +73,48 @@ const TensorView& WeightBinder::tensor(const std::string& name, const std::vecto
   return *t;
 }
 
-k::WeightMatrix WeightBinder::matrix(const std::string& name, std::int64_t out, std::int64_t in) {
+k::WeightMatrix WeightBinder::matrix(const std::string& name, std::int64_t out, std::int64_t in, Slice rows, Slice cols) {
   const TensorView& t = tensor(name, {static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(out)});
   if (in % 32 != 0)
     throw GgufError(file_.path() + ": tensor '" + name + "' rows of " + std::to_string(in) + " are not a multiple of 32");
-  k::WeightMatrix m;
-  m.out_dim = out;
-  m.in_dim = in;
+  if (rows.end == 0) rows = {0, out};
+  if (cols.end == 0) cols = {0, in};
+  k::WeightMatrix full;
+  full.out_dim = out;
+  full.in_dim = in;
   if (dummy_) {
+    // The whole matrix is drawn (same values whatever the slice), then sliced like a file's.
     std::normal_distribution<float> dist(0.0f, 0.02f);
     auto& buf = owned_.emplace_back(static_cast<std::size_t>(out * in) * sizeof(float));
     auto* f = reinterpret_cast<float*>(buf.data());
     for (std::int64_t i = 0; i < out * in; ++i) f[i] = dist(rng_);
-    m.type = k::WeightType::F32;
-    m.data = buf.data();
+    full.type = k::WeightType::F32;
+    full.data = buf.data();
   } else {
-    m.type = static_cast<k::WeightType>(t.ggml_type);
-    m.data = t.data;
+    full.type = static_cast<k::WeightType>(t.ggml_type);
+    full.data = t.data;
   }
-  m.row_stride = k::row_bytes(m.type, static_cast<std::size_t>(in));
+  full.row_stride = k::row_bytes(full.type, static_cast<std::size_t>(in));
+  k::WeightMatrix m = full;
+  m.out_dim = rows.end - rows.begin;
+  m.data = full.data + static_cast<std::size_t>(rows.begin) * full.row_stride;  // a row slice is a pointer offset
+  if (cols.begin != 0 || cols.end != in) {
+    // A column slice (tensor parallelism: the input features of this rank): copy the block range of
+    // every row. The slice must start and end on a block boundary of the format.
+    const std::size_t width = static_cast<std::size_t>(cols.end - cols.begin);
+    const std::size_t off = k::row_bytes(full.type, static_cast<std::size_t>(cols.begin));
+    const std::size_t bytes = k::row_bytes(full.type, width);
+    const std::size_t blk = k::block_elems(full.type);
+    if (static_cast<std::size_t>(cols.begin) % blk != 0 || width % blk != 0 || width % 32 != 0)
+      throw GgufError(file_.path() + ": tensor '" + name + "' cannot be split at column " + std::to_string(cols.begin) +
+                      " (not a block boundary of its format, or a slice not a multiple of 32)");
+    auto& buf = owned_.emplace_back(bytes * static_cast<std::size_t>(m.out_dim));
+    for (std::int64_t r = 0; r < m.out_dim; ++r)
+      std::memcpy(buf.data() + static_cast<std::size_t>(r) * bytes, m.data + static_cast<std::size_t>(r) * full.row_stride + off, bytes);
+    m.data = buf.data();
+    m.in_dim = cols.end - cols.begin;
+    m.row_stride = bytes;
+  }
   std::vector<std::uint8_t> packed;
   m = k::pack_matrix(m, packed);  // a copy only for the formats the SIMD loops want repacked
   if (!packed.empty()) owned_.push_back(std::move(packed));
@@ -111,9 +134,20 @@ const float* WeightBinder::vector(const std::string& name, std::int64_t n) {
 
 std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const TensorSource> file, Naming naming,
                                                         const LlamaConfig& cfg, config::LoadFormat format,
-                                                        std::int64_t num_layers, const Progress& progress) {
+                                                        std::int64_t num_layers, const Progress& progress,
+                                                        TpShard shard) {
   auto w = std::shared_ptr<LlamaWeights>(new LlamaWeights());
   w->cfg_ = cfg;
+  w->shard_ = shard;
+  const std::int64_t T = shard.size;
+  auto divides = [&](std::int64_t n, const char* what) {
+    if (T < 1 || n % T != 0)
+      throw GgufError(file->path() + ": --tp-size " + std::to_string(T) + " does not divide the model's " +
+                      std::to_string(n) + " " + what);
+  };
+  divides(cfg.n_heads, "attention heads");
+  divides(cfg.n_kv_heads, "KV heads");
+  divides(cfg.ffn, "MLP columns");
   if (num_layers > 0) {
     if (num_layers > cfg.n_layers)
       throw GgufError(file->path() + ": asked for the first " + std::to_string(num_layers) + " layers of a " +
@@ -139,14 +173,17 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ten
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     LlamaLayer L;
     L.attn_norm = vector(layer_name(l, "attn_norm.weight", "input_layernorm.weight"), c.hidden);
-    L.wq = matrix(layer_name(l, "attn_q.weight", "self_attn.q_proj.weight"), c.n_heads * c.head_dim, c.hidden);
-    L.wk = matrix(layer_name(l, "attn_k.weight", "self_attn.k_proj.weight"), c.kv_dim(), c.hidden);
-    L.wv = matrix(layer_name(l, "attn_v.weight", "self_attn.v_proj.weight"), c.kv_dim(), c.hidden);
-    L.wo = matrix(layer_name(l, "attn_output.weight", "self_attn.o_proj.weight"), c.hidden, c.n_heads * c.head_dim);
+    const std::int64_t r = shard.rank, QD = c.n_heads * c.head_dim, KD = c.kv_dim();
+    const WeightBinder::Slice q_rows{r * QD / T, (r + 1) * QD / T}, kv_rows{r * KD / T, (r + 1) * KD / T};
+    const WeightBinder::Slice f_rows{r * c.ffn / T, (r + 1) * c.ffn / T};
+    L.wq = bind.matrix(layer_name(l, "attn_q.weight", "self_attn.q_proj.weight"), QD, c.hidden, q_rows);
+    L.wk = bind.matrix(layer_name(l, "attn_k.weight", "self_attn.k_proj.weight"), KD, c.hidden, kv_rows);
+    L.wv = bind.matrix(layer_name(l, "attn_v.weight", "self_attn.v_proj.weight"), KD, c.hidden, kv_rows);
+    L.wo = bind.matrix(layer_name(l, "attn_output.weight", "self_attn.o_proj.weight"), c.hidden, QD, {}, q_rows);
     L.ffn_norm = vector(layer_name(l, "ffn_norm.weight", "post_attention_layernorm.weight"), c.hidden);
-    L.gate = matrix(layer_name(l, "ffn_gate.weight", "mlp.gate_proj.weight"), c.ffn, c.hidden);
-    L.up = matrix(layer_name(l, "ffn_up.weight", "mlp.up_proj.weight"), c.ffn, c.hidden);
-    L.down = matrix(layer_name(l, "ffn_down.weight", "mlp.down_proj.weight"), c.hidden, c.ffn);
+    L.gate = bind.matrix(layer_name(l, "ffn_gate.weight", "mlp.gate_proj.weight"), c.ffn, c.hidden, f_rows);
+    L.up = bind.matrix(layer_name(l, "ffn_up.weight", "mlp.up_proj.weight"), c.ffn, c.hidden, f_rows);
+    L.down = bind.matrix(layer_name(l, "ffn_down.weight", "mlp.down_proj.weight"), c.hidden, c.ffn, {}, f_rows);
     // Pre-fault the layer's pages so the first request does not pay for the disk.
     volatile std::uint8_t sink = 0;
     for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) {
@@ -174,9 +211,12 @@ LlamaRunner::LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int thread
 }
 
 void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out,
-                          const std::vector<int>& hidden_layers) {
+                          const std::vector<int>& hidden_layers, k::Communicator* comm) {
   const LlamaConfig& c = w_->config();
-  const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, KD = c.kv_dim(), F = c.ffn, V = c.vocab_size;
+  const std::int64_t NH = w_->local_heads(), NKV = w_->local_kv_heads();
+  const std::int64_t H = c.hidden, QD = NH * c.head_dim, KD = NKV * c.head_dim, F = w_->local_ffn(), V = c.vocab_size;
+  if (w_->shard().size > 1 && (!comm || comm->size() != w_->shard().size))
+    throw std::invalid_argument("forward: a tensor-parallel shard needs a communicator of its group size");
 
   // Validate and reserve KV for everything first (all or nothing).
   std::int64_t T = 0, n_logits = 0;
@@ -241,8 +281,8 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     k::rmsnorm_cpu(xn_.data(), x_.data(), L.attn_norm, static_cast<int>(T), static_cast<int>(H), eps);
     const k::MatmulJob qkv[3] = {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}};
     k::matmul_many(qkv, 3, xn_.data(), T);
-    k::rope_apply_cpu(q_.data(), T, c.n_heads, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
-    k::rope_apply_cpu(k_.data(), T, c.n_kv_heads, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
+    k::rope_apply_cpu(q_.data(), T, NH, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
+    k::rope_apply_cpu(k_.data(), T, NKV, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
     std::int64_t r0 = 0;
     for (std::size_t b = 0; b < batch.size(); ++b) {
       const ForwardSeq& s = batch[b];
@@ -251,17 +291,19 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
         std::memcpy(kv.k_row(l, *s.kv, old_len[b] + i), k_.data() + (r0 + i) * KD, sizeof(float) * static_cast<std::size_t>(KD));
         std::memcpy(kv.v_row(l, *s.kv, old_len[b] + i), v_.data() + (r0 + i) * KD, sizeof(float) * static_cast<std::size_t>(KD));
       }
-      k::attention_cpu(q_.data() + r0 * QD, n, c.n_heads, c.n_kv_heads, c.head_dim, kv.view(l, *s.kv), old_len[b],
+      k::attention_cpu(q_.data() + r0 * QD, n, NH, NKV, c.head_dim, kv.view(l, *s.kv), old_len[b],
                        s.mask.empty() ? nullptr : s.mask.data(), scale, att_.data() + r0 * QD);
       r0 += n;
     }
     k::matmul(L.wo, att_.data(), T, tmp_.data());
+    if (comm) comm->all_reduce_sum(tmp_.data(), static_cast<std::size_t>(T * H));  // the heads' partial outputs
     for (std::int64_t i = 0; i < T * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
     k::rmsnorm_cpu(xn_.data(), x_.data(), L.ffn_norm, static_cast<int>(T), static_cast<int>(H), eps);
     const k::MatmulJob gate_up[2] = {{&L.gate, gate_.data()}, {&L.up, up_.data()}};
     k::matmul_many(gate_up, 2, xn_.data(), T);
     k::silu_mul_cpu(gate_.data(), gate_.data(), up_.data(), T * F);
     k::matmul(L.down, gate_.data(), T, tmp_.data());
+    if (comm) comm->all_reduce_sum(tmp_.data(), static_cast<std::size_t>(T * H));  // the MLP columns' partial outputs
     for (std::int64_t i = 0; i < T * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
     for (std::size_t h = 0; h < hidden_layers.size(); ++h)
       if (hidden_layers[h] == l) out.hidden[h] = x_;

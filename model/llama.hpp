@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "config/snapshot.hpp"
+#include "kernels/comm.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "model/gguf.hpp"
 #include "model/kv_cache.hpp"
@@ -39,12 +40,19 @@ struct LlamaConfig {
 // Binds named tensors of a source as weight matrices / float vectors, checking names, shapes and
 // types (errors name the file and tensor). Dummy: random F32 matrices and unit vectors of the same
 // shapes. Copies it makes (repacked matrices, converted vectors) go to `owned`.
+struct WeightSlice {
+  std::int64_t begin = 0, end = 0;  // end 0 = everything
+};
+
 class WeightBinder {
  public:
   WeightBinder(const TensorSource& file, bool dummy, std::vector<std::vector<std::uint8_t>>& owned,
                std::uint32_t seed = 1234);
-  // A matrix of `out` rows of `in` elements (ggml dims [in, out]).
-  kernels::WeightMatrix matrix(const std::string& name, std::int64_t out, std::int64_t in);
+  using Slice = WeightSlice;
+  // A matrix of `out` rows of `in` elements (ggml dims [in, out]); optionally only rows [rows) and
+  // input columns [cols) (tensor-parallel shards; a column slice must fall on block boundaries).
+  kernels::WeightMatrix matrix(const std::string& name, std::int64_t out, std::int64_t in, Slice rows = {},
+                               Slice cols = {});
   // A vector of n values as float32.
   const float* vector(const std::string& name, std::int64_t n);
   bool has(const std::string& name) const { return file_.find(name) != nullptr; }
@@ -63,6 +71,13 @@ struct LlamaLayer {
   const float* ffn_norm = nullptr;   // (hidden)
 };
 
+// One rank's share of a tensor-parallel model: attention heads [rank·h/T, (rank+1)·h/T) (and their KV
+// heads), MLP columns [rank·F/T, ...), the matching input columns of attn_output and ffn_down. The
+// embedding, norms and output head are replicated.
+struct TpShard {
+  int rank = 0, size = 1;
+};
+
 class LlamaWeights {
  public:
   using Progress = std::function<void(std::size_t done, std::size_t total)>;
@@ -75,7 +90,8 @@ class LlamaWeights {
   // file's shapes. Errors name the file and the tensor.
   static std::shared_ptr<const LlamaWeights> load(std::shared_ptr<const TensorSource> source, Naming naming,
                                                   const LlamaConfig& cfg, config::LoadFormat format,
-                                                  std::int64_t num_layers = -1, const Progress& progress = {});
+                                                  std::int64_t num_layers = -1, const Progress& progress = {},
+                                                  TpShard shard = {});
 
   const LlamaConfig& config() const { return cfg_; }
   const kernels::WeightMatrix& embedding() const { return tok_embd_; }
@@ -84,9 +100,15 @@ class LlamaWeights {
   const std::vector<LlamaLayer>& layers() const { return layers_; }
   std::uint64_t weight_bytes() const { return weight_bytes_; }  // bytes streamed per decode step
   const TensorSource& source() const { return *source_; }
+  const TpShard& shard() const { return shard_; }
+  // This rank's attention heads, KV heads and MLP width (the whole model when not sharded).
+  std::int64_t local_heads() const { return cfg_.n_heads / shard_.size; }
+  std::int64_t local_kv_heads() const { return cfg_.n_kv_heads / shard_.size; }
+  std::int64_t local_ffn() const { return cfg_.ffn / shard_.size; }
 
  private:
   LlamaConfig cfg_;
+  TpShard shard_;
   std::shared_ptr<const TensorSource> source_;
   kernels::WeightMatrix tok_embd_, output_;
   const float* output_norm_ = nullptr;
@@ -117,8 +139,11 @@ class LlamaRunner {
 
   // Appends every sequence's tokens to its KV cache and returns the requested logits / hidden
   // states. All-or-nothing on KV: when the pool is short, KvExhausted is thrown before anything runs.
+  // Tensor parallel: every rank calls forward with the same batch and its own KV cache (its KV
+  // heads only); `comm` all-reduces the attention output and MLP projections. All ranks end with
+  // identical hidden states and logits.
   void forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out,
-               const std::vector<int>& hidden_layers = {});
+               const std::vector<int>& hidden_layers = {}, kernels::Communicator* comm = nullptr);
 
  private:
   std::shared_ptr<const LlamaWeights> w_;

@@ -275,3 +275,119 @@ TEST_CASE("sampling: greedy, top-k, top-p, min-p, temperature, seeds") {
   for (int i = 0; i < draws; ++i) counts[static_cast<std::size_t>(sample_from_probs(p, r.uniform()))]++;
   for (int i = 0; i < 5; ++i) CHECK(counts[i] / double(draws) == doctest::Approx(p[i]).epsilon(0.03));
 }
+
+// ---- tensor parallelism on the CPU communicator ----
+
+#include <filesystem>
+#include <thread>
+
+#include <unistd.h>
+
+#include "kernels/comm.hpp"
+#include "model/gguf.hpp"
+#include "model/llama.hpp"
+#include "model/safetensors.hpp"
+#include "tests/support/gguf_writer.hpp"
+
+TEST_CASE("CPU communicator: all-reduce sums in rank order on every rank, broadcast copies the root's values") {
+  for (int size : {1, 2, 3, 4}) {
+    auto group = make_cpu_group(size);
+    std::vector<std::vector<float>> data(static_cast<std::size_t>(size));
+    std::vector<std::vector<std::int32_t>> ids(static_cast<std::size_t>(size));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r)
+      threads.emplace_back([&, r] {
+        auto& d = data[static_cast<std::size_t>(r)];
+        for (int i = 0; i < 100; ++i) d.push_back(0.1f * static_cast<float>(r + 1) + static_cast<float>(i));
+        group[static_cast<std::size_t>(r)]->all_reduce_sum(d.data(), d.size());
+        ids[static_cast<std::size_t>(r)] = {r, r * 10, r * 100};
+        group[static_cast<std::size_t>(r)]->broadcast(ids[static_cast<std::size_t>(r)].data(), 3, size - 1);
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < size; ++r) {
+      CHECK(data[static_cast<std::size_t>(r)] == data[0]);  // bit-identical on every rank
+      CHECK(ids[static_cast<std::size_t>(r)] == std::vector<std::int32_t>{size - 1, (size - 1) * 10, (size - 1) * 100});
+    }
+    float want = 0.0f;
+    for (int r = 0; r < size; ++r) want += 0.1f * static_cast<float>(r + 1) + 7.0f;
+    CHECK(data[0][7] == doctest::Approx(want));
+  }
+}
+
+TEST_CASE("tensor parallel forward: TP = 2 and 3 on the CPU communicator give TP = 1's greedy tokens") {
+  namespace fs = std::filesystem;
+  namespace sm = specactor::model;
+  specactor::testing::TinyLlamaShape s;
+  s.vocab = 96;
+  s.hidden = 192;
+  s.ffn = 384;
+  s.heads = 6;
+  s.kv_heads = 6;
+  s.layers = 2;
+  s.context = 256;
+  const std::string path = (fs::temp_directory_path() / ("specactor_tp." + std::to_string(::getpid()) + ".gguf")).string();
+  specactor::testing::tiny_llama(s, true, 21).write(path);
+  auto file = sm::GgufFile::open(path);
+  const auto cfg = sm::LlamaConfig::from(sm::read_model_info(*file), "");
+  auto source = std::make_shared<sm::GgufSource>(file);
+
+  // Greedy generation with `tp` ranks: every rank runs the forward, rank 0 picks the token and
+  // broadcasts it (the decision is made once), every rank checks it got rank 0's logits.
+  auto generate = [&](int tp, std::vector<float>& first_logits) {
+    auto group = make_cpu_group(tp);
+    std::vector<std::int32_t> tokens = {5, 17, 33, 2, 71, 40, 9};
+    const std::size_t prompt = tokens.size();
+    std::vector<int> same_logits(static_cast<std::size_t>(tp), 1);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < tp; ++r)
+      threads.emplace_back([&, r] {
+        auto w = sm::LlamaWeights::load(source, sm::LlamaWeights::Naming::Gguf, cfg, specactor::config::LoadFormat::Auto,
+                                        -1, {}, sm::TpShard{r, tp});
+        sm::LlamaRunner runner(w, 1);
+        sm::KvCache kv(cfg.n_layers, w->local_kv_heads(), cfg.head_dim, 16, 256);
+        sm::KvCache::Seq seq;
+        std::vector<std::int32_t> mine(tokens.begin(), tokens.begin() + static_cast<long>(prompt));
+        std::size_t fed = 0;
+        for (int step = 0; step < 12; ++step) {
+          std::vector<sm::ForwardSeq> b(1);
+          b[0].kv = &seq;
+          b[0].tokens.assign(mine.begin() + static_cast<long>(fed), mine.end());
+          b[0].logit_rows = {static_cast<std::int32_t>(b[0].tokens.size()) - 1};
+          sm::ForwardResult out;
+          runner.forward(b, kv, out, {}, group[static_cast<std::size_t>(r)].get());
+          fed = mine.size();
+          std::int32_t next = argmax(out.logits.data(), cfg.vocab_size);
+          if (step == 0 && r == 0) first_logits = out.logits;
+          std::vector<float> check = out.logits;  // every rank holds the same logits
+          std::vector<float> rank0 = out.logits;
+          group[static_cast<std::size_t>(r)]->broadcast(reinterpret_cast<std::int32_t*>(rank0.data()), rank0.size(), 0);
+          if (check != rank0) same_logits[static_cast<std::size_t>(r)] = 0;
+          group[static_cast<std::size_t>(r)]->broadcast(&next, 1, 0);
+          mine.push_back(next);
+        }
+        if (r == 0) tokens = mine;
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < tp; ++r) CHECK(same_logits[static_cast<std::size_t>(r)] == 1);
+    return tokens;
+  };
+  std::vector<float> l1, l2, l3;
+  const auto t1 = generate(1, l1);
+  const auto t2 = generate(2, l2);
+  const auto t3 = generate(3, l3);
+  CHECK(t2 == t1);
+  CHECK(t3 == t1);
+  float d2 = 0, d3 = 0;
+  for (std::size_t i = 0; i < l1.size(); ++i) {
+    d2 = std::max(d2, std::fabs(l2[i] - l1[i]));
+    d3 = std::max(d3, std::fabs(l3[i] - l1[i]));
+  }
+  MESSAGE("max |logit(TP) - logit(TP=1)|: TP=2 " << d2 << ", TP=3 " << d3);
+  CHECK(d2 < 1e-4f);
+  CHECK(d3 < 1e-4f);
+  // A split the model does not allow is a clear error.
+  CHECK_THROWS_WITH_AS(sm::LlamaWeights::load(source, sm::LlamaWeights::Naming::Gguf, cfg,
+                                              specactor::config::LoadFormat::Auto, -1, {}, sm::TpShard{0, 4}),
+                       doctest::Contains("--tp-size 4 does not divide the model's 6 attention heads"), sm::GgufError);
+  fs::remove(path);
+}

@@ -1,0 +1,29 @@
+// kernels/comm.hpp — collective communication for tensor parallelism, behind one interface. The
+// in-process CPU group (threads of one process) is here; an NCCL implementation belongs behind the
+// same interface in kernels/cuda/ (one GPU per rank) once the CUDA forward exists.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace specactor::kernels {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank calls it with n floats; afterwards every rank holds the element-wise sum. The sum
+  // runs in rank order on every rank, so all ranks hold bit-identical results.
+  virtual void all_reduce_sum(float* data, std::size_t n) = 0;
+  // Every rank calls it; afterwards every rank holds root's n values.
+  virtual void broadcast(std::int32_t* data, std::size_t n, int root) = 0;
+};
+
+// A group of `size` communicators for `size` threads of this process (rank i = element i). Each
+// must be used by one thread; collectives block until every rank has arrived.
+std::vector<std::unique_ptr<Communicator>> make_cpu_group(int size);
+
+}  // namespace specactor::kernels
