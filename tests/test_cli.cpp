@@ -161,3 +161,36 @@ TEST_CASE("specactor config --help lists every flag") {
   CHECK(r.out.find("--speculative-num-draft-tokens") != std::string::npos);
   CHECK(r.out.find("--json-model-override-args") != std::string::npos);
 }
+
+TEST_CASE("specactor make-head writes heads that inspect reads and checks against a target") {
+  const fs::path dir = fs::temp_directory_path() / ("specactor_cli_heads." + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char* kind : {"EAGLE", "EAGLE3", "MTP"})
+    for (const char* format : {"gguf", "safetensors"}) {
+      CAPTURE(kind);
+      CAPTURE(format);
+      const std::string out = (dir / (std::string(kind) + "_" + format + (std::string(format) == "gguf" ? ".gguf" : ""))).string();
+      const Run w = run(std::string("make-head --target ") + tiny_model() + " --kind " + kind + " --format " + format +
+                        " --out " + out + (std::string(kind) == "MTP" ? " --layers 2" : ""));
+      REQUIRE_MESSAGE(w.rc == 0, w.err);
+      const Run i = run("inspect " + out + " --target " + tiny_model());
+      REQUIRE_MESSAGE(i.rc == 0, i.err);
+      const json j = json::parse(i.out);
+      CHECK(j["kind"] == kind);
+      CHECK(j["hidden_size"] == 32);
+      CHECK(j["num_layers"] == (std::string(kind) == "MTP" ? 2 : 1));
+      CHECK(j["fits_target"] == tiny_model());
+    }
+  // A head made for another target: one message naming both values, exit status 2.
+  const fs::path other = dir / "wide.gguf";
+  specactor::testing::TinyLlamaShape wide;
+  wide.hidden = 64;
+  specactor::testing::tiny_llama(wide).write(other.string());
+  REQUIRE(run("make-head --target " + other.string() + " --out " + (dir / "wide_head.gguf").string()).rc == 0);
+  const Run bad = run("inspect " + (dir / "wide_head.gguf").string() + " --target " + tiny_model());
+  CHECK(bad.rc == 2);
+  CHECK(bad.err.find("head hidden size 64 does not match the target's 32") != std::string::npos);
+  const Run kind = run("make-head --target " + tiny_model() + " --kind MEDUSA --out " + (dir / "x.gguf").string());
+  CHECK(kind.rc == 2);
+  fs::remove_all(dir);
+}
