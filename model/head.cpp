@@ -53,10 +53,6 @@ bool is_hf_path(const std::string& path) {
   return fs::is_directory(path) || (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0);
 }
 
-const char* gguf_arch(HeadKind kind) {
-  return kind == HeadKind::Eagle ? "eagle" : kind == HeadKind::Eagle3 ? "eagle3" : "mtp";
-}
-
 HeadKind kind_from_gguf_arch(const std::string& path, std::string_view arch) {
   if (arch == "eagle") return HeadKind::Eagle;
   if (arch == "eagle3") return HeadKind::Eagle3;

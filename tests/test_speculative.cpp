@@ -385,7 +385,7 @@ TEST_CASE("NGRAM drafter: matches in the sequence, in an external corpus, and tr
   args.model_path = kDefaultModel;
   args.skip_tokenizer_init = false;
   const auto file = specactor::model::GgufFile::open(kDefaultModel);
-  const DraftContext ctx{specactor::model::read_model_info(*file), specactor::model::Tokenizer::from_gguf(*file)};
+  const DraftContext ctx{specactor::model::read_model_info(*file), specactor::model::Tokenizer::from_gguf(*file), nullptr, nullptr};
   const auto& tok = *ctx.tokenizer;
 
   const std::string corpus = (fs::temp_directory_path() / ("specactor_corpus." + std::to_string(::getpid()) + ".txt")).string();
