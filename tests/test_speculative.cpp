@@ -189,7 +189,6 @@ TEST_CASE("EAGLE head plumbing: the first draft is the target's own prediction f
   specactor::model::HeadSpec spec;
   spec.identity = true;
   specactor::model::write_random_head(target.info, spec, dir + "/id.gguf");
-  specactor::model::KvCache kv(target.config.n_layers, target.config.n_kv_heads, target.config.head_dim, 16, 1024);
   auto kvp = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
                                                           target.config.head_dim, 16, 1024);
   for (const char* algo : {"EAGLE", "FROZEN_KV_MTP"}) {
@@ -211,6 +210,19 @@ TEST_CASE("EAGLE head plumbing: the first draft is the target's own prediction f
     CHECK(drafter->needs().hidden_layers == std::vector<std::int32_t>{static_cast<std::int32_t>(target.config.n_layers - 1)});
     CHECK(drafter->needs().target_kv == (std::string(algo) == "FROZEN_KV_MTP"));
     specactor::model::LlamaRunner runner(target.weights, 1);
+    // The K and V rows of every committed slot in every layer.
+    auto committed_k = [&](const specactor::model::KvCache::Seq& seq) {
+      std::vector<float> out;
+      for (std::int64_t l = 0; l < target.config.n_layers; ++l) {
+        const auto v = kvp->view(l, seq);
+        for (std::int64_t slot = 0; slot < seq.length; ++slot) {
+          const std::int64_t at = seq.pages[static_cast<std::size_t>(slot / 16)] * v.page_stride + (slot % 16) * v.row;
+          out.insert(out.end(), v.k + at, v.k + at + v.row);
+          out.insert(out.end(), v.v + at, v.v + at + v.row);
+        }
+      }
+      return out;
+    };
     for (int trial = 0; trial < 4; ++trial) {
       std::vector<std::int32_t> toks;
       for (int k = 0; k < 9 + 5 * trial; ++k) toks.push_back((k * 13 + trial * 5) % 90 + 3);
@@ -224,30 +236,17 @@ TEST_CASE("EAGLE head plumbing: the first draft is the target's own prediction f
       runner.forward(b, *kvp, out, {static_cast<int>(target.config.n_layers - 1)});
       const std::int32_t predicted = specactor::kernels::argmax(out.logits.data(), target.config.vocab_size);
       // Bytes of the target's committed KV, to prove the drafter never wrote them.
-      std::vector<float> before;
-      for (std::int64_t l = 0; l < target.config.n_layers; ++l)
-        for (std::int64_t slot = 0; slot < seq.length; ++slot) {
-          const float* k = kvp->view(l, seq).k + seq.pages[static_cast<std::size_t>(slot / 16)] * kvp->view(l, seq).page_stride +
-                           (slot % 16) * kvp->row_floats();
-          before.insert(before.end(), k, k + kvp->row_floats());
-        }
+      const std::vector<float> before = committed_k(seq);
       drafter->observe(static_cast<std::uint64_t>(trial), TargetFeatures{out.hidden[0], 0, seq.pages, seq.length});
       const DraftTree t = drafter->propose(static_cast<std::uint64_t>(trial), toks, 1, 1);
       REQUIRE(t.tokens.size() == 1);
       if (std::string(algo) == "EAGLE") CHECK(t.tokens[0] == predicted);
-      std::vector<float> after;
-      for (std::int64_t l = 0; l < target.config.n_layers; ++l)
-        for (std::int64_t slot = 0; slot < seq.length; ++slot) {
-          const float* k = kvp->view(l, seq).k + seq.pages[static_cast<std::size_t>(slot / 16)] * kvp->view(l, seq).page_stride +
-                           (slot % 16) * kvp->row_floats();
-          after.insert(after.end(), k, k + kvp->row_floats());
-        }
+      const std::vector<float> after = committed_k(seq);
       CHECK(after == before);
       drafter->release(static_cast<std::uint64_t>(trial));
       kvp->release(seq);
     }
   }
-  (void)kv;
   fs::remove_all(dir);
 }
 
