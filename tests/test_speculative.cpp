@@ -89,6 +89,29 @@ void check_lossless(const std::vector<std::string>& base, const std::vector<Gene
   }
 }
 
+// The tiny random model these suites share (vocabulary 96, context 256), written to a temp file.
+std::string write_tiny_model(const std::string& tag) {
+  specactor::testing::TinyLlamaShape s;
+  s.vocab = 96;
+  s.context = 256;
+  const std::string p = (fs::temp_directory_path() / ("specactor_" + tag + "." + std::to_string(::getpid()) + ".gguf")).string();
+  specactor::testing::tiny_llama(s, true, 5).write(p);
+  return p;
+}
+
+// Eight id prompts of growing length for the tiny model.
+std::vector<GenerationRequest> tiny_requests(std::int64_t max_new) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest r;
+    for (int k = 0; k < 6 + 5 * i; ++k) r.prompt_ids.push_back((k * 7 + i) % 90 + 3);
+    r.max_new_tokens = max_new;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
 // Random heads of every kind for `model` (both formats), and the engine flags that use them.
 struct Heads {
   std::string dir;
@@ -137,20 +160,9 @@ std::unique_ptr<Heads> random_heads(const std::string& model, const std::string&
 }  // namespace
 
 TEST_CASE("heads (random): EAGLE chain and tree, EAGLE3, MTP 1 and 2 layers, FROZEN_KV_MTP are lossless on the tiny model") {
-  specactor::testing::TinyLlamaShape s;
-  s.vocab = 96;
-  s.context = 256;
-  const std::string p = (fs::temp_directory_path() / ("specactor_heads_tiny." + std::to_string(::getpid()) + ".gguf")).string();
-  specactor::testing::tiny_llama(s, true, 5).write(p);
+  const std::string p = write_tiny_model("heads_tiny");
   auto heads = random_heads(p, "tiny");
-  std::vector<GenerationRequest> reqs;
-  for (int i = 0; i < 8; ++i) {
-    GenerationRequest r;
-    for (int k = 0; k < 6 + 5 * i; ++k) r.prompt_ids.push_back((k * 7 + i) % 90 + 3);
-    r.max_new_tokens = 24;
-    r.ignore_eos = true;
-    reqs.push_back(r);
-  }
+  const auto reqs = tiny_requests(24);
   check_lossless({"--model-path", p, "--log-level", "warn", "--max-total-tokens", "4096"}, reqs, heads->configs);
   fs::remove(p);
 }
@@ -274,19 +286,8 @@ TEST_CASE("default model: every head-free drafter is lossless on the shipped pro
 }
 
 TEST_CASE("tiny model: STANDALONE and self-speculation are lossless, a mismatched draft vocabulary is reported") {
-  specactor::testing::TinyLlamaShape s;
-  s.vocab = 96;
-  s.context = 256;
-  const std::string p = (fs::temp_directory_path() / ("specactor_spec_tiny." + std::to_string(::getpid()) + ".gguf")).string();
-  specactor::testing::tiny_llama(s, true, 5).write(p);
-  std::vector<GenerationRequest> reqs;
-  for (int i = 0; i < 8; ++i) {
-    GenerationRequest r;
-    for (int k = 0; k < 6 + 5 * i; ++k) r.prompt_ids.push_back((k * 7 + i) % 90 + 3);
-    r.max_new_tokens = 20;
-    r.ignore_eos = true;
-    reqs.push_back(r);
-  }
+  const std::string p = write_tiny_model("spec_tiny");
+  const auto reqs = tiny_requests(20);
   check_lossless({"--model-path", p, "--log-level", "warn", "--max-total-tokens", "4096"}, reqs,
                  {{"--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", p},
                   {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "1"},
