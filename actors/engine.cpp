@@ -14,6 +14,7 @@
 #include "kernels/backend.hpp"
 #include "model/chat.hpp"
 #include "model/loader.hpp"
+#include "model/runner.hpp"
 
 namespace specactor::actors {
 
@@ -31,12 +32,20 @@ struct Engine::Impl {
 
 namespace {
 
+}  // namespace
+
+config::RuntimeFacts runtime_facts() {
+  const auto& probe = kernels::probe_devices();
+  return {probe.cuda_usable, probe.reason, model::cuda_forward_compiled(), probe.device_count};
+}
+
+namespace {
+
 config::Snapshot resolve(const config::ServerArgs& user_args) {
   const config::Snapshot user = config::freeze(user_args);
   if (user->model_path.empty()) throw config::ConfigError("--model-path is required");
   const model::ModelInfo info = model::read_any_model_info(*user);
-  const auto& probe = kernels::probe_devices();
-  return config::resolve_target(user, info.facts(), {probe.cuda_usable, probe.reason});
+  return config::resolve_target(user, info.facts(), runtime_facts());
 }
 
 std::unique_ptr<Engine::Impl> start(caf::actor_system& sys, config::Snapshot target) {

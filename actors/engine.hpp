@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/engine_types.hpp"
+#include "config/resolve.hpp"
 #include "config/snapshot.hpp"
 #include "model/model_info.hpp"
 #include "model/tokenizer.hpp"
@@ -68,5 +69,9 @@ class Engine {
   friend std::unique_ptr<Engine> create_engine_in(caf::actor_system& system, const config::ServerArgs& user_args);
   std::unique_ptr<Impl> impl_;
 };
+
+// What this machine can run (device probe, CUDA forward compiled in, device count), as resolution
+// needs it; the engine and the CLI resolve snapshots with the same facts.
+config::RuntimeFacts runtime_facts();
 
 }  // namespace specactor::actors

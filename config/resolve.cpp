@@ -149,13 +149,41 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                       (runtime.cuda_reason.empty() ? std::string("probe failed") : runtime.cuda_reason) +
                       "); use --device cpu or auto");
   if (s->device == Device::Cuda && !runtime.cuda_forward)
-    throw ConfigError("--device cuda: this build has no CUDA forward pass yet (the model runs on the CPU); use --device "
-                      "cpu or auto");
+    throw ConfigError("--device cuda: this build has no CUDA forward pass (configured without nvcc); use --device cpu "
+                      "or auto");
   if (s->device == Device::Auto)
-    s = derive(s, "auto.device", {{"device", runtime.cuda_usable && runtime.cuda_forward ? "cuda" : "cpu"}});
-  if (s->tp_size > runtime.max_tp_size)
-    throw ConfigError("--tp-size " + std::to_string(s->tp_size) + ": this engine runs at most " +
-                      std::to_string(runtime.max_tp_size) + " tensor-parallel rank(s) so far; use --tp-size 1");
+    s = derive(s, "auto.device",
+               {{"device", runtime.cuda_usable && runtime.cuda_forward && (s->tp_size == 1 || s->tp_size <= runtime.cuda_devices)
+                               ? "cuda"
+                               : "cpu"}});
+  // Tensor parallelism: on the CPU the ranks are threads of this process (any count the model's
+  // heads and MLP width divide by — checked when the weights are bound); on CUDA one device per rank.
+  if (s->device == Device::Cuda && s->tp_size > 1 && s->tp_size > runtime.cuda_devices)
+    throw ConfigError("--tp-size " + std::to_string(s->tp_size) + ": --device cuda runs one rank per GPU and " +
+                      std::to_string(runtime.cuda_devices) + " device(s) answered");
+  if (s->tp_size > 1) {
+    const std::int64_t T = s->tp_size;
+    std::string fits;  // the sizes that divide everything, for the message
+    for (std::int64_t t = 1; t <= std::max<std::int64_t>(model.num_heads, 1); ++t)
+      if (model.num_heads % t == 0 && model.num_kv_heads % t == 0 && model.ffn_hidden_size % t == 0)
+        fits += (fits.empty() ? "" : ", ") + std::to_string(t);
+    auto need = [&](std::int64_t n, const char* what) {
+      if (n > 0 && n % T != 0)
+        throw ConfigError("--tp-size " + std::to_string(T) + ": " + model_name + " has " + std::to_string(n) + " " +
+                          what + ", which do not split into " + std::to_string(T) + " equal shards (sizes that fit: " +
+                          fits + ")");
+    };
+    need(model.num_heads, "attention heads");
+    need(model.num_kv_heads, "KV heads");
+    need(model.ffn_hidden_size, "MLP columns");
+  }
+  if (s->device == Device::Cuda && s->speculative_algorithm == SpecAlgorithm::FrozenKvMtp)
+    throw ConfigError("--device cuda: FROZEN_KV_MTP reads the target's KV cache from host memory, but on CUDA the KV "
+                      "rows live on the device; use --device cpu or another algorithm");
+  if (s->tp_size > 1 && s->speculative_algorithm == SpecAlgorithm::FrozenKvMtp)
+    throw ConfigError("--tp-size " + std::to_string(s->tp_size) +
+                      ": FROZEN_KV_MTP reads the target's whole KV cache, but with tensor parallelism each rank "
+                      "holds only its own KV heads; use --tp-size 1 or another algorithm");
 
   // Speculative shape.
   if (s->speculative_algorithm != SpecAlgorithm::None) {

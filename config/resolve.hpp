@@ -23,14 +23,16 @@ struct ModelFacts {
   std::int64_t hidden_size = 0;
   std::int64_t num_layers = 0;
   bool llama_family = false;
+  // Tensor parallelism splits these (0 = unknown: not checked here, the weight loader still is).
+  std::int64_t num_heads = 0, num_kv_heads = 0, ffn_hidden_size = 0;
 };
 
 // What resolution needs to know about this machine.
 struct RuntimeFacts {
   bool cuda_usable = false;  // a CUDA device answered the probe
   std::string cuda_reason;   // why not, for the error message of --device cuda
-  bool cuda_forward = false; // the engine can run the model on CUDA (not yet: the forward pass is CPU only)
-  std::int64_t max_tp_size = 1;  // tensor-parallel ranks the engine can run (not yet: 1)
+  bool cuda_forward = false; // the build has the CUDA forward pass (kernels/cuda)
+  std::int64_t cuda_devices = 0;  // devices that answered (--device cuda runs one rank per device)
 };
 
 // Parses `--flag value`, `--flag=value`, bare `--bool-flag`, and `--config FILE.json` (keys are the

@@ -78,6 +78,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(std::int64_t,  max_running_requests,       32,        "most requests decoded together in one batch") \
   X(std::int64_t,  chunked_prefill_size,       2048,      "most prompt tokens prefilled per step (longer prompts are chunked)") \
   X(bool,          disable_chunked_prefix_cache, false,   "do not reuse KV of earlier chunks as a prefix cache") \
+  X(bool,          disable_cuda_graph,         false,     "--device cuda: run decode/verify steps kernel by kernel instead of as captured CUDA graphs") \
   X(std::string,   attention_backend,          "auto",    "attention kernels: auto|cpu|cuda (auto = follow --device)") \
   X(OptString,     prefill_attention_backend,  {},        "attention kernels for prefill only; unset = --attention-backend") \
   X(OptString,     decode_attention_backend,   {},        "attention kernels for decode only; unset = --attention-backend") \

@@ -1,6 +1,5 @@
-// kernels/comm.hpp — collective communication for tensor parallelism, behind one interface. The
-// in-process CPU group (threads of one process) is here; an NCCL implementation belongs behind the
-// same interface in kernels/cuda/ (one GPU per rank) once the CUDA forward exists.
+// kernels/comm.hpp — collective communication for tensor parallelism, behind one interface: the
+// in-process CPU group (threads of one process) here, NCCL (one GPU per rank) in kernels/cuda/.
 #pragma once
 
 #include <cstddef>
@@ -15,10 +14,12 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Whether all_reduce_sum takes device pointers (NCCL) rather than host memory (the CPU group).
+  virtual bool device_memory() const { return false; }
   // Every rank calls it with n floats; afterwards every rank holds the element-wise sum. The sum
   // runs in rank order on every rank, so all ranks hold bit-identical results.
   virtual void all_reduce_sum(float* data, std::size_t n) = 0;
-  // Every rank calls it; afterwards every rank holds root's n values.
+  // Every rank calls it with host memory; afterwards every rank holds root's n values.
   virtual void broadcast(std::int32_t* data, std::size_t n, int root) = 0;
 };
 

@@ -206,20 +206,8 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ten
   return w;
 }
 
-LlamaRunner::LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int threads) : w_(std::move(weights)) {
-  if (threads > 0) omp_set_num_threads(threads);
-}
-
-void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out,
-                          const std::vector<int>& hidden_layers, k::Communicator* comm) {
-  const LlamaConfig& c = w_->config();
-  const std::int64_t NH = w_->local_heads(), NKV = w_->local_kv_heads();
-  const std::int64_t H = c.hidden, QD = NH * c.head_dim, KD = NKV * c.head_dim, F = w_->local_ffn(), V = c.vocab_size;
-  if (w_->shard().size > 1 && (!comm || comm->size() != w_->shard().size))
-    throw std::invalid_argument("forward: a tensor-parallel shard needs a communicator of its group size");
-
-  // Validate and reserve KV for everything first (all or nothing).
-  std::int64_t T = 0, n_logits = 0;
+std::int64_t prepare_batch(std::vector<ForwardSeq>& batch, KvCache& kv, std::int64_t V, std::vector<std::int64_t>& old_len) {
+  std::int64_t n_logits = 0;
   for (const auto& s : batch) {
     const auto n = static_cast<std::int64_t>(s.tokens.size());
     if (!s.kv) throw std::invalid_argument("forward: sequence without a KV handle");
@@ -231,10 +219,9 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
       if (t < 0 || t >= V) throw std::invalid_argument("forward: token id " + std::to_string(t) + " outside the vocabulary");
     for (auto r : s.logit_rows)
       if (r < 0 || r >= n) throw std::invalid_argument("forward: logit row " + std::to_string(r) + " outside the sequence");
-    T += n;
     n_logits += static_cast<std::int64_t>(s.logit_rows.size());
   }
-  std::vector<std::int64_t> old_len(batch.size());
+  old_len.assign(batch.size(), 0);
   std::size_t reserved = 0;
   try {
     for (; reserved < batch.size(); ++reserved) {
@@ -249,6 +236,25 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     }
     throw;
   }
+  return n_logits;
+}
+
+LlamaRunner::LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int threads) : w_(std::move(weights)) {
+  if (threads > 0) omp_set_num_threads(threads);
+}
+
+void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out,
+                          const std::vector<int>& hidden_layers, k::Communicator* comm) {
+  const LlamaConfig& c = w_->config();
+  const std::int64_t NH = w_->local_heads(), NKV = w_->local_kv_heads();
+  const std::int64_t H = c.hidden, QD = NH * c.head_dim, KD = NKV * c.head_dim, F = w_->local_ffn(), V = c.vocab_size;
+  if (w_->shard().size > 1 && (!comm || comm->size() != w_->shard().size))
+    throw std::invalid_argument("forward: a tensor-parallel shard needs a communicator of its group size");
+
+  std::vector<std::int64_t> old_len;
+  const std::int64_t n_logits = prepare_batch(batch, kv, V, old_len);
+  std::int64_t T = 0;
+  for (const auto& s : batch) T += static_cast<std::int64_t>(s.tokens.size());
 
   x_.resize(static_cast<std::size_t>(T * H));
   xn_.resize(x_.size());

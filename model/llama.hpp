@@ -131,19 +131,41 @@ struct ForwardResult {
   std::vector<std::vector<float>> hidden;  // per requested layer: (Σ tokens, hidden), residual stream after the layer
 };
 
-// Runs the model; owns its scratch buffers (one per target/draft worker, not shared across threads).
-class LlamaRunner {
- public:
-  explicit LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int threads = 0);
-  const LlamaWeights& weights() const { return *w_; }
+// Checks a forward batch (KV handles, lengths, token ids, logit rows, masks) and reserves its KV
+// pages, all or nothing: on KvExhausted nothing stays reserved. Fills each sequence's old length and
+// returns the number of logit rows. Shared by every runner.
+std::int64_t prepare_batch(std::vector<ForwardSeq>& batch, KvCache& kv, std::int64_t vocab, std::vector<std::int64_t>& old_len);
 
+// A forward pass on some device over a host-managed page table (the CPU runner below, or the CUDA
+// one of model/runner.hpp). One per worker; not shared across threads.
+class ForwardRunner {
+ public:
+  virtual ~ForwardRunner() = default;
+  virtual const LlamaWeights& weights() const = 0;
   // Appends every sequence's tokens to its KV cache and returns the requested logits / hidden
   // states. All-or-nothing on KV: when the pool is short, KvExhausted is thrown before anything runs.
   // Tensor parallel: every rank calls forward with the same batch and its own KV cache (its KV
   // heads only); `comm` all-reduces the attention output and MLP projections. All ranks end with
   // identical hidden states and logits.
+  virtual void forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out,
+                       const std::vector<int>& hidden_layers = {}, kernels::Communicator* comm = nullptr) = 0;
+  // Copies the K/V rows of slot `from` to slot `to` wherever this runner keeps them (compaction).
+  virtual void copy_slot(KvCache& kv, const KvCache::Seq& seq, std::int64_t from, std::int64_t to) = 0;
+  virtual std::string device() const = 0;  // "cpu", "cuda:0", ...
+};
+
+// Runs the model on the CPU; owns its scratch buffers.
+class LlamaRunner final : public ForwardRunner {
+ public:
+  explicit LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int threads = 0);
+  const LlamaWeights& weights() const override { return *w_; }
+  void copy_slot(KvCache& kv, const KvCache::Seq& seq, std::int64_t from, std::int64_t to) override {
+    kv.copy_slot(seq, from, to);
+  }
+  std::string device() const override { return "cpu"; }
+
   void forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out,
-               const std::vector<int>& hidden_layers = {}, kernels::Communicator* comm = nullptr);
+               const std::vector<int>& hidden_layers = {}, kernels::Communicator* comm = nullptr) override;
 
  private:
   std::shared_ptr<const LlamaWeights> w_;

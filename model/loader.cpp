@@ -20,7 +20,8 @@ ModelInfo read_any_model_info(const config::ServerArgs& s) {
   return read_model_info(*GgufFile::open(s.model_path));
 }
 
-LoadedModel load_model(const config::ServerArgs& s, const LlamaWeights::Progress& progress, std::int64_t num_layers) {
+LoadedModel load_model(const config::ServerArgs& s, const LlamaWeights::Progress& progress, std::int64_t num_layers,
+                       TpShard shard) {
   LoadedModel m;
   std::shared_ptr<const TensorSource> source;
   LlamaWeights::Naming naming = LlamaWeights::Naming::Gguf;
@@ -35,7 +36,7 @@ LoadedModel load_model(const config::ServerArgs& s, const LlamaWeights::Progress
   }
   m.config = LlamaConfig::from(m.info, s.json_model_override_args);
   m.config.rope_neox = naming == LlamaWeights::Naming::HuggingFace;  // GGUF conversion permuted Q/K to adjacent pairs
-  m.weights = LlamaWeights::load(source, naming, m.config, s.load_format, num_layers, progress);
+  m.weights = LlamaWeights::load(source, naming, m.config, s.load_format, num_layers, progress, shard);
   if (!s.skip_tokenizer_init) {
     std::shared_ptr<const GgufFile> tok_file = m.file;
     if (s.tokenizer_path) tok_file = GgufFile::open(*s.tokenizer_path);

@@ -30,8 +30,9 @@ struct LoadedModel {
 // Opens snap.model_path (GGUF or safetensors), checks it, binds the weights. The tokenizer comes
 // from the GGUF (for safetensors checkpoints: from --tokenizer-path FILE.gguf). `num_layers` > 0 keeps only the first
 // K layers (self-speculation). Throws GgufError naming the file/tensor.
+// `shard` picks one tensor-parallel rank's share of the weights (see TpShard).
 LoadedModel load_model(const config::ServerArgs& snap, const LlamaWeights::Progress& progress = {},
-                       std::int64_t num_layers = -1);
+                       std::int64_t num_layers = -1, TpShard shard = {});
 
 // A progress callback that draws a bar on stderr when it is a terminal (and nothing otherwise).
 LlamaWeights::Progress terminal_progress(std::string label);

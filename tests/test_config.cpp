@@ -54,7 +54,7 @@ TEST_CASE("every setting has a default, a flag name and a one-line doc") {
   for (const char* required :
        {"model_path", "tokenizer_path", "load_format", "dtype", "context_length", "json_model_override_args",
         "skip_tokenizer_init", "device", "tp_size", "threads", "kv_cache_dtype", "page_size", "max_total_tokens",
-        "max_running_requests", "chunked_prefill_size", "disable_chunked_prefix_cache", "attention_backend",
+        "max_running_requests", "chunked_prefill_size", "disable_chunked_prefix_cache", "disable_cuda_graph", "attention_backend",
         "prefill_attention_backend", "decode_attention_backend", "random_seed", "log_level", "speculative_algorithm",
         "speculative_draft_model_path", "speculative_draft_load_format", "speculative_num_steps",
         "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_accept_threshold_single",
@@ -236,15 +236,35 @@ TEST_CASE("load-time resolution: context length, KV budget, device") {
   CHECK_THROWS_WITH_AS(resolve_target(cuda, llama_facts(), no_gpu()),
                        "--device cuda: no usable CUDA device (no driver); use --device cpu or auto", ConfigError);
   CHECK_THROWS_WITH_AS(resolve_target(cuda, llama_facts(), {true, ""}),
-                       doctest::Contains("--device cuda: this build has no CUDA forward pass yet"), ConfigError);
+                       doctest::Contains("--device cuda: this build has no CUDA forward pass"), ConfigError);
+  const Snapshot cuda_frozen = freeze(parse({"--model-path", "m.gguf", "--device", "cuda", "--speculative-algorithm",
+                                             "FROZEN_KV_MTP", "--speculative-draft-model-path", "h.gguf"}));
+  CHECK_THROWS_WITH_AS(resolve_target(cuda_frozen, llama_facts(), {true, "", true, 1}),
+                       doctest::Contains("--device cuda: FROZEN_KV_MTP reads the target's KV cache from host memory"),
+                       ConfigError);
   CHECK(resolve_target(cuda, llama_facts(), {true, "", true})->device == Device::Cuda);
   const Snapshot auto_dev = freeze(parse({"--model-path", "m.gguf"}));
   CHECK(resolve_target(auto_dev, llama_facts(), {true, ""})->device == Device::Cpu);  // a GPU but no CUDA forward
   CHECK(resolve_target(auto_dev, llama_facts(), {true, "", true})->device == Device::Cuda);
   const Snapshot tp = freeze(parse({"--model-path", "m.gguf", "--tp-size", "2"}));
-  CHECK_THROWS_WITH_AS(resolve_target(tp, llama_facts(), no_gpu()),
-                       "--tp-size 2: this engine runs at most 1 tensor-parallel rank(s) so far; use --tp-size 1",
+  CHECK(resolve_target(tp, llama_facts(), no_gpu())->tp_size == 2);  // CPU ranks: threads of this process
+  ModelFacts smol = llama_facts();
+  smol.num_heads = 9;
+  smol.num_kv_heads = 3;
+  smol.ffn_hidden_size = 1536;
+  CHECK_THROWS_WITH_AS(resolve_target(tp, smol, no_gpu()),
+                       "--tp-size 2: llama model m.gguf has 9 attention heads, which do not split into 2 equal shards "
+                       "(sizes that fit: 1, 3)",
                        ConfigError);
+  CHECK(resolve_target(freeze(parse({"--model-path", "m.gguf", "--tp-size", "3"})), smol, no_gpu())->tp_size == 3);
+  const Snapshot tp_cuda = freeze(parse({"--model-path", "m.gguf", "--tp-size", "2", "--device", "cuda"}));
+  CHECK_THROWS_WITH_AS(resolve_target(tp_cuda, llama_facts(), {true, "", true, 1}),
+                       "--tp-size 2: --device cuda runs one rank per GPU and 1 device(s) answered", ConfigError);
+  CHECK(resolve_target(tp_cuda, llama_facts(), {true, "", true, 2})->tp_size == 2);
+  const Snapshot tp_frozen = freeze(parse({"--model-path", "m.gguf", "--tp-size", "3", "--speculative-algorithm",
+                                           "FROZEN_KV_MTP", "--speculative-draft-model-path", "h.gguf"}));
+  CHECK_THROWS_WITH_AS(resolve_target(tp_frozen, llama_facts(), no_gpu()),
+                       doctest::Contains("--tp-size 3: FROZEN_KV_MTP reads the target's whole KV cache"), ConfigError);
 }
 
 TEST_CASE("snapshots round-trip through JSON with their override log") {

@@ -467,3 +467,105 @@ TEST_CASE("default model: chat through the engine, stop strings, and NGRAM equal
   CHECK(b.metrics.accepted > 0);
   MESSAGE("default model NGRAM: τ " << b.metrics.mean_accepted_length << " over " << b.metrics.steps << " steps");
 }
+
+namespace {
+
+// A tiny model whose head counts and MLP width divide by 2 and by 3, with column shards on 32-element
+// block boundaries (hidden 192 = 6 heads × 32, 6 KV heads, MLP 384), for the tensor-parallel tests.
+const std::string& tp_model() {
+  static const std::string path = [] {
+    specactor::testing::TinyLlamaShape s;
+    s.vocab = 96;
+    s.hidden = 192;
+    s.heads = 6;
+    s.kv_heads = 6;
+    s.ffn = 384;
+    s.context = 512;
+    const std::string p = (fs::temp_directory_path() / ("specactor_engine_tp." + std::to_string(::getpid()) + ".gguf")).string();
+    specactor::testing::tiny_llama(s, true, 17).write(p);
+    return p;
+  }();
+  return path;
+}
+
+// An identity EAGLE head for tp_model(): drafts the target's own predictions, so trees get accepted
+// deep and every rank has to compact the same accepted paths.
+const std::string& tp_identity_head() {
+  static const std::string path = [] {
+    model::HeadSpec spec;
+    spec.identity = true;
+    const std::string p = (fs::temp_directory_path() / ("specactor_engine_tp_head." + std::to_string(::getpid()) + ".gguf")).string();
+    model::write_random_head(model::read_model_info(*model::GgufFile::open(tp_model())), spec, p);
+    return p;
+  }();
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel engine: TP = 2 and 3 give TP = 1's greedy tokens, plain and speculative") {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(ids_request(tiny_prompt(i), 20));
+  auto args = [](std::int64_t tp, std::vector<std::string> extra) {
+    std::vector<std::string> a = {"--model-path", tp_model(), "--log-level", "warn", "--max-total-tokens", "2048",
+                                  "--tp-size", std::to_string(tp)};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const std::vector<std::vector<std::string>> modes = {
+      {},
+      {"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4", "--speculative-eagle-topk", "1"},
+      {"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", tp_identity_head(), "--speculative-num-steps",
+       "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"},
+  };
+  auto base = Engine::from_argv(args(1, {}));
+  const auto expect = run_all(*base, reqs);
+  base->shutdown();
+  for (std::int64_t tp : {2, 3})
+    for (const auto& mode : modes) {
+      CAPTURE(tp);
+      CAPTURE(mode.empty() ? std::string("plain") : mode[1]);
+      auto engine = Engine::from_argv(args(tp, mode));
+      CHECK(engine->target_snapshot()->tp_size == tp);
+      const auto got = run_all(*engine, reqs);  // concurrent: batches mix prefill and verify items
+      for (int i = 0; i < 4; ++i) {
+        CAPTURE(i);
+        CHECK(got[i].error.empty());
+        CHECK(got[i].tokens == expect[i].tokens);
+      }
+      CHECK(engine->generate(reqs[2]).tokens == expect[2].tokens);  // and alone, on pages the others freed
+      const EngineMetrics m = engine->metrics();
+      if (!mode.empty()) {
+        CHECK(m.accepted > 0);  // the broadcast decisions really moved KV rows on every rank
+        MESSAGE("TP " << tp << " " << mode[1] << ": τ " << m.mean_accepted_length);
+      }
+      engine->shutdown();
+    }
+}
+
+TEST_CASE("tensor parallel engine: a size the model does not divide by is one clear error") {
+  CHECK_THROWS_WITH(Engine::from_argv({"--model-path", tp_model(), "--log-level", "off", "--tp-size", "4"}),
+                    doctest::Contains("has 6 attention heads, which do not split into 4 equal shards (sizes that fit: 1, 2, 3, 6)"));
+}
+
+TEST_CASE("default model: TP = 3 on the CPU communicator gives TP = 1's greedy tokens") {
+  if (!fs::exists(kDefaultModel)) {
+    MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
+    return;
+  }
+  GenerationRequest g;
+  g.prompt = "Write one sentence about the sea.";
+  g.chat = true;
+  g.max_new_tokens = 24;
+  g.ignore_eos = true;
+  auto one = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn"});
+  const auto a = one->generate(g);
+  one->shutdown();
+  // 9 attention heads, 3 KV heads, MLP 1536: TP = 3 gives each rank 3 heads, 1 KV head, 512 columns.
+  auto three = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn", "--tp-size", "3",
+                                  "--speculative-algorithm", "NGRAM"});
+  const auto b = three->generate(g);
+  CHECK(b.error.empty());
+  CHECK(a.tokens == b.tokens);
+  MESSAGE("default model TP = 3 (+NGRAM): " << b.tokens.size() << " tokens identical to TP = 1");
+}

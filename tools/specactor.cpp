@@ -81,10 +81,7 @@ void print_server_flags() {
   std::printf("\ndefaults:\n%s\n", sc::settings_to_json(defaults).dump(2).c_str());
 }
 
-sc::RuntimeFacts runtime_facts() {
-  const sk::DeviceProbe& p = sk::probe_devices();
-  return {p.cuda_usable, p.reason};
-}
+using specactor::actors::runtime_facts;
 
 // Takes the command's own flags out of argv (spec: flag -> takes a value); the rest are server flags.
 std::vector<std::string> take_tool_flags(const std::vector<std::string>& argv, const std::map<std::string, bool>& spec,

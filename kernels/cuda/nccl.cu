@@ -1,0 +1,81 @@
+// kernels/cuda/nccl.cu — the NCCL communicator: one rank per device of this process, behind
+// kernels::Communicator (all-reduce on device memory; broadcast of small host arrays staged through
+// the device).
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device_model.hpp"
+#include "kernels/cuda/ops.cuh"
+
+namespace specactor::kernels::cuda {
+namespace {
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) throw std::runtime_error(std::string("NCCL ") + what + ": " + ncclGetErrorString(r));
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {
+    detail::check(cudaSetDevice(rank_), "set device");
+    detail::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "create stream");
+  }
+  ~NcclCommunicator() override {
+    cudaSetDevice(rank_);
+    if (stage_) cudaFree(stage_);
+    if (stream_) cudaStreamDestroy(stream_);
+    ncclCommDestroy(comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  bool device_memory() const override { return true; }
+
+  void all_reduce_sum(float* data, std::size_t n) override {
+    detail::check(cudaSetDevice(rank_), "set device");
+    check_nccl(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream_), "all-reduce");
+    detail::check(cudaStreamSynchronize(stream_), "all-reduce");
+  }
+
+  void broadcast(std::int32_t* data, std::size_t n, int root) override {
+    detail::check(cudaSetDevice(rank_), "set device");
+    if (n > stage_n_) {
+      if (stage_) cudaFree(stage_);
+      detail::check(cudaMalloc(&stage_, sizeof(std::int32_t) * n), "malloc");
+      stage_n_ = n;
+    }
+    if (rank_ == root) detail::check(cudaMemcpy(stage_, data, sizeof(std::int32_t) * n, cudaMemcpyHostToDevice), "memcpy");
+    check_nccl(ncclBroadcast(stage_, stage_, n, ncclInt32, root, comm_, stream_), "broadcast");
+    detail::check(cudaStreamSynchronize(stream_), "broadcast");
+    detail::check(cudaMemcpy(data, stage_, sizeof(std::int32_t) * n, cudaMemcpyDeviceToHost), "memcpy");
+  }
+
+ private:
+  ncclComm_t comm_;
+  int rank_, size_;
+  cudaStream_t stream_ = nullptr;
+  std::int32_t* stage_ = nullptr;
+  std::size_t stage_n_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(int size) {
+  int devices = 0;
+  detail::check(cudaGetDeviceCount(&devices), "device count");
+  if (size < 1 || size > devices)
+    throw std::runtime_error("NCCL group of " + std::to_string(size) + " ranks needs as many devices; " +
+                             std::to_string(devices) + " answered");
+  std::vector<ncclComm_t> comms(static_cast<std::size_t>(size));
+  std::vector<int> devs(static_cast<std::size_t>(size));
+  for (int i = 0; i < size; ++i) devs[static_cast<std::size_t>(i)] = i;
+  check_nccl(ncclCommInitAll(comms.data(), size, devs.data()), "init");
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int i = 0; i < size; ++i)
+    out.push_back(std::make_unique<NcclCommunicator>(comms[static_cast<std::size_t>(i)], i, size));
+  return out;
+}
+
+}  // namespace specactor::kernels::cuda
