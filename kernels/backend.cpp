@@ -1,9 +1,15 @@
 // kernels/backend.cpp — device probe and the CPU/CUDA backend tables.
 #include "kernels/backend.hpp"
 
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
+#include "kernels/cpu/sampling.hpp"
 #ifdef SPECACTOR_HAVE_CUDA
 #include "kernels/cuda/cuda_api.hpp"
+#include "kernels/cuda/device_model.hpp"
 #endif
 
 namespace specactor::kernels {
@@ -29,14 +35,66 @@ const DeviceProbe& probe_devices() {
   return probe;
 }
 
+namespace {
+
+void embedding_rows_cpu(const WeightMatrix& w, const std::int32_t* tokens, std::int64_t n, float* out) {
+  for (std::int64_t i = 0; i < n; ++i) weight_row(w, tokens[i], out + i * w.in_dim);
+}
+
+void attention_pool_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
+                        std::int64_t head_dim, const float* k_pool, const float* v_pool, std::int64_t /*n_pages*/,
+                        const std::int32_t* pages, std::int64_t page_size, std::int64_t n_prefix, const std::uint64_t* mask,
+                        float scale, float* out) {
+  const std::int64_t row = n_kv_heads * head_dim;
+  const PagedKvView view{k_pool, v_pool, pages, page_size, page_size * row, row};
+  attention_cpu(q, n_q, n_heads, n_kv_heads, head_dim, view, n_prefix, mask, scale, out);
+}
+
+void argmax_rows_cpu(const float* logits, std::int64_t rows, std::int64_t vocab, std::int32_t* out) {
+  for (std::int64_t r = 0; r < rows; ++r) out[r] = argmax(logits + r * vocab, vocab);
+}
+
+void softmax_temperature_cpu(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature, float* probs) {
+  SamplingParams p;
+  p.temperature = temperature;
+  std::vector<float> row;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    sampling_probs(logits + r * vocab, vocab, p, row);
+    std::copy(row.begin(), row.end(), probs + r * vocab);
+  }
+}
+
+#ifdef SPECACTOR_HAVE_CUDA
+cuda::HostMatrix host(const WeightMatrix& w) {
+  return {static_cast<std::uint32_t>(w.type), w.out_dim, w.in_dim, w.data, w.row_stride, w.packed};
+}
+void embedding_rows_gpu(const WeightMatrix& w, const std::int32_t* tokens, std::int64_t n, float* out) {
+  cuda::embedding_rows_cuda(host(w), std::vector<std::int32_t>(tokens, tokens + n), out);
+}
+void matmul_gpu(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) { cuda::matmul_cuda(host(w), x, rows, y, false); }
+void matmul_wide_gpu(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) {
+  cuda::matmul_cuda(host(w), x, rows, y, true);
+}
+void argmax_rows_gpu(const float* logits, std::int64_t rows, std::int64_t vocab, std::int32_t* out) {
+  const auto ids = cuda::argmax_rows_cuda(logits, rows, vocab);
+  std::copy(ids.begin(), ids.end(), out);
+}
+#endif
+
+}  // namespace
+
 const Backend& cpu_backend() {
-  static const Backend b{BackendKind::Cpu, "cpu", &rmsnorm_cpu};
+  static const Backend b{BackendKind::Cpu, "cpu",     &rmsnorm_cpu,        &embedding_rows_cpu, &matmul,
+                         &matmul,          &rope_cpu, &silu_mul_cpu,       &attention_pool_cpu, &argmax_rows_cpu,
+                         &softmax_temperature_cpu};
   return b;
 }
 
 const Backend* cuda_backend() {
 #ifdef SPECACTOR_HAVE_CUDA
-  static const Backend b{BackendKind::Cuda, "cuda", &cuda::rmsnorm_cuda};
+  static const Backend b{BackendKind::Cuda,     "cuda",          &cuda::rmsnorm_cuda,    &embedding_rows_gpu,
+                         &matmul_gpu,           &matmul_wide_gpu, &cuda::rope_cuda,       &cuda::silu_mul_cuda,
+                         &cuda::attention_cuda, &argmax_rows_gpu, &cuda::softmax_temperature_cuda};
   return probe_devices().cuda_usable ? &b : nullptr;
 #else
   return nullptr;

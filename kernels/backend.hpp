@@ -3,7 +3,10 @@
 // and a device answers; otherwise the CPU).
 #pragma once
 
+#include <cstdint>
 #include <string>
+
+#include "kernels/cpu/matmul.hpp"
 
 namespace specactor::kernels {
 
@@ -22,11 +25,34 @@ const DeviceProbe& probe_devices();
 
 enum class BackendKind { Cpu, Cuda };
 
+// Every op with host pointers in and out (the CUDA entries copy in, run on the device, copy out):
+// the parity tests drive both tables with the same inputs. The forward passes themselves keep data
+// resident (model::LlamaRunner on the CPU, kernels/cuda/device_model.hpp on CUDA) and run these
+// same kernels.
 struct Backend {
   BackendKind kind;
   const char* name;
   // out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight[:]; x, out: (rows, dim); weight: (dim).
   void (*rmsnorm)(float* out, const float* x, const float* weight, int rows, int dim, float eps);
+  // out (n, w.in_dim): rows tokens[i] of the embedding matrix w, dequantised.
+  void (*embedding_rows)(const WeightMatrix& w, const std::int32_t* tokens, std::int64_t n, float* out);
+  // y (rows, out) = x (rows, in) · Wᵀ (w packed as pack_matrix leaves it). matmul_wide: the path for
+  // wide batches (CUDA: dequantise + cuBLAS; CPU: the same as matmul).
+  void (*matmul)(const WeightMatrix& w, const float* x, std::int64_t rows, float* y);
+  void (*matmul_wide)(const WeightMatrix& w, const float* x, std::int64_t rows, float* y);
+  // Rotary embedding in place over (n_tok, n_heads, head_dim) (kernels/cpu/ops.hpp rope_cpu).
+  void (*rope)(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
+               const std::int32_t* positions, double base, bool neox);
+  // out = silu(gate) * up, element-wise.
+  void (*silu_mul)(float* out, const float* gate, const float* up, std::int64_t n);
+  // Attention of n_q new queries over one layer's paged pool (n_pages pages of page_size slots of
+  // n_kv_heads·head_dim floats): attention_cpu's contract, tree mask included.
+  void (*attention)(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads, std::int64_t head_dim,
+                    const float* k_pool, const float* v_pool, std::int64_t n_pages, const std::int32_t* pages,
+                    std::int64_t page_size, std::int64_t n_prefix, const std::uint64_t* mask, float scale, float* out);
+  // Greedy sampling per row (the first index of the maximum), and softmax(logits / temperature).
+  void (*argmax_rows)(const float* logits, std::int64_t rows, std::int64_t vocab, std::int32_t* out);
+  void (*softmax_temperature)(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature, float* probs);
 };
 
 const Backend& cpu_backend();

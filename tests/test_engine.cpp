@@ -19,6 +19,7 @@
 #include "actors/scheduler.hpp"
 #include "actors/system.hpp"
 #include "config/resolve.hpp"
+#include "kernels/backend.hpp"
 #include "model/gguf.hpp"
 #include "model/head_writer.hpp"
 #include <fstream>
@@ -568,4 +569,42 @@ TEST_CASE("default model: TP = 3 on the CPU communicator gives TP = 1's greedy t
   CHECK(b.error.empty());
   CHECK(a.tokens == b.tokens);
   MESSAGE("default model TP = 3 (+NGRAM): " << b.tokens.size() << " tokens identical to TP = 1");
+}
+
+TEST_CASE("default model: --device cuda gives --device cpu's greedy tokens, plain and with NGRAM") {
+  if (!kernels::cuda_backend()) {
+    MESSAGE("SKIPPED: CUDA end-to-end greedy equality (no usable CUDA device: " << kernels::probe_devices().reason << ")");
+    return;
+  }
+  if (!fs::exists(kDefaultModel)) {
+    MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
+    return;
+  }
+  std::vector<GenerationRequest> reqs;
+  for (const char* p : {"Write one sentence about the sea.", "List three prime numbers.",
+                        "Repeat twice: actors pass immutable messages."}) {
+    GenerationRequest g;
+    g.prompt = p;
+    g.chat = true;
+    g.max_new_tokens = 32;
+    g.ignore_eos = true;
+    reqs.push_back(g);
+  }
+  auto cpu = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn", "--device", "cpu"});
+  const auto want = run_all(*cpu, reqs);
+  cpu->shutdown();
+  for (bool ngram : {false, true}) {
+    CAPTURE(ngram);
+    std::vector<std::string> args = {"--model-path", kDefaultModel, "--log-level", "warn", "--device", "cuda"};
+    if (ngram) args.insert(args.end(), {"--speculative-algorithm", "NGRAM"});
+    auto gpu = Engine::from_argv(args);
+    CHECK(gpu->target_snapshot()->device == config::Device::Cuda);
+    const auto got = run_all(*gpu, reqs);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      CAPTURE(i);
+      CHECK(got[i].error.empty());
+      CHECK(got[i].tokens == want[i].tokens);
+    }
+    gpu->shutdown();
+  }
 }

@@ -115,5 +115,8 @@ void softmax_temperature_cuda(const float* logits, std::int64_t rows, std::int64
 // NCCL: one communicator per device 0 .. size-1 of this process (one rank per thread). all_reduce_sum
 // takes device pointers (device_memory() is true); broadcast takes host memory.
 std::vector<std::unique_ptr<Communicator>> make_nccl_group(int size);
+// Test helper: uploads n floats (rank + 1) · i to the communicator's device, all-reduces them there,
+// and returns the result.
+std::vector<float> test_all_reduce(Communicator& comm, std::size_t n, int rank);
 
 }  // namespace specactor::kernels::cuda

@@ -78,4 +78,17 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(int size) {
   return out;
 }
 
+std::vector<float> test_all_reduce(Communicator& comm, std::size_t n, int rank) {
+  detail::check(cudaSetDevice(rank), "set device");
+  std::vector<float> h(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<float>(rank + 1) * static_cast<float>(i);
+  float* d = nullptr;
+  detail::check(cudaMalloc(&d, sizeof(float) * n), "malloc");
+  detail::check(cudaMemcpy(d, h.data(), sizeof(float) * n, cudaMemcpyHostToDevice), "memcpy");
+  comm.all_reduce_sum(d, n);
+  detail::check(cudaMemcpy(h.data(), d, sizeof(float) * n, cudaMemcpyDeviceToHost), "memcpy");
+  cudaFree(d);
+  return h;
+}
+
 }  // namespace specactor::kernels::cuda
