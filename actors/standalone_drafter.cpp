@@ -10,6 +10,7 @@
 #include "actors/drafter.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/loader.hpp"
+#include "model/runner.hpp"
 
 namespace specactor::actors {
 
@@ -31,7 +32,7 @@ class StandaloneDrafter final : public Drafter {
         if (model_.tokenizer->token_bytes(id) != ctx.tokenizer->token_bytes(id))
           throw std::runtime_error(what + ": token " + std::to_string(id) + " differs from the target's vocabulary");
     kv_ = std::make_unique<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, *s->max_total_tokens);
-    runner_ = std::make_unique<model::LlamaRunner>(model_.weights, static_cast<int>(s->threads));
+    runner_ = model::make_runner(model_.weights, *s, 0, static_cast<int>(s->threads), *kv_);  // the draft snapshot's device
   }
 
   DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
@@ -109,7 +110,7 @@ class StandaloneDrafter final : public Drafter {
   bool sampling_;  // --speculative-use-rejection-sampling: draw drafts from q instead of argmax
   model::LoadedModel model_;
   std::unique_ptr<model::KvCache> kv_;
-  std::unique_ptr<model::LlamaRunner> runner_;
+  std::unique_ptr<model::ForwardRunner> runner_;
   std::map<std::uint64_t, State> states_;
 };
 

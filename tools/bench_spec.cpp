@@ -18,6 +18,7 @@
 #include "actors/engine.hpp"
 #include "config/error.hpp"
 #include "config/resolve.hpp"
+#include "tools/bench.hpp"
 
 namespace sa = specactor::actors;
 namespace sc = specactor::config;
@@ -109,6 +110,22 @@ void run_prompts(const std::vector<std::string>& args, const std::vector<Prompt>
   engine->shutdown();
 }
 
+// Runs one setting and summarises it (median speedup over prompts, mean τ, α, identical outputs).
+void run_setting(const std::vector<std::string>& args, const std::vector<Prompt>& prompts, std::int64_t max_new,
+                 int repeats, Setting& s) {
+  run_prompts(args, prompts, max_new, repeats, s.plain, s.runs, s.metrics);
+  std::vector<double> speedups;
+  double tau = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    if (s.runs[i].tokens != s.plain[i].tokens) ++s.mismatches;
+    if (s.plain[i].tps > 0) speedups.push_back(s.runs[i].tps / s.plain[i].tps);
+    tau += s.runs[i].tau;
+  }
+  s.median_speedup = median(speedups);
+  s.mean_tau = tau / static_cast<double>(prompts.size());
+  s.alpha = s.metrics.acceptance_rate;
+}
+
 void write_chart(const std::string& path, const std::vector<Setting>& settings) {
   const int w = 120 + 90 * static_cast<int>(settings.size()), h = 360, base = 300;
   double max_v = 1.0;
@@ -186,17 +203,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     std::vector<std::string> args = spec_base;
     args.insert(args.end(), s.flags.begin(), s.flags.end());
     spdlog::info("bench: {} {} on {} prompts, plain and speculative alternating", algo, s.label, prompts.size());
-    run_prompts(args, prompts, max_new, repeats, s.plain, s.runs, s.metrics);
-    std::vector<double> speedups;
-    double tau = 0;
-    for (std::size_t i = 0; i < prompts.size(); ++i) {
-      if (s.runs[i].tokens != s.plain[i].tokens) ++s.mismatches;
-      if (s.plain[i].tps > 0) speedups.push_back(s.runs[i].tps / s.plain[i].tps);
-      tau += s.runs[i].tau;
-    }
-    s.median_speedup = median(speedups);
-    s.mean_tau = tau / static_cast<double>(prompts.size());
-    s.alpha = s.metrics.acceptance_rate;
+    run_setting(args, prompts, max_new, repeats, s);
   }
 
   // Per category for the chosen (or best) setting.
@@ -275,4 +282,37 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
   if (sweep) std::cout << fmt::format("\nbest setting: {} ({:.2f}x)\n", best->label, best->median_speedup);
   if (!chart.empty()) std::cout << "chart: " << chart << "\n";
   return 0;
+}
+
+std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& server_args,
+                                          const std::vector<DrafterChoice>& drafters, const std::string& prompts_path,
+                                          std::int64_t max_new, int repeats) {
+  const std::vector<Prompt> prompts = load_prompts(prompts_path);
+  std::vector<DrafterRow> rows;
+  for (const auto& d : drafters) {
+    DrafterRow row;
+    row.label = d.label;
+    std::vector<std::string> args = server_args;
+    args.insert(args.end(), d.flags.begin(), d.flags.end());
+    args.insert(args.end(), {"--log-level", "warn"});
+    spdlog::info("bench: plain vs {} on {} prompts", d.label, prompts.size());
+    try {
+      Setting s;
+      run_setting(args, prompts, max_new, repeats, s);
+      std::vector<double> p, q;
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        p.push_back(s.plain[i].tps);
+        q.push_back(s.runs[i].tps);
+      }
+      row.plain_tps = median(p);
+      row.spec_tps = median(q);
+      row.median_speedup = s.median_speedup;
+      row.mean_tau = s.mean_tau;
+      row.identical = s.mismatches == 0;
+    } catch (const std::exception& e) {
+      row.error = e.what();  // e.g. an algorithm this device refuses: reported, the others still run
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
 }

@@ -4,6 +4,7 @@
 //   specactor inspect MODEL.gguf [--json]   model hyper-parameters from the GGUF metadata
 //   specactor devices                       what the device probe found (CPU / CUDA / NCCL)
 //   specactor bench --model-path M [--prompt-tokens N] [--decode-tokens N] [--repeats R] [--json]
+//   specactor bench --model-path M --device cuda [...]   GPU decode at batch 1/16 + every drafter
 //   specactor generate --model-path M --prompt P [--chat] [--max-new-tokens N] [--temperature T]
 //                      [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [server flags]
 //
@@ -35,6 +36,7 @@
 #include "model/head_writer.hpp"
 #include "model/loader.hpp"
 #include "model/model_info.hpp"
+#include "tools/bench.hpp"
 
 namespace sc = specactor::config;
 namespace sm = specactor::model;
@@ -42,8 +44,6 @@ namespace sk = specactor::kernels;
 namespace sa = specactor::actors;
 using json = nlohmann::json;
 
-int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
-                      std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart);
 
 namespace {
 
@@ -68,6 +68,10 @@ constexpr const char* kUsage =
     "  bench --model-path M --speculative-algorithm A [--prompts tools/bench_prompts.jsonl]\n"
     "        [--max-new-tokens 64] [--repeats 2] [--sweep] [--chart FILE.svg] [--json] [server flags]\n"
     "                               plain vs speculative decoding side by side on a prompt set\n"
+    "  bench --model-path M --device cuda [--prompt-tokens 256] [--decode-tokens 128] [--repeats 3]\n"
+    "        [--prompts FILE] [--max-new-tokens 64] [--json] [server flags]\n"
+    "                               GPU: decode at batch 1 and 16 against the device bandwidth, then\n"
+    "                               plain vs every drafter\n"
     "\n"
     "`specactor config --help` lists every server flag with its default.\n";
 
@@ -276,7 +280,22 @@ int cmd_bench(const std::vector<std::string>& argv) {
                                      {"--json", false}, {"--prompts", true}, {"--sweep", false}, {"--chart", true},
                                      {"--max-new-tokens", true}},
                                     f);
-  if (sc::parse_server_args(rest).speculative_algorithm != sc::SpecAlgorithm::None) {
+  const sc::ServerArgs parsed = sc::parse_server_args(rest);
+  if (parsed.device == sc::Device::Cuda && parsed.speculative_algorithm == sc::SpecAlgorithm::None) {
+    CudaBenchOptions o;
+    o.prompt_tokens = tool_value<std::int64_t>(f, "--prompt-tokens", 256);
+    o.decode_tokens = tool_value<std::int64_t>(f, "--decode-tokens", 128);
+    o.repeats = tool_value<std::int64_t>(f, "--repeats", 3);
+    o.max_new_tokens = tool_value<std::int64_t>(f, "--max-new-tokens", 64);
+    if (f.count("--prompts")) o.prompts_path = f.at("--prompts");
+    o.json = tool_value<bool>(f, "--json", false);
+    if (o.prompt_tokens < 1) throw sc::ConfigError("--prompt-tokens: must be >= 1");
+    if (o.decode_tokens < 1) throw sc::ConfigError("--decode-tokens: must be >= 1");
+    if (o.repeats < 1) throw sc::ConfigError("--repeats: must be >= 1");
+    if (o.max_new_tokens < 2) throw sc::ConfigError("--max-new-tokens: must be >= 2");
+    return bench_cuda(rest, o);
+  }
+  if (parsed.speculative_algorithm != sc::SpecAlgorithm::None) {
     const auto max_new = tool_value<std::int64_t>(f, "--max-new-tokens", 64);
     if (max_new < 2) throw sc::ConfigError("--max-new-tokens: must be >= 2");
     const auto repeats = tool_value<std::int64_t>(f, "--repeats", 2);

@@ -112,6 +112,10 @@ std::vector<std::int32_t> argmax_rows_cuda(const float* logits, std::int64_t row
 // Sampling probabilities with temperature (softmax(logits / t)), per row.
 void softmax_temperature_cuda(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature, float* probs);
 
+// Device-to-device copy bandwidth of `device` (bytes read + written per second, GB/s), measured with
+// events over repeated copies of a `bytes` buffer: the practical ceiling of a memory-bound decode.
+double measure_device_bandwidth_gbps(int device, std::size_t bytes = std::size_t(1) << 30);
+
 // NCCL: one communicator per device 0 .. size-1 of this process (one rank per thread). all_reduce_sum
 // takes device pointers (device_memory() is true); broadcast takes host memory.
 std::vector<std::unique_ptr<Communicator>> make_nccl_group(int size);

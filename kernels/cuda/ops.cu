@@ -510,4 +510,24 @@ void softmax_temperature_cuda(const float* logits, std::int64_t rows, std::int64
   y.to_host(probs, static_cast<std::size_t>(rows * vocab));
 }
 
+double measure_device_bandwidth_gbps(int device, std::size_t bytes) {
+  check(cudaSetDevice(device), "set device");
+  Buf<std::uint8_t> a(bytes), b(bytes);
+  check(cudaMemset(a.p, 1, bytes), "memset");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  check(cudaMemcpy(b.p, a.p, bytes, cudaMemcpyDeviceToDevice), "warm-up copy");
+  const int reps = 10;
+  check(cudaEventRecord(start), "event");
+  for (int i = 0; i < reps; ++i) check(cudaMemcpyAsync(i % 2 ? a.p : b.p, i % 2 ? b.p : a.p, bytes, cudaMemcpyDeviceToDevice), "copy");
+  check(cudaEventRecord(stop), "event");
+  check(cudaEventSynchronize(stop), "event");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * static_cast<double>(bytes) * reps / (ms * 1e-3) / 1e9;
+}
+
 }  // namespace specactor::kernels::cuda

@@ -1,0 +1,37 @@
+// tools/bench.hpp — the benchmark commands behind `specactor bench` (tools/bench_spec.cpp,
+// tools/bench_gpu.cpp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+// Plain vs one speculative setting (or a --sweep of shapes) through the engine, side by side.
+int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
+                      std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart);
+
+// A drafter to compare against plain decoding: a label and the flags that select it.
+struct DrafterChoice {
+  std::string label;
+  std::vector<std::string> flags;
+};
+struct DrafterRow {
+  std::string label;
+  double plain_tps = 0, spec_tps = 0, median_speedup = 0, mean_tau = 0;
+  bool identical = false;
+  std::string error;  // set when the engine refused or failed this drafter
+};
+// Each drafter in turn, plain and speculative alternating per prompt (medians over the prompts).
+std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& server_args,
+                                          const std::vector<DrafterChoice>& drafters, const std::string& prompts_path,
+                                          std::int64_t max_new, int repeats);
+
+// `specactor bench --device cuda`: device bandwidth, decode tokens/s at batch 1 and 16 with the share
+// of the bandwidth reached, then plain vs every drafter.
+struct CudaBenchOptions {
+  std::int64_t prompt_tokens = 256, decode_tokens = 128, repeats = 3, max_new_tokens = 64;
+  std::string prompts_path = "tools/bench_prompts.jsonl";
+  bool json = false;
+};
+int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptions& options);
