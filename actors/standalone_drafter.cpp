@@ -31,7 +31,8 @@ class StandaloneDrafter final : public Drafter {
       for (std::int32_t id = 0; id < c.vocab_size; ++id)
         if (model_.tokenizer->token_bytes(id) != ctx.tokenizer->token_bytes(id))
           throw std::runtime_error(what + ": token " + std::to_string(id) + " differs from the target's vocabulary");
-    kv_ = std::make_unique<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, *s->max_total_tokens);
+    kv_ = std::make_unique<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, *s->max_total_tokens,
+                                           s->device != config::Device::Cuda);
     runner_ = model::make_runner(model_.weights, *s, 0, static_cast<int>(s->threads), *kv_);  // the draft snapshot's device
   }
 

@@ -142,7 +142,7 @@ tp_rank_actor::behavior_type tp_rank_worker(tp_rank_actor::stateful_pointer<TpRa
   st.comm = std::move(comm);
   const auto& c = st.weights->config();
   st.kv = std::make_unique<model::KvCache>(c.n_layers, st.weights->local_kv_heads(), c.head_dim, snapshot->page_size,
-                                           *snapshot->max_total_tokens);
+                                           *snapshot->max_total_tokens, snapshot->device != config::Device::Cuda);
   st.runner = model::make_runner(st.weights, *snapshot, rank, rank_threads(*snapshot), *st.kv);
   return {
       [self](step_atom, StepBatch& batch) {
@@ -184,8 +184,9 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
     st.model = model::load_model(*st.snapshot, quiet ? model::LlamaWeights::Progress{} : model::terminal_progress("loading target"),
                                  -1, {0, T});
     const auto& c = st.model->config;
+    const bool host_kv = st.snapshot->device != config::Device::Cuda;  // on CUDA the rows live on the device
     st.kv = std::make_shared<model::KvCache>(c.n_layers, st.model->weights->local_kv_heads(), c.head_dim,
-                                             st.snapshot->page_size, *st.snapshot->max_total_tokens);
+                                             st.snapshot->page_size, *st.snapshot->max_total_tokens, host_kv);
     st.runner = model::make_runner(st.model->weights, *st.snapshot, 0,
                                    T > 1 ? rank_threads(*st.snapshot) : static_cast<int>(st.snapshot->threads), *st.kv);
     if (T > 1) {

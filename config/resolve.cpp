@@ -153,7 +153,9 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                       "or auto");
   if (s->device == Device::Auto)
     s = derive(s, "auto.device",
-               {{"device", runtime.cuda_usable && runtime.cuda_forward && (s->tp_size == 1 || s->tp_size <= runtime.cuda_devices)
+               {{"device", runtime.cuda_usable && runtime.cuda_forward &&
+                                   (s->tp_size == 1 || s->tp_size <= runtime.cuda_devices) &&
+                                   s->speculative_algorithm != SpecAlgorithm::FrozenKvMtp  // reads host KV
                                ? "cuda"
                                : "cpu"}});
   // Tensor parallelism: on the CPU the ranks are threads of this process (any count the model's

@@ -6,7 +6,7 @@
 namespace specactor::model {
 
 KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t page_size,
-                 std::int64_t max_total_tokens)
+                 std::int64_t max_total_tokens, bool host_storage)
     : n_layers_(n_layers), row_(n_kv_heads * head_dim), page_size_(page_size) {
   if (n_layers <= 0 || row_ <= 0 || page_size <= 0 || max_total_tokens < page_size)
     throw std::invalid_argument("KvCache: bad shape (layers " + std::to_string(n_layers) + ", row " +
@@ -16,7 +16,7 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
   page_stride_ = page_size_ * row_;
   layer_stride_ = n_pages_ * page_stride_;
   const std::size_t n = static_cast<std::size_t>(n_layers_ * layer_stride_);
-  try {
+  if (host_storage) try {
     // Not value-initialised: pages become resident only when written.
     k_ = std::make_unique_for_overwrite<float[]>(n);
     v_ = std::make_unique_for_overwrite<float[]>(n);

@@ -33,8 +33,11 @@ class KvCache {
     std::int64_t length = 0;          // slots in use
   };
 
+  // host_storage false: page tables only (the rows live elsewhere, e.g. in a CUDA runner's device
+  // pool); k_row/v_row/view/copy_slot must not be used then.
   KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t page_size,
-          std::int64_t max_total_tokens);
+          std::int64_t max_total_tokens, bool host_storage = true);
+  bool has_host_storage() const { return k_ != nullptr; }
 
   std::int64_t page_size() const { return page_size_; }
   std::int64_t total_pages() const { return n_pages_; }

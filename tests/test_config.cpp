@@ -246,6 +246,13 @@ TEST_CASE("load-time resolution: context length, KV budget, device") {
   const Snapshot auto_dev = freeze(parse({"--model-path", "m.gguf"}));
   CHECK(resolve_target(auto_dev, llama_facts(), {true, ""})->device == Device::Cpu);  // a GPU but no CUDA forward
   CHECK(resolve_target(auto_dev, llama_facts(), {true, "", true})->device == Device::Cuda);
+  // auto stays on the CPU for what CUDA cannot run: more ranks than devices, FROZEN_KV_MTP.
+  CHECK(resolve_target(freeze(parse({"--model-path", "m.gguf", "--tp-size", "2"})), llama_facts(), {true, "", true, 1})
+            ->device == Device::Cpu);
+  CHECK(resolve_target(freeze(parse({"--model-path", "m.gguf", "--speculative-algorithm", "FROZEN_KV_MTP",
+                                     "--speculative-draft-model-path", "h.gguf"})),
+                       llama_facts(), {true, "", true, 1})
+            ->device == Device::Cpu);
   const Snapshot tp = freeze(parse({"--model-path", "m.gguf", "--tp-size", "2"}));
   CHECK(resolve_target(tp, llama_facts(), no_gpu())->tp_size == 2);  // CPU ranks: threads of this process
   ModelFacts smol = llama_facts();

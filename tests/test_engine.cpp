@@ -509,7 +509,7 @@ TEST_CASE("tensor parallel engine: TP = 2 and 3 give TP = 1's greedy tokens, pla
   for (int i = 0; i < 4; ++i) reqs.push_back(ids_request(tiny_prompt(i), 20));
   auto args = [](std::int64_t tp, std::vector<std::string> extra) {
     std::vector<std::string> a = {"--model-path", tp_model(), "--log-level", "warn", "--max-total-tokens", "2048",
-                                  "--tp-size", std::to_string(tp)};
+                                  "--device", "cpu", "--tp-size", std::to_string(tp)};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
@@ -559,11 +559,11 @@ TEST_CASE("default model: TP = 3 on the CPU communicator gives TP = 1's greedy t
   g.chat = true;
   g.max_new_tokens = 24;
   g.ignore_eos = true;
-  auto one = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn"});
+  auto one = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn", "--device", "cpu"});
   const auto a = one->generate(g);
   one->shutdown();
   // 9 attention heads, 3 KV heads, MLP 1536: TP = 3 gives each rank 3 heads, 1 KV head, 512 columns.
-  auto three = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn", "--tp-size", "3",
+  auto three = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn", "--device", "cpu", "--tp-size", "3",
                                   "--speculative-algorithm", "NGRAM"});
   const auto b = three->generate(g);
   CHECK(b.error.empty());

@@ -450,7 +450,7 @@ void compare_devices(const LoadedModel& m, double tol, const char* what) {
   specactor::config::ServerArgs gpu_args;
   gpu_args.device = specactor::config::Device::Cuda;
   const auto& c = m.config;
-  KvCache kv_cpu(c.n_layers, c.n_kv_heads, c.head_dim, 16, 2048), kv_gpu(c.n_layers, c.n_kv_heads, c.head_dim, 16, 2048);
+  KvCache kv_cpu(c.n_layers, c.n_kv_heads, c.head_dim, 16, 2048), kv_gpu(c.n_layers, c.n_kv_heads, c.head_dim, 16, 2048, false);
   LlamaRunner cpu(m.weights);
   auto gpu = make_runner(m.weights, gpu_args, 0, 0, kv_gpu);
   CHECK(gpu->device() == "cuda:0");
@@ -520,8 +520,15 @@ TEST_CASE("CUDA forward: logits and greedy tokens equal the CPU forward (tiny mo
   specactor::config::ServerArgs a;
   a.model_path = path;
   a.skip_tokenizer_init = true;
-  compare_devices(load_model(a), 1e-4, "tiny F32 model");
+  const LoadedModel tiny = load_model(a);
+  compare_devices(tiny, 1e-4, "tiny F32 model");
   fs::remove(path);
+  // A KV budget the device cannot hold is one clear error naming the fix (the host keeps page tables only).
+  specactor::config::ServerArgs gpu_args;
+  gpu_args.device = specactor::config::Device::Cuda;
+  const auto& tc = tiny.config;
+  KvCache huge(tc.n_layers, tc.n_kv_heads, tc.head_dim, 1024, std::int64_t(1) << 31, false);  // ~550 GB of K/V
+  CHECK_THROWS_WITH(make_runner(tiny.weights, gpu_args, 0, 0, huge), doctest::Contains("lower --max-total-tokens"));
   if (!have_default_model()) return;
   // Q4_1 weights, 30 layers: float32 sums in another order, compared on logits of magnitude ~20.
   compare_devices(default_model(), 5e-2, "default model (Q4_1)");

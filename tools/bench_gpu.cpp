@@ -105,7 +105,7 @@ int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptio
   const sm::LoadedModel m = sm::load_model(*s);
   const auto& c = m.config;
   const std::int64_t per_seq = o.prompt_tokens + o.decode_tokens + 2 * s->page_size;
-  sm::KvCache kv(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, 16 * per_seq);
+  sm::KvCache kv(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, 16 * per_seq, false);
   auto runner = sm::make_runner(m.weights, *s, 0, 0, kv);
   std::vector<std::int32_t> prompt;
   const std::vector<std::int32_t> piece =

@@ -3,8 +3,8 @@
 //
 // A DeviceModel holds one rank's Llama weights and its paged KV pool in device memory and runs a
 // batched forward over it: embedding, RMSNorm, RoPE, paged attention with the tree mask, SiLU-gated
-// MLP, dequantising mat-vec products for Q8_0/Q4_0/Q4_1/F16/BF16/F32 (cuBLAS for wide batches), the
-// final norm and output head. Only token ids, page tables and masks go in; only the requested logits
+// MLP, dequantising mat-vec products for Q8_0/Q4_0/Q4_1/F16/BF16/F32 (for every batch width, so a
+// row's result never depends on its batch), the final norm and output head. Only token ids, page tables and masks go in; only the requested logits
 // (and captured hidden rows) come back. The page *allocation* stays on the host (model::KvCache);
 // the device pool mirrors its page numbering.
 #pragma once

@@ -2,6 +2,11 @@
 // the batched forward over them (see device_model.hpp). Decode/verify steps (up to kGraphTokens
 // tokens) are captured as CUDA graphs per (tokens, logit rows) shape once seen twice: the step's
 // inputs go to fixed device buffers first, so one graph serves every step of that shape.
+//
+// Every product runs the dequantising mat-vec kernel, whatever the batch width: a row's result then
+// never depends on the rows batched with it, so greedy outputs are the same alone, batched, and
+// speculative (as on the CPU). The dequantise + cuBLAS SGEMM path (ops.cuh gemm_rows, the backend's
+// matmul_wide) would change a row's rounding with the batch width, so the forward does not use it.
 #include <cmath>
 #include <map>
 #include <string>
@@ -17,7 +22,6 @@ using detail::DMat;
 
 namespace {
 
-constexpr long long kGemmRows = 64;      // wider batches dequantise and use cuBLAS (never inside a graph)
 constexpr long long kGraphTokens = 64;   // the widest step captured as a graph
 constexpr double kMiB = 1024.0 * 1024.0;
 
@@ -29,7 +33,6 @@ struct DeviceModel::Impl {
   HostModel cfg;  // shapes (the host pointers in it are not used after the upload)
   int device = 0;
   cudaStream_t stream = nullptr;
-  cublasHandle_t blas = nullptr;
   std::vector<void*> allocations;
   struct Layer {
     DMat wq, wk, wv, wo, gate, up, down;
@@ -43,9 +46,9 @@ struct DeviceModel::Impl {
   long long page_size = 0, row = 0, page_stride = 0, layer_stride = 0, n_pages = 0;
   float *k_pool = nullptr, *v_pool = nullptr;
   // Scratch, grown on demand (growing drops the captured graphs: they hold the old pointers).
-  long long cap_tokens = 0, cap_logits = 0, cap_pages = 0, cap_seqs = 0, dense_floats = 0;
+  long long cap_tokens = 0, cap_logits = 0, cap_pages = 0, cap_seqs = 0;
   float *x = nullptr, *xn = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr, *tmp = nullptr,
-        *gate = nullptr, *up = nullptr, *rows = nullptr, *logits = nullptr, *dense = nullptr;
+        *gate = nullptr, *up = nullptr, *rows = nullptr, *logits = nullptr;
   int *tokens = nullptr, *positions = nullptr, *row_seq = nullptr, *row_idx = nullptr, *seq_new = nullptr, *pages = nullptr,
       *logit_rows = nullptr;
   long long *seq_old = nullptr, *seq_page_off = nullptr;
@@ -144,21 +147,7 @@ struct DeviceModel::Impl {
     }
   }
 
-  void ensure_dense(const DMat& m) {
-    if (m.out * m.in <= dense_floats) return;
-    drop_graphs();
-    dense = alloc<float>(static_cast<std::size_t>(m.out * m.in), "dequantised weights (cuBLAS path)");
-    dense_floats = m.out * m.in;
-  }
-
-  void matmul(const DMat& m, const float* in, long long T, float* out) {
-    if (T > kGemmRows) {
-      detail::launch_dequant(m, dense, stream);
-      detail::gemm_rows(blas, dense, m.out, m.in, in, T, out);
-    } else {
-      detail::launch_matvec(m, in, T, out, stream);
-    }
-  }
+  void matmul(const DMat& m, const float* in, long long T, float* out) { detail::launch_matvec(m, in, T, out, stream); }
 
   void all_reduce(float* d, long long n, Communicator* comm) {
     if (!comm || comm->size() == 1) return;
@@ -241,7 +230,10 @@ DeviceModel::DeviceModel(const HostModel& m, int device, std::int64_t kv_pages, 
   s.n_pages = kv_pages;
   s.layer_stride = kv_pages * s.page_stride;
   const std::uint64_t kv = 2 * sizeof(float) * static_cast<std::uint64_t>(s.layer_stride) * m.layers.size();
-  const std::uint64_t scratch_guess = sizeof(float) * static_cast<std::uint64_t>(m.vocab) * m.hidden;  // the cuBLAS path
+  // Activations and logits of a 2048-token step (grown on demand beyond).
+  const std::uint64_t scratch_guess =
+      sizeof(float) * 2048ull * static_cast<std::uint64_t>(6 * m.hidden + 3 * m.n_heads * m.head_dim + 2 * m.ffn) +
+      sizeof(float) * 64ull * static_cast<std::uint64_t>(m.vocab);
   std::size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "memory info");
   if (weights + kv + scratch_guess > free_b) {
@@ -257,9 +249,6 @@ DeviceModel::DeviceModel(const HostModel& m, int device, std::int64_t kv_pages, 
                             " MiB are free; lower --max-total-tokens or use more --tp-size ranks");
   }
   check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "create stream");
-  detail::check_blas(cublasCreate(&s.blas), "create");
-  detail::check_blas(cublasSetStream(s.blas, s.stream), "set stream");
-  detail::check_blas(cublasSetMathMode(s.blas, CUBLAS_PEDANTIC_MATH), "math mode");  // FP32, no TF32
   s.embedding = s.upload(m.embedding, "token_embd");
   s.output = m.output.data == m.embedding.data ? s.embedding : s.upload(m.output, "output");
   s.output_norm = s.upload_vec(m.output_norm, m.hidden, "output_norm");
@@ -281,12 +270,6 @@ DeviceModel::DeviceModel(const HostModel& m, int device, std::int64_t kv_pages, 
   s.k_pool = s.alloc<float>(static_cast<std::size_t>(s.layer_stride) * m.layers.size(), "the K pool");
   s.v_pool = s.alloc<float>(static_cast<std::size_t>(s.layer_stride) * m.layers.size(), "the V pool");
   s.kv_bytes = kv;
-  // The cuBLAS path's dequantisation buffer, sized for the largest matrix.
-  DMat largest = s.output;
-  for (const auto& L : s.layers)
-    for (const DMat* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down})
-      if (w->out * w->in > largest.out * largest.in) largest = *w;
-  s.ensure_dense(largest);
   s.graphs_enabled = cuda_graphs;
 }
 
@@ -294,7 +277,6 @@ DeviceModel::~DeviceModel() {
   if (!impl_) return;
   cudaSetDevice(impl_->device);
   impl_->drop_graphs();
-  if (impl_->blas) cublasDestroy(impl_->blas);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
   for (void* p : impl_->allocations) cudaFree(p);
 }
