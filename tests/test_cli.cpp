@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/backend.hpp"
 #include "tests/support/gguf_writer.hpp"
 
 using json = nlohmann::json;
@@ -92,7 +93,9 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
   struct Case {
     std::string args, expect;
   };
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
+      {"generate --model-path " + tiny_model() + " --prompt hi --tp-size 4",
+       "KV heads, which do not split into 4 equal shards (sizes that fit: 1, 2)"},
       {"config --model-path " + tiny_model() + " --tp-sise 2", "specactor: error: unknown flag --tp-sise (did you mean --tp-size?)"},
       {"config --model-path " + tiny_model() + " --speculative-algorithm EAGLE",
        "specactor: error: --speculative-draft-model-path: is required by --speculative-algorithm EAGLE"},
@@ -115,6 +118,10 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
        "specactor: error: --prompts /nonexistent.jsonl: cannot open the file"},
       {"bench --model-path " + tiny_model() + " --prompt-tokens 4000", "exceed the context length 128"},
   };
+  if (!specactor::kernels::cuda_backend())  // on a GPU machine these are not errors
+    for (const char* cmd : {"bench", "generate --prompt hi"})
+      cases.push_back({std::string(cmd) + " --model-path " + tiny_model() + " --device cuda",
+                       "specactor: error: --device cuda: no usable CUDA device ("});
   for (const auto& c : cases) {
     CAPTURE(c.args);
     const Run r = run(c.args);
