@@ -65,15 +65,12 @@ void softmax_temperature_cpu(const float* logits, std::int64_t rows, std::int64_
 }
 
 #ifdef SPECACTOR_HAVE_CUDA
-cuda::HostMatrix host(const WeightMatrix& w) {
-  return {static_cast<std::uint32_t>(w.type), w.out_dim, w.in_dim, w.data, w.row_stride, w.packed};
-}
 void embedding_rows_gpu(const WeightMatrix& w, const std::int32_t* tokens, std::int64_t n, float* out) {
-  cuda::embedding_rows_cuda(host(w), std::vector<std::int32_t>(tokens, tokens + n), out);
+  cuda::embedding_rows_cuda(w, std::vector<std::int32_t>(tokens, tokens + n), out);
 }
-void matmul_gpu(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) { cuda::matmul_cuda(host(w), x, rows, y, false); }
+void matmul_gpu(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) { cuda::matmul_cuda(w, x, rows, y, false); }
 void matmul_wide_gpu(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) {
-  cuda::matmul_cuda(host(w), x, rows, y, true);
+  cuda::matmul_cuda(w, x, rows, y, true);
 }
 void argmax_rows_gpu(const float* logits, std::int64_t rows, std::int64_t vocab, std::int32_t* out) {
   const auto ids = cuda::argmax_rows_cuda(logits, rows, vocab);

@@ -15,10 +15,6 @@ namespace kc = specactor::kernels::cuda;
 
 namespace {
 
-kc::HostMatrix host(const kernels::WeightMatrix& m) {
-  return {static_cast<std::uint32_t>(m.type), m.out_dim, m.in_dim, m.data, m.row_stride, m.packed};
-}
-
 // The forward on one GPU: the host KvCache keeps the page tables (allocation, truncation, the
 // scheduler's accounting); the K/V rows live only in the device pool with the same page numbers.
 class CudaLlamaRunner final : public ForwardRunner {
@@ -36,12 +32,11 @@ class CudaLlamaRunner final : public ForwardRunner {
     m.rope_base = c.rope_base;
     m.norm_eps = c.norm_eps;
     m.rope_neox = c.rope_neox;
-    m.embedding = host(w_->embedding());
-    m.output = host(w_->output());
+    m.embedding = w_->embedding();
+    m.output = w_->output();
     m.output_norm = w_->output_norm();
     for (const auto& L : w_->layers())
-      m.layers.push_back({host(L.wq), host(L.wk), host(L.wv), host(L.wo), host(L.gate), host(L.up), host(L.down),
-                          L.attn_norm, L.ffn_norm});
+      m.layers.push_back({L.wq, L.wk, L.wv, L.wo, L.gate, L.up, L.down, L.attn_norm, L.ffn_norm});
     dev_ = std::make_unique<kc::DeviceModel>(m, device, kv.total_pages(), kv.page_size(), graphs);
   }
   const LlamaWeights& weights() const override { return *w_; }

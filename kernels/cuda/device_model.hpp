@@ -17,24 +17,17 @@
 #include <vector>
 
 #include "kernels/comm.hpp"
+#include "kernels/cpu/matmul.hpp"
 
 namespace specactor::kernels::cuda {
 
-// A weight matrix in host memory in specactor's layout (kernels/cpu/matmul.hpp's WeightMatrix:
-// ggml type codes, Q8_0/Q4_0/Q4_1 rows packed as [d[nc]] [m[nc] (Q4_1)] [quants]).
-struct HostMatrix {
-  std::uint32_t type = 0;  // ggml type code: 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0, 30 BF16
-  std::int64_t out_dim = 0, in_dim = 0;
-  const std::uint8_t* data = nullptr;
-  std::size_t row_stride = 0;
-  bool packed = false;
-};
-
-// Whether the CUDA kernels compute this ggml type (in the packed layout for the block types).
-bool matrix_type_supported(std::uint32_t type);
+// Weight matrices come as the CPU side holds them (kernels/cpu/matmul.hpp: ggml type codes, Q8_0/
+// Q4_0/Q4_1 rows packed as [d[nc]] [m[nc] (Q4_1)] [quants]) and are uploaded byte for byte.
+// Whether the CUDA kernels compute this matrix: F32, F16, BF16, and packed Q8_0/Q4_0/Q4_1.
+bool computable_on_device(const WeightMatrix& w);
 
 struct HostLayer {
-  HostMatrix wq, wk, wv, wo, gate, up, down;
+  WeightMatrix wq, wk, wv, wo, gate, up, down;
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
 };
@@ -44,7 +37,7 @@ struct HostModel {
   std::int64_t vocab = 0, hidden = 0, ffn = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, rope_dim = 0;
   double rope_base = 10000.0, norm_eps = 1e-5;
   bool rope_neox = false;
-  HostMatrix embedding, output;
+  WeightMatrix embedding, output;
   const float* output_norm = nullptr;
   std::vector<HostLayer> layers;
 };
@@ -96,9 +89,9 @@ class DeviceModel {
 
 // Host-pointer twins of the forward's kernels, for the CPU–CUDA parity tests (each copies in, runs
 // on the current device, copies out; std::runtime_error on a CUDA error).
-void embedding_rows_cuda(const HostMatrix& w, const std::vector<std::int32_t>& tokens, float* out);
+void embedding_rows_cuda(const WeightMatrix& w, const std::vector<std::int32_t>& tokens, float* out);
 // y (rows, out) = x (rows, in) · Wᵀ. gemm: dequantise and use cuBLAS instead of the mat-vec kernel.
-void matmul_cuda(const HostMatrix& w, const float* x, std::int64_t rows, float* y, bool gemm);
+void matmul_cuda(const WeightMatrix& w, const float* x, std::int64_t rows, float* y, bool gemm);
 void rope_cuda(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
                const std::int32_t* positions, double base, bool neox);
 void silu_mul_cuda(float* out, const float* gate, const float* up, std::int64_t n);

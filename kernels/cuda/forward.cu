@@ -25,7 +25,7 @@ namespace {
 constexpr long long kGraphTokens = 64;   // the widest step captured as a graph
 constexpr double kMiB = 1024.0 * 1024.0;
 
-std::size_t matrix_bytes(const HostMatrix& m) { return static_cast<std::size_t>(m.out_dim) * m.row_stride; }
+std::size_t matrix_bytes(const WeightMatrix& m) { return static_cast<std::size_t>(m.out_dim) * m.row_stride; }
 
 }  // namespace
 
@@ -78,14 +78,14 @@ struct DeviceModel::Impl {
     return static_cast<T*>(p);
   }
 
-  DMat upload(const HostMatrix& m, const std::string& name) {
-    if (!matrix_type_supported(m.type) || (m.type != 0 && m.type != 1 && m.type != 30 && !m.packed))
-      throw std::runtime_error("CUDA forward: tensor " + name + " has ggml type " + std::to_string(m.type) +
+  DMat upload(const WeightMatrix& m, const std::string& name) {
+    if (!computable_on_device(m))
+      throw std::runtime_error("CUDA forward: tensor " + name + " has ggml type " + std::to_string(static_cast<unsigned>(m.type)) +
                                ", which the CUDA kernels do not compute (F32 F16 BF16 Q8_0 Q4_0 Q4_1); use --device cpu");
     auto* d = alloc<std::uint8_t>(matrix_bytes(m), name.c_str());
     check(cudaMemcpy(d, m.data, matrix_bytes(m), cudaMemcpyHostToDevice), "upload weights");
     weight_bytes += matrix_bytes(m);
-    return {m.type, m.out_dim, m.in_dim, d, m.row_stride};
+    return {static_cast<std::uint32_t>(m.type), m.out_dim, m.in_dim, d, m.row_stride};
   }
 
   float* upload_vec(const float* v, long long n, const char* what) {
@@ -221,7 +221,7 @@ DeviceModel::DeviceModel(const HostModel& m, int device, std::int64_t kv_pages, 
   std::uint64_t weights = matrix_bytes(m.embedding) + (m.output.data == m.embedding.data ? 0 : matrix_bytes(m.output)) +
                           sizeof(float) * static_cast<std::uint64_t>(m.hidden);
   for (const auto& L : m.layers) {
-    for (const HostMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) weights += matrix_bytes(*w);
+    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) weights += matrix_bytes(*w);
     weights += 2 * sizeof(float) * static_cast<std::uint64_t>(m.hidden);
   }
   s.page_size = page_size;

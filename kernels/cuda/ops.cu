@@ -404,24 +404,25 @@ template <class T> struct Buf {
   }
 };
 
-detail::DMat device_view(const HostMatrix& w, const Buf<std::uint8_t>& bytes) {
-  return {w.type, w.out_dim, w.in_dim, bytes.p, w.row_stride};
+detail::DMat device_view(const WeightMatrix& w, const Buf<std::uint8_t>& bytes) {
+  return {static_cast<std::uint32_t>(w.type), w.out_dim, w.in_dim, bytes.p, w.row_stride};
 }
 
-void require_supported(const HostMatrix& w) {
-  if (!matrix_type_supported(w.type) || (w.type != 0 && w.type != 1 && w.type != 30 && !w.packed))
-    throw std::runtime_error("CUDA kernels: weight type " + std::to_string(w.type) + (w.packed ? "" : " (unpacked)") +
-                             " is not computed on the device");
+void require_supported(const WeightMatrix& w) {
+  if (!computable_on_device(w))
+    throw std::runtime_error("CUDA kernels: weight type " + std::to_string(static_cast<unsigned>(w.type)) +
+                             (w.packed ? "" : " (unpacked)") + " is not computed on the device");
 }
 
 }  // namespace
 
-bool matrix_type_supported(std::uint32_t type) {
-  return type == detail::kF32 || type == detail::kF16 || type == detail::kBF16 || type == detail::kQ8_0 ||
-         type == detail::kQ4_0 || type == detail::kQ4_1;
+bool computable_on_device(const WeightMatrix& w) {
+  const auto t = static_cast<std::uint32_t>(w.type);
+  if (t == detail::kF32 || t == detail::kF16 || t == detail::kBF16) return true;
+  return (t == detail::kQ8_0 || t == detail::kQ4_0 || t == detail::kQ4_1) && w.packed;
 }
 
-void embedding_rows_cuda(const HostMatrix& w, const std::vector<std::int32_t>& tokens, float* out) {
+void embedding_rows_cuda(const WeightMatrix& w, const std::vector<std::int32_t>& tokens, float* out) {
   require_supported(w);
   Buf<std::uint8_t> bytes(w.data, static_cast<std::size_t>(w.out_dim) * w.row_stride);
   Buf<int> tok(tokens.data(), tokens.size());
@@ -430,7 +431,7 @@ void embedding_rows_cuda(const HostMatrix& w, const std::vector<std::int32_t>& t
   y.to_host(out, tokens.size() * static_cast<std::size_t>(w.in_dim));
 }
 
-void matmul_cuda(const HostMatrix& w, const float* x, std::int64_t rows, float* y, bool gemm) {
+void matmul_cuda(const WeightMatrix& w, const float* x, std::int64_t rows, float* y, bool gemm) {
   require_supported(w);
   Buf<std::uint8_t> bytes(w.data, static_cast<std::size_t>(w.out_dim) * w.row_stride);
   Buf<float> dx(x, static_cast<std::size_t>(rows * w.in_dim)), dy(static_cast<std::size_t>(rows * w.out_dim));
