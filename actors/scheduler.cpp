@@ -58,6 +58,7 @@ struct SchedulerState {
   std::string target_error;
   std::vector<caf::typed_response_promise<TargetInfo>> ready_waiters;
   bool ready = false;  // the target model is loaded and the draft worker (if any) answered once
+  bool ready_on_draft_down = false;  // the draft worker failed its first answer: ready once its down is seen
   std::deque<std::unique_ptr<Req>> queue;
   std::vector<std::unique_ptr<Req>> running;
   bool busy = false;
@@ -438,7 +439,12 @@ void on_target_ready(Self self, TargetInfo& info) {
             self->state.needs = std::move(n);
             announce_ready(self);
           },
-          [self](caf::error&) { announce_ready(self); });
+          [self](caf::error&) {
+            // The worker went down before answering (its drafter could not be built). Announce once
+            // its down message is recorded, so whoever waited for `ready` sees the reason in the metrics.
+            if (self->state.draft) self->state.ready_on_draft_down = true;
+            else announce_ready(self);
+          });
 }
 
 scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<SchedulerState> self,
@@ -455,6 +461,10 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
       ++s.metrics.draft_failures;
       s.metrics.draft_alive = false;
       s.metrics.draft_error = self->system().render(dm.reason);
+      if (s.ready_on_draft_down) {
+        s.ready_on_draft_down = false;
+        announce_ready(self);
+      }
       return;
     }
     if (s.target && dm.source == caf::actor_cast<caf::actor_addr>(s.target)) {
