@@ -519,11 +519,23 @@ TEST_CASE("tensor parallel engine: TP = 2 and 3 give TP = 1's greedy tokens, pla
       {"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", tp_identity_head(), "--speculative-num-steps",
        "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"},
   };
+  // A sampled request too: rank 0 alone draws the coins, every rank applies its decisions.
+  GenerationRequest sampled = ids_request(tiny_prompt(5), 24);
+  sampled.sampling.temperature = 0.8f;
+  sampled.seed = 11;
   auto base = Engine::from_argv(args(1, {}));
   const auto expect = run_all(*base, reqs);
   base->shutdown();
+  // Sampling with drafts draws other coins than plain sampling: the reference is TP = 1 in each mode.
+  std::vector<std::vector<std::int32_t>> expect_sampled;
+  for (const auto& mode : modes) {
+    auto one = Engine::from_argv(args(1, mode));
+    expect_sampled.push_back(one->generate(sampled).tokens);
+    one->shutdown();
+  }
   for (std::int64_t tp : {2, 3})
-    for (const auto& mode : modes) {
+    for (std::size_t mi = 0; mi < modes.size(); ++mi) {
+      const auto& mode = modes[mi];
       CAPTURE(tp);
       CAPTURE(mode.empty() ? std::string("plain") : mode[1]);
       auto engine = Engine::from_argv(args(tp, mode));
@@ -535,6 +547,9 @@ TEST_CASE("tensor parallel engine: TP = 2 and 3 give TP = 1's greedy tokens, pla
         CHECK(got[i].tokens == expect[i].tokens);
       }
       CHECK(engine->generate(reqs[2]).tokens == expect[2].tokens);  // and alone, on pages the others freed
+      const auto got_sampled = engine->generate(sampled);
+      CHECK(got_sampled.error.empty());
+      CHECK(got_sampled.tokens == expect_sampled[mi]);  // same seed, same logits up to the last bits
       const EngineMetrics m = engine->metrics();
       if (!mode.empty()) {
         CHECK(m.accepted > 0);  // the broadcast decisions really moved KV rows on every rank
