@@ -144,6 +144,9 @@ tp_rank_actor::behavior_type tp_rank_worker(tp_rank_actor::stateful_pointer<TpRa
   st.kv = std::make_unique<model::KvCache>(c.n_layers, st.weights->local_kv_heads(), c.head_dim, snapshot->page_size,
                                            *snapshot->max_total_tokens, snapshot->device != config::Device::Cuda);
   st.runner = model::make_runner(st.weights, *snapshot, rank, rank_threads(*snapshot), *st.kv);
+  st.rank = rank;
+  // However this rank ends, nobody may wait for it in a collective.
+  self->attach_functor([comm = st.comm, rank](const caf::error&) { comm->abort("rank " + std::to_string(rank) + " stopped"); });
   return {
       [self](step_atom, StepBatch& batch) {
         auto& s = self->state;
@@ -153,14 +156,19 @@ tp_rank_actor::behavior_type tp_rank_worker(tp_rank_actor::stateful_pointer<TpRa
         if (!plan_step(batch, s.seqs, [](const StepItem&) { return model::KvCache::Seq{}; }, false, fwd, old_len, trees).empty())
           return;  // rank 0 refused the same batch before handing it out
         model::ForwardResult out;
-        try {
-          s.runner->forward(fwd, *s.kv, out, {}, s.comm.get());
-        } catch (const model::KvExhausted&) {
-          return;  // every rank's pool is the same size and sees the same requests: rank 0 failed too
-        }
         std::vector<std::size_t> offset;
         std::vector<std::int32_t> decisions = decision_slots(batch, offset);
-        s.comm->broadcast(decisions.data(), decisions.size(), 0);
+        try {
+          s.runner->forward(fwd, *s.kv, out, {}, s.comm.get());
+          s.comm->broadcast(decisions.data(), decisions.size(), 0);
+        } catch (const model::KvExhausted&) {
+          return;  // every rank's pool is the same size and sees the same requests: rank 0 failed too
+        } catch (const kernels::CommAborted&) {
+          return;  // another rank gave up; rank 0 reports it
+        } catch (const std::exception& e) {
+          s.comm->abort("rank " + std::to_string(s.rank) + ": " + e.what());  // wake the others, then exit
+          throw;
+        }
         apply_decisions(*s.runner, *s.kv, fwd, old_len, decisions, offset);
       },
       [self](release_atom, std::uint64_t req) {
@@ -200,7 +208,8 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
                                                       std::shared_ptr<kernels::Communicator>(std::move(group[static_cast<std::size_t>(r)])),
                                                       st.snapshot, r));
       // The ranks live exactly as long as rank 0.
-      self->attach_functor([ranks = st.ranks](const caf::error&) {
+      self->attach_functor([ranks = st.ranks, comm = st.comm](const caf::error&) {
+        comm->abort("rank 0 stopped");  // a rank waiting in a collective wakes up and sees its exit
         for (const auto& r : ranks) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
       });
       if (st.snapshot->device == config::Device::Cuda)
@@ -248,6 +257,11 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
           s.runner->forward(fwd, *s.kv, out, capture, s.comm.get());
         } catch (const model::KvExhausted& e) {
           return caf::make_error(caf::sec::runtime_error, std::string("target worker: ") + e.what());
+        } catch (const kernels::CommAborted& e) {
+          return caf::make_error(caf::sec::runtime_error, std::string("target worker: ") + e.what());
+        } catch (const std::exception& e) {
+          if (s.comm) s.comm->abort(std::string("rank 0: ") + e.what());  // the other ranks must not wait for us
+          throw;
         }
         StepResult res;
         std::vector<std::size_t> offset;
@@ -318,7 +332,11 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
           failed = e.what();  // the other ranks still wait for the decisions: send what there is
         }
         // Decided once, here; every rank applies the same accepted paths to its KV heads.
-        if (s.comm) s.comm->broadcast(decisions.data(), decisions.size(), 0);
+        try {
+          if (s.comm) s.comm->broadcast(decisions.data(), decisions.size(), 0);
+        } catch (const kernels::CommAborted& e) {
+          return caf::make_error(caf::sec::runtime_error, std::string("target worker: ") + e.what());
+        }
         apply_decisions(*s.runner, *s.kv, fwd, old_len, decisions, offset);
         if (!failed.empty()) return caf::make_error(caf::sec::runtime_error, "target worker: " + failed);
         for (std::size_t i = 0; i < batch.items.size(); ++i)

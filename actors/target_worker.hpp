@@ -28,6 +28,7 @@ struct TpRankState {
   std::unique_ptr<model::KvCache> kv;
   std::unique_ptr<model::ForwardRunner> runner;
   std::map<std::uint64_t, model::KvCache::Seq> seqs;
+  int rank = 0;
   static inline const char* name = "tp_rank_worker";
 };
 using tp_rank_actor = caf::typed_actor<caf::reacts_to<step_atom, StepBatch>, caf::reacts_to<release_atom, std::uint64_t>>;

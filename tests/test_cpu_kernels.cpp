@@ -3,6 +3,7 @@
 // RoPE, attention masks, sampling, and the paged KV cache.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -290,6 +291,30 @@ TEST_CASE("CPU communicator: all-reduce sums in rank order on every rank, broadc
     for (int r = 0; r < size; ++r) want += 0.1f * static_cast<float>(r + 1) + 7.0f;
     CHECK(data[0][7] == doctest::Approx(want));
   }
+}
+
+TEST_CASE("CPU communicator: a rank that aborts wakes the ranks waiting for it, and later collectives fail") {
+  auto group = make_cpu_group(3);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<float> d(10, 1.0f);
+      try {
+        group[static_cast<std::size_t>(r)]->all_reduce_sum(d.data(), d.size());
+      } catch (const CommAborted& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // ranks 0 and 1 are waiting by now (or soon)
+  group[2]->abort("rank 2: out of memory");
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r)
+    CHECK(errors[static_cast<std::size_t>(r)] == "tensor-parallel group aborted: rank 2: out of memory");
+  std::int32_t x = 1;
+  CHECK_THROWS_AS(group[0]->broadcast(&x, 1, 0), CommAborted);
+  group[1]->abort("a second reason");  // the first reason stays
+  CHECK_THROWS_WITH(group[1]->broadcast(&x, 1, 0), "tensor-parallel group aborted: rank 2: out of memory");
 }
 
 TEST_CASE("tensor parallel forward: TP = 2 and 3 on the CPU communicator give TP = 1's greedy tokens") {

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,9 +18,16 @@ void check_nccl(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) throw std::runtime_error(std::string("NCCL ") + what + ": " + ncclGetErrorString(r));
 }
 
+// The group's abort flag, shared by its ranks.
+struct AbortFlag {
+  std::mutex m;
+  std::string reason;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {
+  NcclCommunicator(ncclComm_t comm, int rank, int size, std::shared_ptr<AbortFlag> flag)
+      : flag_(std::move(flag)), comm_(comm), rank_(rank), size_(size) {
     detail::check(cudaSetDevice(rank_), "set device");
     detail::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "create stream");
   }
@@ -33,13 +41,22 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   bool device_memory() const override { return true; }
 
+  // Later collectives of every rank throw. A rank already waiting inside an NCCL collective is not
+  // woken (that needs ncclCommAbort from a watchdog on every rank, which is not built yet).
+  void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lk(flag_->m);
+    if (flag_->reason.empty()) flag_->reason = "tensor-parallel group aborted: " + reason;
+  }
+
   void all_reduce_sum(float* data, std::size_t n) override {
+    throw_if_aborted();
     detail::check(cudaSetDevice(rank_), "set device");
     check_nccl(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream_), "all-reduce");
     detail::check(cudaStreamSynchronize(stream_), "all-reduce");
   }
 
   void broadcast(std::int32_t* data, std::size_t n, int root) override {
+    throw_if_aborted();
     detail::check(cudaSetDevice(rank_), "set device");
     if (n > stage_n_) {
       if (stage_) cudaFree(stage_);
@@ -53,6 +70,12 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  void throw_if_aborted() {
+    std::lock_guard<std::mutex> lk(flag_->m);
+    if (!flag_->reason.empty()) throw CommAborted(flag_->reason);
+  }
+
+  std::shared_ptr<AbortFlag> flag_;
   ncclComm_t comm_;
   int rank_, size_;
   cudaStream_t stream_ = nullptr;
@@ -73,8 +96,9 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(int size) {
   for (int i = 0; i < size; ++i) devs[static_cast<std::size_t>(i)] = i;
   check_nccl(ncclCommInitAll(comms.data(), size, devs.data()), "init");
   std::vector<std::unique_ptr<Communicator>> out;
+  auto flag = std::make_shared<AbortFlag>();
   for (int i = 0; i < size; ++i)
-    out.push_back(std::make_unique<NcclCommunicator>(comms[static_cast<std::size_t>(i)], i, size));
+    out.push_back(std::make_unique<NcclCommunicator>(comms[static_cast<std::size_t>(i)], i, size, flag));
   return out;
 }
 
