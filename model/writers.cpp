@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/gguf.hpp"
+
 namespace specactor::model {
 namespace {
 
@@ -20,7 +22,75 @@ void put_str(std::vector<std::uint8_t>& out, std::string_view s) {
   out.insert(out.end(), s.begin(), s.end());
 }
 
+// A metadata value's bytes as GGUF stores them (after the type tag).
+void put_value(std::vector<std::uint8_t>& b, GgufType type, const GgufValue& v);
+
+std::size_t elem_bytes(GgufType t) {
+  switch (t) {
+    case GgufType::U8: case GgufType::I8: case GgufType::Bool: return 1;
+    case GgufType::U16: case GgufType::I16: return 2;
+    case GgufType::U32: case GgufType::I32: case GgufType::F32: return 4;
+    case GgufType::U64: case GgufType::I64: case GgufType::F64: return 8;
+    default: return 0;
+  }
+}
+
+void put_value(std::vector<std::uint8_t>& b, GgufType type, const GgufValue& v) {
+  auto u = [&] { return std::get<std::uint64_t>(v.scalar); };
+  auto i = [&] { return std::get<std::int64_t>(v.scalar); };
+  switch (type) {
+    case GgufType::U8: put<std::uint8_t>(b, static_cast<std::uint8_t>(u())); break;
+    case GgufType::I8: put<std::int8_t>(b, static_cast<std::int8_t>(i())); break;
+    case GgufType::U16: put<std::uint16_t>(b, static_cast<std::uint16_t>(u())); break;
+    case GgufType::I16: put<std::int16_t>(b, static_cast<std::int16_t>(i())); break;
+    case GgufType::U32: put<std::uint32_t>(b, static_cast<std::uint32_t>(u())); break;
+    case GgufType::I32: put<std::int32_t>(b, static_cast<std::int32_t>(i())); break;
+    case GgufType::U64: put<std::uint64_t>(b, u()); break;
+    case GgufType::I64: put<std::int64_t>(b, i()); break;
+    case GgufType::F32: put<float>(b, static_cast<float>(std::get<double>(v.scalar))); break;
+    case GgufType::F64: put<double>(b, std::get<double>(v.scalar)); break;
+    case GgufType::Bool: put<std::uint8_t>(b, std::get<bool>(v.scalar) ? 1 : 0); break;
+    case GgufType::String: put_str(b, std::get<std::string_view>(v.scalar)); break;
+    case GgufType::Array:
+      put<std::uint32_t>(b, static_cast<std::uint32_t>(v.elem_type));
+      put<std::uint64_t>(b, v.count);
+      if (v.elem_type == GgufType::String) {
+        for (auto s : v.strings) put_str(b, s);
+      } else if (v.elem_type == GgufType::Array) {
+        for (const auto& n : v.nested) put_value(b, GgufType::Array, n);
+      } else {
+        b.insert(b.end(), v.raw, v.raw + v.count * elem_bytes(v.elem_type));
+      }
+      break;
+  }
+}
+
 }  // namespace
+
+void write_first_layers(const GgufFile& in, std::int64_t layers, const std::string& out) {
+  const std::string arch(in.get_string("general.architecture"));
+  const std::string count_key = arch + ".block_count";
+  const std::int64_t have = in.get_int(count_key);
+  if (layers < 1 || layers > have)
+    throw GgufError(in.path() + ": cannot keep " + std::to_string(layers) + " of its " + std::to_string(have) + " blocks");
+  GgufWriter w;
+  w.version = in.version();
+  w.alignment = in.alignment();
+  for (const auto& [key, v] : in.metadata()) {
+    if (key == count_key) {
+      w.kv_u32(key, static_cast<std::uint32_t>(layers));
+      continue;
+    }
+    std::vector<std::uint8_t> b;
+    put_value(b, v.type, v);
+    w.kv_raw(key, static_cast<std::uint32_t>(v.type), b);
+  }
+  for (const auto& t : in.tensors()) {
+    if (t.name.rfind("blk.", 0) == 0 && std::stoll(t.name.substr(4)) >= layers) continue;
+    w.tensor(t.name, static_cast<std::uint32_t>(t.type), t.dims, std::vector<std::uint8_t>(t.data, t.data + t.n_bytes));
+  }
+  w.write(out);
+}
 
 std::uint64_t ggml_nbytes(std::uint32_t type, const std::vector<std::uint64_t>& dims) {
   std::uint64_t n = 1;

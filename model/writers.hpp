@@ -58,6 +58,13 @@ class GgufWriter {
   std::vector<Tensor> tensors_;
 };
 
+class GgufFile;
+// Writes `in` with only its first `layers` transformer blocks: every metadata entry copied, the
+// architecture's block_count set to `layers`, the tensors of blocks >= layers left out, all others
+// copied byte for byte. A smaller real-weight model (`specactor shrink`), e.g. for a machine that
+// cannot receive the whole file. Throws GgufError when `in` has no block_count or fewer blocks.
+void write_first_layers(const GgufFile& in, std::int64_t layers, const std::string& out);
+
 // Byte size of a tensor of `type` and `dims` (0 for unknown types).
 std::uint64_t ggml_nbytes(std::uint32_t type, const std::vector<std::uint64_t>& dims);
 

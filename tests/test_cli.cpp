@@ -131,6 +131,31 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
   }
 }
 
+TEST_CASE("specactor bench --all-drafters: every drafter against plain decoding, outputs identical") {
+  const std::string model = default_model();
+  if (model.empty()) {
+    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
+    return;
+  }
+  const fs::path p = fs::temp_directory_path() / ("specactor_one_prompt." + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"Name three colors.\"}\n";
+  const Run r = run("bench --model-path " + model + " --all-drafters --prompts " + p.string() +
+                    " --max-new-tokens 8 --repeats 1 --json --log-level warn");
+  fs::remove(p);
+  REQUIRE_MESSAGE(r.rc == 0, r.err);
+  const json j = json::parse(r.out);
+  REQUIRE(j["drafters"].size() == 6);
+  for (const auto& d : j["drafters"]) {
+    CAPTURE(d.dump());
+    CHECK(d["error"] == "");
+    CHECK(d["outputs_identical_to_plain"] == true);
+    CHECK(d["plain_tokens_per_s"].get<double>() > 0);
+  }
+  const Run bad = run("bench --model-path " + model + " --all-drafters --speculative-algorithm NGRAM");
+  CHECK(bad.rc == 2);
+  CHECK(bad.err.find("--all-drafters: picks the algorithms itself") != std::string::npos);
+}
+
 TEST_CASE("specactor bench: a malformed prompt file names the file and the line") {
   const fs::path p = fs::temp_directory_path() / ("specactor_prompts." + std::to_string(::getpid()) + ".jsonl");
   std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"hi\"}\n{oops\n";

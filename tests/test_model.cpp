@@ -3,6 +3,8 @@
 // forward (tests/data/model_goldens.json), both made by tools/reference.py; plus model-file errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -15,6 +17,7 @@
 #include "kernels/backend.hpp"
 #include "model/loader.hpp"
 #include "model/runner.hpp"
+#include "model/writers.hpp"
 #include "tests/support/gguf_writer.hpp"
 
 using namespace specactor::model;
@@ -441,6 +444,38 @@ TEST_CASE("json_model_override_args reach the model config only, hidden states o
   fs::remove(p);
 }
 
+TEST_CASE("shrink: a model cut to its first K blocks gives the whole model's logits at num_hidden_layers = K") {
+  const std::string whole = temp_path("specactor_shrink_whole"), cut = temp_path("specactor_shrink_cut");
+  specactor::testing::TinyLlamaShape shape;
+  shape.layers = 3;
+  specactor::testing::tiny_llama(shape, true, 8).write(whole);
+  const auto file = GgufFile::open(whole);
+  write_first_layers(*file, 2, cut);
+  const auto small = GgufFile::open(cut);
+  CHECK(small->get_int("llama.block_count") == 2);
+  CHECK(small->find_tensor("blk.2.attn_q.weight") == nullptr);
+  CHECK(small->metadata().size() == file->metadata().size());
+  CHECK(small->get_string_array("tokenizer.ggml.tokens") == file->get_string_array("tokenizer.ggml.tokens"));
+  for (const auto& t : small->tensors()) {  // every kept tensor byte for byte
+    const GgufTensorInfo* o = file->find_tensor(t.name);
+    REQUIRE(o != nullptr);
+    CHECK(std::equal(t.data, t.data + t.n_bytes, o->data, o->data + o->n_bytes));
+  }
+  specactor::config::ServerArgs a, b;
+  a.model_path = whole;
+  a.json_model_override_args = R"({"num_hidden_layers": 2})";
+  b.model_path = cut;
+  const LoadedModel ma = load_model(a), mb = load_model(b);
+  const auto& c = ma.config;
+  KvCache kva(c.n_layers, c.n_kv_heads, c.head_dim, 16, 256), kvb(c.n_layers, c.n_kv_heads, c.head_dim, 16, 256);
+  KvCache::Seq sa, sb;
+  const std::vector<std::int32_t> ids = {1, 5, 9, 2, 33, 17};
+  CHECK(last_logits(ma, ids, kva, sa) == last_logits(mb, ids, kvb, sb));
+  CHECK_THROWS_WITH_AS(write_first_layers(*file, 4, cut), doctest::Contains("cannot keep 4 of its 3 blocks"), GgufError);
+  fs::remove(whole);
+  fs::remove(cut);
+}
+
 namespace {
 
 // The same steps through a CPU runner and a CUDA runner (each with its own KV cache of the same
@@ -529,7 +564,15 @@ TEST_CASE("CUDA forward: logits and greedy tokens equal the CPU forward (tiny mo
   const auto& tc = tiny.config;
   KvCache huge(tc.n_layers, tc.n_kv_heads, tc.head_dim, 1024, std::int64_t(1) << 31, false);  // ~550 GB of K/V
   CHECK_THROWS_WITH(make_runner(tiny.weights, gpu_args, 0, 0, huge), doctest::Contains("lower --max-total-tokens"));
+  // The default model, or SPECACTOR_CUDA_TEST_MODEL (tools/gpu-check: its first 4 blocks, where the
+  // whole file cannot travel). Q4_1 weights: float32 sums in another order, logits of magnitude ~20.
+  const char* other = std::getenv("SPECACTOR_CUDA_TEST_MODEL");
+  if (other && *other) {
+    specactor::config::ServerArgs m;
+    m.model_path = other;
+    compare_devices(load_model(m), 5e-2, other);
+    return;
+  }
   if (!have_default_model()) return;
-  // Q4_1 weights, 30 layers: float32 sums in another order, compared on logits of magnitude ~20.
   compare_devices(default_model(), 5e-2, "default model (Q4_1)");
 }

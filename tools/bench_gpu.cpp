@@ -18,7 +18,6 @@
 #include "config/resolve.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/sampling.hpp"
-#include "model/head_writer.hpp"
 #include "model/loader.hpp"
 #include "model/runner.hpp"
 #include "tools/bench.hpp"
@@ -121,26 +120,9 @@ int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptio
   }
   runner.reset();  // the engines below take the device memory
 
-  // Plain vs each drafter; random heads are written for the head algorithms.
-  const auto dir = std::filesystem::temp_directory_path() / ("specactor_bench_heads." + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  std::vector<DrafterChoice> drafters = {
-      {"NGRAM", {"--speculative-algorithm", "NGRAM"}},
-      {"STANDALONE (first 8 layers)",
-       {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "8", "--speculative-num-steps", "2"}}};
-  for (auto kind : {sm::HeadKind::Eagle, sm::HeadKind::Eagle3, sm::HeadKind::Mtp}) {
-    sm::HeadSpec spec;
-    spec.kind = kind;
-    const std::string name(sm::to_string(kind));
-    const std::string path = (dir / (name + ".gguf")).string();
-    sm::write_random_head(m.info, spec, path);
-    drafters.push_back({name + " (random head)", {"--speculative-algorithm", name, "--speculative-draft-model-path", path}});
-  }
-  drafters.push_back({"FROZEN_KV_MTP (random head)",
-                      {"--speculative-algorithm", "FROZEN_KV_MTP", "--speculative-draft-model-path",
-                       (dir / "MTP.gguf").string()}});
-  const auto rows = bench_each_drafter(server_args, drafters, o.prompts_path, o.max_new_tokens, static_cast<int>(o.repeats));
-  std::filesystem::remove_all(dir);
+  // Plain vs each drafter (random heads written for the head algorithms).
+  const auto rows = bench_every_drafter(server_args, m.info, c.n_layers, o.prompts_path, o.max_new_tokens,
+                                        static_cast<int>(o.repeats));
 
   if (o.json) {
     json j = {{"model", s->model_path}, {"device", probe.device_name}, {"device_copy_gbps", bw},
@@ -152,14 +134,7 @@ int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptio
                              {"bytes_per_step", b.bytes_per_step},
                              {"achieved_gbps", b.achieved_gbps},
                              {"fraction_of_device_bandwidth", b.achieved_gbps / bw}});
-    for (const auto& r : rows)
-      j["drafters"].push_back({{"drafter", r.label},
-                               {"plain_tokens_per_s", r.plain_tps},
-                               {"speculative_tokens_per_s", r.spec_tps},
-                               {"median_speedup", r.median_speedup},
-                               {"mean_tau", r.mean_tau},
-                               {"outputs_identical_to_plain", r.identical},
-                               {"error", r.error}});
+    j["drafters"] = drafter_rows_json(rows);
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -172,18 +147,8 @@ int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptio
                              "device bandwidth (best of {}, {} prompt tokens, {} steps)\n",
                              b.batch, b.tokens_per_s, b.bytes_per_step / 1e6, b.achieved_gbps, 100.0 * b.achieved_gbps / bw,
                              o.repeats, o.prompt_tokens, o.decode_tokens);
-  std::cout << fmt::format("\nplain vs each drafter on {} (greedy, up to {} new tokens, best of {} per prompt, medians):\n",
-                           o.prompts_path, o.max_new_tokens, o.repeats);
-  std::cout << fmt::format("  {:<30} {:>12} {:>12} {:>9} {:>6} {:>10}\n", "drafter", "plain tok/s", "spec tok/s", "speedup", "τ",
-                           "identical");
-  for (const auto& r : rows) {
-    if (!r.error.empty()) {
-      std::cout << fmt::format("  {:<30} not run: {}\n", r.label, r.error);
-      continue;
-    }
-    std::cout << fmt::format("  {:<30} {:>12.1f} {:>12.1f} {:>8.2f}x {:>6.2f} {:>10}\n", r.label, r.plain_tps, r.spec_tps,
-                             r.median_speedup, r.mean_tau, r.identical ? "yes" : "NO");
-  }
+  std::cout << "\n";
+  print_drafter_rows(rows, o.prompts_path, o.max_new_tokens, o.repeats);
   return 0;
 #endif
 }

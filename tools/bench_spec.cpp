@@ -5,11 +5,14 @@
 // (steps, topk, draft tokens); --chart writes an SVG of speedup and τ per setting.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -18,6 +21,7 @@
 #include "actors/engine.hpp"
 #include "config/error.hpp"
 #include "config/resolve.hpp"
+#include "model/head_writer.hpp"
 #include "tools/bench.hpp"
 
 namespace sa = specactor::actors;
@@ -309,10 +313,75 @@ std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& serve
       row.median_speedup = s.median_speedup;
       row.mean_tau = s.mean_tau;
       row.identical = s.mismatches == 0;
+      // A drafter that failed to start leaves the engine decoding without drafts: not a measurement.
+      if (!s.metrics.draft_error.empty()) row.error = "the drafter did not start: " + s.metrics.draft_error;
     } catch (const std::exception& e) {
       row.error = e.what();  // e.g. an algorithm this device refuses: reported, the others still run
     }
     rows.push_back(std::move(row));
   }
   return rows;
+}
+
+std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& server_args,
+                                           const specactor::model::ModelInfo& target, std::int64_t target_layers,
+                                           const std::string& prompts_path, std::int64_t max_new, int repeats) {
+  namespace sm = specactor::model;
+  const auto dir = std::filesystem::temp_directory_path() / ("specactor_bench_heads." + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::int64_t self_layers = std::min<std::int64_t>(8, std::max<std::int64_t>(1, target_layers / 2));
+  std::vector<DrafterChoice> drafters = {
+      {"NGRAM", {"--speculative-algorithm", "NGRAM"}},
+      {fmt::format("STANDALONE (first {} layers)", self_layers),
+       {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", std::to_string(self_layers),
+        "--speculative-num-steps", "2"}}};
+  for (auto kind : {sm::HeadKind::Eagle, sm::HeadKind::Eagle3, sm::HeadKind::Mtp}) {
+    sm::HeadSpec spec;
+    spec.kind = kind;
+    const std::string name(sm::to_string(kind));
+    const std::string path = (dir / (name + ".gguf")).string();
+    sm::write_random_head(target, spec, path);
+    drafters.push_back({name + " (random head)", {"--speculative-algorithm", name, "--speculative-draft-model-path", path}});
+  }
+  drafters.push_back({"FROZEN_KV_MTP (random head)",
+                      {"--speculative-algorithm", "FROZEN_KV_MTP", "--speculative-draft-model-path",
+                       (dir / "MTP.gguf").string()}});
+  std::vector<DrafterRow> rows;
+  try {
+    rows = bench_each_drafter(server_args, drafters, prompts_path, max_new, repeats);
+  } catch (...) {
+    std::filesystem::remove_all(dir);
+    throw;
+  }
+  std::filesystem::remove_all(dir);
+  return rows;
+}
+
+void print_drafter_rows(const std::vector<DrafterRow>& rows, const std::string& prompts_path, std::int64_t max_new,
+                        std::int64_t repeats) {
+  std::cout << fmt::format("plain vs each drafter on {} (greedy, up to {} new tokens, best of {} per prompt, medians):\n",
+                           prompts_path, max_new, repeats);
+  std::cout << fmt::format("  {:<30} {:>12} {:>12} {:>9} {:>6} {:>10}\n", "drafter", "plain tok/s", "spec tok/s", "speedup",
+                           "τ", "identical");
+  for (const auto& r : rows) {
+    if (!r.error.empty()) {
+      std::cout << fmt::format("  {:<30} not run: {}\n", r.label, r.error);
+      continue;
+    }
+    std::cout << fmt::format("  {:<30} {:>12.1f} {:>12.1f} {:>8.2f}x {:>6.2f} {:>10}\n", r.label, r.plain_tps, r.spec_tps,
+                             r.median_speedup, r.mean_tau, r.identical ? "yes" : "NO");
+  }
+}
+
+json drafter_rows_json(const std::vector<DrafterRow>& rows) {
+  json out = json::array();
+  for (const auto& r : rows)
+    out.push_back({{"drafter", r.label},
+                   {"plain_tokens_per_s", r.plain_tps},
+                   {"speculative_tokens_per_s", r.spec_tps},
+                   {"median_speedup", r.median_speedup},
+                   {"mean_tau", r.mean_tau},
+                   {"outputs_identical_to_plain", r.identical},
+                   {"error", r.error}});
+  return out;
 }

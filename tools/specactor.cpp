@@ -36,6 +36,7 @@
 #include "model/head_writer.hpp"
 #include "model/loader.hpp"
 #include "model/model_info.hpp"
+#include "model/writers.hpp"
 #include "tools/bench.hpp"
 
 namespace sc = specactor::config;
@@ -59,6 +60,8 @@ constexpr const char* kUsage =
     "            [--layers N] [--draft-vocab N] [--own-output] [--seed S]\n"
     "                               write a randomly initialised head shaped for MODEL\n"
     "  devices                      print what the CPU/CUDA device probe found\n"
+    "  shrink MODEL.gguf --layers N --out FILE.gguf\n"
+    "                               the model with only its first N blocks (real weights, smaller)\n"
     "  generate --model-path M --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T]\n"
     "           [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [server flags]\n"
     "                               stream the continuation to stdout (logs and timings: stderr)\n"
@@ -70,6 +73,8 @@ constexpr const char* kUsage =
     "                               plain vs speculative decoding side by side on a prompt set\n"
     "  bench --model-path M --device cuda [--prompt-tokens 256] [--decode-tokens 128] [--repeats 3]\n"
     "        [--prompts FILE] [--max-new-tokens 64] [--json] [server flags]\n"
+    "  bench --model-path M --all-drafters [--prompts FILE] [--max-new-tokens 64] [--repeats 2] [--json]\n"
+    "                               plain vs every drafter (random heads for EAGLE/EAGLE3/MTP)\n"
     "                               GPU: decode at batch 1 and 16 against the device bandwidth, then\n"
     "                               plain vs every drafter\n"
     "\n"
@@ -278,9 +283,30 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const auto rest = take_tool_flags(argv,
                                     {{"--prompt-tokens", true}, {"--decode-tokens", true}, {"--repeats", true},
                                      {"--json", false}, {"--prompts", true}, {"--sweep", false}, {"--chart", true},
-                                     {"--max-new-tokens", true}},
+                                     {"--max-new-tokens", true}, {"--all-drafters", false}},
                                     f);
   const sc::ServerArgs parsed = sc::parse_server_args(rest);
+  if (tool_value<bool>(f, "--all-drafters", false) && parsed.device != sc::Device::Cuda) {
+    // Plain vs every drafter on this device (what `bench --device cuda` ends with).
+    if (parsed.speculative_algorithm != sc::SpecAlgorithm::None)
+      throw sc::ConfigError("--all-drafters: picks the algorithms itself; drop --speculative-algorithm");
+    const auto max_new = tool_value<std::int64_t>(f, "--max-new-tokens", 64);
+    const auto repeats = tool_value<std::int64_t>(f, "--repeats", 2);
+    if (max_new < 2) throw sc::ConfigError("--max-new-tokens: must be >= 2");
+    if (repeats < 1) throw sc::ConfigError("--repeats: must be >= 1");
+    const std::string prompts = f.count("--prompts") ? f.at("--prompts") : "tools/bench_prompts.jsonl";
+    const Resolved r = resolve_from_args(rest);
+    spdlog::set_level(spdlog::level::from_str(r.target->log_level));
+    const auto rows = bench_every_drafter(rest, r.info, r.info.num_layers, prompts, max_new, static_cast<int>(repeats));
+    if (tool_value<bool>(f, "--json", false)) {
+      std::cout << json{{"model", r.target->model_path}, {"device", "cpu"}, {"drafters", drafter_rows_json(rows)}}.dump(2)
+                << "\n";
+      return 0;
+    }
+    std::cout << fmt::format("specactor bench --all-drafters: {} on the CPU\n", r.target->model_path);
+    print_drafter_rows(rows, prompts, max_new, repeats);
+    return 0;
+  }
   if (parsed.device == sc::Device::Cuda && parsed.speculative_algorithm == sc::SpecAlgorithm::None) {
     CudaBenchOptions o;
     o.prompt_tokens = tool_value<std::int64_t>(f, "--prompt-tokens", 256);
@@ -551,6 +577,26 @@ int cmd_make_head(int argc, char** argv) {
   return 0;
 }
 
+int cmd_shrink(int argc, char** argv) {
+  CLI::App app{"write a GGUF model with only its first N transformer blocks (real weights, smaller file)",
+               "specactor shrink"};
+  std::string model, out;
+  std::int64_t layers = 0;
+  app.add_option("model", model, "the GGUF model")->required();
+  app.add_option("--layers", layers, "blocks to keep")->required()->check(CLI::PositiveNumber);
+  app.add_option("--out", out, "output .gguf file")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  const auto file = sm::GgufFile::open(model);
+  sm::write_first_layers(*file, layers, out);
+  std::cerr << fmt::format("wrote the first {} block(s) of {} to {} ({:.1f} MiB)\n", layers, model, out,
+                           static_cast<double>(std::filesystem::file_size(out)) / 1048576.0);
+  return 0;
+}
+
 int cmd_devices() {
   const sk::DeviceProbe& p = sk::probe_devices();
   json j = {{"cuda_compiled", p.cuda_compiled}, {"cuda_usable", p.cuda_usable},
@@ -576,6 +622,7 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return cmd_inspect(argc - 1, argv + 1);
     if (cmd == "devices") return cmd_devices();
     if (cmd == "make-head") return cmd_make_head(argc - 1, argv + 1);
+    if (cmd == "shrink") return cmd_shrink(argc - 1, argv + 1);
     if (cmd == "generate") return cmd_generate(std::vector<std::string>(argv + 2, argv + argc));
     if (cmd == "bench") return cmd_bench(std::vector<std::string>(argv + 2, argv + argc));
     if (cmd == "--help" || cmd == "-h" || cmd == "help") return std::fputs(kUsage, stdout), 0;
