@@ -21,16 +21,6 @@ constexpr std::uint32_t kMaxDims = 4;
 constexpr std::uint64_t kMinKvBytes = 8 + 4 + 1;           // empty key, type, one byte value
 constexpr std::uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // empty name, 1 dim, type, offset
 
-std::size_t scalar_size(GgufType t) {
-  switch (t) {
-    case GgufType::U8: case GgufType::I8: case GgufType::Bool: return 1;
-    case GgufType::U16: case GgufType::I16: return 2;
-    case GgufType::U32: case GgufType::I32: case GgufType::F32: return 4;
-    case GgufType::U64: case GgufType::I64: case GgufType::F64: return 8;
-    default: return 0;
-  }
-}
-
 bool known_value_type(std::uint32_t t) { return t <= static_cast<std::uint32_t>(GgufType::F64); }
 
 std::string hex(std::uint64_t v) {
@@ -106,7 +96,7 @@ GgufValue read_array(Cursor& c, const std::string& path, int depth) {
     v.nested.reserve(v.count);
     for (std::uint64_t i = 0; i < v.count; ++i) v.nested.push_back(read_array(c, path, depth + 1));
   } else {
-    const std::size_t es = scalar_size(v.elem_type);
+    const std::size_t es = gguf_scalar_size(v.elem_type);
     if (v.count > c.remaining() / es)
       throw GgufError(path + ": " + c.what() + ": array of " + std::to_string(v.count) + " " +
                       std::string(gguf_type_name(v.elem_type)) + " runs past the end of the file (" +
@@ -143,6 +133,16 @@ GgufValue read_value(Cursor& c, GgufType type, const std::string& path, int dept
 }
 
 }  // namespace
+
+std::size_t gguf_scalar_size(GgufType t) {
+  switch (t) {
+    case GgufType::U8: case GgufType::I8: case GgufType::Bool: return 1;
+    case GgufType::U16: case GgufType::I16: return 2;
+    case GgufType::U32: case GgufType::I32: case GgufType::F32: return 4;
+    case GgufType::U64: case GgufType::I64: case GgufType::F64: return 8;
+    default: return 0;
+  }
+}
 
 std::string_view gguf_type_name(GgufType t) {
   switch (t) {
@@ -378,7 +378,7 @@ std::vector<std::int64_t> GgufFile::get_int_array(std::string_view key) const {
   const GgufValue& v = get(key);
   if (v.type != GgufType::Array) fail(wrong_type(key, "array of integers", v));
   std::vector<std::int64_t> out(v.count);
-  const std::size_t es = scalar_size(v.elem_type);
+  const std::size_t es = gguf_scalar_size(v.elem_type);
   for (std::uint64_t i = 0; i < v.count; ++i) {
     const std::uint8_t* p = v.raw + i * es;
     switch (v.elem_type) {

@@ -30,6 +30,8 @@ enum class GgufType : std::uint32_t {
   String = 8, Array = 9, U64 = 10, I64 = 11, F64 = 12,
 };
 std::string_view gguf_type_name(GgufType t);
+// Bytes of one scalar of a numeric/bool type (0 for strings and arrays).
+std::size_t gguf_scalar_size(GgufType t);
 
 // Tensor element types (ggml's numbering). Only the ones with a known block layout are accepted.
 enum class GgmlType : std::uint32_t {

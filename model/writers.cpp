@@ -25,16 +25,6 @@ void put_str(std::vector<std::uint8_t>& out, std::string_view s) {
 // A metadata value's bytes as GGUF stores them (after the type tag).
 void put_value(std::vector<std::uint8_t>& b, GgufType type, const GgufValue& v);
 
-std::size_t elem_bytes(GgufType t) {
-  switch (t) {
-    case GgufType::U8: case GgufType::I8: case GgufType::Bool: return 1;
-    case GgufType::U16: case GgufType::I16: return 2;
-    case GgufType::U32: case GgufType::I32: case GgufType::F32: return 4;
-    case GgufType::U64: case GgufType::I64: case GgufType::F64: return 8;
-    default: return 0;
-  }
-}
-
 void put_value(std::vector<std::uint8_t>& b, GgufType type, const GgufValue& v) {
   auto u = [&] { return std::get<std::uint64_t>(v.scalar); };
   auto i = [&] { return std::get<std::int64_t>(v.scalar); };
@@ -59,7 +49,7 @@ void put_value(std::vector<std::uint8_t>& b, GgufType type, const GgufValue& v) 
       } else if (v.elem_type == GgufType::Array) {
         for (const auto& n : v.nested) put_value(b, GgufType::Array, n);
       } else {
-        b.insert(b.end(), v.raw, v.raw + v.count * elem_bytes(v.elem_type));
+        b.insert(b.end(), v.raw, v.raw + v.count * gguf_scalar_size(v.elem_type));
       }
       break;
   }

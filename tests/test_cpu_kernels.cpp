@@ -320,12 +320,7 @@ TEST_CASE("CPU communicator: a rank that aborts wakes the ranks waiting for it, 
 TEST_CASE("tensor parallel forward: TP = 2 and 3 on the CPU communicator give TP = 1's greedy tokens") {
   namespace fs = std::filesystem;
   namespace sm = specactor::model;
-  specactor::testing::TinyLlamaShape s;
-  s.vocab = 96;
-  s.hidden = 192;
-  s.ffn = 384;
-  s.heads = 6;
-  s.kv_heads = 6;
+  specactor::testing::TinyLlamaShape s = specactor::testing::tp_divisible_shape();
   s.layers = 2;
   s.context = 256;
   const std::string path = (fs::temp_directory_path() / ("specactor_tp." + std::to_string(::getpid()) + ".gguf")).string();

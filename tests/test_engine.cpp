@@ -472,16 +472,10 @@ TEST_CASE("default model: chat through the engine, stop strings, and NGRAM equal
 
 namespace {
 
-// A tiny model whose head counts and MLP width divide by 2 and by 3, with column shards on 32-element
-// block boundaries (hidden 192 = 6 heads × 32, 6 KV heads, MLP 384), for the tensor-parallel tests.
+// A tiny model whose shapes divide by 2 and by 3, for the tensor-parallel tests.
 const std::string& tp_model() {
   static const std::string path = [] {
-    specactor::testing::TinyLlamaShape s;
-    s.vocab = 96;
-    s.hidden = 192;
-    s.heads = 6;
-    s.kv_heads = 6;
-    s.ffn = 384;
+    specactor::testing::TinyLlamaShape s = specactor::testing::tp_divisible_shape();
     s.context = 512;
     const std::string p = (fs::temp_directory_path() / ("specactor_engine_tp." + std::to_string(::getpid()) + ".gguf")).string();
     specactor::testing::tiny_llama(s, true, 17).write(p);

@@ -22,6 +22,18 @@ struct TinyLlamaShape {
   std::uint32_t vocab = 64, hidden = 32, ffn = 64, layers = 2, heads = 4, kv_heads = 2, context = 128;
 };
 
+// A tiny shape whose head counts and MLP width divide by 2 and by 3, with column shards on 32-element
+// block boundaries (hidden 192 = 6 heads × 32, 6 KV heads, MLP 384): the tensor-parallel tests.
+inline TinyLlamaShape tp_divisible_shape() {
+  TinyLlamaShape s;
+  s.vocab = 96;
+  s.hidden = 192;
+  s.ffn = 384;
+  s.heads = 6;
+  s.kv_heads = 6;
+  return s;
+}
+
 // Metadata (and, unless `with_tensors` is false, F32 tensors with seeded random values) of a valid
 // tiny Llama model with a byte-level vocabulary.
 GgufWriter tiny_llama(const TinyLlamaShape& shape = {}, bool with_tensors = true, std::uint32_t seed = 1);
