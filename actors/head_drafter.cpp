@@ -18,7 +18,6 @@
 #include <map>
 #include <stdexcept>
 
-#include <omp.h>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +25,7 @@
 #include "kernels/cpu/ops.hpp"
 #include "kernels/spec/spec.hpp"
 #include "model/head.hpp"
+#include "model/runner.hpp"
 
 namespace specactor::actors {
 
@@ -50,7 +50,7 @@ class HeadDrafter final : public Drafter {
     std::vector<std::int32_t> hot;
     if (s->speculative_token_map) hot = model::read_token_map(*s->speculative_token_map, tc.vocab_size);
     head_ = model::HeadWeights::load(*s->speculative_draft_model_path, kind, tc, hot, frozen, s->load_format);
-    runner_ = std::make_unique<model::HeadRunner>(head_, target_);
+    runner_ = std::make_unique<model::HeadRunner>(head_, target_, model::cpu_precision(*s));
     const auto& hc = head_->config();
     draft_vocab_ = hc.draft_vocab() > 0 ? hc.draft_vocab() : tc.vocab_size;
     layers_ = static_cast<int>(hc.n_layers);
@@ -97,7 +97,6 @@ class HeadDrafter final : public Drafter {
 
   DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
                     std::int32_t max_depth) override {
-    omp_set_num_threads(1);  // one OpenMP pool per process does the target's work (see STANDALONE)
     auto it = states_.find(req);
     if (it == states_.end() || ctx.size() < 2) return {};
     State& st = it->second;

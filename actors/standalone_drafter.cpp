@@ -5,7 +5,6 @@
 #include <map>
 #include <stdexcept>
 
-#include <omp.h>
 
 #include "actors/drafter.hpp"
 #include "kernels/cpu/sampling.hpp"
@@ -40,9 +39,7 @@ class StandaloneDrafter final : public Drafter {
                     std::int32_t max_depth) override {
     const std::int32_t depth = std::min(max_nodes, max_depth);
     if (depth <= 0 || ctx.empty()) return {};
-    // One thread: a second OpenMP pool beside the target's would oversubscribe the cores, and
-    // libgomp then stops spinning in both pools (measured: 2-4x slower steps on 2 cores).
-    omp_set_num_threads(1);
+    // The draft's forward runs on the engine's one compute pool, every core (kernels/cpu/pool.hpp).
     State& st = states_[req];
     // Reuse the KV of the common prefix; roll back the rest (last step's drafts, rejected tokens).
     std::size_t common = 0;

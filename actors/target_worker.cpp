@@ -126,10 +126,9 @@ void apply_decisions(model::ForwardRunner& runner, model::KvCache& kv, const std
   }
 }
 
-int rank_threads(const config::ServerArgs& s) {
-  const std::int64_t all = s.threads > 0 ? s.threads : static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
-  return static_cast<int>(std::max<std::int64_t>(1, all / s.tp_size));
-}
+// Every rank computes on the engine's one pool (kernels/cpu/pool.hpp) with all its threads; the
+// ranks take turns per kernel.
+int rank_threads(const config::ServerArgs& s) { return static_cast<int>(s.threads); }
 
 }  // namespace
 

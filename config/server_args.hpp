@@ -20,6 +20,7 @@ namespace specactor::config {
 
 enum class LoadFormat { Auto, Gguf, Safetensors, Dummy };
 enum class Device { Auto, Cpu, Cuda };
+enum class CpuPrecision { Fast, Exact };
 enum class SpecAlgorithm { None, Eagle, Eagle3, Mtp, FrozenKvMtp, Standalone, Ngram };
 
 // Name tables for the enums: the first name of a value is the canonical one; later entries are aliases.
@@ -34,6 +35,10 @@ template <> struct EnumNames<LoadFormat> {
 template <> struct EnumNames<Device> {
   static constexpr std::array<std::pair<Device, std::string_view>, 3> table{{
       {Device::Auto, "auto"}, {Device::Cpu, "cpu"}, {Device::Cuda, "cuda"}}};
+};
+template <> struct EnumNames<CpuPrecision> {
+  static constexpr std::array<std::pair<CpuPrecision, std::string_view>, 2> table{{
+      {CpuPrecision::Fast, "fast"}, {CpuPrecision::Exact, "exact"}}};
 };
 template <> struct EnumNames<SpecAlgorithm> {
   static constexpr std::array<std::pair<SpecAlgorithm, std::string_view>, 8> table{{
@@ -72,6 +77,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(Device,        device,                     Device::Auto, "compute device: auto|cpu|cuda (auto = cuda when a usable GPU exists)") \
   X(std::int64_t,  tp_size,                    1,         "tensor-parallel ranks for the target model") \
   X(std::int64_t,  threads,                    0,         "CPU compute threads; 0 = all cores") \
+  X(CpuPrecision,  cpu_precision,              CpuPrecision::Fast, "CPU matrix products: fast (int8-quantized activations, integer dot products) | exact (float32 activations, matches a float64 reference to ~1e-5)") \
   X(std::string,   kv_cache_dtype,             "auto",    "KV cache element type: auto|float32|float16|bfloat16 (auto = float32)") \
   X(std::int64_t,  page_size,                  16,        "tokens per KV-cache page") \
   X(OptInt,        max_total_tokens,           {},        "KV-cache capacity in tokens over all requests; unset = max(context length, 32768)") \

@@ -348,8 +348,9 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
   return w;
 }
 
-HeadRunner::HeadRunner(std::shared_ptr<const HeadWeights> head, std::shared_ptr<const LlamaWeights> target)
-    : head_(std::move(head)), target_(std::move(target)) {
+HeadRunner::HeadRunner(std::shared_ptr<const HeadWeights> head, std::shared_ptr<const LlamaWeights> target,
+                       k::Precision precision)
+    : head_(std::move(head)), target_(std::move(target)), precision_(precision) {
   const HeadConfig& c = head_->config();
   // FR-Spec: the hot rows of the output head, dequantized once (the restriction is the draft's only).
   if (!c.hot_vocab.empty()) {
@@ -395,7 +396,7 @@ void HeadRunner::project(int layer, const std::int32_t* tokens, const float* fea
   xn_.resize(static_cast<std::size_t>(n * attn_w));
   if (c.kind == HeadKind::Eagle3) {
     const HeadLayerWeights& l0 = head_->layers()[0];
-    if (fw == 3 * H) k::matmul(l0.proj, feature, n, x_.data());  // the target's three layers, fused
+    if (fw == 3 * H) k::matmul(l0.proj, feature, n, x_.data(), precision_);  // the target's three layers, fused
     else std::copy(feature, feature + n * H, x_.begin());          // the head's own output
     for (std::int64_t i = 0; i < n; ++i) {
       k::rmsnorm_cpu(xn_.data() + i * 2 * H, emb.data() + i * H, hl.emb_norm, 1, static_cast<int>(H), eps);
@@ -413,7 +414,7 @@ void HeadRunner::project(int layer, const std::int32_t* tokens, const float* fea
         std::copy(feature + i * fw, feature + i * fw + H, row + H);
       }
     }
-    k::matmul(hl.proj, in_.data(), n, x_.data());
+    k::matmul(hl.proj, in_.data(), n, x_.data(), precision_);
     if (hl.proj_bias)
       for (std::int64_t i = 0; i < n; ++i)
         for (std::int64_t d = 0; d < H; ++d) x_[static_cast<std::size_t>(i * H + d)] += hl.proj_bias[d];
@@ -424,7 +425,7 @@ void HeadRunner::project(int layer, const std::int32_t* tokens, const float* fea
   k_.resize(static_cast<std::size_t>(n * KD));
   v_.resize(k_.size());
   const k::MatmulJob qkv[3] = {{&hl.layer.wq, q_.data()}, {&hl.layer.wk, k_.data()}, {&hl.layer.wv, v_.data()}};
-  k::matmul_many(qkv, 3, xn_.data(), n);
+  k::matmul_many(qkv, 3, xn_.data(), n, precision_);
   rope_.resize(static_cast<std::size_t>(n * c.rope_dim));
   k::rope_table_cpu(positions, n, c.rope_dim, c.rope_base, rope_.data());
   k::rope_apply_cpu(q_.data(), n, c.n_heads, c.head_dim, c.rope_dim, rope_.data(), c.rope_neox);
@@ -441,16 +442,16 @@ void HeadRunner::finish(int layer, const k::KvSegment& prefix, const k::KvSegmen
   k::attention_segments_cpu(q_.data(), n, c.n_heads, c.n_kv_heads, c.head_dim, prefix, masked, mask,
                             1.0f / std::sqrt(static_cast<float>(c.head_dim)), att_.data());
   tmp_.resize(static_cast<std::size_t>(n * H));
-  k::matmul(ly.wo, att_.data(), n, tmp_.data());
+  k::matmul(ly.wo, att_.data(), n, tmp_.data(), precision_);
   for (std::int64_t i = 0; i < n * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
   xn_.resize(static_cast<std::size_t>(n * H));
   k::rmsnorm_cpu(xn_.data(), x_.data(), ly.ffn_norm, static_cast<int>(n), static_cast<int>(H), eps);
   gate_.resize(static_cast<std::size_t>(n * F));
   up_.resize(gate_.size());
   const k::MatmulJob gu[2] = {{&ly.gate, gate_.data()}, {&ly.up, up_.data()}};
-  k::matmul_many(gu, 2, xn_.data(), n);
+  k::matmul_many(gu, 2, xn_.data(), n, precision_);
   k::silu_mul_cpu(gate_.data(), gate_.data(), up_.data(), n * F);
-  k::matmul(ly.down, gate_.data(), n, tmp_.data());
+  k::matmul(ly.down, gate_.data(), n, tmp_.data(), precision_);
   for (std::int64_t i = 0; i < n * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
   hidden.assign(x_.begin(), x_.begin() + n * H);
 }
@@ -464,7 +465,7 @@ void HeadRunner::logits(int layer, const float* hidden, std::int64_t n, std::vec
   k::rmsnorm_cpu(rows.data(), hidden, norm, static_cast<int>(n), static_cast<int>(H), static_cast<float>(c.norm_eps));
   const k::WeightMatrix& m = !c.hot_vocab.empty() ? hot_m_ : head_->output() ? *head_->output() : target_->output();
   out.resize(static_cast<std::size_t>(n * m.out_dim));
-  k::matmul(m, rows.data(), n, out.data());
+  k::matmul(m, rows.data(), n, out.data(), precision_);
 }
 
 }  // namespace specactor::model

@@ -104,7 +104,8 @@ std::vector<std::int32_t> read_token_map(const std::string& path, std::int64_t v
 // attends over (prefix, masked) and returns the layer's output hidden states.
 class HeadRunner {
  public:
-  HeadRunner(std::shared_ptr<const HeadWeights> head, std::shared_ptr<const LlamaWeights> target);
+  HeadRunner(std::shared_ptr<const HeadWeights> head, std::shared_ptr<const LlamaWeights> target,
+             kernels::Precision precision = kernels::Precision::Fast);
   const HeadConfig& config() const { return head_->config(); }
 
   // feature: n rows of `feature_width` floats (the target's features, or a head layer's outputs).
@@ -125,6 +126,7 @@ class HeadRunner {
  private:
   std::shared_ptr<const HeadWeights> head_;
   std::shared_ptr<const LlamaWeights> target_;
+  kernels::Precision precision_;
   std::int64_t n_ = 0;
   std::vector<float> in_, x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, rope_;
   std::vector<float> hot_;       // FR-Spec: the hot rows of the output head, float32

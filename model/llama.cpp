@@ -1,7 +1,6 @@
 // model/llama.cpp — Llama weights binding and the batched CPU forward pass.
 #include "model/llama.hpp"
 
-#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -10,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/pool.hpp"
 #include "kernels/cpu/quant.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
 
@@ -239,8 +239,9 @@ std::int64_t prepare_batch(std::vector<ForwardSeq>& batch, KvCache& kv, std::int
   return n_logits;
 }
 
-LlamaRunner::LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int threads) : w_(std::move(weights)) {
-  if (threads > 0) omp_set_num_threads(threads);
+LlamaRunner::LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int threads, k::Precision precision)
+    : w_(std::move(weights)), precision_(precision) {
+  k::ComputePool::instance().set_threads(threads);  // the engine's one pool (0 = every core)
 }
 
 void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out,
@@ -286,7 +287,7 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     const LlamaLayer& L = w_->layers()[static_cast<std::size_t>(l)];
     k::rmsnorm_cpu(xn_.data(), x_.data(), L.attn_norm, static_cast<int>(T), static_cast<int>(H), eps);
     const k::MatmulJob qkv[3] = {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}};
-    k::matmul_many(qkv, 3, xn_.data(), T);
+    k::matmul_many(qkv, 3, xn_.data(), T, precision_);
     k::rope_apply_cpu(q_.data(), T, NH, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
     k::rope_apply_cpu(k_.data(), T, NKV, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
     std::int64_t r0 = 0;
@@ -301,14 +302,14 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
                        s.mask.empty() ? nullptr : s.mask.data(), scale, att_.data() + r0 * QD);
       r0 += n;
     }
-    k::matmul(L.wo, att_.data(), T, tmp_.data());
+    k::matmul(L.wo, att_.data(), T, tmp_.data(), precision_);
     if (comm) comm->all_reduce_sum(tmp_.data(), static_cast<std::size_t>(T * H));  // the heads' partial outputs
     for (std::int64_t i = 0; i < T * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
     k::rmsnorm_cpu(xn_.data(), x_.data(), L.ffn_norm, static_cast<int>(T), static_cast<int>(H), eps);
     const k::MatmulJob gate_up[2] = {{&L.gate, gate_.data()}, {&L.up, up_.data()}};
-    k::matmul_many(gate_up, 2, xn_.data(), T);
+    k::matmul_many(gate_up, 2, xn_.data(), T, precision_);
     k::silu_mul_cpu(gate_.data(), gate_.data(), up_.data(), T * F);
-    k::matmul(L.down, gate_.data(), T, tmp_.data());
+    k::matmul(L.down, gate_.data(), T, tmp_.data(), precision_);
     if (comm) comm->all_reduce_sum(tmp_.data(), static_cast<std::size_t>(T * H));  // the MLP columns' partial outputs
     for (std::int64_t i = 0; i < T * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
     for (std::size_t h = 0; h < hidden_layers.size(); ++h)
@@ -329,7 +330,7 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     }
   }
   out.logits.resize(static_cast<std::size_t>(n_logits * V));
-  if (n_logits > 0) k::matmul(w_->output(), rows.data(), n_logits, out.logits.data());
+  if (n_logits > 0) k::matmul(w_->output(), rows.data(), n_logits, out.logits.data(), precision_);
 }
 
 }  // namespace specactor::model

@@ -157,7 +157,13 @@ class ForwardRunner {
 // Runs the model on the CPU; owns its scratch buffers.
 class LlamaRunner final : public ForwardRunner {
  public:
-  explicit LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int threads = 0);
+  // `threads`: the size of the process's one compute pool (kernels/cpu/pool.hpp; 0 = every core).
+  // `precision`: Fast (int8-quantized activations, integer dot products) or Exact (float32
+  // activations; matches a float64 reference to ~1e-5). Within one precision a row's result never
+  // depends on its batch.
+  explicit LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int threads = 0,
+                       kernels::Precision precision = kernels::Precision::Fast);
+  kernels::Precision precision() const { return precision_; }
   const LlamaWeights& weights() const override { return *w_; }
   void copy_slot(KvCache& kv, const KvCache::Seq& seq, std::int64_t from, std::int64_t to) override {
     kv.copy_slot(seq, from, to);
@@ -169,6 +175,7 @@ class LlamaRunner final : public ForwardRunner {
 
  private:
   std::shared_ptr<const LlamaWeights> w_;
+  kernels::Precision precision_;
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, rope_cs_;
   std::vector<std::int32_t> pos_;
 };

@@ -81,6 +81,10 @@ class CudaLlamaRunner final : public ForwardRunner {
 }  // namespace
 #endif
 
+kernels::Precision cpu_precision(const config::ServerArgs& snap) {
+  return snap.cpu_precision == config::CpuPrecision::Exact ? kernels::Precision::Exact : kernels::Precision::Fast;
+}
+
 bool cuda_forward_compiled() {
 #ifdef SPECACTOR_HAVE_CUDA
   return true;
@@ -99,7 +103,8 @@ std::vector<std::unique_ptr<kernels::Communicator>> make_tp_group(const config::
 
 std::unique_ptr<ForwardRunner> make_runner(std::shared_ptr<const LlamaWeights> weights, const config::ServerArgs& snap,
                                            int rank, int threads, const KvCache& kv) {
-  if (snap.device != config::Device::Cuda) return std::make_unique<LlamaRunner>(std::move(weights), threads);
+  if (snap.device != config::Device::Cuda)
+    return std::make_unique<LlamaRunner>(std::move(weights), threads, cpu_precision(snap));
 #ifdef SPECACTOR_HAVE_CUDA
   return std::make_unique<CudaLlamaRunner>(std::move(weights), rank, kv, !snap.disable_cuda_graph);
 #else

@@ -10,7 +10,7 @@
 namespace specactor::model {
 
 // The runner for `snap.device` (cpu or cuda; auto must have been resolved), for tensor-parallel
-// rank `rank` (CUDA: device `rank`). CPU threads: `threads` (0 = the OpenMP default). The KV pool's
+// rank `rank` (CUDA: device `rank`). CPU threads: `threads` (the compute pool's size, 0 = every core). The KV pool's
 // device copy is sized like `kv`. Throws std::runtime_error with the reason when CUDA cannot run it
 // (not compiled, out of device memory — kernels::cuda::DeviceOutOfMemory's message —, a weight type
 // the CUDA kernels do not compute).
@@ -20,6 +20,9 @@ std::unique_ptr<ForwardRunner> make_runner(std::shared_ptr<const LlamaWeights> w
 // The communicators of a tensor-parallel group of snap.tp_size ranks: NCCL over devices 0..T-1 for
 // --device cuda, else the in-process CPU group.
 std::vector<std::unique_ptr<kernels::Communicator>> make_tp_group(const config::ServerArgs& snap);
+
+// The snapshot's --cpu-precision as the kernels' enum.
+kernels::Precision cpu_precision(const config::ServerArgs& snap);
 
 // Whether this build has the CUDA forward pass.
 bool cuda_forward_compiled();

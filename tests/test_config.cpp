@@ -113,6 +113,7 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
       {{"--speculative-algorithm", "MEDUSA"},
        "--speculative-algorithm: expected one of NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|NEXTN, got 'MEDUSA'"},
       {{"--load-format", "pt"}, "--load-format: expected one of auto|gguf|safetensors|dummy, got 'pt'"},
+      {{"--cpu-precision", "int8"}, "--cpu-precision: expected one of fast|exact, got 'int8'"},
       {{"--kv-cache-dtype", "fp8"}, "--kv-cache-dtype: expected one of auto|float32|float16|bfloat16, got 'fp8'"},
       {{"stray"}, "unexpected argument 'stray'"},
       {{"--tp-size", "0"}, "--tp-size: must be in [1, 64] (got 0)"},

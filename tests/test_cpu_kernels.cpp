@@ -135,6 +135,119 @@ TEST_CASE("matmul: a row's result does not depend on how many rows share the cal
   }
 }
 
+namespace {
+
+// The activation quantization of the fast precision, written again here from its definition
+// (qmatmul.cpp): per 32-block d = amax / 127, q = nearbyint(x · 127 / amax).
+std::vector<double> quantized_activations(const std::vector<float>& x) {
+  std::vector<double> out(x.size());
+  for (std::size_t b = 0; b < x.size(); b += 32) {
+    float amax = 0;
+    for (std::size_t j = 0; j < 32; ++j) amax = std::max(amax, std::abs(x[b + j]));
+    const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+    for (std::size_t j = 0; j < 32; ++j) out[b + j] = static_cast<double>(d) * std::nearbyint(x[b + j] * id);
+  }
+  return out;
+}
+
+const WeightType kIntegerTypes[] = {WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1, WeightType::Q4_K,
+                                    WeightType::Q6_K};
+
+}  // namespace
+
+TEST_CASE("fast matmul: scalar, AVX2 and VNNI paths are bit-identical and compute the integer dot product") {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (const std::int64_t in : {256, 768}) {
+    const std::int64_t out = 37, rows = 11;
+    std::vector<float> x(static_cast<std::size_t>(rows * in));
+    for (auto& v : x) v = d(rng);
+    x[5] = 0;
+    std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // an all-zero block
+    x[100] = 40.0f;                                    // an outlier
+    const std::vector<double> xq = quantized_activations(x);
+    for (WeightType t : kIntegerTypes) {
+      CAPTURE(static_cast<int>(t));
+      CAPTURE(in);
+      REQUIRE(has_integer_path(t));
+      const auto bytes = random_weights(t, out, in, 31 + static_cast<std::uint32_t>(t));
+      std::vector<std::uint8_t> packed;
+      const WeightMatrix w = pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))}, packed);
+      std::vector<float> ys(static_cast<std::size_t>(rows * out)), ya(ys.size());
+      qmatmul_path(QPath::Scalar, w, x.data(), rows, ys.data());
+      for (QPath p : {QPath::Avx2, QPath::Vnni}) {
+        if (!qpath_available(p)) {
+          MESSAGE("SKIPPED: this CPU lacks the " << std::string(qpath_name(p)) << " path");
+          continue;
+        }
+        std::fill(ya.begin(), ya.end(), -1.0f);
+        qmatmul_path(p, w, x.data(), rows, ya.data());
+        CHECK(ys == ya);
+      }
+      // Against float64 sums of the dequantized weights times the quantized activations (only float
+      // rounding separates them), and against the exact float path (activation quantization error).
+      std::vector<float> wr(static_cast<std::size_t>(in)), ye(ys.size());
+      matmul(w, x.data(), rows, ye.data(), Precision::Exact);
+      double worst_int = 0, worst_exact = 0;
+      for (std::int64_t o = 0; o < out; ++o) {
+        weight_row(w, o, wr.data());
+        for (std::int64_t r = 0; r < rows; ++r) {
+          double ref = 0, mag = 0;
+          for (std::int64_t i = 0; i < in; ++i) {
+            ref += static_cast<double>(wr[i]) * xq[r * in + i];
+            mag += std::abs(static_cast<double>(wr[i]) * x[r * in + i]);
+          }
+          worst_int = std::max(worst_int, std::abs(ref - ys[r * out + o]) / (mag + 1e-30));
+          worst_exact = std::max(worst_exact, std::abs(static_cast<double>(ye[r * out + o]) - ys[r * out + o]) / (mag + 1e-30));
+        }
+      }
+      CHECK(worst_int < 2e-6);
+      CHECK(worst_exact < 2e-2);
+      CHECK(worst_exact > 0);  // it is a different arithmetic
+    }
+  }
+}
+
+TEST_CASE("fast matmul: a row's result does not depend on how many rows or matrices share the call") {
+  const std::int64_t in = 576;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (WeightType t : kIntegerTypes) {
+    CAPTURE(static_cast<int>(t));
+    const std::int64_t out = t == WeightType::Q8_0 ? 203 : 66;  // not a multiple of the 4-row tile
+    const auto bytes = random_weights(t, out, t == WeightType::Q4_K || t == WeightType::Q6_K ? 512 : in, 41);
+    const std::int64_t width = t == WeightType::Q4_K || t == WeightType::Q6_K ? 512 : in;
+    std::vector<std::uint8_t> packed;
+    const WeightMatrix w = pack_matrix({t, out, width, bytes.data(), row_bytes(t, static_cast<std::size_t>(width))}, packed);
+    for (std::int64_t rows : {1, 2, 3, 4, 5, 8, 13, 16}) {
+      std::vector<float> x(static_cast<std::size_t>(rows * width));
+      for (auto& v : x) v = d(rng);
+      std::vector<float> batch(static_cast<std::size_t>(rows * out)), single(static_cast<std::size_t>(out));
+      std::vector<float> twice(static_cast<std::size_t>(2 * rows * out));
+      matmul(w, x.data(), rows, batch.data(), Precision::Fast);
+      const MatmulJob jobs[2] = {{&w, twice.data()}, {&w, twice.data() + rows * out}};
+      matmul_many(jobs, 2, x.data(), rows, Precision::Fast);
+      CHECK(std::equal(batch.begin(), batch.end(), twice.begin()));
+      CHECK(std::equal(batch.begin(), batch.end(), twice.begin() + rows * out));
+      for (std::int64_t r = 0; r < rows; ++r) {
+        matmul(w, x.data() + r * width, 1, single.data(), Precision::Fast);
+        CHECK(std::equal(single.begin(), single.end(), batch.begin() + r * out));
+      }
+    }
+  }
+}
+
+TEST_CASE("fast matmul: float weight types use the exact path") {
+  const std::int64_t out = 8, in = 64;
+  const auto bytes = random_weights(WeightType::F16, out, in, 3);
+  const WeightMatrix w{WeightType::F16, out, in, bytes.data(), row_bytes(WeightType::F16, in)};
+  std::vector<float> x(in, 0.5f), a(out), b(out);
+  matmul(w, x.data(), 1, a.data(), Precision::Fast);
+  matmul(w, x.data(), 1, b.data(), Precision::Exact);
+  CHECK(a == b);
+  CHECK_FALSE(has_integer_path(WeightType::F16));
+}
+
 TEST_CASE("RoPE: both layouts rotate the right pairs by the right angles") {
   const std::int64_t hd = 8;
   std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};

@@ -62,8 +62,14 @@ std::vector<std::vector<std::int32_t>> run(Engine& e, const std::vector<Generati
   return out;
 }
 
-void check_lossless(const std::vector<std::string>& base, const std::vector<GenerationRequest>& reqs,
+// Greedy speculative decoding equals plain greedy decoding, request by request, alone and 8 at a
+// time — in each CPU precision (plain and speculative compared within the same precision).
+void check_lossless(const std::vector<std::string>& base_args, const std::vector<GenerationRequest>& reqs,
                     const std::vector<std::vector<std::string>>& configs) {
+  for (const char* precision : {"fast", "exact"}) {
+  CAPTURE(precision);
+  std::vector<std::string> base = base_args;
+  base.insert(base.end(), {"--cpu-precision", precision});
   auto plain = Engine::from_argv(base);
   const auto want = run(*plain, reqs, false);
   const std::vector<GenerationRequest> first8(reqs.begin(), reqs.begin() + static_cast<long>(std::min<std::size_t>(8, reqs.size())));
@@ -84,8 +90,9 @@ void check_lossless(const std::vector<std::string>& base, const std::vector<Gene
     const EngineMetrics m = spec->metrics();
     CHECK(m.draft_alive);
     CHECK(m.draft_failures == 0);
-    MESSAGE(label << ": τ " << m.mean_accepted_length << ", α " << m.acceptance_rate << ", drafted " << m.drafted);
+    MESSAGE(precision << ": " << label << ": τ " << m.mean_accepted_length << ", α " << m.acceptance_rate << ", drafted " << m.drafted);
     spec->shutdown();
+  }
   }
 }
 

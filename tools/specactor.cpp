@@ -14,11 +14,12 @@
 #include <future>
 #include <cstdio>
 #include <iostream>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
-#include <omp.h>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -30,12 +31,14 @@
 #include "kernels/backend.hpp"
 #include "kernels/cpu/machine.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/pool.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/gguf.hpp"
 #include "model/head.hpp"
 #include "model/head_writer.hpp"
 #include "model/loader.hpp"
 #include "model/model_info.hpp"
+#include "model/runner.hpp"
 #include "model/writers.hpp"
 #include "tools/bench.hpp"
 
@@ -278,6 +281,72 @@ std::pair<double, double> run_once(sm::LlamaRunner& runner, sm::KvCache& kv, con
   return {prefill, decode};
 }
 
+// c(k): the time of one forward over k new query rows (every row's logits returned, as verification
+// needs them) at context `ctx_tokens`, best of `repeats`, for each k. The KV rows are dropped after
+// each call so every measurement sees the same context.
+std::vector<std::pair<std::int64_t, double>> measure_forward_rows(sm::LlamaRunner& runner, sm::KvCache& kv,
+                                                                  const std::vector<std::int32_t>& prompt,
+                                                                  const std::vector<std::int64_t>& ks, int repeats,
+                                                                  std::int64_t chunk) {
+  sm::KvCache::Seq seq;
+  sm::ForwardResult out;
+  for (std::size_t at = 0; at < prompt.size();) {
+    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(chunk), prompt.size() - at);
+    std::vector<sm::ForwardSeq> b(1);
+    b[0].kv = &seq;
+    b[0].tokens.assign(prompt.begin() + static_cast<long>(at), prompt.begin() + static_cast<long>(at + n));
+    runner.forward(b, kv, out);
+    at += n;
+  }
+  const std::int64_t base = seq.length;
+  // Rounds over every k in turn (the machine's drift then moves all k alike), best per k.
+  std::vector<std::pair<std::int64_t, double>> times;
+  for (const std::int64_t k : ks) times.emplace_back(k, 1e30);
+  for (int i = 0; i < repeats + 1; ++i) {  // round 0 is a warm-up
+    for (auto& [k, best] : times) {
+      std::vector<sm::ForwardSeq> b(1);
+      b[0].kv = &seq;
+      for (std::int64_t j = 0; j < k; ++j) {
+        b[0].tokens.push_back(prompt[static_cast<std::size_t>(j) % prompt.size()]);
+        b[0].logit_rows.push_back(static_cast<std::int32_t>(j));
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      runner.forward(b, kv, out);
+      if (i > 0) best = std::min(best, seconds_since(t0));
+      kv.truncate(seq, base);
+    }
+  }
+  kv.release(seq);
+  return times;
+}
+
+// Aggregate decode throughput of n concurrent greedy requests through the engine: generated tokens
+// of all requests ÷ wall time from the first submission to the last completion.
+double concurrent_tokens_per_s(sa::Engine& engine, const std::vector<std::int32_t>& prompt, std::int64_t n,
+                               std::int64_t max_new) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::int64_t done = 0, tokens = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::int64_t i = 0; i < n; ++i) {
+    sa::GenerationRequest req;
+    req.prompt_ids = prompt;
+    req.prompt_ids.push_back(prompt[static_cast<std::size_t>(i) % prompt.size()]);  // n different requests
+    req.max_new_tokens = max_new;
+    req.ignore_eos = true;
+    engine.submit(req, [&](const sa::TokenEvent& ev) {
+      if (!ev.finished) return;
+      std::lock_guard<std::mutex> lock(mu);
+      ++done;
+      tokens += ev.metrics.generated_tokens;
+      cv.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done == n; });
+  return static_cast<double>(tokens) / seconds_since(t0);
+}
+
 int cmd_bench(const std::vector<std::string>& argv) {
   std::map<std::string, std::string> f;
   const auto rest = take_tool_flags(argv,
@@ -345,9 +414,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (prompt_tokens + decode_tokens > *s.context_length)
     throw sc::ConfigError("--prompt-tokens + --decode-tokens (" + std::to_string(prompt_tokens + decode_tokens) +
                           ") exceed the context length " + std::to_string(*s.context_length));
-  // 1) Through the actor engine (scheduler -> target worker messages per step). It runs first: this
-  //    thread must not own an OpenMP pool meanwhile (libgomp stops spinning when more pool threads
-  //    exist than cores, which would slow the engine's forward passes down).
+  // 1) Through the actor engine (scheduler -> target worker messages per step).
   auto engine = sa::Engine::create(sc::parse_server_args(rest));
   // A prompt of exactly prompt_tokens ids: a fixed text, repeated.
   const std::string text =
@@ -366,6 +433,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
   double decode_tps = 0;
   for (std::int64_t i = 0; i < repeats; ++i) decode_tps = std::max(decode_tps, engine->generate(req).metrics.decode_tokens_per_s);
   const sa::EngineMetrics after = engine->metrics();
+  // Concurrent requests (continuous batching): a 32-token prompt each, decode_tokens new tokens.
+  const std::vector<std::int32_t> short_prompt(prompt.begin(), prompt.begin() + std::min<std::int64_t>(32, prompt_tokens));
+  std::vector<std::pair<std::int64_t, double>> concurrent;
+  for (const std::int64_t n : {1, 4, 16}) concurrent.emplace_back(n, concurrent_tokens_per_s(*engine, short_prompt, n, decode_tokens));
   engine->shutdown();
   const double step_wall = after.step_wall_ms - before.step_wall_ms;
   const double step_compute = after.step_compute_ms - before.step_compute_ms;
@@ -379,10 +450,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
 
   // 2) The model alone, no actors, after the engine has stopped: the kernel-level reference.
   const sm::LoadedModel m = sm::load_model(s);
-  if (s.threads > 0) omp_set_num_threads(static_cast<int>(s.threads));
+  if (s.threads > 0) specactor::kernels::ComputePool::instance().set_threads(static_cast<int>(s.threads));
   sm::KvCache kv(m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, s.page_size,
-                 (prompt_tokens + decode_tokens + s.page_size) / s.page_size * s.page_size + s.page_size);
-  sm::LlamaRunner runner(m.weights, static_cast<int>(s.threads));
+                 (prompt_tokens + std::max<std::int64_t>(decode_tokens, 16) + s.page_size) / s.page_size * s.page_size + s.page_size);
+  sm::LlamaRunner runner(m.weights, static_cast<int>(s.threads), sm::cpu_precision(s));
   run_once(runner, kv, prompt, 4, s.chunked_prefill_size, m.config.vocab_size);  // warm-up
   double best_prefill = 1e30, best_decode = 1e30;
   for (std::int64_t i = 0; i < repeats; ++i) {
@@ -392,6 +463,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   }
   const double prefill_tps = prompt_tokens / best_prefill;
   const double direct_decode_tps = decode_tokens / best_decode;
+  // c(k) at the prompt's context (256 by default).
+  const auto rows_times = measure_forward_rows(runner, kv, prompt, {1, 2, 4, 8, 16}, static_cast<int>(std::max<std::int64_t>(repeats, 3)),
+                                               s.chunked_prefill_size);
 
 
   // Per decode step: every weight once, plus the KV cache read at the mean context of the run.
@@ -407,11 +481,15 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const double achieved_gbps = bytes_per_token * decode_tps / 1e9;
   const double achieved_gflops = 2.0 * static_cast<double>(macs) * decode_tps / 1e9;
   const char* path = specactor::kernels::cpu_path_name(specactor::kernels::cpu_path());
-  const int threads = omp_get_max_threads();
+  const char* precision_path = s.cpu_precision == sc::CpuPrecision::Fast
+                                   ? specactor::kernels::qpath_name(specactor::kernels::qpath())
+                                   : path;
+  const int threads = specactor::kernels::ComputePool::instance().threads();
 
   if (as_json) {
     json j = {{"model", s.model_path},
-              {"cpu_path", path},
+              {"cpu_path", precision_path},
+              {"cpu_precision", sc::to_string(s.cpu_precision)},
               {"threads", threads},
               {"memory_read_gbps", bw.read_gbps},
               {"memory_copy_gbps", bw.copy_gbps},
@@ -429,11 +507,16 @@ int cmd_bench(const std::vector<std::string>& argv) {
               {"decode_gflops", achieved_gflops},
               {"fraction_of_peak_fma", peak_gflops > 0 ? achieved_gflops / peak_gflops : 0.0},
               {"repeats", repeats}};
+    for (const auto& [k, t] : rows_times)
+      j["forward_rows"].push_back({{"rows", k}, {"ms", 1000 * t}, {"c", t / rows_times[0].second}});
+    for (const auto& [n, tps] : concurrent)
+      j["concurrent"].push_back({{"requests", n}, {"tokens_per_s", tps}, {"ratio_to_one", tps / concurrent[0].second}});
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("specactor bench: {} ({} layers, {:.1f} MiB of weights), cpu path {}, {} threads\n",
-                           s.model_path, m.config.n_layers, m.weights->weight_bytes() / 1048576.0, path, threads);
+  std::cout << fmt::format("specactor bench: {} ({} layers, {:.1f} MiB of weights), --cpu-precision {} (path {}), {} threads\n",
+                           s.model_path, m.config.n_layers, m.weights->weight_bytes() / 1048576.0,
+                           sc::to_string(s.cpu_precision), precision_path, threads);
   std::cout << fmt::format("machine:  memory read {:.1f} GB/s (copy {:.1f} GB/s, {} MiB buffer); peak FMA {:.1f} GFLOP/s\n",
                            bw.read_gbps, bw.copy_gbps, bw.bytes >> 20, peak_gflops);
   std::cout << fmt::format("prefill:  {} tokens in {:.3f} s = {:.1f} tok/s (best of {})\n", prompt_tokens, best_prefill,
@@ -449,6 +532,14 @@ int cmd_bench(const std::vector<std::string>& argv) {
                            bytes_per_token / 1e6, ceiling_tps, 100.0 * decode_tps / ceiling_tps, achieved_gbps);
   std::cout << fmt::format("          {:.2f} GFLOP per token -> {:.1f} GFLOP/s = {:.1f}% of the measured FMA peak\n",
                            2.0 * macs / 1e9, achieved_gflops, peak_gflops > 0 ? 100.0 * achieved_gflops / peak_gflops : 0.0);
+  std::string ck = fmt::format("c(k):     one forward over k query rows at context {}, ÷ 1 row (best of {}):", prompt_tokens,
+                               std::max<std::int64_t>(repeats, 3));
+  for (const auto& [k, t] : rows_times) ck += fmt::format("  c({})={:.2f} ({:.1f} ms)", k, t / rows_times[0].second, 1000 * t);
+  std::cout << ck << "\n";
+  std::string cc = fmt::format("batching: aggregate decode tok/s of n concurrent requests through the engine (32-token prompts, {} new "
+                               "tokens each):", decode_tokens);
+  for (const auto& [n, tps] : concurrent) cc += fmt::format("  n={}: {:.1f} ({:.2f}x)", n, tps, tps / concurrent[0].second);
+  std::cout << cc << "\n";
   return 0;
 }
 

@@ -16,9 +16,10 @@
 // Every (row, output) pair runs these operations in this order whatever the number of rows in the
 // call, so a token's logits do not depend on its batch.
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/packed.hpp"
+#include "kernels/cpu/pool.hpp"
 
 #include <immintrin.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -31,46 +32,18 @@ namespace specactor::kernels {
 
 namespace {
 
-template <class T> struct AlignedAllocator {
-  using value_type = T;
-  AlignedAllocator() = default;
-  template <class U> AlignedAllocator(const AlignedAllocator<U>&) {}
-  T* allocate(std::size_t n) {
-    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
-    if (!p) throw std::bad_alloc();
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, std::size_t) { std::free(p); }
-  template <class U> bool operator==(const AlignedAllocator<U>&) const { return true; }
-};
+using packed::AlignedAllocator;
 
 constexpr int kTile = 4;         // activation rows sharing one decoded weight chunk
 constexpr int kMaxChunks = 1024; // in_dim up to 32768
 
-std::uint16_t load_u16(const std::uint8_t* p) {
-  std::uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-
-constexpr bool is_packed(WeightType t) { return t == WeightType::Q8_0 || t == WeightType::Q4_0 || t == WeightType::Q4_1; }
+using packed::is_packed;
+using packed::load_u16;
+using packed::packed_row;
+using packed::PackedRow;
+using packed::quant_bytes;
+using packed::scale_arrays;
 constexpr bool is_factored(WeightType t) { return t == WeightType::Q8_0 || t == WeightType::Q4_0; }
-constexpr int quant_bytes(WeightType t) { return t == WeightType::Q8_0 ? 32 : 16; }
-constexpr int scale_arrays(WeightType t) { return t == WeightType::Q4_1 ? 2 : 1; }
-
-// Packed row accessors.
-struct PackedRow {
-  const std::uint8_t* d;   // f16[nc]
-  const std::uint8_t* m;   // f16[nc] (Q4_1)
-  const std::uint8_t* qs;  // nc × quant_bytes
-};
-PackedRow packed_row(WeightType t, const std::uint8_t* row, std::int64_t nc) {
-  PackedRow r;
-  r.d = row;
-  r.m = row + 2 * nc;
-  r.qs = row + 2 * nc * scale_arrays(t);
-  return r;
-}
 
 // Scales of a packed row as floats (all paths use the same exact conversion).
 void row_scales(WeightType t, const std::uint8_t* row, std::int64_t nc, float* d, float* m) {
@@ -491,9 +464,7 @@ void matmul_many_path(CpuPath path, const MatmulJob* jobs, int n_jobs, const flo
     x = aligned.data();
   }
   // Split the concatenated output rows into equal contiguous ranges, one per thread.
-#pragma omp parallel
-  {
-    const int nth = omp_get_num_threads(), tid = omp_get_thread_num();
+  parallel_run([&](int tid, int nth) {
     const std::int64_t begin = total * tid / nth, end = total * (tid + 1) / nth;
     std::int64_t base = 0;
     for (int j = 0; j < n_jobs; ++j) {
@@ -502,7 +473,7 @@ void matmul_many_path(CpuPath path, const MatmulJob* jobs, int n_jobs, const flo
       if (b < e) rows_fn(path, jobs[j].w->type)(*jobs[j].w, b - base, e - base, x, rows, jobs[j].y, n);
       base += n;
     }
-  }
+  });
 }
 
 void matmul_many(const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows) {

@@ -52,6 +52,32 @@ void matmul_path(CpuPath path, const WeightMatrix& w, const float* x, std::int64
 // Copies row `r` of w, dequantized, into out[in_dim] (embedding lookup).
 void weight_row(const WeightMatrix& w, std::int64_t r, float* out);
 
+// ---- fast precision: integer dot products over 8-bit quantized activations (qmatmul.cpp) ----------
+//
+// `Precision::Exact` keeps activations in float32 and dequantizes every weight (the functions above).
+// `Precision::Fast` quantizes each activation row once per call to int8 blocks of 32 (a float scale
+// per block and the block's scaled sum) and multiplies them with the weights' own integer quants:
+// Q4_0, Q4_1, Q4_K and Q8_0, Q6_K; other weight types fall back to the exact path. Integer block sums
+// are exact and the float combination runs in one fixed order (see qmatmul.cpp), so a row's result is
+// bit-identical whatever the number of rows in the call and whatever the instruction path.
+enum class Precision { Fast, Exact };
+const char* precision_name(Precision p);
+
+// The instruction paths of the fast precision: a scalar twin that defines the arithmetic, AVX2
+// (maddubs/madd) and VNNI (AVX512-VNNI with VL, 256-bit dpbusd).
+enum class QPath { Scalar, Avx2, Vnni };
+// The widest available unless SPECACTOR_CPU_PATH=scalar|avx2.
+QPath qpath();
+const char* qpath_name(QPath p);
+bool qpath_available(QPath p);
+// Whether `t` has an integer kernel (else Fast computes it with the exact path).
+bool has_integer_path(WeightType t);
+
+void matmul_many(const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows, Precision precision);
+void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y, Precision precision);
+// The fast precision with an explicit path (tests compare the paths).
+void qmatmul_path(QPath path, const WeightMatrix& w, const float* x, std::int64_t rows, float* y);
+
 // 8-lane dot product used by the float kernels (attention scores): same order on every path.
 float dot8(const float* a, const float* b, std::int64_t n);
 

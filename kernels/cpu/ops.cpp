@@ -1,11 +1,35 @@
 #include "kernels/cpu/ops.hpp"
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/matmul.hpp"  // dot8
+#include "kernels/cpu/pool.hpp"
 
 namespace specactor::kernels {
+
+namespace {
+
+// dot8() with AVX2: the same 8 lanes (mul, then add: this file is compiled without FMA contraction)
+// and the same final order, so the result is bit-identical. n must be a multiple of 8.
+__attribute__((target("avx2"))) float dot8_avx2(const float* a, const float* b, std::int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // t0..t3
+  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                                        // t0+t2, t1+t3
+  return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+}
+
+// o[d] += p · v[d], element by element (mul, then add).
+__attribute__((target("avx2"))) void axpy_avx2(float* o, float p, const float* v, std::int64_t n) {
+  const __m256 pv = _mm256_set1_ps(p);
+  for (std::int64_t d = 0; d < n; d += 8)
+    _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_loadu_ps(o + d), _mm256_mul_ps(pv, _mm256_loadu_ps(v + d))));
+}
+
+}  // namespace
 
 void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base, float* table) {
   const std::int64_t half = rope_dim / 2;
@@ -69,16 +93,17 @@ void attention_segments_cpu(const float* q, std::int64_t n_q, std::int64_t n_hea
   const std::int64_t lag = masked.count - n_q;  // causal default: query i sees masked slots j <= i + lag
   // Small problems (a decode step over a short context) are not worth waking the other threads.
   const bool parallel = n_q * n_heads * n_ctx * head_dim >= (1 << 16);
+  const bool simd = head_dim % 8 == 0 && cpu_path() != CpuPath::Scalar;
   auto row = [](const PagedKvView& v, const float* base, std::int64_t s) {
     return base + v.pages[s / v.page_size] * v.page_stride + (s % v.page_size) * v.row;
   };
-#pragma omp parallel if (parallel)
-  {
+  auto share = [&](int tid, int nth) {
     std::vector<float> score(static_cast<std::size_t>(n_ctx));
     std::vector<const float*> krow(static_cast<std::size_t>(n_ctx)), vrow(static_cast<std::size_t>(n_ctx));
-#pragma omp for schedule(static) collapse(2)
-    for (std::int64_t i = 0; i < n_q; ++i) {
-      for (std::int64_t h = 0; h < n_heads; ++h) {
+    const std::int64_t total = n_q * n_heads;
+    for (std::int64_t ih = total * tid / nth; ih < total * (tid + 1) / nth; ++ih) {
+      const std::int64_t i = ih / n_heads, h = ih % n_heads;
+      {
         const float* qv = q + (i * n_heads + h) * head_dim;
         const std::int64_t kvh = h / group;
         // Visible slots in order: every prefix slot, then the masked slots this query may see.
@@ -95,7 +120,7 @@ void attention_segments_cpu(const float* q, std::int64_t n_q, std::int64_t n_hea
         }
         float mx = -INFINITY;
         for (std::int64_t c = 0; c < n; ++c) {
-          score[c] = dot8(qv, krow[c], head_dim) * scale;
+          score[c] = (simd ? dot8_avx2(qv, krow[c], head_dim) : dot8(qv, krow[c], head_dim)) * scale;
           mx = std::max(mx, score[c]);
         }
         float sum = 0.0f;
@@ -109,11 +134,15 @@ void attention_segments_cpu(const float* q, std::int64_t n_q, std::int64_t n_hea
         for (std::int64_t c = 0; c < n; ++c) {
           const float* vr = vrow[c];
           const float p = score[c] * inv;
-          for (std::int64_t d = 0; d < head_dim; ++d) o[d] += p * vr[d];
+          if (simd) axpy_avx2(o, p, vr, head_dim);
+          else
+            for (std::int64_t d = 0; d < head_dim; ++d) o[d] += p * vr[d];
         }
       }
     }
-  }
+  };
+  if (parallel) parallel_run(share);
+  else share(0, 1);
 }
 
 void attention_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,

@@ -1,0 +1,125 @@
+// kernels/cpu/pool.cpp — see pool.hpp. Workers spin briefly on a generation counter after each job
+// (a forward pass submits ~150 jobs back to back, microseconds apart), then sleep on a condition
+// variable, so an idle engine costs no CPU.
+#include "kernels/cpu/pool.hpp"
+
+#include <immintrin.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace specactor::kernels {
+
+struct ComputePool::Impl {
+  std::mutex submit;  // one job at a time
+  std::mutex mu;
+  std::condition_variable wake;
+  std::vector<std::thread> workers;
+  std::atomic<std::uint64_t> generation{0};
+  std::atomic<int> pending{0};
+  std::atomic<bool> stop{false};
+  std::atomic<int> want{0};
+  std::atomic<int> sleepers{0};  // workers blocked on `wake` (the submitter notifies only then)
+  const int n_cores = cores();
+  const std::function<void(int, int)>* job = nullptr;
+  int nth = 1;
+  std::exception_ptr error;
+  std::mutex error_mu;
+
+  static int cores() {  // asked once: glibc reads /sys on every call
+    const unsigned n = std::thread::hardware_concurrency();
+    return n == 0 ? 1 : static_cast<int>(n);
+  }
+
+  void run_share(int tid) {
+    try {
+      (*job)(tid, nth);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
+    }
+  }
+
+  void worker(int tid) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      // Spin a while for the next job, then sleep.
+      std::uint64_t g = generation.load(std::memory_order_acquire);
+      for (int spin = 0; g == seen && spin < 200000 && !stop.load(std::memory_order_relaxed); ++spin) {
+        _mm_pause();
+        g = generation.load(std::memory_order_acquire);
+      }
+      if (g == seen) {
+        std::unique_lock<std::mutex> lock(mu);
+        sleepers.fetch_add(1);
+        wake.wait(lock, [&] { return stop.load() || generation.load() != seen; });
+        sleepers.fetch_sub(1);
+        g = generation.load();
+      }
+      if (stop.load()) return;
+      seen = g;
+      if (tid < nth) {
+        run_share(tid);
+        pending.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    }
+  }
+
+  void ensure_workers(int n) {  // worker threads 1..n-1 exist
+    for (int tid = static_cast<int>(workers.size()) + 1; tid < n; ++tid) workers.emplace_back([this, tid] { worker(tid); });
+  }
+};
+
+ComputePool::ComputePool() : impl_(new Impl) {}
+
+ComputePool::~ComputePool() {
+  impl_->stop.store(true);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+  }
+  impl_->wake.notify_all();
+  for (auto& t : impl_->workers) t.join();
+  delete impl_;
+}
+
+ComputePool& ComputePool::instance() {
+  static ComputePool pool;
+  return pool;
+}
+
+void ComputePool::set_threads(int n) { impl_->want.store(n < 0 ? 0 : n); }
+
+int ComputePool::threads() const {
+  const int w = impl_->want.load();
+  return w > 0 ? w : impl_->n_cores;
+}
+
+void ComputePool::run(const std::function<void(int tid, int nth)>& fn) {
+  Impl& p = *impl_;
+  std::lock_guard<std::mutex> one(p.submit);
+  const int nth = threads();
+  if (nth == 1) {
+    fn(0, 1);
+    return;
+  }
+  p.ensure_workers(nth);
+  p.job = &fn;
+  p.nth = nth;
+  p.error = nullptr;
+  p.pending.store(nth - 1, std::memory_order_release);
+  p.generation.fetch_add(1);  // seq_cst, as the sleepers count: a worker either sees it or is woken
+  if (p.sleepers.load() > 0) {
+    { std::lock_guard<std::mutex> lock(p.mu); }
+    p.wake.notify_all();
+  }
+  p.run_share(0);
+  while (p.pending.load(std::memory_order_acquire) > 0) _mm_pause();
+  p.job = nullptr;
+  if (p.error) std::rethrow_exception(p.error);
+}
+
+}  // namespace specactor::kernels

@@ -1,0 +1,507 @@
+// kernels/cpu/qmatmul.cpp — the fast precision: y = x · Wᵀ with every activation row quantized to
+// int8 blocks of 32 and integer dot products against the weights' own quants. A scalar twin defines
+// the arithmetic; the AVX2 (maddubs + madd) and VNNI (dpbusd) paths perform exactly the same
+// operations, so all three are bit-identical (tested).
+//
+// Activations (quantize_rows, one implementation): per row r and 32-element chunk c,
+//   amax = max |x|,  d = amax / 127,  q[j] = nearbyint(x[j] · (127 / amax)) ∈ [−127, 127]  (0 when amax = 0),
+//   s = d · Σ q  (the scaled sum, for weight formats with a minimum).
+// Weights, decoded per output row into integer quants u (and a signed copy for signed formats) and
+// float scales: per chunk c a lane scale ws[c][l] (l = 0..7; lanes 0–3 cover elements 0–15, lanes 4–7
+// elements 16–31) and a minimum wm[c]:
+//   unsigned (U):  Q4_1  u = nibble, ws = d, wm = m;   Q4_0  u = nibble, ws = d, wm = −8·d;
+//                  Q4_K  u = nibble of sub-block c, ws = d·sc, wm = −(dmin·mn)
+//   signed (S):    Q8_0  w = q, ws = d;   Q6_K  w = q − 32, ws = d·sc16 (the scale of each 16-element half)
+// One output y = Σ_i W[o,i]·x[r,i]:
+//   isum[l] = Σ_{j=4l..4l+3} w[c][j]·q[r][c][j]   (int32, exact)
+//   acc[l]  = fma(ws[c][l] · d[r][c], float(isum[l]), acc[l])          for c = 0, 1, ..., nc−1
+//   U only: mn[c mod 8] = fma(wm[c], s[r][c], mn[c mod 8])              for c = 0, 1, ... (zero padded to 8)
+//   y = H(acc) for S, y = H(acc ⊕ mn) for U (⊕: lane by lane), where H(a) = ((a0+a4)+(a2+a6)) +
+//   ((a1+a5)+(a3+a7)) in the order t[l] = a[l]+a[l+4]; t[l] = t[l]+t[l+2]; t[0]+t[1].
+// Every (row, output) runs these operations in this order whatever the number of rows in the call
+// and however threads split the outputs.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/packed.hpp"
+#include "kernels/cpu/pool.hpp"
+
+namespace specactor::kernels {
+
+namespace {
+
+using packed::AlignedAllocator;
+using packed::load_u16;
+using packed::packed_row;
+using packed::PackedRow;
+
+template <class T> using AVec = std::vector<T, AlignedAllocator<T>>;
+
+constexpr int kOut = 4;  // weight rows decoded together (one tile)
+
+// Activation rows quantized once per call.
+struct QRows {
+  std::int64_t rows = 0, nc = 0, ncp = 0;  // ncp: nc rounded up to 8 (d and s are zero padded)
+  AVec<std::int8_t> q;                     // rows × nc × 32
+  AVec<float> d, s;                        // rows × ncp
+  const std::int8_t* qrow(std::int64_t r) const { return q.data() + r * nc * 32; }
+  const float* drow(std::int64_t r) const { return d.data() + r * ncp; }
+  const float* srow(std::int64_t r) const { return s.data() + r * ncp; }
+};
+
+void quantize_shape(std::int64_t rows, std::int64_t in, QRows& out) {
+  out.rows = rows;
+  out.nc = in / 32;
+  out.ncp = (out.nc + 7) / 8 * 8;
+  out.q.resize(static_cast<std::size_t>(rows * out.nc * 32));
+  out.d.assign(static_cast<std::size_t>(rows * out.ncp), 0.0f);
+  out.s.assign(out.d.size(), 0.0f);
+}
+
+// Blocks [b0, b1) of the rows × nc blocks (threads quantize disjoint ranges).
+void quantize_blocks(const float* x, std::int64_t in, QRows& out, std::int64_t b0, std::int64_t b1) {
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const std::int64_t r = b / out.nc, c = b % out.nc;
+    const float* v = x + r * in + c * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    std::int8_t* q = out.q.data() + b * 32;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float f = std::nearbyint(v[j] * id);
+      const int qi = (f >= -127.0f && f <= 127.0f) ? static_cast<int>(f) : 0;  // NaN/inf inputs: 0
+      q[j] = static_cast<std::int8_t>(qi);
+      sum += qi;
+    }
+    out.d[static_cast<std::size_t>(r * out.ncp + c)] = d;
+    out.s[static_cast<std::size_t>(r * out.ncp + c)] = d * static_cast<float>(sum);
+  }
+}
+
+// The same blocks with AVX2: max |x| is exact, the product and round-to-nearest-even are the
+// scalar ones (vroundps under the default rounding mode = nearbyint), so the bytes are identical.
+__attribute__((target("avx2,fma,f16c"))) void quantize_blocks_avx2(const float* x, std::int64_t in, QRows& out,
+                                                                    std::int64_t b0, std::int64_t b1) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), lim = _mm256_set1_ps(127.0f), nlim = _mm256_set1_ps(-127.0f);
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const std::int64_t r = b / out.nc, c = b % out.nc;
+    const float* v = x + r * in + c * 32;
+    __m256 xv[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      xv[i] = _mm256_loadu_ps(v + 8 * i);
+      m = _mm256_max_ps(_mm256_andnot_ps(sign, xv[i]), m);  // a NaN lane keeps m, as std::max does
+    }
+    alignas(32) float mv[8];
+    _mm256_store_ps(mv, m);
+    float amax = 0.0f;
+    for (int l = 0; l < 8; ++l) amax = std::max(amax, mv[l]);
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i qi[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 f = _mm256_round_ps(_mm256_mul_ps(xv[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(f, nlim, _CMP_GE_OQ), _mm256_cmp_ps(f, lim, _CMP_LE_OQ));
+      qi[i] = _mm256_cvtps_epi32(_mm256_and_ps(f, ok));  // NaN/inf: 0, as in the scalar loop
+    }
+    const __m256i s01 = _mm256_add_epi32(qi[0], qi[1]), s23 = _mm256_add_epi32(qi[2], qi[3]);
+    alignas(32) std::int32_t sv[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sv), _mm256_add_epi32(s01, s23));
+    int sum = 0;
+    for (int l = 0; l < 8; ++l) sum += sv[l];
+    // int32 → int8 in element order (packs work within 128-bit lanes, then a fixed permutation).
+    const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
+    const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + b * 32), p8);
+    out.d[static_cast<std::size_t>(r * out.ncp + c)] = d;
+    out.s[static_cast<std::size_t>(r * out.ncp + c)] = d * static_cast<float>(sum);
+  }
+}
+
+constexpr bool is_signed(WeightType t) { return t == WeightType::Q8_0 || t == WeightType::Q6_K; }
+
+// Up to kOut weight rows decoded for the integer kernels (layout: row-major by decoded row).
+struct WTile {
+  std::int64_t nc = 0, ncp = 0;
+  AVec<std::uint8_t> u;  // kOut × nc × 32: the unsigned quant (U) or |quant| (S)
+  AVec<std::int8_t> sg;  // kOut × nc × 32: the signed quant (S)
+  AVec<float> ws;        // kOut × nc × 8 lane scales
+  AVec<float> wm;        // kOut × ncp minimums (U), zero padded
+  void shape(std::int64_t nchunks) {
+    nc = nchunks;
+    ncp = (nc + 7) / 8 * 8;
+    u.resize(static_cast<std::size_t>(kOut * nc * 32));
+    sg.resize(u.size());
+    ws.resize(static_cast<std::size_t>(kOut * nc * 8));
+    wm.assign(static_cast<std::size_t>(kOut * ncp), 0.0f);
+  }
+};
+
+// ---- decoding one weight row (scalar: every type; AVX2: the packed types and Q4_K) ------------------
+
+void set_scale(float* ws, float lo, float hi) {
+  for (int l = 0; l < 4; ++l) ws[l] = lo;
+  for (int l = 4; l < 8; ++l) ws[l] = hi;
+}
+
+// Chunk c of a Q4_K / Q6_K row in ggml layout: quants, lane scales, minimum.
+void decode_q4k_chunk(const std::uint8_t* row, std::int64_t c, std::uint8_t* u, float* ws, float* wm) {
+  const std::uint8_t* b = row + (c / 8) * 144;
+  const int sub = static_cast<int>(c % 8);
+  std::uint8_t sc, mn;
+  q4k_scale_min(sub, b + 4, sc, mn);
+  const float d = f16_to_f32(load_u16(b)) * static_cast<float>(sc);
+  set_scale(ws, d, d);
+  *wm = -(f16_to_f32(load_u16(b + 2)) * static_cast<float>(mn));
+  const std::uint8_t* qs = b + 16 + (sub / 2) * 32;
+  for (int j = 0; j < 32; ++j) u[j] = static_cast<std::uint8_t>((sub % 2) ? (qs[j] >> 4) : (qs[j] & 0xF));
+}
+
+void decode_q6k_chunk(const std::uint8_t* row, std::int64_t c, std::uint8_t* u, std::int8_t* sg, float* ws) {
+  const std::uint8_t* b = row + (c / 8) * 210;
+  const int half = static_cast<int>(c % 8) / 4, g = static_cast<int>(c % 4);
+  const std::uint8_t* ql = b + half * 64 + (g % 2) * 32;
+  const std::uint8_t* qh = b + 128 + half * 32;
+  const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192 + half * 8);
+  const float d = f16_to_f32(load_u16(b + 208));
+  for (int l = 0; l < 32; ++l) {
+    const int lo = g < 2 ? (ql[l] & 0xF) : (ql[l] >> 4);
+    const int q = (lo | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
+    sg[l] = static_cast<std::int8_t>(q);
+    u[l] = static_cast<std::uint8_t>(q < 0 ? -q : q);
+  }
+  set_scale(ws, d * static_cast<float>(sc[2 * g]), d * static_cast<float>(sc[2 * g + 1]));
+}
+
+template <WeightType T> void decode_row_scalar(const WeightMatrix& w, std::int64_t o, WTile& t, int slot) {
+  const std::int64_t nc = t.nc;
+  const std::uint8_t* row = w.data + static_cast<std::size_t>(o) * w.row_stride;
+  std::uint8_t* u = t.u.data() + slot * nc * 32;
+  std::int8_t* sg = t.sg.data() + slot * nc * 32;
+  float* ws = t.ws.data() + slot * nc * 8;
+  float* wm = t.wm.data() + slot * t.ncp;
+  for (std::int64_t c = 0; c < nc; ++c) {
+    if constexpr (T == WeightType::Q4_K) {
+      decode_q4k_chunk(row, c, u + c * 32, ws + c * 8, wm + c);
+    } else if constexpr (T == WeightType::Q6_K) {
+      decode_q6k_chunk(row, c, u + c * 32, sg + c * 32, ws + c * 8);
+    } else {
+      const PackedRow pr = packed_row(T, row, nc);
+      const float d = f16_to_f32(load_u16(pr.d + 2 * c));
+      set_scale(ws + c * 8, d, d);
+      if constexpr (T == WeightType::Q8_0) {
+        const auto* q = reinterpret_cast<const std::int8_t*>(pr.qs + c * 32);
+        for (int j = 0; j < 32; ++j) {
+          sg[c * 32 + j] = q[j];
+          u[c * 32 + j] = static_cast<std::uint8_t>(q[j] < 0 ? -q[j] : q[j]);
+        }
+      } else {  // Q4_0, Q4_1
+        const std::uint8_t* q = pr.qs + c * 16;
+        for (int j = 0; j < 16; ++j) {
+          u[c * 32 + j] = q[j] & 0xF;
+          u[c * 32 + 16 + j] = q[j] >> 4;
+        }
+        wm[c] = T == WeightType::Q4_1 ? f16_to_f32(load_u16(pr.m + 2 * c)) : -8.0f * d;
+      }
+    }
+  }
+}
+
+#define SPECACTOR_QAVX2 __attribute__((target("avx2,fma,f16c")))
+
+// Same bytes and floats as decode_row_scalar (exact f16 conversion, the same products).
+template <WeightType T> SPECACTOR_QAVX2 void decode_row_avx2(const WeightMatrix& w, std::int64_t o, WTile& t, int slot) {
+  if constexpr (T == WeightType::Q6_K) {
+    decode_row_scalar<T>(w, o, t, slot);
+  } else {
+    const std::int64_t nc = t.nc;
+    const std::uint8_t* row = w.data + static_cast<std::size_t>(o) * w.row_stride;
+    std::uint8_t* u = t.u.data() + slot * nc * 32;
+    std::int8_t* sg = t.sg.data() + slot * nc * 32;
+    float* ws = t.ws.data() + slot * nc * 8;
+    float* wm = t.wm.data() + slot * t.ncp;
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    if constexpr (T == WeightType::Q4_K) {
+      const __m256i nib2 = _mm256_set1_epi8(0x0F);
+      for (std::int64_t c = 0; c < nc; c += 2) {  // a 32-byte run holds sub-blocks c (low) and c+1 (high)
+        const std::uint8_t* b = row + (c / 8) * 144;
+        const int sub = static_cast<int>(c % 8);
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + (sub / 2) * 32));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u + c * 32), _mm256_and_si256(v, nib2));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u + (c + 1) * 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib2));
+        const float d = f16_to_f32(load_u16(b)), dmin = f16_to_f32(load_u16(b + 2));
+        for (int k = 0; k < 2; ++k) {
+          std::uint8_t sc, mn;
+          q4k_scale_min(sub + k, b + 4, sc, mn);
+          const float s = d * static_cast<float>(sc);
+          _mm256_store_ps(ws + (c + k) * 8, _mm256_set1_ps(s));
+          wm[c + k] = -(dmin * static_cast<float>(mn));
+        }
+      }
+    } else {
+      const PackedRow pr = packed_row(T, row, nc);
+      std::int64_t c = 0;
+      for (; c < nc; c += 8) {  // scales 8 at a time (F16C is exact)
+        const std::int64_t n = std::min<std::int64_t>(8, nc - c);
+        alignas(32) float dv[8], mv[8];
+        if (n == 8) {
+          _mm256_store_ps(dv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.d + 2 * c))));
+          if constexpr (T == WeightType::Q4_1)
+            _mm256_store_ps(mv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.m + 2 * c))));
+        } else {  // the last n < 8 scales, through a zero-padded copy
+          alignas(16) std::uint16_t hd[8] = {}, hm[8] = {};
+          std::memcpy(hd, pr.d + 2 * c, static_cast<std::size_t>(2 * n));
+          _mm256_store_ps(dv, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hd))));
+          if constexpr (T == WeightType::Q4_1) {
+            std::memcpy(hm, pr.m + 2 * c, static_cast<std::size_t>(2 * n));
+            _mm256_store_ps(mv, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hm))));
+          }
+        }
+        for (std::int64_t k = 0; k < n; ++k) {
+          _mm256_store_ps(ws + (c + k) * 8, _mm256_set1_ps(dv[k]));
+          if constexpr (T == WeightType::Q4_1) wm[c + k] = mv[k];
+          if constexpr (T == WeightType::Q4_0) wm[c + k] = -8.0f * dv[k];
+        }
+      }
+      for (c = 0; c < nc; ++c) {
+        if constexpr (T == WeightType::Q8_0) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pr.qs + c * 32));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(sg + c * 32), v);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(u + c * 32), _mm256_abs_epi8(v));
+        } else {
+          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.qs + c * 16));
+          _mm_store_si128(reinterpret_cast<__m128i*>(u + c * 32), _mm_and_si128(v, nib));
+          _mm_store_si128(reinterpret_cast<__m128i*>(u + c * 32 + 16), _mm_and_si128(_mm_srli_epi16(v, 4), nib));
+        }
+      }
+    }
+  }
+}
+
+// ---- the scalar twin ---------------------------------------------------------------------------------
+
+float hsum8_scalar(const float* a) {
+  float t[4];
+  for (int l = 0; l < 4; ++l) t[l] = a[l] + a[l + 4];
+  const float t0 = t[0] + t[2], t1 = t[1] + t[3];
+  return t0 + t1;
+}
+
+template <bool S> void apply_scalar(const WTile& wt, int no, const QRows& xq, float* y, std::int64_t y_stride) {
+  const std::int64_t nc = wt.nc, ncp = wt.ncp;
+  for (std::int64_t r = 0; r < xq.rows; ++r)
+    for (int o = 0; o < no; ++o) {
+      const std::int8_t* x = xq.qrow(r);
+      float acc[8] = {};
+      for (std::int64_t c = 0; c < nc; ++c) {
+        const std::int64_t k = o * nc + c;
+        const float xd = xq.drow(r)[c];
+        for (int l = 0; l < 8; ++l) {
+          int isum = 0;
+          for (int j = 4 * l; j < 4 * l + 4; ++j) {
+            const int wv = S ? static_cast<int>(wt.sg[static_cast<std::size_t>(k * 32 + j)])
+                             : static_cast<int>(wt.u[static_cast<std::size_t>(k * 32 + j)]);
+            isum += wv * x[c * 32 + j];
+          }
+          acc[l] = std::fma(wt.ws[static_cast<std::size_t>(k * 8 + l)] * xd, static_cast<float>(isum), acc[l]);
+        }
+      }
+      if constexpr (!S) {
+        float mn[8] = {};
+        const float* wm = wt.wm.data() + o * ncp;
+        const float* xs = xq.srow(r);
+        for (std::int64_t c = 0; c < ncp; ++c) mn[c % 8] = std::fma(wm[c], xs[c], mn[c % 8]);
+        for (int l = 0; l < 8; ++l) acc[l] = acc[l] + mn[l];
+      }
+      y[r * y_stride + o] = hsum8_scalar(acc);
+    }
+}
+
+}  // namespace
+
+// ---- the SIMD twins -----------------------------------------------------------------------------------
+
+namespace {
+#define QMM_NS avx2
+#define QMM_TARGET __attribute__((target("avx2,fma,f16c")))
+#define QMM_DOT4(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1))
+#include "kernels/cpu/qmatmul_tile.inc"
+#undef QMM_NS
+#undef QMM_TARGET
+#undef QMM_DOT4
+
+#define QMM_NS vnni
+#define QMM_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+#define QMM_DOT4(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
+#include "kernels/cpu/qmatmul_tile.inc"
+#undef QMM_NS
+#undef QMM_TARGET
+#undef QMM_DOT4
+
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+bool has_vnni() {
+  __builtin_cpu_init();
+  return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+using DecodeFn = void (*)(const WeightMatrix&, std::int64_t, WTile&, int);
+using ApplyFn = void (*)(const WTile&, int, const QRows&, float*, std::int64_t);
+
+template <WeightType T> DecodeFn decode_fn(QPath p) {
+  return p == QPath::Scalar ? &decode_row_scalar<T> : &decode_row_avx2<T>;
+}
+
+DecodeFn decode_for(QPath p, WeightType t) {
+  switch (t) {
+    case WeightType::Q4_0: return decode_fn<WeightType::Q4_0>(p);
+    case WeightType::Q4_1: return decode_fn<WeightType::Q4_1>(p);
+    case WeightType::Q8_0: return decode_fn<WeightType::Q8_0>(p);
+    case WeightType::Q4_K: return decode_fn<WeightType::Q4_K>(p);
+    case WeightType::Q6_K: return decode_fn<WeightType::Q6_K>(p);
+    default: throw std::logic_error("qmatmul: no integer kernel for this weight type");
+  }
+}
+
+ApplyFn apply_for(QPath p, bool s) {
+  switch (p) {
+    case QPath::Vnni: return s ? &vnni::apply<true> : &vnni::apply<false>;
+    case QPath::Avx2: return s ? &avx2::apply<true> : &avx2::apply<false>;
+    case QPath::Scalar: break;
+  }
+  return s ? &apply_scalar<true> : &apply_scalar<false>;
+}
+
+void prefetch_row(const WeightMatrix& w, std::int64_t o) {
+  const std::uint8_t* p = w.data + static_cast<std::size_t>(o) * w.row_stride;
+  for (std::size_t off = 0; off < w.row_stride; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
+}
+
+// Output rows [ob, oe) of one matrix for every quantized activation row.
+void qrows_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_t oe, const QRows& xq, float* y,
+                 std::int64_t y_stride) {
+  thread_local WTile tile;
+  tile.shape(w.in_dim / 32);
+  const DecodeFn decode = decode_for(path, w.type);
+  const ApplyFn apply = apply_for(path, is_signed(w.type));
+  // Weight rows are streamed from memory once per call: rows kAhead tiles ahead are prefetched while
+  // this tile is computed (at one activation row a tile takes less time than a DRAM round trip, and
+  // the hardware prefetcher alone leaves a core well below its share of the bandwidth).
+  constexpr std::int64_t kAhead = 2 * kOut;
+  for (std::int64_t o = ob; o < std::min(oe, ob + kAhead); ++o) prefetch_row(w, o);
+  for (std::int64_t o0 = ob; o0 < oe; o0 += kOut) {
+    const int no = static_cast<int>(std::min<std::int64_t>(kOut, oe - o0));
+    for (std::int64_t o = o0 + kAhead; o < std::min(oe, o0 + kAhead + kOut); ++o) prefetch_row(w, o);
+    for (int k = 0; k < no; ++k) decode(w, o0 + k, tile, k);
+    apply(tile, no, xq, y + o0, y_stride);
+  }
+}
+
+void qmatmul_many_path(QPath path, const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows) {
+  std::int64_t total = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    const WeightMatrix& w = *jobs[j].w;
+    if (packed::is_packed(w.type) && !w.packed) throw std::invalid_argument("matmul: Q8_0/Q4_0/Q4_1 weights must be packed first");
+    if (w.in_dim % 32 != 0 || w.in_dim <= 0 || w.in_dim != jobs[0].w->in_dim)
+      throw std::invalid_argument("matmul: unsupported input width " + std::to_string(w.in_dim));
+    total += w.out_dim;
+  }
+  thread_local QRows quantized;  // the caller's; the pool's threads reach it through these references
+  const std::int64_t in = jobs[0].w->in_dim;
+  quantize_shape(rows, in, quantized);
+  QRows& xq = quantized;
+  // The activation blocks are quantized once (every thread a share), then shared by every matrix.
+  parallel_run([&](int tid, int nth) {
+    const std::int64_t blocks = rows * xq.nc;
+    if (path == QPath::Scalar) quantize_blocks(x, in, xq, blocks * tid / nth, blocks * (tid + 1) / nth);
+    else quantize_blocks_avx2(x, in, xq, blocks * tid / nth, blocks * (tid + 1) / nth);
+  });
+  // Equal contiguous ranges of the concatenated outputs, one per thread, on tile boundaries.
+  parallel_run([&](int tid, int nth) {
+    const std::int64_t tiles = (total + kOut - 1) / kOut;
+    const std::int64_t begin = std::min(total, tiles * tid / nth * kOut), end = std::min(total, tiles * (tid + 1) / nth * kOut);
+    std::int64_t base = 0;
+    for (int j = 0; j < n_jobs; ++j) {
+      const std::int64_t n = jobs[j].w->out_dim;
+      const std::int64_t b = std::max(begin, base), e = std::min(end, base + n);
+      if (b < e) qrows_range(path, *jobs[j].w, b - base, e - base, xq, jobs[j].y, n);
+      base += n;
+    }
+  });
+}
+
+}  // namespace
+
+const char* precision_name(Precision p) { return p == Precision::Fast ? "fast" : "exact"; }
+
+bool has_integer_path(WeightType t) {
+  return t == WeightType::Q4_0 || t == WeightType::Q4_1 || t == WeightType::Q8_0 || t == WeightType::Q4_K ||
+         t == WeightType::Q6_K;
+}
+
+QPath qpath() {
+  static const QPath path = [] {
+    const char* env = std::getenv("SPECACTOR_CPU_PATH");
+    const std::string want = env ? env : "";
+    if (want == "scalar") return QPath::Scalar;
+    if (want == "avx2" && has_avx2()) return QPath::Avx2;
+    if (has_vnni()) return QPath::Vnni;
+    return has_avx2() ? QPath::Avx2 : QPath::Scalar;
+  }();
+  return path;
+}
+
+const char* qpath_name(QPath p) {
+  switch (p) {
+    case QPath::Vnni: return "avx512-vnni";
+    case QPath::Avx2: return "avx2";
+    case QPath::Scalar: return "scalar";
+  }
+  return "scalar";
+}
+
+bool qpath_available(QPath p) {
+  switch (p) {
+    case QPath::Vnni: return has_vnni();
+    case QPath::Avx2: return has_avx2();
+    case QPath::Scalar: return true;
+  }
+  return false;
+}
+
+void matmul_many(const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows, Precision precision) {
+  if (precision == Precision::Exact || rows <= 0) return matmul_many(jobs, n_jobs, x, rows);
+  bool all_integer = true;
+  for (int j = 0; j < n_jobs; ++j) all_integer = all_integer && has_integer_path(jobs[j].w->type);
+  if (all_integer) return qmatmul_many_path(qpath(), jobs, n_jobs, x, rows);
+  for (int j = 0; j < n_jobs; ++j) {  // mixed formats: each matrix on its own path
+    if (has_integer_path(jobs[j].w->type)) qmatmul_many_path(qpath(), &jobs[j], 1, x, rows);
+    else matmul_many(&jobs[j], 1, x, rows);
+  }
+}
+
+void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y, Precision precision) {
+  const MatmulJob job{&w, y};
+  matmul_many(&job, 1, x, rows, precision);
+}
+
+void qmatmul_path(QPath path, const WeightMatrix& w, const float* x, std::int64_t rows, float* y) {
+  if (!has_integer_path(w.type)) throw std::invalid_argument("qmatmul: no integer kernel for this weight type");
+  if (!qpath_available(path)) throw std::invalid_argument(std::string("qmatmul: this CPU lacks the ") + qpath_name(path) + " path");
+  const MatmulJob job{&w, y};
+  qmatmul_many_path(path, &job, 1, x, rows);
+}
+
+}  // namespace specactor::kernels
