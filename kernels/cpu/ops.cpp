@@ -22,6 +22,32 @@ __attribute__((target("avx2"))) float dot8_avx2(const float* a, const float* b, 
   return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
 }
 
+// Four dot8_avx2() at once (independent chains, each in dot8's order).
+__attribute__((target("avx2"))) void dot8x4_avx2(const float* a, const float* const* b, std::int64_t n, float* out) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (std::int64_t i = 0; i < n; i += 8) {
+    const __m256 av = _mm256_loadu_ps(a + i);
+    for (int k = 0; k < 4; ++k) acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(av, _mm256_loadu_ps(b[k] + i)));
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc[k]), _mm256_extractf128_ps(acc[k], 1));
+    const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    out[k] = _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+  }
+}
+
+// o = Σ_c p[c] · v[c] over 64 elements, kept in registers, each element accumulated in c order
+// (mul, then add, from 0), exactly as the scalar loop does it.
+__attribute__((target("avx2"))) void weighted_sum64_avx2(float* o, const float* p, const float* const* v, std::int64_t n) {
+  __m256 acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  for (std::int64_t c = 0; c < n; ++c) {
+    const __m256 pv = _mm256_set1_ps(p[c]);
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(pv, _mm256_loadu_ps(v[c] + 8 * j)));
+  }
+  for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + 8 * j, acc[j]);
+}
+
 // o[d] += p · v[d], element by element (mul, then add).
 __attribute__((target("avx2"))) void axpy_avx2(float* o, float p, const float* v, std::int64_t n) {
   const __m256 pv = _mm256_set1_ps(p);
@@ -119,8 +145,12 @@ void attention_segments_cpu(const float* q, std::int64_t n_q, std::int64_t n_hea
           vrow[n++] = row(masked.view, masked.view.v, masked.first + j) + kvh * head_dim;
         }
         float mx = -INFINITY;
+        std::int64_t c0 = 0;
+        if (simd)
+          for (; c0 + 4 <= n; c0 += 4) dot8x4_avx2(qv, krow.data() + c0, head_dim, score.data() + c0);
+        for (std::int64_t c = c0; c < n; ++c) score[c] = simd ? dot8_avx2(qv, krow[c], head_dim) : dot8(qv, krow[c], head_dim);
         for (std::int64_t c = 0; c < n; ++c) {
-          score[c] = (simd ? dot8_avx2(qv, krow[c], head_dim) : dot8(qv, krow[c], head_dim)) * scale;
+          score[c] = score[c] * scale;
           mx = std::max(mx, score[c]);
         }
         float sum = 0.0f;
@@ -130,6 +160,11 @@ void attention_segments_cpu(const float* q, std::int64_t n_q, std::int64_t n_hea
         }
         const float inv = 1.0f / sum;
         float* o = out + (i * n_heads + h) * head_dim;
+        if (simd && head_dim == 64) {
+          for (std::int64_t c = 0; c < n; ++c) score[c] = score[c] * inv;
+          weighted_sum64_avx2(o, score.data(), vrow.data(), n);
+          continue;
+        }
         for (std::int64_t d = 0; d < head_dim; ++d) o[d] = 0.0f;
         for (std::int64_t c = 0; c < n; ++c) {
           const float* vr = vrow[c];

@@ -357,6 +357,72 @@ bool has_vnni() {
          __builtin_cpu_supports("avx512vnni");
 }
 
+// Weight rows are read once per call: rows a few tiles ahead are prefetched (into L2) meanwhile.
+void prefetch_row(const WeightMatrix& w, std::int64_t o) {
+  const std::uint8_t* p = w.data + static_cast<std::size_t>(o) * w.row_stride;
+  for (std::size_t off = 0; off < w.row_stride; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
+}
+
+// The float scales (and minimums, zero padded to ncp) of one packed row, for the direct kernels:
+// the values decode_row_* make.
+template <WeightType T>
+SPECACTOR_QAVX2 void packed_scales(const WeightMatrix& w, std::int64_t o, std::int64_t nc, std::int64_t ncp, float* d, float* m) {
+  const PackedRow pr = packed_row(T, w.data + static_cast<std::size_t>(o) * w.row_stride, nc);
+  for (std::int64_t c = 0; c < nc; c += 8) {
+    const std::int64_t n = std::min<std::int64_t>(8, nc - c);
+    alignas(16) std::uint16_t hd[8] = {}, hm[8] = {};
+    std::memcpy(hd, pr.d + 2 * c, static_cast<std::size_t>(2 * n));
+    alignas(32) float dv[8], mv[8];
+    _mm256_store_ps(dv, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hd))));
+    if constexpr (T == WeightType::Q4_1) {
+      std::memcpy(hm, pr.m + 2 * c, static_cast<std::size_t>(2 * n));
+      _mm256_store_ps(mv, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hm))));
+    }
+    for (std::int64_t k = 0; k < n; ++k) {
+      d[c + k] = dv[k];
+      if constexpr (T == WeightType::Q4_1) m[c + k] = mv[k];
+      if constexpr (T == WeightType::Q4_0) m[c + k] = -8.0f * dv[k];
+    }
+  }
+  for (std::int64_t c = nc; c < ncp; ++c) m[c] = 0.0f;
+}
+
+// Output rows [ob, oe) at one or two activation rows, straight from the packed quants.
+template <WeightType T>
+void direct_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_t oe, const QRows& xq, float* y,
+                  std::int64_t y_stride) {
+  const std::int64_t nc = xq.nc, ncp = xq.ncp;
+  thread_local AVec<float> d, m;
+  d.resize(static_cast<std::size_t>(kOut * nc));
+  m.resize(static_cast<std::size_t>(kOut * ncp));
+  constexpr std::int64_t kAhead = 2 * kOut;
+  for (std::int64_t o = ob; o < std::min(oe, ob + kAhead); ++o) prefetch_row(w, o);
+  for (std::int64_t o0 = ob; o0 < oe; o0 += kOut) {
+    const int no = static_cast<int>(std::min<std::int64_t>(kOut, oe - o0));
+    for (std::int64_t o = o0 + kAhead; o < std::min(oe, o0 + kAhead + kOut); ++o) prefetch_row(w, o);
+    for (int k = 0; k < no; ++k) packed_scales<T>(w, o0 + k, nc, ncp, d.data() + k * nc, m.data() + k * ncp);
+    for (std::int64_t r0 = 0; r0 < xq.rows; r0 += 2) {
+      const bool two = xq.rows - r0 >= 2;
+      const bool vnni = path == QPath::Vnni;
+      if (no == kOut) {
+        if (vnni) two ? vnni::direct<T, 4, 2>(w, o0, d.data(), m.data(), xq, r0, y, y_stride)
+                      : vnni::direct<T, 4, 1>(w, o0, d.data(), m.data(), xq, r0, y, y_stride);
+        else two ? avx2::direct<T, 4, 2>(w, o0, d.data(), m.data(), xq, r0, y, y_stride)
+                 : avx2::direct<T, 4, 1>(w, o0, d.data(), m.data(), xq, r0, y, y_stride);
+      } else {
+        for (int k = 0; k < no; ++k) {
+          const float* dk = d.data() + k * nc;
+          const float* mk = m.data() + k * ncp;
+          if (vnni) two ? vnni::direct<T, 1, 2>(w, o0 + k, dk, mk, xq, r0, y, y_stride)
+                        : vnni::direct<T, 1, 1>(w, o0 + k, dk, mk, xq, r0, y, y_stride);
+          else two ? avx2::direct<T, 1, 2>(w, o0 + k, dk, mk, xq, r0, y, y_stride)
+                   : avx2::direct<T, 1, 1>(w, o0 + k, dk, mk, xq, r0, y, y_stride);
+        }
+      }
+    }
+  }
+}
+
 using DecodeFn = void (*)(const WeightMatrix&, std::int64_t, WTile&, int);
 using ApplyFn = void (*)(const WTile&, int, const QRows&, float*, std::int64_t);
 
@@ -384,14 +450,17 @@ ApplyFn apply_for(QPath p, bool s) {
   return s ? &apply_scalar<true> : &apply_scalar<false>;
 }
 
-void prefetch_row(const WeightMatrix& w, std::int64_t o) {
-  const std::uint8_t* p = w.data + static_cast<std::size_t>(o) * w.row_stride;
-  for (std::size_t off = 0; off < w.row_stride; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
-}
-
 // Output rows [ob, oe) of one matrix for every quantized activation row.
 void qrows_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_t oe, const QRows& xq, float* y,
                  std::int64_t y_stride) {
+  if (path != QPath::Scalar && xq.rows <= 2) {  // decode: no tile buffer for the packed formats
+    switch (w.type) {
+      case WeightType::Q4_0: return direct_range<WeightType::Q4_0>(path, w, ob, oe, xq, y, y_stride);
+      case WeightType::Q4_1: return direct_range<WeightType::Q4_1>(path, w, ob, oe, xq, y, y_stride);
+      case WeightType::Q8_0: return direct_range<WeightType::Q8_0>(path, w, ob, oe, xq, y, y_stride);
+      default: break;
+    }
+  }
   thread_local WTile tile;
   tile.shape(w.in_dim / 32);
   const DecodeFn decode = decode_for(path, w.type);
