@@ -250,22 +250,12 @@ template <WeightType T> SPECACTOR_QAVX2 void decode_row_avx2(const WeightMatrix&
     } else {
       const PackedRow pr = packed_row(T, row, nc);
       std::int64_t c = 0;
-      for (; c < nc; c += 8) {  // scales 8 at a time (F16C is exact)
-        const std::int64_t n = std::min<std::int64_t>(8, nc - c);
+      for (; c < nc; c += 8) {  // scales 8 at a time (F16C is exact); a load past the last scale
+        const std::int64_t n = std::min<std::int64_t>(8, nc - c);  // reads the row's next array (≥ 16 bytes)
         alignas(32) float dv[8], mv[8];
-        if (n == 8) {
-          _mm256_store_ps(dv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.d + 2 * c))));
-          if constexpr (T == WeightType::Q4_1)
-            _mm256_store_ps(mv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.m + 2 * c))));
-        } else {  // the last n < 8 scales, through a zero-padded copy
-          alignas(16) std::uint16_t hd[8] = {}, hm[8] = {};
-          std::memcpy(hd, pr.d + 2 * c, static_cast<std::size_t>(2 * n));
-          _mm256_store_ps(dv, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hd))));
-          if constexpr (T == WeightType::Q4_1) {
-            std::memcpy(hm, pr.m + 2 * c, static_cast<std::size_t>(2 * n));
-            _mm256_store_ps(mv, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hm))));
-          }
-        }
+        _mm256_store_ps(dv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.d + 2 * c))));
+        if constexpr (T == WeightType::Q4_1)
+          _mm256_store_ps(mv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.m + 2 * c))));
         for (std::int64_t k = 0; k < n; ++k) {
           _mm256_store_ps(ws + (c + k) * 8, _mm256_set1_ps(dv[k]));
           if constexpr (T == WeightType::Q4_1) wm[c + k] = mv[k];
@@ -367,58 +357,54 @@ void prefetch_row(const WeightMatrix& w, std::int64_t o) {
 // the values decode_row_* make.
 template <WeightType T>
 SPECACTOR_QAVX2 void packed_scales(const WeightMatrix& w, std::int64_t o, std::int64_t nc, std::int64_t ncp, float* d, float* m) {
+  // 8 halves per load; past the last scale a load reads the next array of the same row (minimums or
+  // quants, always ≥ 16 bytes), and those lanes are overwritten or never used. d and m hold ncp + 8.
   const PackedRow pr = packed_row(T, w.data + static_cast<std::size_t>(o) * w.row_stride, nc);
   for (std::int64_t c = 0; c < nc; c += 8) {
-    const std::int64_t n = std::min<std::int64_t>(8, nc - c);
-    alignas(16) std::uint16_t hd[8] = {}, hm[8] = {};
-    std::memcpy(hd, pr.d + 2 * c, static_cast<std::size_t>(2 * n));
-    alignas(32) float dv[8], mv[8];
-    _mm256_store_ps(dv, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hd))));
-    if constexpr (T == WeightType::Q4_1) {
-      std::memcpy(hm, pr.m + 2 * c, static_cast<std::size_t>(2 * n));
-      _mm256_store_ps(mv, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hm))));
-    }
-    for (std::int64_t k = 0; k < n; ++k) {
-      d[c + k] = dv[k];
-      if constexpr (T == WeightType::Q4_1) m[c + k] = mv[k];
-      if constexpr (T == WeightType::Q4_0) m[c + k] = -8.0f * dv[k];
-    }
+    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.d + 2 * c)));
+    _mm256_storeu_ps(d + c, dv);
+    if constexpr (T == WeightType::Q4_1)
+      _mm256_storeu_ps(m + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.m + 2 * c))));
+    if constexpr (T == WeightType::Q4_0) _mm256_storeu_ps(m + c, _mm256_mul_ps(_mm256_set1_ps(-8.0f), dv));
   }
   for (std::int64_t c = nc; c < ncp; ++c) m[c] = 0.0f;
 }
 
-// Output rows [ob, oe) at one or two activation rows, straight from the packed quants.
+template <WeightType T, int NO>
+void direct_rows(QPath path, int rt, const WeightMatrix& w, std::int64_t o0, const float* d, const float* m, const QRows& xq,
+                 std::int64_t r0, float* y, std::int64_t y_stride) {
+  const bool vnni = path == QPath::Vnni;
+  switch (rt) {
+    case 1: return vnni ? vnni::direct<T, NO, 1>(w, o0, d, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 1>(w, o0, d, m, xq, r0, y, y_stride);
+    case 2: return vnni ? vnni::direct<T, NO, 2>(w, o0, d, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 2>(w, o0, d, m, xq, r0, y, y_stride);
+    case 3: return vnni ? vnni::direct<T, NO, 3>(w, o0, d, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 3>(w, o0, d, m, xq, r0, y, y_stride);
+    default: return vnni ? vnni::direct<T, NO, 4>(w, o0, d, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 4>(w, o0, d, m, xq, r0, y, y_stride);
+  }
+}
+
+// Output rows [ob, oe) of a packed matrix, straight from its quants (no tile buffer).
 template <WeightType T>
 void direct_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_t oe, const QRows& xq, float* y,
                   std::int64_t y_stride) {
   const std::int64_t nc = xq.nc, ncp = xq.ncp;
   thread_local AVec<float> d, m;
-  d.resize(static_cast<std::size_t>(kOut * nc));
-  m.resize(static_cast<std::size_t>(kOut * ncp));
+  d.resize(static_cast<std::size_t>(kOut * nc + 8));
+  m.resize(static_cast<std::size_t>(kOut * ncp + 8));
   constexpr std::int64_t kAhead = 2 * kOut;
   for (std::int64_t o = ob; o < std::min(oe, ob + kAhead); ++o) prefetch_row(w, o);
   for (std::int64_t o0 = ob; o0 < oe; o0 += kOut) {
     const int no = static_cast<int>(std::min<std::int64_t>(kOut, oe - o0));
     for (std::int64_t o = o0 + kAhead; o < std::min(oe, o0 + kAhead + kOut); ++o) prefetch_row(w, o);
     for (int k = 0; k < no; ++k) packed_scales<T>(w, o0 + k, nc, ncp, d.data() + k * nc, m.data() + k * ncp);
-    for (std::int64_t r0 = 0; r0 < xq.rows; r0 += 2) {
-      const bool two = xq.rows - r0 >= 2;
-      const bool vnni = path == QPath::Vnni;
-      if (no == kOut) {
-        if (vnni) two ? vnni::direct<T, 4, 2>(w, o0, d.data(), m.data(), xq, r0, y, y_stride)
-                      : vnni::direct<T, 4, 1>(w, o0, d.data(), m.data(), xq, r0, y, y_stride);
-        else two ? avx2::direct<T, 4, 2>(w, o0, d.data(), m.data(), xq, r0, y, y_stride)
-                 : avx2::direct<T, 4, 1>(w, o0, d.data(), m.data(), xq, r0, y, y_stride);
-      } else {
-        for (int k = 0; k < no; ++k) {
-          const float* dk = d.data() + k * nc;
-          const float* mk = m.data() + k * ncp;
-          if (vnni) two ? vnni::direct<T, 1, 2>(w, o0 + k, dk, mk, xq, r0, y, y_stride)
-                        : vnni::direct<T, 1, 1>(w, o0 + k, dk, mk, xq, r0, y, y_stride);
-          else two ? avx2::direct<T, 1, 2>(w, o0 + k, dk, mk, xq, r0, y, y_stride)
-                   : avx2::direct<T, 1, 1>(w, o0 + k, dk, mk, xq, r0, y, y_stride);
-        }
-      }
+    // Groups of up to 4 activation rows: 4 weight rows at a time for 1–2 rows, 2 for 3–4 (at most 8
+    // accumulators in registers); the nibbles are unpacked again per group (cheaper than a buffer).
+    for (std::int64_t r0 = 0; r0 < xq.rows; r0 += 4) {
+      const int rt = static_cast<int>(std::min<std::int64_t>(4, xq.rows - r0));
+      int k = 0;
+      if (rt <= 2)
+        for (; k + 4 <= no; k += 4) direct_rows<T, 4>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, xq, r0, y, y_stride);
+      for (; k + 2 <= no; k += 2) direct_rows<T, 2>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, xq, r0, y, y_stride);
+      for (; k < no; ++k) direct_rows<T, 1>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, xq, r0, y, y_stride);
     }
   }
 }
@@ -453,7 +439,7 @@ ApplyFn apply_for(QPath p, bool s) {
 // Output rows [ob, oe) of one matrix for every quantized activation row.
 void qrows_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_t oe, const QRows& xq, float* y,
                  std::int64_t y_stride) {
-  if (path != QPath::Scalar && xq.rows <= 2) {  // decode: no tile buffer for the packed formats
+  if (path != QPath::Scalar) {  // the packed formats: straight from their quants, no tile buffer
     switch (w.type) {
       case WeightType::Q4_0: return direct_range<WeightType::Q4_0>(path, w, ob, oe, xq, y, y_stride);
       case WeightType::Q4_1: return direct_range<WeightType::Q4_1>(path, w, ob, oe, xq, y, y_stride);
