@@ -347,12 +347,6 @@ bool has_vnni() {
          __builtin_cpu_supports("avx512vnni");
 }
 
-// Weight rows are read once per call: rows a few tiles ahead are prefetched (into L2) meanwhile.
-void prefetch_row(const WeightMatrix& w, std::int64_t o) {
-  const std::uint8_t* p = w.data + static_cast<std::size_t>(o) * w.row_stride;
-  for (std::size_t off = 0; off < w.row_stride; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
-}
-
 // The float scales (and minimums, zero padded to ncp) of one packed row, for the direct kernels:
 // the values decode_row_* make.
 template <WeightType T>
@@ -390,11 +384,8 @@ void direct_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64
   thread_local AVec<float> d, m;
   d.resize(static_cast<std::size_t>(kOut * nc + 8));
   m.resize(static_cast<std::size_t>(kOut * ncp + 8));
-  constexpr std::int64_t kAhead = 2 * kOut;
-  for (std::int64_t o = ob; o < std::min(oe, ob + kAhead); ++o) prefetch_row(w, o);
   for (std::int64_t o0 = ob; o0 < oe; o0 += kOut) {
     const int no = static_cast<int>(std::min<std::int64_t>(kOut, oe - o0));
-    for (std::int64_t o = o0 + kAhead; o < std::min(oe, o0 + kAhead + kOut); ++o) prefetch_row(w, o);
     for (int k = 0; k < no; ++k) packed_scales<T>(w, o0 + k, nc, ncp, d.data() + k * nc, m.data() + k * ncp);
     // Groups of up to 4 activation rows: 4 weight rows at a time for 1–2 rows, 2 for 3–4 (at most 8
     // accumulators in registers); the nibbles are unpacked again per group (cheaper than a buffer).
@@ -451,14 +442,8 @@ void qrows_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_
   tile.shape(w.in_dim / 32);
   const DecodeFn decode = decode_for(path, w.type);
   const ApplyFn apply = apply_for(path, is_signed(w.type));
-  // Weight rows are streamed from memory once per call: rows kAhead tiles ahead are prefetched while
-  // this tile is computed (at one activation row a tile takes less time than a DRAM round trip, and
-  // the hardware prefetcher alone leaves a core well below its share of the bandwidth).
-  constexpr std::int64_t kAhead = 2 * kOut;
-  for (std::int64_t o = ob; o < std::min(oe, ob + kAhead); ++o) prefetch_row(w, o);
   for (std::int64_t o0 = ob; o0 < oe; o0 += kOut) {
     const int no = static_cast<int>(std::min<std::int64_t>(kOut, oe - o0));
-    for (std::int64_t o = o0 + kAhead; o < std::min(oe, o0 + kAhead + kOut); ++o) prefetch_row(w, o);
     for (int k = 0; k < no; ++k) decode(w, o0 + k, tile, k);
     apply(tile, no, xq, y + o0, y_stride);
   }
