@@ -365,14 +365,19 @@ SPECACTOR_QAVX2 void packed_scales(const WeightMatrix& w, std::int64_t o, std::i
 }
 
 template <WeightType T, int NO>
-void direct_rows(QPath path, int rt, const WeightMatrix& w, std::int64_t o0, const float* d, const float* m, const QRows& xq,
-                 std::int64_t r0, float* y, std::int64_t y_stride) {
+void direct_rows(QPath path, int rt, const WeightMatrix& w, std::int64_t o0, const float* d, const float* m,
+                 std::int64_t ncp, const QRows& xq, std::int64_t r0, float* y, std::int64_t y_stride) {
+  thread_local AVec<float> sc;
+  sc.resize(static_cast<std::size_t>(NO * 4 * xq.nc));
   const bool vnni = path == QPath::Vnni;
+  if (vnni) vnni::scale_products(d, NO, xq, r0, rt, sc.data());
+  else avx2::scale_products(d, NO, xq, r0, rt, sc.data());
+  const float* s = sc.data();
   switch (rt) {
-    case 1: return vnni ? vnni::direct<T, NO, 1>(w, o0, d, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 1>(w, o0, d, m, xq, r0, y, y_stride);
-    case 2: return vnni ? vnni::direct<T, NO, 2>(w, o0, d, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 2>(w, o0, d, m, xq, r0, y, y_stride);
-    case 3: return vnni ? vnni::direct<T, NO, 3>(w, o0, d, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 3>(w, o0, d, m, xq, r0, y, y_stride);
-    default: return vnni ? vnni::direct<T, NO, 4>(w, o0, d, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 4>(w, o0, d, m, xq, r0, y, y_stride);
+    case 1: return vnni ? vnni::direct<T, NO, 1>(w, o0, s, ncp, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 1>(w, o0, s, ncp, m, xq, r0, y, y_stride);
+    case 2: return vnni ? vnni::direct<T, NO, 2>(w, o0, s, ncp, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 2>(w, o0, s, ncp, m, xq, r0, y, y_stride);
+    case 3: return vnni ? vnni::direct<T, NO, 3>(w, o0, s, ncp, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 3>(w, o0, s, ncp, m, xq, r0, y, y_stride);
+    default: return vnni ? vnni::direct<T, NO, 4>(w, o0, s, ncp, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 4>(w, o0, s, ncp, m, xq, r0, y, y_stride);
   }
 }
 
@@ -393,9 +398,9 @@ void direct_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64
       const int rt = static_cast<int>(std::min<std::int64_t>(4, xq.rows - r0));
       int k = 0;
       if (rt <= 2)
-        for (; k + 4 <= no; k += 4) direct_rows<T, 4>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, xq, r0, y, y_stride);
-      for (; k + 2 <= no; k += 2) direct_rows<T, 2>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, xq, r0, y, y_stride);
-      for (; k < no; ++k) direct_rows<T, 1>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, xq, r0, y, y_stride);
+        for (; k + 4 <= no; k += 4) direct_rows<T, 4>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, ncp, xq, r0, y, y_stride);
+      for (; k + 2 <= no; k += 2) direct_rows<T, 2>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, ncp, xq, r0, y, y_stride);
+      for (; k < no; ++k) direct_rows<T, 1>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, ncp, xq, r0, y, y_stride);
     }
   }
 }
