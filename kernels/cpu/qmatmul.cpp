@@ -349,58 +349,47 @@ bool has_vnni() {
 
 // The float scales (and minimums, zero padded to ncp) of one packed row, for the direct kernels:
 // the values decode_row_* make.
-template <WeightType T>
-SPECACTOR_QAVX2 void packed_scales(const WeightMatrix& w, std::int64_t o, std::int64_t nc, std::int64_t ncp, float* d, float* m) {
-  // 8 halves per load; past the last scale a load reads the next array of the same row (minimums or
-  // quants, always ≥ 16 bytes), and those lanes are overwritten or never used. d and m hold ncp + 8.
-  const PackedRow pr = packed_row(T, w.data + static_cast<std::size_t>(o) * w.row_stride, nc);
-  for (std::int64_t c = 0; c < nc; c += 8) {
-    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.d + 2 * c)));
-    _mm256_storeu_ps(d + c, dv);
-    if constexpr (T == WeightType::Q4_1)
-      _mm256_storeu_ps(m + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.m + 2 * c))));
-    if constexpr (T == WeightType::Q4_0) _mm256_storeu_ps(m + c, _mm256_mul_ps(_mm256_set1_ps(-8.0f), dv));
+template <WeightType T, int NO, int RT>
+void direct_tile(QPath path, const WeightMatrix& w, std::int64_t o0, const QRows& xq, std::int64_t r0, float* y,
+                 std::int64_t y_stride) {
+  thread_local AVec<float> sc, mn;
+  sc.resize(static_cast<std::size_t>(NO * RT * xq.ncp));
+  mn.resize(static_cast<std::size_t>(NO * RT * 8));
+  if (path == QPath::Vnni) {
+    vnni::prep<T, NO, RT>(w, o0, xq, r0, sc.data(), mn.data());
+    vnni::direct<T, NO, RT>(w, o0, sc.data(), mn.data(), xq, r0, y, y_stride);
+  } else {
+    avx2::prep<T, NO, RT>(w, o0, xq, r0, sc.data(), mn.data());
+    avx2::direct<T, NO, RT>(w, o0, sc.data(), mn.data(), xq, r0, y, y_stride);
   }
-  for (std::int64_t c = nc; c < ncp; ++c) m[c] = 0.0f;
 }
 
 template <WeightType T, int NO>
-void direct_rows(QPath path, int rt, const WeightMatrix& w, std::int64_t o0, const float* d, const float* m,
-                 std::int64_t ncp, const QRows& xq, std::int64_t r0, float* y, std::int64_t y_stride) {
-  thread_local AVec<float> sc;
-  sc.resize(static_cast<std::size_t>(NO * 4 * xq.nc));
-  const bool vnni = path == QPath::Vnni;
-  if (vnni) vnni::scale_products(d, NO, xq, r0, rt, sc.data());
-  else avx2::scale_products(d, NO, xq, r0, rt, sc.data());
-  const float* s = sc.data();
+void direct_rows(QPath path, int rt, const WeightMatrix& w, std::int64_t o0, const QRows& xq, std::int64_t r0, float* y,
+                 std::int64_t y_stride) {
   switch (rt) {
-    case 1: return vnni ? vnni::direct<T, NO, 1>(w, o0, s, ncp, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 1>(w, o0, s, ncp, m, xq, r0, y, y_stride);
-    case 2: return vnni ? vnni::direct<T, NO, 2>(w, o0, s, ncp, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 2>(w, o0, s, ncp, m, xq, r0, y, y_stride);
-    case 3: return vnni ? vnni::direct<T, NO, 3>(w, o0, s, ncp, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 3>(w, o0, s, ncp, m, xq, r0, y, y_stride);
-    default: return vnni ? vnni::direct<T, NO, 4>(w, o0, s, ncp, m, xq, r0, y, y_stride) : avx2::direct<T, NO, 4>(w, o0, s, ncp, m, xq, r0, y, y_stride);
+    case 1: return direct_tile<T, NO, 1>(path, w, o0, xq, r0, y, y_stride);
+    case 2: return direct_tile<T, NO, 2>(path, w, o0, xq, r0, y, y_stride);
+    case 3: return direct_tile<T, NO, 3>(path, w, o0, xq, r0, y, y_stride);
+    default: return direct_tile<T, NO, 4>(path, w, o0, xq, r0, y, y_stride);
   }
 }
 
-// Output rows [ob, oe) of a packed matrix, straight from its quants (no tile buffer).
+// Output rows [ob, oe) of a packed matrix, straight from its quants (no tile buffer): groups of up
+// to 4 activation rows, 4 weight rows at a time for 1–2 rows, 2 for 3–4 (at most 8 accumulators in
+// registers); the nibbles are unpacked again per group (cheaper than a buffer).
 template <WeightType T>
 void direct_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_t oe, const QRows& xq, float* y,
                   std::int64_t y_stride) {
-  const std::int64_t nc = xq.nc, ncp = xq.ncp;
-  thread_local AVec<float> d, m;
-  d.resize(static_cast<std::size_t>(kOut * nc + 8));
-  m.resize(static_cast<std::size_t>(kOut * ncp + 8));
   for (std::int64_t o0 = ob; o0 < oe; o0 += kOut) {
     const int no = static_cast<int>(std::min<std::int64_t>(kOut, oe - o0));
-    for (int k = 0; k < no; ++k) packed_scales<T>(w, o0 + k, nc, ncp, d.data() + k * nc, m.data() + k * ncp);
-    // Groups of up to 4 activation rows: 4 weight rows at a time for 1–2 rows, 2 for 3–4 (at most 8
-    // accumulators in registers); the nibbles are unpacked again per group (cheaper than a buffer).
     for (std::int64_t r0 = 0; r0 < xq.rows; r0 += 4) {
       const int rt = static_cast<int>(std::min<std::int64_t>(4, xq.rows - r0));
       int k = 0;
       if (rt <= 2)
-        for (; k + 4 <= no; k += 4) direct_rows<T, 4>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, ncp, xq, r0, y, y_stride);
-      for (; k + 2 <= no; k += 2) direct_rows<T, 2>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, ncp, xq, r0, y, y_stride);
-      for (; k < no; ++k) direct_rows<T, 1>(path, rt, w, o0 + k, d.data() + k * nc, m.data() + k * ncp, ncp, xq, r0, y, y_stride);
+        for (; k + 4 <= no; k += 4) direct_rows<T, 4>(path, rt, w, o0 + k, xq, r0, y, y_stride);
+      for (; k + 2 <= no; k += 2) direct_rows<T, 2>(path, rt, w, o0 + k, xq, r0, y, y_stride);
+      for (; k < no; ++k) direct_rows<T, 1>(path, rt, w, o0 + k, xq, r0, y, y_stride);
     }
   }
 }
