@@ -182,13 +182,22 @@ void decode_q6k_chunk(const std::uint8_t* row, std::int64_t c, std::uint8_t* u, 
   set_scale(ws, d * static_cast<float>(sc[2 * g]), d * static_cast<float>(sc[2 * g + 1]));
 }
 
+// The arrays of decoded row `slot` of a tile, and the weight row it holds.
+struct Slot {
+  const std::uint8_t* row;
+  std::uint8_t* u;
+  std::int8_t* sg;
+  float* ws;
+  float* wm;
+};
+Slot slot_of(const WeightMatrix& w, std::int64_t o, WTile& t, int slot) {
+  return {w.data + static_cast<std::size_t>(o) * w.row_stride, t.u.data() + slot * t.nc * 32, t.sg.data() + slot * t.nc * 32,
+          t.ws.data() + slot * t.nc * 8, t.wm.data() + slot * t.ncp};
+}
+
 template <WeightType T> void decode_row_scalar(const WeightMatrix& w, std::int64_t o, WTile& t, int slot) {
   const std::int64_t nc = t.nc;
-  const std::uint8_t* row = w.data + static_cast<std::size_t>(o) * w.row_stride;
-  std::uint8_t* u = t.u.data() + slot * nc * 32;
-  std::int8_t* sg = t.sg.data() + slot * nc * 32;
-  float* ws = t.ws.data() + slot * nc * 8;
-  float* wm = t.wm.data() + slot * t.ncp;
+  const auto [row, u, sg, ws, wm] = slot_of(w, o, t, slot);
   for (std::int64_t c = 0; c < nc; ++c) {
     if constexpr (T == WeightType::Q4_K) {
       decode_q4k_chunk(row, c, u + c * 32, ws + c * 8, wm + c);
@@ -218,61 +227,25 @@ template <WeightType T> void decode_row_scalar(const WeightMatrix& w, std::int64
 
 #define SPECACTOR_QAVX2 __attribute__((target("avx2,fma,f16c")))
 
-// Same bytes and floats as decode_row_scalar (exact f16 conversion, the same products).
-template <WeightType T> SPECACTOR_QAVX2 void decode_row_avx2(const WeightMatrix& w, std::int64_t o, WTile& t, int slot) {
-  if constexpr (T == WeightType::Q6_K) {
-    decode_row_scalar<T>(w, o, t, slot);
-  } else {
-    const std::int64_t nc = t.nc;
-    const std::uint8_t* row = w.data + static_cast<std::size_t>(o) * w.row_stride;
-    std::uint8_t* u = t.u.data() + slot * nc * 32;
-    std::int8_t* sg = t.sg.data() + slot * nc * 32;
-    float* ws = t.ws.data() + slot * nc * 8;
-    float* wm = t.wm.data() + slot * t.ncp;
-    const __m128i nib = _mm_set1_epi8(0x0F);
-    if constexpr (T == WeightType::Q4_K) {
-      const __m256i nib2 = _mm256_set1_epi8(0x0F);
-      for (std::int64_t c = 0; c < nc; c += 2) {  // a 32-byte run holds sub-blocks c (low) and c+1 (high)
-        const std::uint8_t* b = row + (c / 8) * 144;
-        const int sub = static_cast<int>(c % 8);
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + (sub / 2) * 32));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(u + c * 32), _mm256_and_si256(v, nib2));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(u + (c + 1) * 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib2));
-        const float d = f16_to_f32(load_u16(b)), dmin = f16_to_f32(load_u16(b + 2));
-        for (int k = 0; k < 2; ++k) {
-          std::uint8_t sc, mn;
-          q4k_scale_min(sub + k, b + 4, sc, mn);
-          const float s = d * static_cast<float>(sc);
-          _mm256_store_ps(ws + (c + k) * 8, _mm256_set1_ps(s));
-          wm[c + k] = -(dmin * static_cast<float>(mn));
-        }
-      }
-    } else {
-      const PackedRow pr = packed_row(T, row, nc);
-      std::int64_t c = 0;
-      for (; c < nc; c += 8) {  // scales 8 at a time (F16C is exact); a load past the last scale
-        const std::int64_t n = std::min<std::int64_t>(8, nc - c);  // reads the row's next array (≥ 16 bytes)
-        alignas(32) float dv[8], mv[8];
-        _mm256_store_ps(dv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.d + 2 * c))));
-        if constexpr (T == WeightType::Q4_1)
-          _mm256_store_ps(mv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.m + 2 * c))));
-        for (std::int64_t k = 0; k < n; ++k) {
-          _mm256_store_ps(ws + (c + k) * 8, _mm256_set1_ps(dv[k]));
-          if constexpr (T == WeightType::Q4_1) wm[c + k] = mv[k];
-          if constexpr (T == WeightType::Q4_0) wm[c + k] = -8.0f * dv[k];
-        }
-      }
-      for (c = 0; c < nc; ++c) {
-        if constexpr (T == WeightType::Q8_0) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pr.qs + c * 32));
-          _mm256_store_si256(reinterpret_cast<__m256i*>(sg + c * 32), v);
-          _mm256_store_si256(reinterpret_cast<__m256i*>(u + c * 32), _mm256_abs_epi8(v));
-        } else {
-          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.qs + c * 16));
-          _mm_store_si128(reinterpret_cast<__m128i*>(u + c * 32), _mm_and_si128(v, nib));
-          _mm_store_si128(reinterpret_cast<__m128i*>(u + c * 32 + 16), _mm_and_si128(_mm_srli_epi16(v, 4), nib));
-        }
-      }
+// Q4_K with AVX2: the same bytes and floats as decode_row_scalar (exact f16 conversion, the same
+// products). (The packed formats never need a decode buffer on the SIMD paths: see direct_range.)
+SPECACTOR_QAVX2 void decode_q4k_row_avx2(const WeightMatrix& w, std::int64_t o, WTile& t, int slot) {
+  const std::int64_t nc = t.nc;
+  const auto [row, u, sg, ws, wm] = slot_of(w, o, t, slot);
+  (void)sg;
+  const __m256i nib2 = _mm256_set1_epi8(0x0F);
+  for (std::int64_t c = 0; c < nc; c += 2) {  // a 32-byte run holds sub-blocks c (low) and c+1 (high)
+    const std::uint8_t* b = row + (c / 8) * 144;
+    const int sub = static_cast<int>(c % 8);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + (sub / 2) * 32));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(u + c * 32), _mm256_and_si256(v, nib2));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(u + (c + 1) * 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib2));
+    const float d = f16_to_f32(load_u16(b)), dmin = f16_to_f32(load_u16(b + 2));
+    for (int k = 0; k < 2; ++k) {
+      std::uint8_t sc, mn;
+      q4k_scale_min(sub + k, b + 4, sc, mn);
+      _mm256_store_ps(ws + (c + k) * 8, _mm256_set1_ps(d * static_cast<float>(sc)));
+      wm[c + k] = -(dmin * static_cast<float>(mn));
     }
   }
 }
@@ -397,17 +370,13 @@ void direct_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64
 using DecodeFn = void (*)(const WeightMatrix&, std::int64_t, WTile&, int);
 using ApplyFn = void (*)(const WTile&, int, const QRows&, float*, std::int64_t);
 
-template <WeightType T> DecodeFn decode_fn(QPath p) {
-  return p == QPath::Scalar ? &decode_row_scalar<T> : &decode_row_avx2<T>;
-}
-
 DecodeFn decode_for(QPath p, WeightType t) {
   switch (t) {
-    case WeightType::Q4_0: return decode_fn<WeightType::Q4_0>(p);
-    case WeightType::Q4_1: return decode_fn<WeightType::Q4_1>(p);
-    case WeightType::Q8_0: return decode_fn<WeightType::Q8_0>(p);
-    case WeightType::Q4_K: return decode_fn<WeightType::Q4_K>(p);
-    case WeightType::Q6_K: return decode_fn<WeightType::Q6_K>(p);
+    case WeightType::Q4_0: return &decode_row_scalar<WeightType::Q4_0>;
+    case WeightType::Q4_1: return &decode_row_scalar<WeightType::Q4_1>;
+    case WeightType::Q8_0: return &decode_row_scalar<WeightType::Q8_0>;
+    case WeightType::Q4_K: return p == QPath::Scalar ? &decode_row_scalar<WeightType::Q4_K> : &decode_q4k_row_avx2;
+    case WeightType::Q6_K: return &decode_row_scalar<WeightType::Q6_K>;
     default: throw std::logic_error("qmatmul: no integer kernel for this weight type");
   }
 }
