@@ -3,7 +3,8 @@
 // the arithmetic; the AVX2 (maddubs + madd) and VNNI (dpbusd) paths perform exactly the same
 // operations, so all three are bit-identical (tested).
 //
-// Activations (quantize_rows, one implementation): per row r and 32-element chunk c,
+// Activations (quantize_blocks, and its AVX2 twin that writes the same bytes): per row r and
+// 32-element chunk c,
 //   amax = max |x|,  d = amax / 127,  q[j] = nearbyint(x[j] · (127 / amax)) ∈ [−127, 127]  (0 when amax = 0),
 //   s = d · Σ q  (the scaled sum, for weight formats with a minimum).
 // Weights, decoded per output row into integer quants u (and a signed copy for signed formats) and
@@ -19,7 +20,9 @@
 //   y = H(acc) for S, y = H(acc ⊕ mn) for U (⊕: lane by lane), where H(a) = ((a0+a4)+(a2+a6)) +
 //   ((a1+a5)+(a3+a7)) in the order t[l] = a[l]+a[l+4]; t[l] = t[l]+t[l+2]; t[0]+t[1].
 // Every (row, output) runs these operations in this order whatever the number of rows in the call
-// and however threads split the outputs.
+// and however threads split the outputs. Where the kernels run: Q4_0/Q4_1/Q8_0 on the SIMD paths read
+// the packed quants in place (direct kernels, groups of up to 4 activation rows); Q4_K/Q6_K and the
+// scalar twin go through a per-tile decode buffer (WTile).
 #include <immintrin.h>
 
 #include <algorithm>
