@@ -447,14 +447,7 @@ WeightMatrix pack_matrix(const WeightMatrix& src, std::vector<std::uint8_t>& sto
 }
 
 void matmul_many_path(CpuPath path, const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows) {
-  std::int64_t total = 0;
-  for (int j = 0; j < n_jobs; ++j) {
-    const WeightMatrix& w = *jobs[j].w;
-    if (is_packed(w.type) && !w.packed) throw std::invalid_argument("matmul: Q8_0/Q4_0/Q4_1 weights must be packed first");
-    if (w.in_dim % 32 != 0 || w.in_dim / 32 > kMaxChunks || w.in_dim != jobs[0].w->in_dim)
-      throw std::invalid_argument("matmul: unsupported input width " + std::to_string(w.in_dim));
-    total += w.out_dim;
-  }
+  const std::int64_t total = packed::checked_total_rows(jobs, n_jobs, std::int64_t{32} * kMaxChunks);
   // 64-byte aligned activations: every 32-float chunk then starts on a cache line, so no vector load
   // of x is split across two lines (with AVX-512 that alone halves the throughput of multi-row tiles).
   thread_local std::vector<float, AlignedAllocator<float>> aligned;

@@ -7,6 +7,10 @@
 #include <cstring>
 #include <new>
 
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/quant.hpp"
 
 namespace specactor::kernels::packed {
@@ -33,6 +37,20 @@ inline PackedRow packed_row(WeightType t, const std::uint8_t* row, std::int64_t 
   r.m = row + 2 * nc;
   r.qs = row + 2 * nc * scale_arrays(t);
   return r;
+}
+
+// Checks the jobs of one matmul_many call (packed where the kernels need it, one input width, a
+// multiple of 32 and at most max_in) and returns their total output rows. Both precisions call it.
+inline std::int64_t checked_total_rows(const MatmulJob* jobs, int n_jobs, std::int64_t max_in) {
+  std::int64_t total = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    const WeightMatrix& w = *jobs[j].w;
+    if (is_packed(w.type) && !w.packed) throw std::invalid_argument("matmul: Q8_0/Q4_0/Q4_1 weights must be packed first");
+    if (w.in_dim <= 0 || w.in_dim % 32 != 0 || w.in_dim > max_in || w.in_dim != jobs[0].w->in_dim)
+      throw std::invalid_argument("matmul: unsupported input width " + std::to_string(w.in_dim));
+    total += w.out_dim;
+  }
+  return total;
 }
 
 // 64-byte aligned storage for activation buffers (no vector load split across cache lines).

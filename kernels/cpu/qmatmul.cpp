@@ -313,18 +313,13 @@ namespace {
 #undef QMM_TARGET
 #undef QMM_DOT4
 
-bool has_avx2() {
+bool has_vnni() {  // the AVX-512 the exact path checks (F, BW, VL), plus VNNI
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-bool has_vnni() {
-  __builtin_cpu_init();
-  return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512vnni");
+  return cpu_path_available(CpuPath::Avx512) && __builtin_cpu_supports("avx512vnni");
 }
 
-// The float scales (and minimums, zero padded to ncp) of one packed row, for the direct kernels:
-// the values decode_row_* make.
+// NO weight rows × RT activation rows of a packed matrix: prep() (scale products, minimum sums),
+// then the direct kernel.
 template <WeightType T, int NO, int RT>
 void direct_tile(QPath path, const WeightMatrix& w, std::int64_t o0, const QRows& xq, std::int64_t r0, float* y,
                  std::int64_t y_stride) {
@@ -416,14 +411,7 @@ void qrows_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_
 }
 
 void qmatmul_many_path(QPath path, const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows) {
-  std::int64_t total = 0;
-  for (int j = 0; j < n_jobs; ++j) {
-    const WeightMatrix& w = *jobs[j].w;
-    if (packed::is_packed(w.type) && !w.packed) throw std::invalid_argument("matmul: Q8_0/Q4_0/Q4_1 weights must be packed first");
-    if (w.in_dim % 32 != 0 || w.in_dim <= 0 || w.in_dim != jobs[0].w->in_dim)
-      throw std::invalid_argument("matmul: unsupported input width " + std::to_string(w.in_dim));
-    total += w.out_dim;
-  }
+  const std::int64_t total = packed::checked_total_rows(jobs, n_jobs, std::int64_t{1} << 30);
   thread_local QRows quantized;  // the caller's; the pool's threads reach it through these references
   const std::int64_t in = jobs[0].w->in_dim;
   quantize_shape(rows, in, quantized);
@@ -457,14 +445,14 @@ bool has_integer_path(WeightType t) {
          t == WeightType::Q6_K;
 }
 
-QPath qpath() {
+QPath qpath() {  // follows the exact precision's choice (and its SPECACTOR_CPU_PATH override)
   static const QPath path = [] {
-    const char* env = std::getenv("SPECACTOR_CPU_PATH");
-    const std::string want = env ? env : "";
-    if (want == "scalar") return QPath::Scalar;
-    if (want == "avx2" && has_avx2()) return QPath::Avx2;
-    if (has_vnni()) return QPath::Vnni;
-    return has_avx2() ? QPath::Avx2 : QPath::Scalar;
+    switch (cpu_path()) {
+      case CpuPath::Scalar: return QPath::Scalar;
+      case CpuPath::Avx2: return QPath::Avx2;
+      case CpuPath::Avx512: break;
+    }
+    return has_vnni() ? QPath::Vnni : QPath::Avx2;
   }();
   return path;
 }
@@ -481,7 +469,7 @@ const char* qpath_name(QPath p) {
 bool qpath_available(QPath p) {
   switch (p) {
     case QPath::Vnni: return has_vnni();
-    case QPath::Avx2: return has_avx2();
+    case QPath::Avx2: return cpu_path_available(CpuPath::Avx2);
     case QPath::Scalar: return true;
   }
   return false;
