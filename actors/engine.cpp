@@ -1,3 +1,4 @@
+#include <cmath>
 #include "actors/engine.hpp"
 
 #include <atomic>
@@ -54,13 +55,13 @@ std::unique_ptr<Engine::Impl> start(caf::actor_system& sys, config::Snapshot tar
   impl->target = std::move(target);
   impl->scheduler = spawn_scheduler(sys, impl->target);
   caf::scoped_actor self{sys};
-  std::string error;
+  caf::error failure;
   self->request(impl->scheduler, caf::infinite, ready_atom::value)
-      .receive([&](TargetInfo& info) { impl->info = std::move(info); },
-               [&](caf::error& err) { error = sys.render(err); });
-  if (!error.empty()) {
+      .receive([&](TargetInfo& info) { impl->info = std::move(info); }, [&](caf::error& err) { failure = std::move(err); });
+  if (failure) {
     self->send_exit(impl->scheduler, caf::exit_reason::user_shutdown);
-    throw std::runtime_error(error);
+    if (is_user_error(failure)) throw config::ConfigError(error_message(failure));
+    throw std::runtime_error("the engine did not start: " + error_message(failure));
   }
   if (impl->info.tokenizer) impl->chat = model::ChatTemplate::detect(impl->info.tokenizer->chat_template());
   return impl;
@@ -118,12 +119,45 @@ std::vector<std::int32_t> Engine::tokenize(const GenerationRequest& r) const {
     std::vector<model::ChatMessage> msgs;
     if (!r.system.empty()) msgs.push_back({"system", r.system});
     msgs.push_back({"user", r.prompt});
-    return tok->encode(impl_->chat.render(msgs), true, true);
+    try {
+      return tok->encode_parts(impl_->chat.render_parts(msgs), true);
+    } catch (const config::ConfigError& e) {
+      throw config::ConfigError(std::string("prompt/system: ") + e.what());
+    }
   }
-  return tok->encode(r.prompt, true, false);
+  try {
+    return tok->encode(r.prompt, true, false);
+  } catch (const config::ConfigError& e) {
+    throw config::ConfigError(std::string("prompt: ") + e.what());
+  }
 }
 
+namespace {
+
+// The request's own fields, before anything is queued (the scheduler checks what needs its state:
+// the prompt against the context length and the KV budget).
+void validate_request(const GenerationRequest& r) {
+  const auto& sp = r.sampling;
+  auto fail = [](const std::string& m) { throw config::ConfigError(m); };
+  if (r.max_new_tokens < 1) fail("max_new_tokens: must be >= 1 (got " + std::to_string(r.max_new_tokens) + ")");
+  if (!(std::isfinite(sp.temperature) && sp.temperature >= 0)) fail("temperature: must be a finite number >= 0");
+  if (!(sp.top_p > 0 && sp.top_p <= 1)) fail("top_p: must be in (0, 1]");
+  if (sp.top_k < 0) fail("top_k: must be >= 0 (0 = off)");
+  if (!(sp.min_p >= 0 && sp.min_p < 1)) fail("min_p: must be in [0, 1)");
+  for (std::size_t i = 0; i < r.stop.size(); ++i) {
+    if (r.stop[i].empty()) fail("stop[" + std::to_string(i) + "]: is empty");
+    try {
+      model::check_utf8(r.stop[i]);
+    } catch (const config::ConfigError& e) {
+      fail("stop[" + std::to_string(i) + "]: " + e.what());
+    }
+  }
+}
+
+}  // namespace
+
 std::uint64_t Engine::submit(GenerationRequest request, std::function<void(const TokenEvent&)> on_token) {
+  validate_request(request);
   auto sub = std::make_shared<Submission>();
   sub->id = impl_->next_id++;
   sub->prompt = tokenize(request);
@@ -151,6 +185,7 @@ GenerationResult Engine::generate(GenerationRequest request) {
     if (ev.finished) {
       result->finish_reason = ev.finish_reason;
       result->error = ev.error;
+      result->invalid_request = ev.invalid_request;
       result->metrics = ev.metrics;
       done->set_value();
     }

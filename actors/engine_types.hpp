@@ -44,6 +44,7 @@ struct TokenEvent {
   bool finished = false;
   std::string finish_reason;   // "stop" | "length" | "cancelled" | "error"
   std::string error;           // set when finish_reason is "error"
+  bool invalid_request = false;  // the error is the request's own (bad prompt, budget), not the engine's
   RequestMetrics metrics;      // filled on the final event
 };
 
@@ -55,6 +56,7 @@ struct GenerationResult {
   std::string text;
   std::string finish_reason;
   std::string error;
+  bool invalid_request = false;  // see TokenEvent
   RequestMetrics metrics;
 };
 

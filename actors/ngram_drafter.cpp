@@ -9,6 +9,8 @@
 #include <stdexcept>
 
 #include "actors/drafter.hpp"
+#include "config/error.hpp"
+#include "config/input.hpp"
 
 namespace specactor::actors {
 
@@ -115,13 +117,15 @@ class NgramDrafter final : public Drafter {
   }
 
   void load_corpus(const std::string& path, const DraftContext& ctx) {
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("--speculative-ngram-corpus-path " + path + ": cannot open the file");
+    const std::string what = "--speculative-ngram-corpus-path " + path;
+    const std::string text = config::read_text_file(path, what);
     if (!ctx.tokenizer)
       throw std::runtime_error("--speculative-ngram-corpus-path needs the target's tokenizer (not --skip-tokenizer-init)");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    corpus_ = ctx.tokenizer->encode(ss.str());
+    try {
+      corpus_ = ctx.tokenizer->encode(text);
+    } catch (const config::ConfigError& e) {
+      throw config::ConfigError(what + ": " + e.what());
+    }
     sa_.resize(corpus_.size());
     for (std::size_t i = 0; i < sa_.size(); ++i) sa_[i] = static_cast<std::int64_t>(i);
     const std::int64_t cap = std::max<std::int64_t>(max_window_, 1) + 1;  // suffixes compared on a bounded prefix

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/draft_worker.hpp"
+#include "actors/system.hpp"
 #include "actors/target_worker.hpp"
 
 namespace specactor::actors {
@@ -56,6 +57,7 @@ struct SchedulerState {
   DrafterNeeds needs;  // what the draft worker asked for when it came up
   std::optional<TargetInfo> info;
   std::string target_error;
+  caf::error target_failure;  // what ready() answers once the target failed (keeps user vs internal)
   std::vector<caf::typed_response_promise<TargetInfo>> ready_waiters;
   bool ready = false;  // the target model is loaded and the draft worker (if any) answered once
   bool ready_on_draft_down = false;  // the draft worker failed its first answer: ready once its down is seen
@@ -96,7 +98,7 @@ RequestMetrics finish_metrics(Req& r) {
 }
 
 // Ends a request: final event, KV released in both workers, budget returned.
-void retire(Self self, Req& r, const std::string& reason, const std::string& error = {}) {
+void retire(Self self, Req& r, const std::string& reason, const std::string& error = {}, bool invalid_request = false) {
   auto& st = self->state;
   TokenEvent ev;
   if (r.decoder) ev.text = r.held + r.decoder->finish();  // after a stop string nothing is held
@@ -104,6 +106,7 @@ void retire(Self self, Req& r, const std::string& reason, const std::string& err
   ev.finished = true;
   ev.finish_reason = reason;
   ev.error = error;
+  ev.invalid_request = invalid_request;
   ev.metrics = finish_metrics(r);
   notify(r, std::move(ev));
   if (st.target) self->send(st.target, release_atom::value, r.sub->id);
@@ -360,7 +363,7 @@ void tick(Self self) {
                 const std::int32_t par = pars[j];
                 if (par >= static_cast<std::int32_t>(j) || (par >= 0 && keep_index[static_cast<std::size_t>(par)] < 0)) continue;
                 depth[j] = par < 0 ? 1 : depth[static_cast<std::size_t>(par)] + 1;
-                if (depth[j] > limits[i] || kept_tokens.size() + 1 >= 64) continue;
+                if (depth[j] > limits[i] || static_cast<std::int64_t>(kept_tokens.size()) + 1 >= config::kMaxTreeTokens) continue;
                 keep_index[j] = static_cast<std::int32_t>(kept_tokens.size());
                 kept_tokens.push_back(toks[j]);
                 kept_parents.push_back(par < 0 ? -1 : keep_index[static_cast<std::size_t>(par)]);
@@ -474,7 +477,8 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
       s.metrics.target_error = s.target_error;
       spdlog::error("{}", s.target_error);
       fail_everything(self, s.target_error);
-      for (auto& rp : s.ready_waiters) rp.deliver(caf::make_error(caf::sec::runtime_error, s.target_error));
+      s.target_failure = internal_error(s.target_error);
+      for (auto& rp : s.ready_waiters) rp.deliver(s.target_failure);
       s.ready_waiters.clear();
     }
   });
@@ -489,7 +493,8 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
       .then([self](TargetInfo& info) { on_target_ready(self, info); },
             [self](caf::error& err) {
               auto& s = self->state;
-              s.target_error = self->system().render(err);
+              s.target_error = error_message(err);
+              s.target_failure = err;
               s.metrics.target_error = s.target_error;
               fail_everything(self, s.target_error);
               for (auto& rp : s.ready_waiters) rp.deliver(err);
@@ -500,7 +505,7 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
       [self](ready_atom) -> caf::result<TargetInfo> {
         auto& s = self->state;
         if (s.ready) return *s.info;
-        if (!s.target_error.empty()) return caf::make_error(caf::sec::runtime_error, s.target_error);
+        if (!s.target_error.empty()) return s.target_failure ? s.target_failure : internal_error(s.target_error);
         auto rp = self->make_response_promise<TargetInfo>();
         s.ready_waiters.push_back(rp);
         return rp;
@@ -518,10 +523,10 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
         const std::int64_t ctx = *s.target_snapshot->context_length;
         std::string error;
         if (!s.target_error.empty()) error = s.target_error;
-        else if (r->prompt_len == 0) error = "the prompt is empty";
+        else if (r->prompt_len == 0) error = "prompt: is empty (at least one token is needed)";
         else if (static_cast<std::int64_t>(r->prompt_len) >= ctx)
-          error = "the prompt has " + std::to_string(r->prompt_len) + " tokens; the context length is " +
-                  std::to_string(ctx);
+          error = "prompt: has " + std::to_string(r->prompt_len) + " tokens; the context length (--context-length) is " +
+                  std::to_string(ctx) + ", which must leave room for at least one new token";
         else if (sub->request.max_new_tokens < 1)
           error = "max_new_tokens must be >= 1 (got " + std::to_string(sub->request.max_new_tokens) + ")";
         if (error.empty()) {
@@ -535,7 +540,7 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
         }
         if (!error.empty()) {
           r->reserved_pages = 0;
-          retire(self, *r, "error", error);
+          retire(self, *r, "error", error, s.target_error.empty());
           return;
         }
         s.queue.push_back(std::move(r));

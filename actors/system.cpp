@@ -24,6 +24,19 @@ void configure_actor_system(caf::actor_system_config& cfg) {
   cfg.set("scheduler.policy", caf::atom("sharing"));
 }
 
+caf::error user_error(std::string message) { return caf::make_error(caf::sec::invalid_argument, std::move(message)); }
+
+caf::error internal_error(std::string message) { return caf::make_error(caf::sec::runtime_error, std::move(message)); }
+
+bool is_user_error(const caf::error& e) {
+  return e.category() == caf::atom("system") && e.code() == static_cast<std::uint8_t>(caf::sec::invalid_argument);
+}
+
+std::string error_message(const caf::error& e) {
+  if (e.context().match_elements<std::string>()) return e.context().get_as<std::string>(0);
+  return caf::to_string(e);
+}
+
 caf::error exit_with_message(caf::scheduled_actor*, std::exception_ptr& eptr) {
   try {
     std::rethrow_exception(eptr);

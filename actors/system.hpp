@@ -2,6 +2,9 @@
 #pragma once
 
 #include <caf/actor_system_config.hpp>
+#include <caf/error.hpp>
+
+#include <string>
 
 #include "config/snapshot.hpp"
 #include "config/snapshot_inspect.hpp"  // Snapshot travels in messages
@@ -16,5 +19,14 @@ std::size_t scheduler_threads(unsigned hardware_threads);
 // Sets the scheduler thread count and the blocking "sharing" policy on a CAF config before the
 // actor_system is built.
 void configure_actor_system(caf::actor_system_config& cfg);
+
+// Errors that cross actor boundaries keep one distinction: the user's input was wrong (a model
+// file, a setting, a budget: exit 2 / HTTP 400, caf::sec::invalid_argument) or the engine failed
+// (a bug or the machine: caf::sec::runtime_error). Both carry the message as their only context.
+caf::error user_error(std::string message);
+caf::error internal_error(std::string message);
+bool is_user_error(const caf::error& e);
+// The message an error carries (its rendering when it carries none).
+std::string error_message(const caf::error& e);
 
 }  // namespace specactor::actors

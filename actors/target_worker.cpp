@@ -7,7 +7,10 @@
 
 #include <caf/all.hpp>
 
+#include "actors/system.hpp"
+#include "config/error.hpp"
 #include "kernels/spec/spec.hpp"
+#include "model/gguf.hpp"
 #include <spdlog/spdlog.h>
 
 
@@ -77,7 +80,8 @@ std::string plan_step(const StepBatch& batch, SeqMap& seqs, MakeSeq make_seq, bo
   for (std::size_t i = 0; i < batch.items.size(); ++i) {
     const StepItem& it = batch.items[i];
     const auto n = static_cast<std::int32_t>(it.tokens.size());
-    if (it.sample && !it.prefill && n > 64) return "target worker: more than 64 tree nodes";
+    if (it.sample && !it.prefill && n > config::kMaxTreeTokens)
+      return "target worker: more than " + std::to_string(config::kMaxTreeTokens) + " tree tokens";
   }
   for (std::size_t i = 0; i < batch.items.size(); ++i) {
     const StepItem& it = batch.items[i];
@@ -218,13 +222,23 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
                      rank_threads(*st.snapshot));
     }
   } catch (const std::exception& e) {
+    // Nothing half-built stays: every handler below sees either a whole worker or none.
+    for (const auto& r : st.ranks) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+    st.ranks.clear();
+    st.comm.reset();
+    st.runner.reset();
+    st.kv.reset();
+    st.model.reset();
     st.load_error = e.what();
+    st.load_error_is_user = dynamic_cast<const config::ConfigError*>(&e) || dynamic_cast<const model::GgufError*>(&e) ||
+                            dynamic_cast<const std::bad_alloc*>(&e);
+    if (dynamic_cast<const std::bad_alloc*>(&e)) st.load_error = "out of memory while loading the model";
     spdlog::error("target worker: {}", st.load_error);
   }
   return {
       [self](info_atom) -> caf::result<TargetInfo> {
         auto& s = self->state;
-        if (!s.model) return caf::make_error(caf::sec::runtime_error, s.load_error);
+        if (!s.model) return s.load_error_is_user ? user_error(s.load_error) : internal_error(s.load_error);
         return TargetInfo{s.model->info, s.model->tokenizer, s.kv->capacity_tokens(), s.kv->page_size(), s.model->weights, s.kv};
       },
       [self](step_atom, StepBatch& batch) -> caf::result<StepResult> {

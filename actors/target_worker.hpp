@@ -39,6 +39,7 @@ struct TargetWorkerState {
   std::shared_ptr<model::KvCache> kv;  // drafters get a const handle (TargetInfo::kv)
   std::unique_ptr<model::ForwardRunner> runner;
   std::string load_error;
+  bool load_error_is_user = false;  // a model file, a setting or a memory budget (not a bug)
   struct Seq {
     model::KvCache::Seq kv;
     kernels::Rng rng;

@@ -1,11 +1,14 @@
 // config/resolve.cpp — argument parsing, load-time resolution, draft derivation.
 #include "config/resolve.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "config/error.hpp"
+#include "config/input.hpp"
 
 namespace specactor::config {
 namespace {
@@ -48,14 +51,8 @@ std::string field_of_flag(std::string_view flag) {
 }  // namespace
 
 void apply_config_file(ServerArgs& args, const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("--config " + path + ": cannot open the file");
-  json doc;
-  try {
-    doc = json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw ConfigError("--config " + path + ": not valid JSON: " + e.what());
-  }
+  const std::string what = "--config " + path;
+  const json doc = parse_json(read_text_file(path, what), what);
   if (!doc.is_object()) throw ConfigError("--config " + path + ": expected a JSON object of settings");
   json applied = json::object();
   for (const auto& [key, value] : doc.items()) {
@@ -126,6 +123,10 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     if (model.context_length <= 0)
       throw ConfigError(s->model_path + ": the model reports no context length; pass --context-length");
     if (!s->context_length) {
+      if (model.context_length > kMaxContextLength)
+        throw ConfigError(s->model_path + ": the model reports a context length of " + std::to_string(model.context_length) +
+                          " tokens, more than the " + std::to_string(kMaxContextLength) +
+                          " specactor supports; pass --context-length");
       f["context_length"] = model.context_length;
     } else if (*s->context_length > model.context_length && !s->allow_context_length_above_model) {
       throw ConfigError("--context-length " + std::to_string(*s->context_length) +
@@ -134,6 +135,14 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                         "); pass --allow-context-length-above-model to accept it");
     }
     s = derive(s, "load.model_config", f);
+  }
+
+  // Files the drafters read later: checked now, so a wrong path stops the start instead of
+  // silently running without drafts.
+  if (s->speculative_ngram_corpus_path) {
+    std::size_t size = 0;
+    ::close(open_regular_file(*s->speculative_ngram_corpus_path,
+                              "--speculative-ngram-corpus-path " + *s->speculative_ngram_corpus_path, size));
   }
 
   // KV budget.

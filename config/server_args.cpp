@@ -7,6 +7,7 @@
 #include <set>
 
 #include "config/error.hpp"
+#include "config/input.hpp"
 
 namespace specactor::config {
 namespace {
@@ -42,7 +43,7 @@ template <> struct Traits<bool> {
   static constexpr std::string_view kind = "a boolean (true|false)";
   static json to_json(bool v) { return v; }
   static bool from_json(const json& j, const std::string& where) {
-    if (!j.is_boolean()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + j.dump());
+    if (!j.is_boolean()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + printable(j.dump()));
     return j.get<bool>();
   }
   static json parse(std::string_view t, const std::string& where) {
@@ -56,7 +57,9 @@ template <> struct Traits<std::int64_t> {
   static constexpr std::string_view kind = "an integer";
   static json to_json(std::int64_t v) { return v; }
   static std::int64_t from_json(const json& j, const std::string& where) {
-    if (!j.is_number_integer()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + j.dump());
+    if (!j.is_number_integer()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + printable(j.dump()));
+    if (j.is_number_unsigned() && j.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+      throw ConfigError(where + ": " + j.dump() + " is out of range (at most " + std::to_string(INT64_MAX) + ")");
     return j.get<std::int64_t>();
   }
   static json parse(std::string_view t, const std::string& where) {
@@ -72,7 +75,7 @@ template <> struct Traits<double> {
   static constexpr std::string_view kind = "a number";
   static json to_json(double v) { return v; }
   static double from_json(const json& j, const std::string& where) {
-    if (!j.is_number()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + j.dump());
+    if (!j.is_number()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + printable(j.dump()));
     return j.get<double>();
   }
   static json parse(std::string_view t, const std::string& where) {
@@ -89,7 +92,7 @@ template <> struct Traits<std::string> {
   static constexpr std::string_view kind = "a string";
   static json to_json(const std::string& v) { return v; }
   static std::string from_json(const json& j, const std::string& where) {
-    if (!j.is_string()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + j.dump());
+    if (!j.is_string()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + printable(j.dump()));
     return j.get<std::string>();
   }
   static json parse(std::string_view t, const std::string&) { return std::string(t); }
@@ -101,9 +104,9 @@ struct Traits<E> {
   static inline const std::string kind_str = "one of " + enum_choices<E>();
   static json to_json(E v) { return std::string(to_string(v)); }
   static E from_json(const json& j, const std::string& where) {
-    if (!j.is_string()) throw ConfigError(where + ": expected " + kind_str + ", got " + j.dump());
+    if (!j.is_string()) throw ConfigError(where + ": expected " + kind_str + ", got " + printable(j.dump()));
     auto v = enum_from_string<E>(j.get<std::string>());
-    if (!v) throw ConfigError(where + ": expected " + kind_str + ", got " + j.dump());
+    if (!v) throw ConfigError(where + ": expected " + kind_str + ", got " + printable(j.dump()));
     return *v;
   }
   static json parse(std::string_view t, const std::string& where) {
@@ -261,22 +264,18 @@ void validate(const ServerArgs& a) {
   });
 
   // Model.
-  if (a.context_length) at_least("context_length", *a.context_length, 1);
+  if (a.context_length) in_range("context_length", *a.context_length, 1, kMaxContextLength);
   {
-    json overrides;
-    try {
-      overrides = json::parse(a.json_model_override_args);
-    } catch (const json::parse_error& e) {
-      fail("json_model_override_args", std::string("not valid JSON: ") + e.what());
-    }
-    if (!overrides.is_object()) fail("json_model_override_args", "expected a JSON object, got " + overrides.dump());
+    const json overrides = parse_json(a.json_model_override_args, "--json-model-override-args");
+    if (!overrides.is_object())
+      fail("json_model_override_args", "expected a JSON object, got " + printable(overrides.dump()));
   }
 
   // Runtime.
   in_range("tp_size", a.tp_size, 1, 64);
   in_range("threads", a.threads, 0, 4096);
   in_range("page_size", a.page_size, 1, 4096);
-  if (a.max_total_tokens) at_least("max_total_tokens", *a.max_total_tokens, a.page_size);
+  if (a.max_total_tokens) in_range("max_total_tokens", *a.max_total_tokens, a.page_size, kMaxContextLength * 64);
   at_least("max_running_requests", a.max_running_requests, 1);
   at_least("chunked_prefill_size", a.chunked_prefill_size, 1);
   in_range("port", a.port, 1, 65535);
@@ -296,7 +295,7 @@ void validate(const ServerArgs& a) {
   }
   if (a.speculative_num_steps) in_range("speculative_num_steps", *a.speculative_num_steps, 1, 64);
   if (a.speculative_eagle_topk) in_range("speculative_eagle_topk", *a.speculative_eagle_topk, 1, 64);
-  if (a.speculative_num_draft_tokens) in_range("speculative_num_draft_tokens", *a.speculative_num_draft_tokens, 2, 1024);
+  if (a.speculative_num_draft_tokens) in_range("speculative_num_draft_tokens", *a.speculative_num_draft_tokens, 2, kMaxTreeTokens);
   if (a.speculative_num_steps && a.speculative_eagle_topk && a.speculative_num_draft_tokens) {
     const std::int64_t most = 1 + *a.speculative_num_steps * *a.speculative_eagle_topk;
     if (*a.speculative_num_draft_tokens > most)
@@ -327,7 +326,10 @@ void validate(const ServerArgs& a) {
   if (a.speculative_token_map && !(a.speculative_algorithm == SpecAlgorithm::Eagle ||
                                    a.speculative_algorithm == SpecAlgorithm::Eagle3))
     fail("speculative_token_map", "only applies to EAGLE and EAGLE3 drafters (got " + algo + ")");
-  at_least("speculative_ngram_min_match_window_size", a.speculative_ngram_min_match_window_size, 1);
+  // Matches are found by sorting the corpus's suffixes on their first max-window tokens: the window
+  // bounds that cost (a longer pattern would hardly ever repeat anyway).
+  in_range("speculative_ngram_min_match_window_size", a.speculative_ngram_min_match_window_size, 1, kMaxNgramWindow);
+  in_range("speculative_ngram_max_match_window_size", a.speculative_ngram_max_match_window_size, 1, kMaxNgramWindow);
   if (a.speculative_ngram_max_match_window_size < a.speculative_ngram_min_match_window_size)
     fail("speculative_ngram_max_match_window_size",
          "must be >= --speculative-ngram-min-match-window-size (" +

@@ -18,6 +18,16 @@
 
 namespace specactor::config {
 
+// Limits shared by validation and the code that relies on them.
+// A verification tree holds at most this many tokens, the root included: the tree attention mask
+// is one 64-bit word per row (validation, scheduler, target worker and forward all use it).
+constexpr std::int64_t kMaxTreeTokens = 64;
+// The longest context a sequence may have (2^30 tokens: beyond any model here, far from int64 overflow
+// in token and page arithmetic).
+constexpr std::int64_t kMaxContextLength = std::int64_t{1} << 30;
+// The n-gram drafter's longest match window (its suffix sort compares at most this many tokens).
+constexpr std::int64_t kMaxNgramWindow = 64;
+
 enum class LoadFormat { Auto, Gguf, Safetensors, Dummy };
 enum class Device { Auto, Cpu, Cuda };
 enum class CpuPrecision { Fast, Exact };

@@ -32,26 +32,58 @@ ChatTemplate ChatTemplate::detect(std::string_view t) {
   return c;
 }
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
-  std::string out;
+std::vector<TextPart> ChatTemplate::render_parts(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  std::vector<TextPart> out;
+  auto marker = [&](const char* m) { out.push_back({m, true}); };
+  auto text = [&](std::string t) {
+    if (!t.empty()) out.push_back({std::move(t), false});
+  };
   switch (format) {
     case ChatFormat::ChatML:
-      if (!default_system.empty() && (messages.empty() || messages.front().role != "system"))
-        out += "<|im_start|>system\n" + default_system + "<|im_end|>\n";
-      for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-      if (add_generation_prompt) out += "<|im_start|>assistant\n";
+      if (!default_system.empty() && (messages.empty() || messages.front().role != "system")) {
+        marker("<|im_start|>");
+        text("system\n" + default_system);
+        marker("<|im_end|>");
+        text("\n");
+      }
+      for (const auto& m : messages) {
+        marker("<|im_start|>");
+        text(m.role + "\n" + m.content);
+        marker("<|im_end|>");
+        text("\n");
+      }
+      if (add_generation_prompt) {
+        marker("<|im_start|>");
+        text("assistant\n");
+      }
       break;
     case ChatFormat::Llama3:
-      out += "<|begin_of_text|>";
-      for (const auto& m : messages)
-        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + m.content + "<|eot_id|>";
-      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      marker("<|begin_of_text|>");
+      for (const auto& m : messages) {
+        marker("<|start_header_id|>");
+        text(m.role);
+        marker("<|end_header_id|>");
+        text("\n\n" + m.content);
+        marker("<|eot_id|>");
+      }
+      if (add_generation_prompt) {
+        marker("<|start_header_id|>");
+        text("assistant");
+        marker("<|end_header_id|>");
+        text("\n\n");
+      }
       break;
     case ChatFormat::Plain:
-      for (std::size_t i = 0; i < messages.size(); ++i) out += (i ? "\n\n" : "") + messages[i].content;
-      if (add_generation_prompt && !messages.empty()) out += "\n\n";
+      for (std::size_t i = 0; i < messages.size(); ++i) text((i ? "\n\n" : "") + messages[i].content);
+      if (add_generation_prompt && !messages.empty()) text("\n\n");
       break;
   }
+  return out;
+}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  std::string out;
+  for (const auto& p : render_parts(messages, add_generation_prompt)) out += p.text;
   return out;
 }
 

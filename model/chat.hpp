@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "model/tokenizer.hpp"
+
 namespace specactor::model {
 
 enum class ChatFormat { ChatML, Llama3, Plain };
@@ -22,7 +24,10 @@ struct ChatTemplate {
   std::string default_system;  // system turn the template inserts when the conversation has none
 
   static ChatTemplate detect(std::string_view jinja_template);
-  // The prompt text (special tokens written literally; encode with parse_special = true).
+  // The prompt as parts: the template's special tokens are markers, everything else (the template's
+  // text and the messages' content) is text (Tokenizer::encode_parts).
+  std::vector<TextPart> render_parts(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+  // The same parts joined into one string (for display).
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
 };
 

@@ -1,6 +1,8 @@
 // model/gguf.cpp — GGUF parsing with bounds checks on every read.
 #include "model/gguf.hpp"
 
+#include "config/input.hpp"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -15,6 +17,9 @@ namespace {
 
 constexpr std::uint32_t kMagic = 0x46554747;  // "GGUF" read as little-endian u32
 constexpr int kMaxArrayDepth = 8;
+// Arrays inside arrays, in the whole file: each costs ~120 bytes of memory for 12 bytes of file, so a
+// large file of empty nested arrays would cost 10× its size. No model uses more than a handful.
+constexpr std::uint64_t kMaxNestedArrays = 65536;
 constexpr std::uint32_t kMaxDims = 4;
 
 // Smallest encodings, used to reject counts that cannot fit before allocating anything.
@@ -38,6 +43,7 @@ class Cursor {
   std::uint64_t remaining() const { return size_ - pos_; }
   void context(std::string what) { what_ = std::move(what); }
   const std::string& what() const { return what_; }
+  std::uint64_t nested_arrays = 0;  // nested arrays read so far (kMaxNestedArrays)
 
   const std::uint8_t* take(std::uint64_t n) {
     if (n > remaining())
@@ -93,6 +99,10 @@ GgufValue read_array(Cursor& c, const std::string& path, int depth) {
     if (v.count > c.remaining() / 12)
       throw GgufError(path + ": " + c.what() + ": array of " + std::to_string(v.count) +
                       " arrays cannot fit in the " + std::to_string(c.remaining()) + " bytes left");
+    c.nested_arrays += v.count;
+    if (c.nested_arrays > kMaxNestedArrays)
+      throw GgufError(path + ": " + c.what() + ": more than " + std::to_string(kMaxNestedArrays) +
+                      " nested arrays in the file (the limit for metadata arrays of arrays)");
     v.nested.reserve(v.count);
     for (std::uint64_t i = 0; i < v.count; ++i) v.nested.push_back(read_array(c, path, depth + 1));
   } else {
@@ -179,7 +189,7 @@ const GgmlTypeInfo* ggml_type_info(std::uint32_t type) {
 }
 
 std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
   if (fd < 0) throw GgufError(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -250,12 +260,12 @@ void GgufFile::parse_all() {
     c.context("the key of metadata entry " + std::to_string(i));
     const std::string_view key = c.read_string();
     if (key.empty()) fail("metadata entry " + std::to_string(i) + " has an empty key");
-    c.context("metadata '" + std::string(key) + "'");
+    c.context("metadata '" + config::printable(key) + "'");
     const std::uint32_t type = c.read<std::uint32_t>();
     if (!known_value_type(type))
-      fail("metadata '" + std::string(key) + "' has unknown value type " + std::to_string(type) + " (known: 0..12)");
+      fail("metadata '" + config::printable(key) + "' has unknown value type " + std::to_string(type) + " (known: 0..12)");
     GgufValue v = read_value(c, static_cast<GgufType>(type), path_, 0);
-    if (!kv_.emplace(std::string(key), std::move(v)).second) fail("duplicate metadata key '" + std::string(key) + "'");
+    if (!kv_.emplace(std::string(key), std::move(v)).second) fail("duplicate metadata key '" + config::printable(key) + "'");
   }
 
   if (auto it = kv_.find("general.alignment"); it != kv_.end()) {
@@ -272,10 +282,11 @@ void GgufFile::parse_all() {
     GgufTensorInfo t;
     c.context("the name of tensor " + std::to_string(i));
     t.name = std::string(c.read_string());
-    c.context("tensor '" + t.name + "'");
+    const std::string shown = config::printable(t.name);  // names come from the file: escaped in messages
+    c.context("tensor '" + shown + "'");
     const std::uint32_t n_dims = c.read<std::uint32_t>();
     if (n_dims == 0 || n_dims > kMaxDims)
-      fail("tensor '" + t.name + "' has " + std::to_string(n_dims) + " dimensions (expected 1.." +
+      fail("tensor '" + shown + "' has " + std::to_string(n_dims) + " dimensions (expected 1.." +
            std::to_string(kMaxDims) + ")");
     t.n_elements = 1;
     for (std::uint32_t d = 0; d < n_dims; ++d) {
@@ -283,24 +294,24 @@ void GgufFile::parse_all() {
       if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
           __builtin_mul_overflow(t.n_elements, dim, &t.n_elements) ||
           t.n_elements > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        fail("tensor '" + t.name + "': dimension " + std::to_string(d) + " (" + std::to_string(dim) +
+        fail("tensor '" + shown + "': dimension " + std::to_string(d) + " (" + std::to_string(dim) +
              ") makes the element count overflow");
       t.dims.push_back(dim);
     }
     const std::uint32_t type = c.read<std::uint32_t>();
     const GgmlTypeInfo* ti = ggml_type_info(type);
-    if (!ti) fail("tensor '" + t.name + "' has unsupported tensor type " + std::to_string(type));
+    if (!ti) fail("tensor '" + shown + "' has unsupported tensor type " + std::to_string(type));
     t.type = static_cast<GgmlType>(type);
     if (t.dims[0] % ti->block_elems != 0)
-      fail("tensor '" + t.name + "': row length " + std::to_string(t.dims[0]) + " is not a multiple of the " +
+      fail("tensor '" + shown + "': row length " + std::to_string(t.dims[0]) + " is not a multiple of the " +
            std::string(ti->name) + " block size " + std::to_string(ti->block_elems));
     if (__builtin_mul_overflow(t.n_elements / ti->block_elems, std::uint64_t{ti->block_bytes}, &t.n_bytes))
-      fail("tensor '" + t.name + "': byte size of " + std::to_string(t.n_elements) + " elements overflows");
+      fail("tensor '" + shown + "': byte size of " + std::to_string(t.n_elements) + " elements overflows");
     t.offset = c.read<std::uint64_t>();
     if (t.offset % alignment_ != 0)
-      fail("tensor '" + t.name + "': data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
+      fail("tensor '" + shown + "': data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
            std::to_string(alignment_));
-    if (!tensor_index_.emplace(t.name, tensors_.size()).second) fail("duplicate tensor name '" + t.name + "'");
+    if (!tensor_index_.emplace(t.name, tensors_.size()).second) fail("duplicate tensor name '" + shown + "'");
     tensors_.push_back(std::move(t));
   }
 
@@ -308,7 +319,7 @@ void GgufFile::parse_all() {
   for (auto& t : tensors_) {
     const std::uint64_t begin = data_offset_ + t.offset;
     if (begin < t.offset || begin > size_ || t.n_bytes > size_ - begin)
-      fail("tensor '" + t.name + "': data [" + std::to_string(begin) + ", " + std::to_string(begin + t.n_bytes) +
+      fail("tensor '" + config::printable(t.name) + "': data [" + std::to_string(begin) + ", " + std::to_string(begin + t.n_bytes) +
            ") runs past the end of the file (" + std::to_string(size_) + " bytes)");
     t.data = base_ + begin;
   }
@@ -321,13 +332,13 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {
 
 const GgufValue& GgufFile::get(std::string_view key) const {
   auto it = kv_.find(key);
-  if (it == kv_.end()) fail("missing metadata key '" + std::string(key) + "'");
+  if (it == kv_.end()) fail("missing metadata key '" + config::printable(key) + "'");
   return it->second;
 }
 
 namespace {
 std::string wrong_type(std::string_view key, std::string_view want, const GgufValue& v) {
-  return "metadata '" + std::string(key) + "' is " + std::string(gguf_type_name(v.type)) + ", expected " + std::string(want);
+  return "metadata '" + config::printable(key) + "' is " + std::string(gguf_type_name(v.type)) + ", expected " + std::string(want);
 }
 }  // namespace
 
@@ -335,7 +346,7 @@ std::int64_t GgufFile::get_int(std::string_view key) const {
   const GgufValue& v = get(key);
   if (auto* u = std::get_if<std::uint64_t>(&v.scalar); u && v.type != GgufType::Array) {
     if (*u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-      fail("metadata '" + std::string(key) + "' = " + std::to_string(*u) + " is too large");
+      fail("metadata '" + config::printable(key) + "' = " + std::to_string(*u) + " is too large");
     return static_cast<std::int64_t>(*u);
   }
   if (auto* s = std::get_if<std::int64_t>(&v.scalar); s && v.type != GgufType::Array) return *s;
@@ -344,7 +355,7 @@ std::int64_t GgufFile::get_int(std::string_view key) const {
 
 std::uint64_t GgufFile::get_uint(std::string_view key) const {
   const std::int64_t v = get_int(key);
-  if (v < 0) fail("metadata '" + std::string(key) + "' = " + std::to_string(v) + ", expected a non-negative value");
+  if (v < 0) fail("metadata '" + config::printable(key) + "' = " + std::to_string(v) + ", expected a non-negative value");
   return static_cast<std::uint64_t>(v);
 }
 
@@ -390,7 +401,7 @@ std::vector<std::int64_t> GgufFile::get_int_array(std::string_view key) const {
       case GgufType::I32: { std::int32_t x; std::memcpy(&x, p, 4); out[i] = x; break; }
       case GgufType::U64: { std::uint64_t x; std::memcpy(&x, p, 8); out[i] = static_cast<std::int64_t>(x); break; }
       case GgufType::I64: { std::int64_t x; std::memcpy(&x, p, 8); out[i] = x; break; }
-      default: fail("metadata '" + std::string(key) + "' is an array of " +
+      default: fail("metadata '" + config::printable(key) + "' is an array of " +
                     std::string(gguf_type_name(v.elem_type)) + ", expected integers");
     }
   }

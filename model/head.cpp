@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/input.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
 #include "model/safetensors.hpp"
@@ -64,15 +65,10 @@ HeadKind kind_from_gguf_arch(const std::string& path, std::string_view arch) {
 json read_config_json(const std::string& path) {
   const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
   const std::string cfg = (dir / "config.json").string();
-  std::ifstream in(cfg);
-  if (!in) throw GgufError(cfg + ": cannot open (a safetensors head needs its config.json beside it)");
-  try {
-    json j = json::parse(in);
-    if (!j.is_object()) throw GgufError(cfg + ": expected a JSON object");
-    return j;
-  } catch (const json::exception& e) {
-    throw GgufError(cfg + ": not valid JSON: " + e.what());
-  }
+  if (!fs::exists(cfg)) throw GgufError(cfg + ": cannot open (a safetensors head needs its config.json beside it)");
+  json j = config::parse_json(config::read_text_file(cfg, cfg), cfg);
+  if (!j.is_object()) throw GgufError(cfg + ": expected a JSON object");
+  return j;
 }
 
 std::int64_t cfg_int(const json& j, const std::string& where, const char* key, std::int64_t dflt = -1) {
@@ -81,7 +77,7 @@ std::int64_t cfg_int(const json& j, const std::string& where, const char* key, s
     throw GgufError(where + ": missing '" + key + "'");
   }
   if (!j[key].is_number_integer() || j[key].get<std::int64_t>() < 0)
-    throw GgufError(where + ": '" + key + "' must be a non-negative integer, got " + j[key].dump());
+    throw GgufError(where + ": '" + key + "' must be a non-negative integer, got " + config::printable(j[key].dump()));
   return j[key].get<std::int64_t>();
 }
 
@@ -193,18 +189,14 @@ std::string layer_prefix(const HeadConfig& c, std::int64_t i, std::int64_t targe
 HeadConfig read_head_config(const std::string& path) { return read_config(path, nullptr); }
 
 std::vector<std::int32_t> read_token_map(const std::string& path, std::int64_t vocab) {
-  std::ifstream in(path);
-  if (!in) throw GgufError(path + ": cannot open the token map (--speculative-token-map)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
+  std::string text = config::read_text_file(path, "--speculative-token-map " + path);
   std::vector<std::int64_t> ids;
   const auto first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '[') {
     try {
-      const json j = json::parse(text);
+      const json j = config::parse_json(text, "--speculative-token-map " + path);
       for (const auto& v : j) {
-        if (!v.is_number_integer()) throw GgufError(path + ": token map entries must be integers, got " + v.dump());
+        if (!v.is_number_integer()) throw GgufError(path + ": token map entries must be integers, got " + config::printable(v.dump()));
         ids.push_back(v.get<std::int64_t>());
       }
     } catch (const json::exception& e) {
@@ -222,7 +214,7 @@ std::vector<std::int32_t> read_token_map(const std::string& path, std::int64_t v
       } catch (const std::exception&) {
         used = 0;
       }
-      if (used != w.size()) throw GgufError(path + ": token map entry '" + w + "' is not a token id");
+      if (used != w.size()) throw GgufError(path + ": token map entry '" + config::printable(w) + "' is not a token id");
       ids.push_back(v);
     }
   }

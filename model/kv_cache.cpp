@@ -1,7 +1,11 @@
 #include "model/kv_cache.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+
+#include "config/error.hpp"
 
 namespace specactor::model {
 
@@ -14,6 +18,18 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
                                 std::to_string(max_total_tokens) + ")");
   n_pages_ = max_total_tokens / page_size;
   page_stride_ = page_size_ * row_;
+  // K and V of every layer, in bytes, computed in floating point first (no integer overflow).
+  const double bytes = 2.0 * static_cast<double>(n_layers_) * static_cast<double>(n_pages_) *
+                       static_cast<double>(page_stride_) * sizeof(float);
+  const double phys = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  auto refuse = [&](const std::string& why) {
+    throw config::ConfigError("KV cache: " + std::to_string(max_total_tokens) + " tokens (--max-total-tokens) need " +
+                              std::to_string(static_cast<long long>(bytes / (1 << 20))) + " MiB, " + why +
+                              "; lower --max-total-tokens or --context-length");
+  };
+  if (host_storage && phys > 0 && bytes > phys)
+    refuse("more than this machine's " + std::to_string(static_cast<long long>(phys / (1 << 20))) + " MiB of memory");
+  if (bytes > 9.0e18) refuse("more than any address space");
   layer_stride_ = n_pages_ * page_stride_;
   const std::size_t n = static_cast<std::size_t>(n_layers_ * layer_stride_);
   if (host_storage) try {
@@ -21,9 +37,7 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
     k_ = std::make_unique_for_overwrite<float[]>(n);
     v_ = std::make_unique_for_overwrite<float[]>(n);
   } catch (const std::bad_alloc&) {
-    throw std::runtime_error("KvCache: cannot allocate " + std::to_string(2 * n * sizeof(float) >> 20) +
-                             " MiB for " + std::to_string(max_total_tokens) +
-                             " tokens; lower --max-total-tokens");
+    refuse("which could not be allocated");
   }
   free_.resize(static_cast<std::size_t>(n_pages_));
   for (std::int64_t i = 0; i < n_pages_; ++i) free_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(n_pages_ - 1 - i);

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/input.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/pool.hpp"
 #include "kernels/cpu/quant.hpp"
@@ -30,18 +31,20 @@ LlamaConfig LlamaConfig::from(const ModelInfo& info, const std::string& json_ove
   c.context_length = info.context_length;
   c.rope_base = info.rope_base;
   c.norm_eps = info.norm_eps;
-  const auto j = nlohmann::json::parse(json_overrides.empty() ? "{}" : json_overrides);  // validated by config/
+  const auto j = config::parse_json(json_overrides.empty() ? "{}" : json_overrides, "--json-model-override-args");
   const std::string where = info.path + ": --json-model-override-args";
   for (const auto& [key, v] : j.items()) {
     if (key == "rope_theta" && v.is_number() && v.get<double>() > 0) c.rope_base = v.get<double>();
-    else if (key == "rms_norm_eps" && v.is_number() && v.get<double>() > 0) c.norm_eps = v.get<double>();
+    else if (key == "rms_norm_eps" && v.is_number() && v.get<double>() > 0 && v.get<double>() < 1) c.norm_eps = v.get<double>();
     else if (key == "num_hidden_layers" && v.is_number_integer() && v.get<std::int64_t>() >= 1 &&
              v.get<std::int64_t>() <= info.num_layers)
       c.n_layers = v.get<std::int64_t>();
     else if (key == "rope_theta" || key == "rms_norm_eps" || key == "num_hidden_layers")
-      throw GgufError(where + ": bad value " + v.dump() + " for '" + key + "'");
+      throw GgufError(where + ": bad value " + config::printable(v.dump()) + " for '" + key + "'" +
+                      (key == "num_hidden_layers" ? " (expected 1 .. " + std::to_string(info.num_layers) + ")"
+                                                  : " (expected a positive number" + std::string(key == "rms_norm_eps" ? " below 1)" : ")")));
     else
-      throw GgufError(where + ": unknown key '" + key + "' (known: rope_theta, rms_norm_eps, num_hidden_layers)");
+      throw GgufError(where + ": unknown key '" + config::printable(key) + "' (known: rope_theta, rms_norm_eps, num_hidden_layers)");
   }
   return c;
 }
@@ -213,8 +216,10 @@ std::int64_t prepare_batch(std::vector<ForwardSeq>& batch, KvCache& kv, std::int
     if (!s.kv) throw std::invalid_argument("forward: sequence without a KV handle");
     if (!s.positions.empty() && static_cast<std::int64_t>(s.positions.size()) != n)
       throw std::invalid_argument("forward: positions and tokens differ in length");
-    if (!s.mask.empty() && (static_cast<std::int64_t>(s.mask.size()) != n || n > 64))
-      throw std::invalid_argument("forward: a tree mask needs one word per token and at most 64 tokens");
+    static_assert(config::kMaxTreeTokens <= 64, "a tree mask row is one 64-bit word");
+    if (!s.mask.empty() && (static_cast<std::int64_t>(s.mask.size()) != n || n > config::kMaxTreeTokens))
+      throw std::invalid_argument("forward: a tree mask needs one word per token and at most " +
+                                  std::to_string(config::kMaxTreeTokens) + " tokens");
     for (auto t : s.tokens)
       if (t < 0 || t >= V) throw std::invalid_argument("forward: token id " + std::to_string(t) + " outside the vocabulary");
     for (auto r : s.logit_rows)

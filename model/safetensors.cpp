@@ -1,5 +1,10 @@
 #include "model/safetensors.hpp"
 
+#include <cmath>
+
+#include "config/error.hpp"
+#include "config/input.hpp"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -33,7 +38,7 @@ bool dtype_info(const std::string& dt, std::uint32_t& ggml, std::uint32_t& size)
 
 std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   auto fail = [&](const std::string& what) { throw GgufError(path + ": " + what); };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
   if (fd < 0) fail(std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -61,9 +66,9 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
     fail("header length " + std::to_string(header_len) + " runs past the end of the file (" + std::to_string(size) + " bytes)");
   json header;
   try {
-    header = json::parse(f->base_ + 8, f->base_ + 8 + header_len);
-  } catch (const json::parse_error& e) {
-    fail(std::string("header is not valid JSON: ") + e.what());
+    header = config::parse_json(std::string_view(reinterpret_cast<const char*>(f->base_ + 8), header_len), "header");
+  } catch (const config::ConfigError& e) {
+    fail(e.what());
   }
   if (!header.is_object()) fail("header is not a JSON object");
   const std::uint64_t data_start = 8 + header_len;
@@ -144,16 +149,19 @@ ModelInfo read_hf_model_info(const std::string& path) {
   const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
   const std::string cfg_path = (dir / "config.json").string();
   auto fail = [&](const std::string& what) { throw GgufError(cfg_path + ": " + what); };
-  std::ifstream in(cfg_path);
-  if (!in) fail("cannot open (a safetensors model needs its config.json beside it)");
-  json c;
-  try {
-    c = json::parse(in);
-  } catch (const json::parse_error& e) {
-    fail(std::string("not valid JSON: ") + e.what());
-  }
+  if (!fs::exists(cfg_path)) fail("cannot open (a safetensors model needs its config.json beside it)");
+  const json c = config::parse_json(config::read_text_file(cfg_path, cfg_path), cfg_path);
+  if (!c.is_object()) fail("expected a JSON object");
   ModelInfo m;
   m.path = path;
+  auto number = [&](const char* key, double dflt) {
+    if (!c.contains(key)) return dflt;
+    if (!c[key].is_number()) fail(std::string("'") + key + "' must be a number, got " + config::printable(c[key].dump()));
+    return c[key].get<double>();
+  };
+  if (c.contains("model_type") && !c["model_type"].is_string()) fail("'model_type' must be a string");
+  if (c.contains("tie_word_embeddings") && !c["tie_word_embeddings"].is_boolean())
+    fail("'tie_word_embeddings' must be true or false, got " + config::printable(c["tie_word_embeddings"].dump()));
   m.architecture = c.value("model_type", "");
   if (m.architecture != "llama" && m.architecture != "mistral")
     fail("model_type '" + m.architecture + "' is not supported (supported: llama)");
@@ -175,8 +183,10 @@ ModelInfo read_hf_model_info(const std::string& path) {
   if (m.head_dim * m.num_heads != m.hidden_size) fail("hidden_size is not num_attention_heads × head_dim");
   if (m.num_heads % m.num_kv_heads != 0) fail("num_attention_heads is not a multiple of num_key_value_heads");
   m.rope_dim = m.head_dim;
-  m.rope_base = c.value("rope_theta", 10000.0);
-  m.norm_eps = c.value("rms_norm_eps", 1e-6);
+  m.rope_base = number("rope_theta", 10000.0);
+  if (!(m.rope_base > 0.0 && std::isfinite(m.rope_base))) fail("'rope_theta' must be a positive number");
+  m.norm_eps = number("rms_norm_eps", 1e-6);
+  if (!(m.norm_eps > 0.0 && m.norm_eps < 1.0)) fail("'rms_norm_eps' must be in (0, 1)");
   m.bos_token_id = c.contains("bos_token_id") && c["bos_token_id"].is_number_integer() ? c["bos_token_id"].get<std::int64_t>() : -1;
   m.eos_token_id = c.contains("eos_token_id") && c["eos_token_id"].is_number_integer() ? c["eos_token_id"].get<std::int64_t>() : -1;
   m.tied_embeddings = c.value("tie_word_embeddings", false);

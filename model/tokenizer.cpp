@@ -8,6 +8,9 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <queue>
+
+#include "config/error.hpp"
 
 namespace specactor::model {
 
@@ -52,6 +55,20 @@ void append_utf8(std::string& out, char32_t cp) {
   }
 }
 
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+// The byte a SentencePiece byte token "<0xHH>" stands for, or -1 when the text has another form.
+int byte_token_value(std::string_view t) {
+  if (t.size() != 6 || t.substr(0, 3) != "<0x" || t[5] != '>') return -1;
+  const int hi = hex_digit(t[3]), lo = hex_digit(t[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
 // Length of the UTF-8 character starting with byte c (1 for invalid lead bytes).
 std::size_t utf8_len(unsigned char c) {
   if (c < 0x80) return 1;
@@ -82,6 +99,72 @@ std::vector<std::string> utf8_chars(std::string_view s) {
     out.emplace_back(s.substr(i, n));
     i += n;
   }
+  return out;
+}
+
+// The offset of the first byte that does not belong to a well-formed UTF-8 sequence (RFC 3629: no
+// overlong forms, no surrogates, nothing above U+10FFFF), or npos.
+std::size_t first_invalid_utf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t n;
+    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4) n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else return i;
+    if (i + n > s.size()) return i;
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if (k == 1 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) return i;
+    }
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+// Merges adjacent symbols by priority until no pair has one: the pair with the best priority goes
+// first, the leftmost among equals (what rescanning every pair after each merge would pick), in
+// O(n log n) instead of O(n²). `priority(left, right)` returns false when the pair does not merge,
+// otherwise fills a value where smaller is better.
+template <class Priority>
+std::vector<std::string> merge_symbols(std::vector<std::string> sym, Priority&& priority) {
+  const std::size_t n = sym.size();
+  if (n < 2) return sym;
+  std::vector<std::size_t> prev(n), next(n);
+  for (std::size_t i = 0; i < n; ++i) prev[i] = i - 1, next[i] = i + 1;  // SIZE_MAX / n mark the ends
+  struct Cand {
+    double prio;
+    std::size_t left, len_left, len_right;
+    bool operator>(const Cand& o) const { return prio != o.prio ? prio > o.prio : left > o.left; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  auto push = [&](std::size_t l) {
+    if (l == SIZE_MAX || next[l] >= n) return;
+    double p;
+    if (priority(sym[l], sym[next[l]], p)) heap.push({p, l, sym[l].size(), sym[next[l]].size()});
+  };
+  for (std::size_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    const std::size_t r = next[c.left];
+    // Stale: either side merged since (a symbol only grows, so equal lengths mean unchanged).
+    if (r >= n || sym[c.left].size() != c.len_left || sym[r].size() != c.len_right || sym[c.left].empty()) continue;
+    sym[c.left] += sym[r];
+    sym[r].clear();
+    next[c.left] = next[r];
+    if (next[r] < n) prev[next[r]] = c.left;
+    push(prev[c.left]);
+    push(c.left);
+  }
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < n; i = next[i]) out.push_back(std::move(sym[i]));
   return out;
 }
 
@@ -141,6 +224,16 @@ struct Tokenizer::Regex {
 };
 
 Tokenizer::~Tokenizer() = default;
+
+void check_utf8(std::string_view text) {
+  const std::size_t bad = first_invalid_utf8(text);
+  if (bad != std::string_view::npos) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(text[bad])));
+    throw config::ConfigError("text is not valid UTF-8: byte " + std::to_string(bad) + " (" + hex +
+                              ") does not start a well-formed character");
+  }
+}
 
 std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   auto fail = [&](const std::string& what) { throw GgufError(f.path() + ": " + what); };
@@ -207,6 +300,9 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     if (static_cast<std::int64_t>(scores.size()) != n)
       fail("tokenizer.ggml.scores has " + std::to_string(scores.size()) + " entries, expected " + std::to_string(n));
     t->scores_.assign(scores.begin(), scores.end());
+    for (std::int64_t i = 0; i < n; ++i)
+      if (t->types_[i] == kTypeByte && byte_token_value(t->tokens_[i]) < 0)
+        fail("tokenizer.ggml.tokens entry " + std::to_string(i) + " is a byte token (token_type 6) but is not written <0xHH>");
     for (int b = 0; b < 256; ++b) {
       char name[8];
       std::snprintf(name, sizeof name, "<0x%02X>", b);
@@ -228,26 +324,21 @@ bool Tokenizer::is_special(std::int32_t id) const {
 bool Tokenizer::is_end_of_generation(std::int32_t id) const { return std::find(eog_.begin(), eog_.end(), id) != eog_.end(); }
 
 std::vector<std::int32_t> Tokenizer::encode_piece_bpe(std::string_view piece) const {
-  std::vector<std::string> sym;
-  sym.reserve(piece.size());
+  std::vector<std::string> start;
+  start.reserve(piece.size());
   for (unsigned char c : piece) {
     std::string s;
     append_utf8(s, byte_map().to_cp[c]);
-    sym.push_back(std::move(s));
+    start.push_back(std::move(s));
   }
   std::string key;
-  while (sym.size() > 1) {
-    std::int32_t best = INT32_MAX;
-    std::size_t at = 0;
-    for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
-      key.assign(sym[i]).append(" ").append(sym[i + 1]);
-      auto it = merge_rank_.find(key);
-      if (it != merge_rank_.end() && it->second < best) best = it->second, at = i;
-    }
-    if (best == INT32_MAX) break;
-    sym[at] += sym[at + 1];
-    sym.erase(sym.begin() + static_cast<long>(at) + 1);
-  }
+  const std::vector<std::string> sym = merge_symbols(std::move(start), [&](const std::string& a, const std::string& b, double& p) {
+    key.assign(a).append(" ").append(b);
+    auto it = merge_rank_.find(key);
+    if (it == merge_rank_.end()) return false;
+    p = it->second;
+    return true;
+  });
   std::vector<std::int32_t> ids;
   ids.reserve(sym.size());
   for (const auto& s : sym) {
@@ -285,18 +376,16 @@ void Tokenizer::encode_text_spm(std::string_view text, bool at_start, std::vecto
     if (c == ' ') norm += "\xE2\x96\x81";
     else norm += c;
   }
-  std::vector<std::string> sym = utf8_chars(norm);
-  while (sym.size() > 1) {
-    float best = -INFINITY;
-    std::size_t at = SIZE_MAX;
-    for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
-      auto it = index_.find(sym[i] + sym[i + 1]);
-      if (it != index_.end() && scores_[it->second] > best) best = scores_[it->second], at = i;
-    }
-    if (at == SIZE_MAX) break;
-    sym[at] += sym[at + 1];
-    sym.erase(sym.begin() + static_cast<long>(at) + 1);
-  }
+  std::string key;
+  const std::vector<std::string> sym = merge_symbols(utf8_chars(norm), [&](const std::string& a, const std::string& b, double& p) {
+    key.assign(a).append(b);
+    auto it = index_.find(key);
+    if (it == index_.end()) return false;
+    const float score = scores_[it->second];
+    if (!(score > -INFINITY)) return false;  // -inf and NaN never merge
+    p = -static_cast<double>(score);         // the highest score first
+    return true;
+  });
   for (const auto& x : sym) {
     auto it = index_.find(x);
     if (it != index_.end()) {
@@ -312,17 +401,9 @@ void Tokenizer::encode_text_spm(std::string_view text, bool at_start, std::vecto
 }
 
 std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
-  std::vector<std::int32_t> out;
+  check_utf8(text);
+  std::vector<TextPart> parts;
   std::size_t start = 0, i = 0;
-  bool at_start = true;
-  auto flush = [&](std::size_t end) {
-    if (end > start) {
-      const std::string_view seg = text.substr(start, end - start);
-      if (kind_ == Kind::ByteBpe) encode_text_bpe(seg, out);
-      else encode_text_spm(seg, at_start, out);
-      at_start = false;
-    }
-  };
   if (parse_special && !special_ids_.empty()) {
     while (i < text.size()) {
       std::int32_t hit = -1;
@@ -339,14 +420,39 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
         ++i;
         continue;
       }
-      flush(i);
-      out.push_back(hit);
-      at_start = false;
+      if (i > start) parts.push_back({std::string(text.substr(start, i - start)), false});
+      parts.push_back({tokens_[hit], true});
       i += tokens_[hit].size();
       start = i;
     }
   }
-  flush(text.size());
+  if (start < text.size()) parts.push_back({std::string(text.substr(start)), false});
+  return encode_parts(parts, add_bos);
+}
+
+std::vector<std::int32_t> Tokenizer::encode_parts(const std::vector<TextPart>& parts, bool add_bos) const {
+  std::vector<std::int32_t> out;
+  bool at_start = true;
+  std::string run;  // consecutive text parts are encoded together, as one text
+  auto flush = [&] {
+    if (run.empty()) return;
+    check_utf8(run);
+    if (kind_ == Kind::ByteBpe) encode_text_bpe(run, out);
+    else encode_text_spm(run, at_start, out);
+    at_start = false;
+    run.clear();
+  };
+  for (const auto& p : parts) {
+    const std::int32_t id = p.marker ? find(p.text) : -1;
+    if (id < 0 || !is_special(id)) {  // text, or a marker this vocabulary lacks: its text
+      run += p.text;
+      continue;
+    }
+    flush();
+    out.push_back(id);
+    at_start = false;
+  }
+  flush();
   if (add_bos && add_bos_ && bos_ >= 0 && (out.empty() || out.front() != bos_)) out.insert(out.begin(), bos_);
   return out;
 }
@@ -356,7 +462,7 @@ std::string Tokenizer::token_bytes(std::int32_t id) const {
   const std::string& t = tokens_[id];
   if (is_special(id)) return t;
   if (kind_ == Kind::SentencePiece) {
-    if (types_[id] == kTypeByte && t.size() == 6) return std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+    if (types_[id] == kTypeByte) return std::string(1, static_cast<char>(byte_token_value(t)));  // checked at load
     std::string out;
     for (std::size_t i = 0; i < t.size();) {
       if (t.compare(i, 3, "\xE2\x96\x81") == 0) out += ' ', i += 3;

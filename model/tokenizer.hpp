@@ -19,6 +19,15 @@
 
 namespace specactor::model {
 
+// Throws config::ConfigError naming the first byte that is not part of well-formed UTF-8 (every
+// text a tokenizer encodes is checked: PCRE2 runs without its own check).
+void check_utf8(std::string_view text);
+
+struct TextPart {
+  std::string text;
+  bool marker = false;
+};
+
 class Tokenizer {
  public:
   enum class Kind { ByteBpe, SentencePiece };
@@ -30,6 +39,10 @@ class Tokenizer {
   // add_bos: prepend BOS when the model asks for it (tokenizer.ggml.add_bos_token) and the text does
   // not already start with it. parse_special: "<|im_start|>" in the text becomes its special token.
   std::vector<std::int32_t> encode(std::string_view text, bool add_bos = false, bool parse_special = false) const;
+  // Parts marked as markers are special tokens written by a template (their token when the
+  // vocabulary has it as a special token, else text); every other part is text, never parsed for
+  // special tokens (chat message content: "<|im_end|>" typed by a user stays text).
+  std::vector<std::int32_t> encode_parts(const std::vector<TextPart>& parts, bool add_bos = false) const;
   std::string decode(const std::vector<std::int32_t>& ids, bool skip_special = false) const;
   // The raw bytes a token stands for (special tokens: their literal text).
   std::string token_bytes(std::int32_t id) const;

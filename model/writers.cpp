@@ -1,12 +1,14 @@
 // model/writers.cpp — see writers.hpp.
 #include "model/writers.hpp"
 
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
+#include "config/input.hpp"
 #include "model/gguf.hpp"
 
 namespace specactor::model {
@@ -76,7 +78,20 @@ void write_first_layers(const GgufFile& in, std::int64_t layers, const std::stri
     w.kv_raw(key, static_cast<std::uint32_t>(v.type), b);
   }
   for (const auto& t : in.tensors()) {
-    if (t.name.rfind("blk.", 0) == 0 && std::stoll(t.name.substr(4)) >= layers) continue;
+    if (t.name.rfind("blk.", 0) == 0) {
+      // "blk.<index>.<rest>": anything else under blk. is not a layer tensor this tool understands.
+      std::int64_t index = -1;
+      const char* b = t.name.data() + 4;
+      const char* e = t.name.data() + t.name.size();
+      const auto [end, ec] = std::from_chars(b, e, index);
+      if (ec != std::errc{} || end == b || end == e || *end != '.' || index < 0)
+        throw GgufError(in.path() + ": tensor '" + config::printable(t.name) +
+                        "' is under blk. but has no block index (expected blk.<N>.<name>)");
+      if (index >= have)
+        throw GgufError(in.path() + ": tensor '" + config::printable(t.name) + "' names block " + std::to_string(index) +
+                        " of a model with " + std::to_string(have) + " blocks");
+      if (index >= layers) continue;
+    }
     w.tensor(t.name, static_cast<std::uint32_t>(t.type), t.dims, std::vector<std::uint8_t>(t.data, t.data + t.n_bytes));
   }
   w.write(out);

@@ -467,7 +467,7 @@ TEST_CASE("safetensors + config.json: the same model as GGUF gives the same logi
           std::fstream f(st, std::ios::in | std::ios::out | std::ios::binary);
           f.seekp(8);
           f.write("XX", 2);
-        }).find("header is not valid JSON") != std::string::npos);
+        }).find("header: not valid JSON") != std::string::npos);
   CHECK(load_error([&] {
           auto t = pair.hf;
           t.erase(t.begin() + 3);  // a layer-0 attention matrix

@@ -20,6 +20,7 @@
 
 #include "actors/engine.hpp"
 #include "config/error.hpp"
+#include "config/input.hpp"
 #include "config/resolve.hpp"
 #include "model/head_writer.hpp"
 #include "tools/bench.hpp"
@@ -57,8 +58,9 @@ double median(std::vector<double> v) {
 }
 
 std::vector<Prompt> load_prompts(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw sc::ConfigError("--prompts " + path + ": cannot open the file (run from the repository root, or pass --prompts FILE)");
+  if (!std::filesystem::exists(path))
+    throw sc::ConfigError("--prompts " + path + ": cannot open the file (run from the repository root, or pass --prompts FILE)");
+  std::istringstream in(sc::read_text_file(path, "--prompts " + path));
   std::vector<Prompt> out;
   std::string line;
   int lineno = 0;
@@ -73,6 +75,8 @@ std::vector<Prompt> load_prompts(const std::string& path) {
     }
     if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
       throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) + ": expected {\"category\": ..., \"prompt\": \"...\"}");
+    if (j.contains("category") && !j["category"].is_string())
+      throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) + ": \"category\" must be a string");
     out.push_back({j.value("category", "all"), j["prompt"].get<std::string>()});
   }
   if (out.empty()) throw sc::ConfigError("--prompts " + path + ": no prompts");

@@ -10,6 +10,8 @@
 //
 // Results go to stdout; logs and errors to stderr. Bad input exits with status 2 and one message.
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <filesystem>
 #include <future>
 #include <cstdio>
@@ -135,12 +137,22 @@ template <class T> T tool_value(const std::map<std::string, std::string>& f, con
       if (v == "false" || v == "0") return false;
       throw std::invalid_argument(v);
     } else if constexpr (std::is_floating_point_v<T>) {
-      out = static_cast<T>(std::stod(v, &used));
+      const double d = std::stod(v, &used);
+      if (used == v.size() && !std::isfinite(static_cast<T>(d)))
+        throw sc::ConfigError(flag + ": '" + v + "' is not a finite number");
+      out = static_cast<T>(d);
     } else {
-      out = static_cast<T>(std::stoll(v, &used));
+      const long long x = std::stoll(v, &used);
+      if (used == v.size() && (x < static_cast<long long>(std::numeric_limits<T>::min()) ||
+                               static_cast<unsigned long long>(x) > static_cast<unsigned long long>(std::numeric_limits<T>::max())))
+        throw sc::ConfigError(flag + ": " + v + " is out of range [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+                              std::to_string(std::numeric_limits<T>::max()) + "]");
+      out = static_cast<T>(x);
     }
     if (used != v.size()) throw std::invalid_argument(v);
     return out;
+  } catch (const sc::ConfigError&) {
+    throw;
   } catch (const std::exception&) {
     throw sc::ConfigError(flag + ": '" + v + "' is not a valid " +
                           (std::is_same_v<T, bool> ? "boolean" : std::is_floating_point_v<T> ? "number" : "integer"));
@@ -223,7 +235,10 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const sa::TokenEvent end = done.get();
   const sa::EngineMetrics em = engine->metrics();
   engine->shutdown();
-  if (end.finish_reason == "error") throw std::runtime_error(end.error);
+  if (end.finish_reason == "error") {
+    if (end.invalid_request) throw sc::ConfigError(end.error);
+    throw std::runtime_error(end.error);
+  }
   const auto& m = end.metrics;
   if (!as_json) std::fputc('\n', stdout);
   spdlog::info("prompt {} tokens, first token after {:.1f} ms; generated {} tokens, {:.1f} tok/s decode ({}); "

@@ -1,0 +1,79 @@
+#include "config/input.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "config/error.hpp"
+
+namespace specactor::config {
+
+int open_regular_file(const std::string& path, const std::string& what, std::size_t& size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw ConfigError(what + ": cannot open the file: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw ConfigError(what + ": not a regular file");
+  }
+  size = static_cast<std::size_t>(st.st_size);
+  return fd;
+}
+
+std::string read_text_file(const std::string& path, const std::string& what, std::size_t max_bytes) {
+  std::size_t size = 0;
+  const int fd = open_regular_file(path, what, size);
+  if (size > max_bytes) {
+    ::close(fd);
+    throw ConfigError(what + ": " + std::to_string(size) + " bytes, more than the limit of " + std::to_string(max_bytes));
+  }
+  std::string out(size, '\0');
+  std::size_t got = 0;
+  while (got < size) {
+    const ssize_t n = ::read(fd, out.data() + got, size - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  out.resize(got);
+  return out;
+}
+
+nlohmann::json parse_json(std::string_view text, const std::string& what) {
+  const auto limit = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxJsonDepth)
+      throw ConfigError(what + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text.begin(), text.end(), limit);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ConfigError(what + ": not valid JSON: " + e.what());
+  }
+}
+
+std::string printable(std::string_view s, std::size_t max_chars) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (out.size() >= max_chars) {
+      out += "…";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7F && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+}  // namespace specactor::config

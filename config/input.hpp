@@ -1,0 +1,34 @@
+// config/input.hpp — untrusted bytes checked at the edge: files that must be regular files before
+// they are opened (a FIFO would block the open), sizes with a named limit, JSON with a bounded depth.
+// Every failure is one config::ConfigError naming the input (`what`) and what was expected.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace specactor::config {
+
+// JSON documents given by users (settings files, model configs, overrides, token maps, safetensors
+// headers) nest at most this deep; nothing specactor reads needs more than 3 levels.
+constexpr int kMaxJsonDepth = 64;
+// Text files read whole (settings, config.json, token maps, prompt sets, n-gram corpora).
+constexpr std::size_t kMaxTextFileBytes = std::size_t{256} << 20;
+
+// Opens `path` without blocking (O_NONBLOCK, so a FIFO returns at once), requires a regular file and
+// returns the descriptor (the caller closes it) and, through `size`, its size. Errors name `what`.
+int open_regular_file(const std::string& path, const std::string& what, std::size_t& size);
+
+// The whole file as text, at most `max_bytes`.
+std::string read_text_file(const std::string& path, const std::string& what, std::size_t max_bytes = kMaxTextFileBytes);
+
+// Parses `text` as JSON nested at most kMaxJsonDepth levels; errors say "<what>: not valid JSON: …"
+// or "<what>: nested deeper than 64 levels".
+nlohmann::json parse_json(std::string_view text, const std::string& what);
+
+// A value as one line for messages: non-printable bytes escaped, at most `max_chars` characters.
+std::string printable(std::string_view s, std::size_t max_chars = 80);
+
+}  // namespace specactor::config
