@@ -115,21 +115,21 @@ std::vector<std::int32_t> Engine::tokenize(const GenerationRequest& r) const {
   if (!r.prompt_ids.empty()) return r.prompt_ids;
   const auto& tok = impl_->info.tokenizer;
   if (!tok) throw config::ConfigError("this engine has no tokenizer (--skip-tokenizer-init): pass prompt_ids");
+  // Each field is checked on its own, so the message names it and the byte offset is the field's.
+  for (const auto& [name, text] : {std::pair{"prompt", &r.prompt}, std::pair{"system", &r.system}}) {
+    try {
+      model::check_utf8(*text);
+    } catch (const config::ConfigError& e) {
+      throw config::ConfigError(std::string(name) + ": " + e.what());
+    }
+  }
   if (r.chat) {
     std::vector<model::ChatMessage> msgs;
     if (!r.system.empty()) msgs.push_back({"system", r.system});
     msgs.push_back({"user", r.prompt});
-    try {
-      return tok->encode_parts(impl_->chat.render_parts(msgs), true);
-    } catch (const config::ConfigError& e) {
-      throw config::ConfigError(std::string("prompt/system: ") + e.what());
-    }
+    return tok->encode_parts(impl_->chat.render_parts(msgs), true);
   }
-  try {
-    return tok->encode(r.prompt, true, false);
-  } catch (const config::ConfigError& e) {
-    throw config::ConfigError(std::string("prompt: ") + e.what());
-  }
+  return tok->encode(r.prompt, true, false);
 }
 
 namespace {

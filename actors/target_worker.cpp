@@ -233,7 +233,9 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
     st.load_error_is_user = dynamic_cast<const config::ConfigError*>(&e) || dynamic_cast<const model::GgufError*>(&e) ||
                             dynamic_cast<const std::bad_alloc*>(&e);
     if (dynamic_cast<const std::bad_alloc*>(&e)) st.load_error = "out of memory while loading the model";
-    spdlog::error("target worker: {}", st.load_error);
+    // A user error reaches the caller as the engine's exception (and the CLI prints it once).
+    if (st.load_error_is_user) spdlog::debug("target worker: {}", st.load_error);
+    else spdlog::error("target worker: {}", st.load_error);
   }
   return {
       [self](info_atom) -> caf::result<TargetInfo> {

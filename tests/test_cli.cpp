@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/backend.hpp"
+#include "tests/support/cli_run.hpp"
 #include "tests/support/gguf_writer.hpp"
 
 using json = nlohmann::json;
@@ -21,27 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int rc;
-  std::string out, err;
-};
-
-Run run(const std::string& args) {
-  const fs::path err_path = fs::temp_directory_path() / ("specactor_cli_err." + std::to_string(::getpid()));
-  const std::string cmd = std::string(SPECACTOR_BINARY) + " " + args + " 2>" + err_path.string();
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  std::size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  std::ifstream e(err_path);
-  std::stringstream ss;
-  ss << e.rdbuf();
-  fs::remove(err_path);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, ss.str()};
-}
+using Run = specactor::testing::CliRun;
+Run run(const std::string& args) { return specactor::testing::run_cli(args); }
 
 std::string tiny_model() {
   static const std::string path = [] {
