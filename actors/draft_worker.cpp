@@ -31,9 +31,6 @@ draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_poin
         out.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         return out;
       },
-      [self](catchup_atom, std::uint64_t req, std::vector<std::int32_t>& tokens) {
-        self->state.drafter->catch_up(req, tokens);
-      },
       [self](release_atom, std::uint64_t req) { self->state.drafter->release(req); },
       [self](reconf_atom, config::Snapshot& s) {
         self->state.snapshot = std::move(s);

@@ -18,8 +18,6 @@ struct DraftWorkerState {
 using draft_worker_actor = caf::typed_actor<
     // Proposes a chain of draft tokens per request (possibly empty).
     caf::replies_to<propose_atom, ProposeBatch>::with<Proposals>,
-    // The target accepted these tokens for a request: extend the drafter's state.
-    caf::reacts_to<catchup_atom, std::uint64_t, std::vector<std::int32_t>>,
     // The request is gone: drop its state.
     caf::reacts_to<release_atom, std::uint64_t>,
     // A new draft snapshot (between steps): the worker swaps its pointer and tells the drafter.

@@ -61,15 +61,15 @@ class Drafter {
  public:
   virtual ~Drafter() = default;
   // At most max_nodes draft tokens, at most max_depth deep, that might follow `context` (the
-  // request's whole sequence so far; its last token is the root).
+  // request's whole sequence so far; its last token is the root). This is the one channel through
+  // which a drafter learns what the target accepted: stateful drafters compare `context` with what
+  // they have seen (and roll back or extend their own state) here.
   virtual DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& context, std::int32_t max_nodes,
                             std::int32_t max_depth) = 0;
   // The request's sampling parameters and seed, given before each propose (drafters that sample use them).
   virtual void set_sampling(std::uint64_t req, const kernels::SamplingParams& params, std::uint64_t seed) {
     (void)req, (void)params, (void)seed;
   }
-  // The target accepted `tokens` (drafts and bonus) for req; stateful drafters extend their state.
-  virtual void catch_up(std::uint64_t req, const std::vector<std::int32_t>& tokens) { (void)req, (void)tokens; }
   virtual void release(std::uint64_t req) { (void)req; }
   virtual DrafterNeeds needs() const { return {}; }
   // Called before propose with what the target produced for req since the last call.

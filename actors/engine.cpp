@@ -29,6 +29,14 @@ struct Engine::Impl {
   model::ChatTemplate chat;
   std::atomic<std::uint64_t> next_id{1};
   std::once_flag stopped;
+  // Set when the scheduler terminates (shutdown or a bug): submit() then refuses at once instead of
+  // sending to an actor that will never answer.
+  struct Down {
+    std::mutex m;
+    bool down = false;
+    std::string reason;
+  };
+  std::shared_ptr<Down> down = std::make_shared<Down>();
 };
 
 namespace {
@@ -54,6 +62,11 @@ std::unique_ptr<Engine::Impl> start(caf::actor_system& sys, config::Snapshot tar
   impl->system = &sys;
   impl->target = std::move(target);
   impl->scheduler = spawn_scheduler(sys, impl->target);
+  caf::actor_cast<caf::abstract_actor*>(impl->scheduler)->attach_functor([down = impl->down](const caf::error& reason) {
+    std::lock_guard<std::mutex> lock(down->m);
+    down->down = true;
+    down->reason = reason ? error_message(reason) : "the engine shut down";
+  });
   caf::scoped_actor self{sys};
   caf::error failure;
   self->request(impl->scheduler, caf::infinite, ready_atom::value)
@@ -158,6 +171,10 @@ void validate_request(const GenerationRequest& r) {
 
 std::uint64_t Engine::submit(GenerationRequest request, std::function<void(const TokenEvent&)> on_token) {
   validate_request(request);
+  {
+    std::lock_guard<std::mutex> lock(impl_->down->m);
+    if (impl_->down->down) throw std::runtime_error("the engine has stopped: " + impl_->down->reason);
+  }
   auto sub = std::make_shared<Submission>();
   sub->id = impl_->next_id++;
   sub->prompt = tokenize(request);

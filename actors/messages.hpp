@@ -34,7 +34,6 @@ using info_atom = caf::atom_constant<caf::atom("info")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using release_atom = caf::atom_constant<caf::atom("release")>;
 using propose_atom = caf::atom_constant<caf::atom("propose")>;
-using catchup_atom = caf::atom_constant<caf::atom("catchup")>;
 using reconf_atom = caf::atom_constant<caf::atom("reconf")>;
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
 using submit_atom = caf::atom_constant<caf::atom("submit")>;

@@ -64,6 +64,9 @@ struct SchedulerState {
   std::deque<std::unique_ptr<Req>> queue;
   std::vector<std::unique_ptr<Req>> running;
   bool busy = false;
+  // Bumped whenever every request is failed at once: a reply to a step or a proposal sent before
+  // carries the old value and is dropped (its requests are gone).
+  std::uint64_t epoch = 0;
   std::int64_t free_pages = 0, total_pages = 0;
   EngineMetrics metrics;
   static inline const char* name = "scheduler";
@@ -170,11 +173,20 @@ void tick(Self self);
 
 void fail_everything(Self self, const std::string& error) {
   auto& st = self->state;
+  ++st.epoch;
   for (auto& r : st.running) retire(self, *r, "error", error);
   st.running.clear();
   for (auto& r : st.queue) retire(self, *r, "error", error);
   st.queue.clear();
   st.busy = false;
+}
+
+// A running request by id (nullptr once it has been retired). Replies to asynchronous requests refer
+// to requests by id only: a request may be retired (cancelled, failed) while its reply is in flight.
+Req* find_running(SchedulerState& st, std::uint64_t id) {
+  for (auto& r : st.running)
+    if (r->sub->id == id) return r.get();
+  return nullptr;
 }
 
 std::int64_t draft_tokens(const SchedulerState& st) {
@@ -235,7 +247,6 @@ void on_step_result(Self self, StepResult& res, Clock::time_point sent) {
       for (std::int32_t d = 0; d < item.accepted; ++d) ++aa[static_cast<std::size_t>(d)];
       r.draft_depth = 0;
       reason = emit(self, r, item.tokens);
-      if (st.draft) self->send(st.draft, catchup_atom::value, r.sub->id, item.tokens);
     }
     if (r.cancelled) reason = "cancelled";
     if (!reason.empty()) {
@@ -249,9 +260,18 @@ void on_step_result(Self self, StepResult& res, Clock::time_point sent) {
 
 void run_step(Self self, StepBatch batch) {
   const auto sent = Clock::now();
+  const std::uint64_t epoch = self->state.epoch;
+  if (!self->state.target) {  // gone while a proposal was out: fail_everything has run
+    self->state.busy = false;
+    return;
+  }
   self->request(self->state.target, caf::infinite, step_atom::value, std::move(batch))
-      .then([self, sent](StepResult& res) { on_step_result(self, res, sent); },
-            [self](caf::error& err) {
+      .then(
+          [self, sent, epoch](StepResult& res) {
+            if (self->state.epoch == epoch) on_step_result(self, res, sent);
+          },
+            [self, epoch](caf::error& err) {
+              if (self->state.epoch != epoch) return;
               const std::string msg = "target step failed: " + self->system().render(err);
               spdlog::error("{}", msg);
               auto& st = self->state;
@@ -349,11 +369,18 @@ void tick(Self self) {
     r->hidden.clear();
   }
   const auto sent = Clock::now();
+  std::vector<std::uint64_t> ids;  // not Req*: a request may be retired before the reply comes
+  for (Req* r : decoding) ids.push_back(r->sub->id);
+  const std::uint64_t epoch = st.epoch;
   self->request(st.draft, caf::infinite, propose_atom::value, std::move(pb))
       .then(
-          [self, batch, decoding, limits, sent](Proposals& p) mutable {
-            self->state.metrics.draft_ms += ms_between(sent, Clock::now());
-            for (std::size_t i = 0; i < decoding.size() && i < p.tokens.size(); ++i) {
+          [self, batch, ids, limits, sent, epoch](Proposals& p) mutable {
+            auto& s = self->state;
+            if (s.epoch != epoch) return;
+            s.metrics.draft_ms += ms_between(sent, Clock::now());
+            for (std::size_t i = 0; i < ids.size() && i < p.tokens.size(); ++i) {
+              Req* req = find_running(s, ids[i]);
+              if (!req) continue;
               const auto& toks = p.tokens[i];
               const auto& pars = p.parents[i];
               // Keep only well-formed nodes within the depth limit (a drafter bug must not reach the target).
@@ -371,11 +398,11 @@ void tick(Self self) {
               std::int32_t max_depth = 0;
               for (std::size_t j = 0; j < toks.size(); ++j)
                 if (keep_index[j] >= 0) max_depth = std::max(max_depth, depth[j]);
-              decoding[i]->draft_depth = max_depth;
+              req->draft_depth = max_depth;
               // Sampled drafts keep their q rows only when the whole chain was kept.
               const bool whole_chain = kept_tokens.size() == toks.size();
               for (auto& item : batch.items)
-                if (item.req == decoding[i]->sub->id) {
+                if (item.req == ids[i]) {
                   item.tokens.insert(item.tokens.end(), kept_tokens.begin(), kept_tokens.end());
                   item.parents = std::move(kept_parents);
                   if (whole_chain && i < p.probs.size()) item.draft_probs = std::move(p.probs[i]);
@@ -383,11 +410,14 @@ void tick(Self self) {
             }
             run_step(self, std::move(batch));
           },
-          [self, batch, decoding](caf::error& err) mutable {
+          [self, batch, ids, epoch](caf::error& err) mutable {
+            auto& s = self->state;
+            if (s.epoch != epoch) return;
             // The draft worker failed mid-step: this step runs without drafts.
             spdlog::warn("draft proposal failed ({}); decoding without drafts", self->system().render(err));
-            self->state.metrics.fallback_steps += static_cast<std::int64_t>(decoding.size());
-            for (Req* r : decoding) ++r->m.fallbacks;
+            s.metrics.fallback_steps += static_cast<std::int64_t>(ids.size());
+            for (std::uint64_t id : ids)
+              if (Req* r = find_running(s, id)) ++r->m.fallbacks;
             run_step(self, std::move(batch));
           });
 }
@@ -455,6 +485,26 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
   auto& st = self->state;
   st.target_snapshot = std::move(target);
   st.target = self->spawn<caf::detached + caf::monitored>(target_worker, st.target_snapshot);
+  // A bug in a handler must not leave callers waiting: every request gets its final (error) event
+  // before the scheduler stops.
+  self->set_exception_handler([self](caf::scheduled_actor*, std::exception_ptr& eptr) -> caf::error {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(eptr);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    const std::string msg = "internal error in the scheduler: " + what;
+    spdlog::error("{}", msg);
+    fail_everything(self, msg);
+    auto& s = self->state;
+    for (auto& rp : s.ready_waiters) rp.deliver(internal_error(msg));
+    s.ready_waiters.clear();
+    if (s.draft) self->send_exit(s.draft, caf::exit_reason::user_shutdown);
+    if (s.target) self->send_exit(s.target, caf::exit_reason::user_shutdown);
+    return internal_error(msg);
+  });
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& s = self->state;
     if (s.draft && dm.source == caf::actor_cast<caf::actor_addr>(s.draft)) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -167,6 +168,29 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                                    s->speculative_algorithm != SpecAlgorithm::FrozenKvMtp  // reads host KV
                                ? "cuda"
                                : "cpu"}});
+  // Settings kept for sglang compatibility (and for the snapshot isolation they exercise) whose other
+  // values nothing implements: refused here, where a user's settings enter, instead of ignored.
+  {
+    auto not_yet = [](const std::string& flag, const std::string& value, const std::string& why) {
+      throw ConfigError(flag + " " + value + ": not supported yet (" + why + ")");
+    };
+    const std::string device(to_string(s->device));
+    for (const auto& [flag, v] : {std::pair<std::string, std::optional<std::string>>{"--dtype", s->dtype},
+                                  {"--kv-cache-dtype", s->kv_cache_dtype},
+                                  {"--speculative-draft-kv-cache-dtype", s->speculative_draft_kv_cache_dtype}})
+      if (v && *v != "auto" && *v != "float32")
+        not_yet(flag, *v, flag == "--dtype" ? "activations and weights are computed in float32; see --cpu-precision"
+                                            : "the KV cache holds float32");
+    for (const auto& [flag, v] : {std::pair<std::string, std::optional<std::string>>{"--attention-backend", s->attention_backend},
+                                  {"--prefill-attention-backend", s->prefill_attention_backend},
+                                  {"--decode-attention-backend", s->decode_attention_backend},
+                                  {"--speculative-draft-attention-backend", s->speculative_draft_attention_backend}})
+      if (v && *v != "auto" && *v != device)
+        not_yet(flag, *v, "attention runs where the forward runs: --device " + device);
+    if (s->disable_chunked_prefix_cache)
+      not_yet("--disable-chunked-prefix-cache", "true", "specactor has no prefix cache, so there is nothing to disable");
+  }
+
   // Tensor parallelism: on the CPU the ranks are threads of this process (any count the model's
   // heads and MLP width divide by — checked when the weights are bound); on CUDA one device per rank.
   if (s->device == Device::Cuda && s->tp_size > 1 && s->tp_size > runtime.cuda_devices)

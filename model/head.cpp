@@ -271,7 +271,34 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
     mismatch("d2t length", static_cast<std::int64_t>(c.d2t.size()), c.own_vocab);
   }
 
-  WeightBinder bind(*w->source_, format == config::LoadFormat::Dummy, w->owned_);
+  WeightBinder binder(*w->source_, format == config::LoadFormat::Dummy, w->owned_);
+  // Every tensor is checked for NaN and infinities as it is bound: a head with one would silently
+  // draft garbage (or poison the probabilities rejection sampling divides by).
+  struct CheckedBinder {
+    WeightBinder& b;
+    const std::string& path;
+    bool has(const std::string& name) const { return b.has(name); }
+    kernels::WeightMatrix matrix(const std::string& name, std::int64_t out, std::int64_t in) {
+      kernels::WeightMatrix m = b.matrix(name, out, in);
+      std::vector<float> row(static_cast<std::size_t>(in));
+      for (std::int64_t r = 0; r < out; ++r) {
+        kernels::weight_row(m, r, row.data());
+        check(name, row.data(), in);
+      }
+      return m;
+    }
+    const float* vector(const std::string& name, std::int64_t n) {
+      const float* v = b.vector(name, n);
+      check(name, v, n);
+      return v;
+    }
+    void check(const std::string& name, const float* v, std::int64_t n) const {
+      for (std::int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(v[i]))
+          throw GgufError(path + ": tensor '" + config::printable(name) + "' holds a non-finite value (" +
+                          std::to_string(v[i]) + ")");
+    }
+  } bind{binder, path};
   const bool hf = c.format == "safetensors";
   const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
   const std::int64_t attn_in = c.kind == HeadKind::Eagle3 ? 2 * H : H;

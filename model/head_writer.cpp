@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/error.hpp"
 #include "model/writers.hpp"
 
 namespace specactor::model {
@@ -32,6 +33,9 @@ HeadConfig write_random_head(const ModelInfo& t, const HeadSpec& spec, const std
   const std::int64_t dv = spec.kind == HeadKind::Eagle3
                               ? (spec.draft_vocab > 0 ? spec.draft_vocab : std::min<std::int64_t>(t.vocab_size, 4096))
                               : 0;
+  if (spec.kind == HeadKind::Eagle3 && (dv < 1 || dv > t.vocab_size))
+    throw config::ConfigError("--draft-vocab: must be in [1, " + std::to_string(t.vocab_size) +
+                              "] (the target's vocabulary), got " + std::to_string(dv));
   std::mt19937 rng(spec.seed);
   std::normal_distribution<float> dist(0.0f, spec.scale);
   std::vector<Tensor> ts;

@@ -29,6 +29,7 @@ LlamaConfig LlamaConfig::from(const ModelInfo& info, const std::string& json_ove
   c.head_dim = info.head_dim;
   c.rope_dim = info.rope_dim;
   c.context_length = info.context_length;
+  c.tied_embeddings = info.tied_embeddings;
   c.rope_base = info.rope_base;
   c.norm_eps = info.norm_eps;
   const auto j = config::parse_json(json_overrides.empty() ? "{}" : json_overrides, "--json-model-override-args");
@@ -171,6 +172,9 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ten
   w->tok_embd_ = matrix(hf ? "model.embed_tokens.weight" : "token_embd.weight", c.vocab_size, c.hidden);
   w->output_norm_ = vector(hf ? "model.norm.weight" : "output_norm.weight", c.hidden);
   const char* head = hf ? "lm_head.weight" : "output.weight";
+  if (hf && !file->find(head) && !c.tied_embeddings)
+    throw GgufError(file->path() + ": the output projection '" + head +
+                    "' is missing and config.json does not tie the embeddings (tie_word_embeddings is false)");
   w->output_ = file->find(head) ? matrix(head, c.vocab_size, c.hidden) : w->tok_embd_;
   if (progress) progress(1, total);
   for (std::int64_t l = 0; l < c.n_layers; ++l) {

@@ -30,6 +30,7 @@ struct LlamaConfig {
                rope_dim = 0, context_length = 0;
   double rope_base = 10000.0, norm_eps = 1e-5;
   bool rope_neox = false;  // GGUF llama: adjacent pairs; Hugging Face checkpoints: half split
+  bool tied_embeddings = false;  // Hugging Face config's tie_word_embeddings (GGUF: no output.weight)
 
   std::int64_t kv_dim() const { return n_kv_heads * head_dim; }
   // From the file's ModelInfo with the JSON overrides applied (the only place they are applied).

@@ -286,7 +286,10 @@ TEST_CASE("KV exhaustion: more requests than fit all complete, none lost, in bou
   CHECK(too_big.error.find("needs") != std::string::npos);
   CHECK(too_big.error.find("--max-total-tokens") != std::string::npos);
   const auto too_long = engine->generate(ids_request(std::vector<std::int32_t>(600, 7), 4));
-  CHECK(too_long.error == "the prompt has 600 tokens; the context length is 512");
+  CHECK(too_long.error ==
+        "prompt: has 600 tokens; the context length (--context-length) is 512, which must leave room for at least one new token");
+  CHECK(too_long.invalid_request);
+  CHECK(too_big.invalid_request);
   CHECK_THROWS_WITH(engine->submit(ids_request({1, 2, 500}, 4), nullptr),
                     "prompt_ids[2] = 500 is outside the vocabulary (96 tokens)");
 }

@@ -20,6 +20,10 @@
 #include "config/input.hpp"
 #include "model/chat.hpp"
 #include "model/gguf.hpp"
+#include "model/head.hpp"
+#include "model/head_writer.hpp"
+#include "model/llama.hpp"
+#include "model/model_info.hpp"
 #include "model/kv_cache.hpp"
 #include "model/tokenizer.hpp"
 #include "tests/support/cli_run.hpp"
@@ -141,7 +145,7 @@ TEST_CASE("tokenizer: BPE merges by priority give exactly the rank-by-rank resul
   CHECK(s < 20.0);
 }
 
-TEST_CASE("chat: a user's '<|im_end|>' stays text; only the template's markers are special tokens") {
+TEST_CASE("chat: a user's '<|im_end|>' stays text, only the template's markers are special tokens") {
   const auto tok = bpe_tokenizer({});
   const std::int32_t im_end = tok->find("<|im_end|>");
   const model::ChatTemplate chat = model::ChatTemplate::detect("<|im_start|>");
@@ -207,6 +211,28 @@ TEST_CASE("KV cache: a budget beyond this machine's memory is one clear error na
   CHECK_THROWS_WITH(model::KvCache(30, 3, 64, 16, std::int64_t{1} << 34, true), doctest::Contains("of memory; lower --max-total-tokens"));
 }
 
+TEST_CASE("heads: a NaN or infinite weight is a load error naming the tensor") {
+  const std::string tiny = (scratch() / "tiny_for_head.gguf").string();
+  testing::tiny_llama().write(tiny);
+  const model::ModelInfo info = model::read_model_info(*model::GgufFile::open(tiny));
+  const model::LlamaConfig cfg = model::LlamaConfig::from(info, "");
+  model::HeadSpec spec;
+  spec.kind = model::HeadKind::Eagle;
+  const std::string good = (scratch() / "good_head.gguf").string();
+  model::write_random_head(info, spec, good);
+  CHECK_NOTHROW(model::HeadWeights::load(good, spec.kind, cfg, {}, false, config::LoadFormat::Auto));
+  spec.scale = INFINITY;  // N(0, ∞): every weight infinite or NaN
+  const std::string bad = (scratch() / "bad_head.gguf").string();
+  model::write_random_head(info, spec, bad);
+  CHECK_THROWS_WITH_AS(model::HeadWeights::load(bad, spec.kind, cfg, {}, false, config::LoadFormat::Auto),
+                       doctest::Contains("holds a non-finite value"), model::GgufError);
+  spec.kind = model::HeadKind::Eagle3;
+  spec.scale = 0.02f;
+  spec.draft_vocab = info.vocab_size + 1;
+  CHECK_THROWS_WITH_AS(model::write_random_head(info, spec, bad), doctest::Contains("--draft-vocab: must be in [1, 64]"),
+                       config::ConfigError);
+}
+
 TEST_CASE("specactor: each hostile input ends in exit status 2 and one line naming it") {
   const fs::path dir = scratch();
   const std::string tiny = (dir / "tiny.gguf").string();
@@ -238,6 +264,16 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
   const std::string hf_rope = hf_dir("hf_rope", [](json& c) { c["rope_theta"] = 0; });
   const std::string hf_eps = hf_dir("hf_eps", [](json& c) { c["rms_norm_eps"] = 2.0; });
   const std::string hf_tie = hf_dir("hf_tie", [](json& c) { c["tie_word_embeddings"] = 1; });
+  const std::string hf_nohead = [&] {
+    const fs::path d = dir / "hf_nohead";
+    fs::create_directories(d);
+    auto tensors = pair.hf;
+    tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [](const auto& t) { return t.first == "lm_head.weight"; }),
+                  tensors.end());
+    testing::write_safetensors((d / "model.safetensors").string(), tensors);
+    std::ofstream(d / "config.json") << pair.config_json;  // tie_word_embeddings: false
+    return d.string();
+  }();
 
   const std::string deep_config = write_file("deep.json", "{\"model_path\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
   const std::string tp_config = write_file("tp.json", R"({"tp_size": 18446744073709551615})");
@@ -266,6 +302,14 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
       {"config --model-path " + hf_rope, "config.json: 'rope_theta' must be a positive number"},
       {"config --model-path " + hf_eps, "config.json: 'rms_norm_eps' must be in (0, 1)"},
       {"config --model-path " + hf_tie, "config.json: 'tie_word_embeddings' must be true or false, got 1"},
+      {"generate --log-level warn --skip-tokenizer-init --model-path " + hf_nohead + " --prompt hi",
+       "the output projection 'lm_head.weight' is missing and config.json does not tie the embeddings"},
+      {"make-head --kind EAGLE3 --target " + tiny + " --out " + (dir / "h.gguf").string() + " --draft-vocab 100",
+       "--draft-vocab: must be in [1, 64]"},
+      {gen + " --prompt hi --dtype float16", "--dtype float16: not supported yet"},
+      {gen + " --prompt hi --kv-cache-dtype bfloat16", "--kv-cache-dtype bfloat16: not supported yet (the KV cache holds float32)"},
+      {gen + " --prompt hi --device cpu --attention-backend cuda", "--attention-backend cuda: not supported yet (attention runs where the forward runs: --device cpu)"},
+      {gen + " --prompt hi --disable-chunked-prefix-cache", "--disable-chunked-prefix-cache true: not supported yet"},
       {gen + " --prompt ''", "specactor: error: prompt: is empty"},
       {gen + " --prompt hi --temperature nan", "specactor: error: --temperature: 'nan' is not a finite number"},
       {gen + " --prompt hi --temperature inf", "--temperature: 'inf' is not a finite number"},

@@ -97,13 +97,15 @@ TEST_CASE("draft-specific fields win over resolved ones") {
   CHECK(*draft->context_length == 4096);
 
   const Snapshot with_backends =
-      resolved_target({"--prefill-attention-backend", "cpu", "--decode-attention-backend", "cpu",
-                       "--speculative-draft-attention-backend", "cuda", "--speculative-draft-kv-cache-dtype", "float16"});
+      // (Values other than auto and the device's are refused as not supported yet: these are the
+      // supported ones that still differ from the target's auto.)
+      resolved_target({"--device", "cpu", "--prefill-attention-backend", "cpu", "--decode-attention-backend", "cpu",
+                       "--speculative-draft-attention-backend", "cpu", "--speculative-draft-kv-cache-dtype", "float32"});
   const Snapshot d2 = derive_draft(with_backends, kStubModel);
-  CHECK(d2->attention_backend == "cuda");
+  CHECK(d2->attention_backend == "cpu");
   CHECK_FALSE(d2->prefill_attention_backend.has_value());
   CHECK_FALSE(d2->decode_attention_backend.has_value());
-  CHECK(d2->kv_cache_dtype == "float16");
+  CHECK(d2->kv_cache_dtype == "float32");
   CHECK(with_backends->attention_backend == "auto");
   CHECK(with_backends->prefill_attention_backend == "cpu");
   CHECK(with_backends->kv_cache_dtype == "auto");
