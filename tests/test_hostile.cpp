@@ -205,6 +205,18 @@ TEST_CASE("GGUF: a file of nested empty arrays is refused at a named limit, not 
                        model::GgufError);
 }
 
+TEST_CASE("files from users: deep JSON in a token map, raw bytes in tensor names") {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  CHECK_THROWS_WITH_AS(model::read_token_map(write_file("map.json", deep), 64), doctest::Contains("nested deeper than 64 levels"),
+                       config::ConfigError);
+  // A tensor name with a NUL byte and a newline, of an unknown type: the message shows the whole
+  // name, escaped (it used to be cut at the NUL).
+  model::GgufWriter w;
+  w.tensor(std::string("bad\0na\nme", 9), 99, {32}, std::vector<std::uint8_t>(128, 0));
+  CHECK_THROWS_WITH(model::GgufFile::parse(w.bytes(), "names.gguf"),
+                    doctest::Contains("tensor 'bad\\x00na\\x0Ame' has unsupported tensor type 99"));
+}
+
 TEST_CASE("KV cache: a budget beyond this machine's memory is one clear error naming the flag") {
   CHECK_THROWS_WITH_AS(model::KvCache(30, 3, 64, 16, std::int64_t{1} << 34, true),
                        doctest::Contains("(--max-total-tokens) need"), config::ConfigError);
@@ -264,6 +276,11 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
   const std::string hf_rope = hf_dir("hf_rope", [](json& c) { c["rope_theta"] = 0; });
   const std::string hf_eps = hf_dir("hf_eps", [](json& c) { c["rms_norm_eps"] = 2.0; });
   const std::string hf_tie = hf_dir("hf_tie", [](json& c) { c["tie_word_embeddings"] = 1; });
+  const std::string hf_deep = hf_dir("hf_deep", [](json& c) {
+    json v = json::array();
+    for (int i = 0; i < 1000; ++i) v = json::array({v});
+    c["architectures"] = v;
+  });
   const std::string hf_nohead = [&] {
     const fs::path d = dir / "hf_nohead";
     fs::create_directories(d);
@@ -299,6 +316,7 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
       {"generate --log-level warn --model-path " + huge_ctx_model + " --prompt hi",
        "reports a context length of 4294967295 tokens, more than the 1073741824 specactor supports; pass --context-length"},
       {"config --model-path " + hf_ctx, "reports a context length of 2147483648 tokens"},
+      {"config --model-path " + hf_deep, "config.json: nested deeper than 64 levels"},
       {"config --model-path " + hf_rope, "config.json: 'rope_theta' must be a positive number"},
       {"config --model-path " + hf_eps, "config.json: 'rms_norm_eps' must be in (0, 1)"},
       {"config --model-path " + hf_tie, "config.json: 'tie_word_embeddings' must be true or false, got 1"},
