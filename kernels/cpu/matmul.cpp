@@ -19,6 +19,7 @@
 #include "kernels/cpu/packed.hpp"
 #include "kernels/cpu/pool.hpp"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cmath>
@@ -357,9 +358,14 @@ void matmul_rows_simd(const WeightMatrix& w, std::int64_t o_begin, std::int64_t 
   }
 }
 
+bool cpu_has_f16c() {
+  // CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c").
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+}
 bool cpu_has_avx2() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
 }
 bool cpu_has_avx512() {
   __builtin_cpu_init();
