@@ -1,11 +1,9 @@
 #include "actors/draft_worker.hpp"
 
+#include <caf/all.hpp>
 #include <chrono>
 
-#include <caf/all.hpp>
-
 namespace specactor::actors {
-
 
 draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_pointer<DraftWorkerState> self,
                                                config::Snapshot snapshot, DrafterFactory factory,

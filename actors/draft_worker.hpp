@@ -31,7 +31,6 @@ using draft_worker_actor = caf::typed_actor<
 
 // `snapshot` is the draft snapshot the scheduler derived; `factory` is called with that same object.
 draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_pointer<DraftWorkerState> self,
-                                               config::Snapshot snapshot, DrafterFactory factory,
-                                               DraftContext context);
+                                               config::Snapshot snapshot, DrafterFactory factory, DraftContext context);
 
 }  // namespace specactor::actors

@@ -57,8 +57,8 @@ DrafterFactory find_drafter(const config::Snapshot& draft_snapshot) {
   if (it == r.factories.end()) {
     std::string known;
     for (const auto& [name, f] : r.factories) known += (known.empty() ? "" : ", ") + name;
-    throw std::runtime_error("--speculative-algorithm " + algo + ": no drafter is registered for it (registered: " +
-                             known + ")");
+    throw std::runtime_error("--speculative-algorithm " + algo +
+                             ": no drafter is registered for it (registered: " + known + ")");
   }
   return it->second;
 }

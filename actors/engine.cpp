@@ -1,11 +1,10 @@
-#include <cmath>
 #include "actors/engine.hpp"
 
 #include <atomic>
+#include <caf/all.hpp>
+#include <cmath>
 #include <future>
 #include <mutex>
-
-#include <caf/all.hpp>
 
 #include "actors/engine_caf.hpp"
 #include "actors/scheduler.hpp"
@@ -39,9 +38,7 @@ struct Engine::Impl {
   std::shared_ptr<Down> down = std::make_shared<Down>();
 };
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 config::RuntimeFacts runtime_facts() {
   const auto& probe = kernels::probe_devices();
@@ -70,7 +67,8 @@ std::unique_ptr<Engine::Impl> start(caf::actor_system& sys, config::Snapshot tar
   caf::scoped_actor self{sys};
   caf::error failure;
   self->request(impl->scheduler, caf::infinite, ready_atom::value)
-      .receive([&](TargetInfo& info) { impl->info = std::move(info); }, [&](caf::error& err) { failure = std::move(err); });
+      .receive([&](TargetInfo& info) { impl->info = std::move(info); },
+               [&](caf::error& err) { failure = std::move(err); });
   if (failure) {
     self->send_exit(impl->scheduler, caf::exit_reason::user_shutdown);
     if (is_user_error(failure)) throw config::ConfigError(error_message(failure));
@@ -227,7 +225,8 @@ SnapshotReport Engine::snapshots() {
   SnapshotReport r;
   std::string error;
   self->request(impl_->scheduler, std::chrono::seconds(60), snapshot_atom::value)
-      .receive([&](SnapshotReport& x) { r = std::move(x); }, [&](caf::error& err) { error = impl_->system->render(err); });
+      .receive([&](SnapshotReport& x) { r = std::move(x); },
+               [&](caf::error& err) { error = impl_->system->render(err); });
   if (!error.empty()) throw std::runtime_error("snapshot query failed: " + error);
   return r;
 }

@@ -12,10 +12,9 @@
 
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "actors/engine_types.hpp"
 #include "config/resolve.hpp"

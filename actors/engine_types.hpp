@@ -13,16 +13,16 @@
 namespace specactor::actors {
 
 struct GenerationRequest {
-  std::string prompt;                      // text (ignored when prompt_ids is set)
-  std::vector<std::int32_t> prompt_ids;    // token ids, used as they are
-  bool chat = false;                       // format `prompt` with the model's chat template
-  std::string system;                      // optional system turn for chat
+  std::string prompt;                    // text (ignored when prompt_ids is set)
+  std::vector<std::int32_t> prompt_ids;  // token ids, used as they are
+  bool chat = false;                     // format `prompt` with the model's chat template
+  std::string system;                    // optional system turn for chat
   std::int64_t max_new_tokens = 128;
-  kernels::SamplingParams sampling;        // greedy by default
-  std::optional<std::uint64_t> seed;       // default: the snapshot's random_seed
-  std::vector<std::string> stop;           // stop strings (not included in the output)
+  kernels::SamplingParams sampling;   // greedy by default
+  std::optional<std::uint64_t> seed;  // default: the snapshot's random_seed
+  std::vector<std::string> stop;      // stop strings (not included in the output)
   bool ignore_eos = false;
-  bool speculative = true;                 // false: this request decodes without drafts even when the engine has a drafter
+  bool speculative = true;  // false: this request decodes without drafts even when the engine has a drafter
 };
 
 struct RequestMetrics {
@@ -38,16 +38,15 @@ struct RequestMetrics {
 };
 
 struct TokenEvent {
-  std::uint64_t id = 0;        // request id
+  std::uint64_t id = 0;              // request id
   std::vector<std::int32_t> tokens;  // tokens accepted in this step (empty on the final event of a stop)
-  std::string text;            // their text (complete UTF-8 only)
+  std::string text;                  // their text (complete UTF-8 only)
   bool finished = false;
-  std::string finish_reason;   // "stop" | "length" | "cancelled" | "error"
-  std::string error;           // set when finish_reason is "error"
+  std::string finish_reason;     // "stop" | "length" | "cancelled" | "error"
+  std::string error;             // set when finish_reason is "error"
   bool invalid_request = false;  // the error is the request's own (bad prompt, budget), not the engine's
-  RequestMetrics metrics;      // filled on the final event
+  RequestMetrics metrics;        // filled on the final event
 };
-
 
 struct GenerationResult {
   std::uint64_t id = 0;
@@ -64,23 +63,23 @@ struct EngineMetrics {
   std::int64_t requests_submitted = 0, requests_finished = 0, requests_failed = 0, requests_cancelled = 0;
   std::int64_t running = 0, queued = 0;
   std::int64_t generated_tokens = 0;
-  std::int64_t steps = 0;            // target forward calls
-  std::int64_t decode_steps = 0;     // per-request decode steps
+  std::int64_t steps = 0;              // target forward calls
+  std::int64_t decode_steps = 0;       // per-request decode steps
   std::int64_t speculative_steps = 0;  // of those, steps of requests that draft (τ is over these)
   std::int64_t drafted = 0, accepted = 0;
-  double mean_accepted_length = 0;   // τ over all decode steps
-  double acceptance_rate = 0;        // α = accepted / drafted
-  std::int64_t draft_failures = 0;   // times the draft worker died
-  std::string draft_error;           // why it last died (e.g. a head file that does not fit the target)
-  std::int64_t fallback_steps = 0;   // per-request decode steps run without a draft after a failure
+  double mean_accepted_length = 0;  // τ over all decode steps
+  double acceptance_rate = 0;       // α = accepted / drafted
+  std::int64_t draft_failures = 0;  // times the draft worker died
+  std::string draft_error;          // why it last died (e.g. a head file that does not fit the target)
+  std::int64_t fallback_steps = 0;  // per-request decode steps run without a draft after a failure
   bool draft_alive = false;
-  std::string algorithm;             // the speculative algorithm in the draft snapshot ("NONE" without)
-  double step_wall_ms = 0;           // Σ wall time of target steps seen by the scheduler
-  double step_compute_ms = 0;        // Σ compute time reported by the target worker
-  double draft_ms = 0;               // Σ wall time of propose calls
+  std::string algorithm;                  // the speculative algorithm in the draft snapshot ("NONE" without)
+  double step_wall_ms = 0;                // Σ wall time of target steps seen by the scheduler
+  double step_compute_ms = 0;             // Σ compute time reported by the target worker
+  double draft_ms = 0;                    // Σ wall time of propose calls
   std::vector<std::int64_t> drafted_at;   // [d]: decode steps whose proposal reached depth d+1
   std::vector<std::int64_t> accepted_at;  // [d]: decode steps that accepted a token at depth d+1
-  std::string target_error;          // set once the target worker has failed
+  std::string target_error;               // set once the target worker has failed
 };
 
 // The snapshot objects each party holds, for the isolation tests.

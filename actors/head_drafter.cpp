@@ -16,10 +16,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <stdexcept>
-
-
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "actors/drafter.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -39,8 +37,9 @@ class HeadDrafter final : public Drafter {
       : frozen_(frozen), kind_(kind) {
     const std::string algo(config::to_string(s->speculative_algorithm));
     if (!s->speculative_draft_model_path)
-      throw std::runtime_error("--speculative-algorithm " + algo +
-                               " needs --speculative-draft-model-path (a head file; `specactor make-head` writes a random one)");
+      throw std::runtime_error(
+          "--speculative-algorithm " + algo +
+          " needs --speculative-draft-model-path (a head file; `specactor make-head` writes a random one)");
     if (!ctx.target_weights)
       throw std::runtime_error(algo + " needs the target's weights in this process (its embedding and output head)");
     if (frozen && !ctx.target_kv) throw std::runtime_error(algo + " needs a read-only view of the target's KV cache");
@@ -122,13 +121,13 @@ class HeadDrafter final : public Drafter {
 
  private:
   struct State {
-    std::vector<float> feat;        // target features of positions [feat_base, rows)
+    std::vector<float> feat;  // target features of positions [feat_base, rows)
     std::int64_t feat_base = 0, rows = 0;
     bool broken = false;
     std::vector<model::KvCache::Seq> seqs;  // per head layer (own KV)
-    std::int64_t fed = 0;                    // committed pairs in every layer's KV
-    std::vector<float> root_hidden;          // output of the last committed pair (layer 0)
-    std::vector<std::int32_t> kv_pages;      // FROZEN: the target's committed pages
+    std::int64_t fed = 0;                   // committed pairs in every layer's KV
+    std::vector<float> root_hidden;         // output of the last committed pair (layer 0)
+    std::vector<std::int32_t> kv_pages;     // FROZEN: the target's committed pages
     std::int64_t kv_length = 0;
   };
 
@@ -144,14 +143,16 @@ class HeadDrafter final : public Drafter {
     topk_ = static_cast<std::int32_t>(std::max<std::int64_t>(1, s->speculative_eagle_topk.value_or(1)));
     n_tokens_ = static_cast<std::int32_t>(s->speculative_num_draft_tokens.value_or(steps_ + 1));
     if (static_cast<std::int64_t>(steps_) * topk_ + 1 > 64)
-      throw std::runtime_error("--speculative-num-steps × --speculative-eagle-topk must stay under 64 draft nodes (got " +
-                               std::to_string(steps_) + " × " + std::to_string(topk_) + ")");
+      throw std::runtime_error(
+          "--speculative-num-steps × --speculative-eagle-topk must stay under 64 draft nodes (got " +
+          std::to_string(steps_) + " × " + std::to_string(topk_) + ")");
   }
 
   std::uint64_t mask_of(const std::vector<Node>& nodes, int node, int layer) const {
     std::uint64_t m = 0;
     for (int a = node; a >= 0; a = nodes[static_cast<std::size_t>(a)].parent)
-      if (frozen_ || nodes[static_cast<std::size_t>(a)].layer == layer) m |= 1ull << nodes[static_cast<std::size_t>(a)].slot;
+      if (frozen_ || nodes[static_cast<std::size_t>(a)].layer == layer)
+        m |= 1ull << nodes[static_cast<std::size_t>(a)].slot;
     return m;
   }
 
@@ -163,7 +164,8 @@ class HeadDrafter final : public Drafter {
     std::vector<float> hidden;
     for (std::int64_t p0 = st.fed; p0 < n - 1; p0 += 256) {
       const std::int64_t cnt = std::min<std::int64_t>(256, n - 1 - p0);
-      std::vector<std::int32_t> toks(ctx.begin() + p0 + 1, ctx.begin() + p0 + 1 + cnt), pos(static_cast<std::size_t>(cnt));
+      std::vector<std::int32_t> toks(ctx.begin() + p0 + 1, ctx.begin() + p0 + 1 + cnt),
+          pos(static_cast<std::size_t>(cnt));
       for (std::int64_t i = 0; i < cnt; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(p0 + 1 + i);
       const float* feat = st.feat.data() + (p0 - st.feat_base) * width;
       for (int l = 0; l < layers_; ++l) {
@@ -196,8 +198,8 @@ class HeadDrafter final : public Drafter {
   // step: for frontier node j it gets (token, parent's output, position, parent node) and returns the
   // output hidden rows; the first level comes from root_hidden.
   template <class Forward>
-  DraftTree expand(const std::vector<float>& root_hidden, int root_node, std::int64_t root_pos,
-                   std::int32_t max_nodes, std::int32_t depth, Forward&& forward) {
+  DraftTree expand(const std::vector<float>& root_hidden, int root_node, std::int64_t root_pos, std::int32_t max_nodes,
+                   std::int32_t depth, Forward&& forward) {
     const std::int64_t H = head_->config().hidden;
     const std::int32_t kk = topk_;
     std::vector<float> logits, probs;
@@ -216,7 +218,8 @@ class HeadDrafter final : public Drafter {
     std::vector<std::int32_t> frontier = e.frontier_ids, frontier_tokens = e.frontier_tokens;
     std::vector<float> frontier_scores = e.frontier_scores;
     std::vector<float> parent_hidden;
-    for (std::size_t j = 0; j < frontier.size(); ++j) parent_hidden.insert(parent_hidden.end(), root_hidden.begin(), root_hidden.end());
+    for (std::size_t j = 0; j < frontier.size(); ++j)
+      parent_hidden.insert(parent_hidden.end(), root_hidden.begin(), root_hidden.end());
     std::vector<int> parent_node(frontier.size(), root_node);
     for (std::int32_t step = 1; step < depth; ++step) {
       const auto nf = static_cast<std::int64_t>(frontier.size());
@@ -233,7 +236,8 @@ class HeadDrafter final : public Drafter {
       for (std::int64_t j = 0; j < nf; ++j) k::softmax_cpu(probs.data() + j * draft_vocab_, draft_vocab_);
       k::ExpandStep s = k::topk_expand_cpu(probs.data(), static_cast<std::int32_t>(nf), draft_vocab_, kk, step,
                                            frontier_scores, frontier);
-      for (std::size_t c = 0; c < s.tokens.size(); ++c) cand_parent.push_back(frontier[c / static_cast<std::size_t>(kk)]);
+      for (std::size_t c = 0; c < s.tokens.size(); ++c)
+        cand_parent.push_back(frontier[c / static_cast<std::size_t>(kk)]);
       score_list.push_back(s.scores);
       token_list.push_back(s.tokens);
       parents_list.push_back(s.parents);
@@ -242,7 +246,8 @@ class HeadDrafter final : public Drafter {
       std::vector<int> next_node;
       for (std::size_t j = 0; j < s.frontier_ids.size(); ++j) {
         const std::size_t f = static_cast<std::size_t>(s.frontier_ids[j] - first_id) / static_cast<std::size_t>(kk);
-        next_hidden.insert(next_hidden.end(), out.begin() + static_cast<long>(f * H), out.begin() + static_cast<long>((f + 1) * H));
+        next_hidden.insert(next_hidden.end(), out.begin() + static_cast<long>(f * H),
+                           out.begin() + static_cast<long>((f + 1) * H));
         next_node.push_back(made[f]);
       }
       frontier = s.frontier_ids;
@@ -251,7 +256,8 @@ class HeadDrafter final : public Drafter {
       parent_hidden = std::move(next_hidden);
       parent_node = std::move(next_node);
     }
-    const std::int32_t want = std::min<std::int32_t>({max_nodes, n_tokens_ - 1, static_cast<std::int32_t>(cand_parent.size())});
+    const std::int32_t want =
+        std::min<std::int32_t>({max_nodes, n_tokens_ - 1, static_cast<std::int32_t>(cand_parent.size())});
     const k::Organized o = k::organize_draft_results_cpu(score_list, token_list, parents_list, want + 1);
     DraftTree t;
     std::map<std::int32_t, std::int32_t> index;  // candidate id -> index in t
@@ -301,7 +307,8 @@ class HeadDrafter final : public Drafter {
       return hidden;
     };
     DraftTree t = expand(st.root_hidden, -1, n - 1, max_nodes, depth, forward);
-    for (int l = 0; l < layers_; ++l) kv_[static_cast<std::size_t>(l)]->truncate(st.seqs[static_cast<std::size_t>(l)], st.fed);
+    for (int l = 0; l < layers_; ++l)
+      kv_[static_cast<std::size_t>(l)]->truncate(st.seqs[static_cast<std::size_t>(l)], st.fed);
     return t;
   }
 
@@ -338,7 +345,8 @@ class HeadDrafter final : public Drafter {
     // The root pair (t_{n-1}, h_{n-2}) at position n-1, with the target's feature.
     std::vector<int> made;
     const std::vector<float> root_feat(st.feat.end() - hc.feature_width(), st.feat.end());
-    std::vector<float> root_hidden = forward(0, {ctx.back()}, root_feat, {static_cast<std::int32_t>(n - 1)}, {-1}, made);
+    std::vector<float> root_hidden =
+        forward(0, {ctx.back()}, root_feat, {static_cast<std::int32_t>(n - 1)}, {-1}, made);
     (void)row;
     return expand(root_hidden, made[0], n - 1, max_nodes, depth, forward);
   }

@@ -44,7 +44,9 @@ class NgramDrafter final : public Drafter {
         for (std::int32_t k : kids)
           if (nodes[static_cast<std::size_t>(k)].token == t) next = k;
         if (next < 0) {
-          if (static_cast<std::int32_t>(nodes.size()) >= max_nodes || static_cast<std::int32_t>(kids.size()) >= breadth_) break;
+          if (static_cast<std::int32_t>(nodes.size()) >= max_nodes ||
+              static_cast<std::int32_t>(kids.size()) >= breadth_)
+            break;
           next = static_cast<std::int32_t>(nodes.size());
           kids.push_back(next);
           nodes.push_back({t, at, {}});
@@ -120,7 +122,8 @@ class NgramDrafter final : public Drafter {
     const std::string what = "--speculative-ngram-corpus-path " + path;
     const std::string text = config::read_text_file(path, what);
     if (!ctx.tokenizer)
-      throw std::runtime_error("--speculative-ngram-corpus-path needs the target's tokenizer (not --skip-tokenizer-init)");
+      throw std::runtime_error(
+          "--speculative-ngram-corpus-path needs the target's tokenizer (not --skip-tokenizer-init)");
     try {
       corpus_ = ctx.tokenizer->encode(text);
     } catch (const config::ConfigError& e) {
@@ -131,7 +134,8 @@ class NgramDrafter final : public Drafter {
     const std::int64_t cap = std::max<std::int64_t>(max_window_, 1) + 1;  // suffixes compared on a bounded prefix
     std::sort(sa_.begin(), sa_.end(), [&](std::int64_t a, std::int64_t b) {
       for (std::int64_t i = 0; i < cap; ++i) {
-        const bool ea = a + i >= static_cast<std::int64_t>(corpus_.size()), eb = b + i >= static_cast<std::int64_t>(corpus_.size());
+        const bool ea = a + i >= static_cast<std::int64_t>(corpus_.size()),
+                   eb = b + i >= static_cast<std::int64_t>(corpus_.size());
         if (ea || eb) return ea && !eb;
         const auto x = corpus_[static_cast<std::size_t>(a + i)], y = corpus_[static_cast<std::size_t>(b + i)];
         if (x != y) return x < y;

@@ -3,12 +3,12 @@
 // step, stream the accepted tokens, retire finished requests, repeat while there is work.
 #include "actors/scheduler.hpp"
 
+#include <spdlog/spdlog.h>
+
+#include <caf/all.hpp>
 #include <chrono>
 #include <deque>
 #include <optional>
-
-#include <caf/all.hpp>
-#include <spdlog/spdlog.h>
 
 #include "actors/draft_worker.hpp"
 #include "actors/system.hpp"
@@ -19,14 +19,16 @@ namespace specactor::actors {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
 
 struct Req {
   std::shared_ptr<const Submission> sub;
   std::vector<std::int32_t> seq;  // prompt + emitted tokens
   std::size_t prompt_len = 0;
-  std::size_t prefilled = 0;      // prompt tokens in the target's KV
-  std::size_t chunk = 0;          // prompt tokens in the step in flight
+  std::size_t prefilled = 0;  // prompt tokens in the target's KV
+  std::size_t chunk = 0;      // prompt tokens in the step in flight
   std::int64_t max_new = 0;
   std::int64_t reserved_pages = 0;
   std::uint64_t seed = 0;
@@ -59,7 +61,7 @@ struct SchedulerState {
   std::string target_error;
   caf::error target_failure;  // what ready() answers once the target failed (keeps user vs internal)
   std::vector<caf::typed_response_promise<TargetInfo>> ready_waiters;
-  bool ready = false;  // the target model is loaded and the draft worker (if any) answered once
+  bool ready = false;                // the target model is loaded and the draft worker (if any) answered once
   bool ready_on_draft_down = false;  // the draft worker failed its first answer: ready once its down is seen
   std::deque<std::unique_ptr<Req>> queue;
   std::vector<std::unique_ptr<Req>> running;
@@ -94,7 +96,8 @@ RequestMetrics finish_metrics(Req& r) {
   if (!r.generated.empty()) {
     m.time_to_first_token_ms = ms_between(r.submitted, r.first_token);
     const double decode_ms = ms_between(r.first_token, now);
-    m.decode_tokens_per_s = r.generated.size() > 1 && decode_ms > 0 ? (r.generated.size() - 1) / (decode_ms / 1000.0) : 0.0;
+    m.decode_tokens_per_s =
+        r.generated.size() > 1 && decode_ms > 0 ? (r.generated.size() - 1) / (decode_ms / 1000.0) : 0.0;
   }
   m.mean_accepted_length = m.steps > 0 ? static_cast<double>(m.accepted + m.steps) / static_cast<double>(m.steps) : 0.0;
   return m;
@@ -115,9 +118,12 @@ void retire(Self self, Req& r, const std::string& reason, const std::string& err
   if (st.target) self->send(st.target, release_atom::value, r.sub->id);
   if (st.draft) self->send(st.draft, release_atom::value, r.sub->id);
   st.free_pages += r.reserved_pages;
-  if (reason == "error") ++st.metrics.requests_failed;
-  else if (reason == "cancelled") ++st.metrics.requests_cancelled;
-  else ++st.metrics.requests_finished;
+  if (reason == "error")
+    ++st.metrics.requests_failed;
+  else if (reason == "cancelled")
+    ++st.metrics.requests_cancelled;
+  else
+    ++st.metrics.requests_finished;
 }
 
 // Appends accepted tokens to a request, streams them, and checks the stop conditions.
@@ -196,8 +202,7 @@ std::int64_t draft_tokens(const SchedulerState& st) {
 // Moves queued requests into the batch while the KV budget and max_running_requests allow.
 void admit(Self self) {
   auto& st = self->state;
-  while (!st.queue.empty() &&
-         static_cast<std::int64_t>(st.running.size()) < st.target_snapshot->max_running_requests) {
+  while (!st.queue.empty() && static_cast<std::int64_t>(st.running.size()) < st.target_snapshot->max_running_requests) {
     Req& r = *st.queue.front();
     if (r.reserved_pages > st.free_pages) break;  // wait for pages (FIFO: no request is overtaken)
     st.free_pages -= r.reserved_pages;
@@ -270,23 +275,23 @@ void run_step(Self self, StepBatch batch) {
           [self, sent, epoch](StepResult& res) {
             if (self->state.epoch == epoch) on_step_result(self, res, sent);
           },
-            [self, epoch](caf::error& err) {
-              if (self->state.epoch != epoch) return;
-              const std::string msg = "target step failed: " + self->system().render(err);
-              spdlog::error("{}", msg);
-              auto& st = self->state;
-              // The step's requests cannot continue; the others can.
-              for (auto it = st.running.begin(); it != st.running.end();) {
-                if ((*it)->in_step) {
-                  retire(self, **it, "error", msg);
-                  it = st.running.erase(it);
-                } else {
-                  ++it;
-                }
+          [self, epoch](caf::error& err) {
+            if (self->state.epoch != epoch) return;
+            const std::string msg = "target step failed: " + self->system().render(err);
+            spdlog::error("{}", msg);
+            auto& st = self->state;
+            // The step's requests cannot continue; the others can.
+            for (auto it = st.running.begin(); it != st.running.end();) {
+              if ((*it)->in_step) {
+                retire(self, **it, "error", msg);
+                it = st.running.erase(it);
+              } else {
+                ++it;
               }
-              st.busy = false;
-              tick(self);
-            });
+            }
+            st.busy = false;
+            tick(self);
+          });
 }
 
 void tick(Self self) {
@@ -324,9 +329,11 @@ void tick(Self self) {
     }
     if (r.prefilled < r.prompt_len) {
       if (prefill_budget <= 0) continue;
-      const auto n = static_cast<std::size_t>(std::min<std::int64_t>(prefill_budget, static_cast<std::int64_t>(r.prompt_len - r.prefilled)));
+      const auto n = static_cast<std::size_t>(
+          std::min<std::int64_t>(prefill_budget, static_cast<std::int64_t>(r.prompt_len - r.prefilled)));
       item.prefill = true;
-      item.tokens.assign(r.seq.begin() + static_cast<long>(r.prefilled), r.seq.begin() + static_cast<long>(r.prefilled + n));
+      item.tokens.assign(r.seq.begin() + static_cast<long>(r.prefilled),
+                         r.seq.begin() + static_cast<long>(r.prefilled + n));
       item.sample = r.prefilled + n == r.prompt_len;
       r.chunk = n;
       prefill_budget -= static_cast<std::int64_t>(n);
@@ -360,7 +367,8 @@ void tick(Self self) {
   for (Req* r : decoding) {
     const std::int64_t remaining = r->max_new - static_cast<std::int64_t>(r->generated.size());
     const std::int64_t room = ctx - static_cast<std::int64_t>(r->seq.size());
-    const auto depth = static_cast<std::int32_t>(std::max<std::int64_t>(0, std::min<std::int64_t>({steps, remaining - 1, room})));
+    const auto depth =
+        static_cast<std::int32_t>(std::max<std::int64_t>(0, std::min<std::int64_t>({steps, remaining - 1, room})));
     const auto nodes = depth == 0 ? 0 : static_cast<std::int32_t>(draft_tokens(st) - 1);
     limits.push_back(depth);
     pb.items.push_back({r->sub->id, std::make_shared<const std::vector<std::int32_t>>(r->seq), nodes, depth,
@@ -388,9 +396,11 @@ void tick(Self self) {
               std::vector<std::int32_t> kept_tokens, kept_parents;
               for (std::size_t j = 0; j < toks.size() && j < pars.size(); ++j) {
                 const std::int32_t par = pars[j];
-                if (par >= static_cast<std::int32_t>(j) || (par >= 0 && keep_index[static_cast<std::size_t>(par)] < 0)) continue;
+                if (par >= static_cast<std::int32_t>(j) || (par >= 0 && keep_index[static_cast<std::size_t>(par)] < 0))
+                  continue;
                 depth[j] = par < 0 ? 1 : depth[static_cast<std::size_t>(par)] + 1;
-                if (depth[j] > limits[i] || static_cast<std::int64_t>(kept_tokens.size()) + 1 >= config::kMaxTreeTokens) continue;
+                if (depth[j] > limits[i] || static_cast<std::int64_t>(kept_tokens.size()) + 1 >= config::kMaxTreeTokens)
+                  continue;
                 keep_index[j] = static_cast<std::int32_t>(kept_tokens.size());
                 kept_tokens.push_back(toks[j]);
                 kept_parents.push_back(par < 0 ? -1 : keep_index[static_cast<std::size_t>(par)]);
@@ -475,8 +485,10 @@ void on_target_ready(Self self, TargetInfo& info) {
           [self](caf::error&) {
             // The worker went down before answering (its drafter could not be built). Announce once
             // its down message is recorded, so whoever waited for `ready` sees the reason in the metrics.
-            if (self->state.draft) self->state.ready_on_draft_down = true;
-            else announce_ready(self);
+            if (self->state.draft)
+              self->state.ready_on_draft_down = true;
+            else
+              announce_ready(self);
           });
 }
 
@@ -572,15 +584,19 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
         if (s.info && s.info->tokenizer) r->decoder = std::make_unique<model::StreamDecoder>(*s.info->tokenizer);
         const std::int64_t ctx = *s.target_snapshot->context_length;
         std::string error;
-        if (!s.target_error.empty()) error = s.target_error;
-        else if (r->prompt_len == 0) error = "prompt: is empty (at least one token is needed)";
+        if (!s.target_error.empty())
+          error = s.target_error;
+        else if (r->prompt_len == 0)
+          error = "prompt: is empty (at least one token is needed)";
         else if (static_cast<std::int64_t>(r->prompt_len) >= ctx)
-          error = "prompt: has " + std::to_string(r->prompt_len) + " tokens; the context length (--context-length) is " +
-                  std::to_string(ctx) + ", which must leave room for at least one new token";
+          error = "prompt: has " + std::to_string(r->prompt_len) +
+                  " tokens; the context length (--context-length) is " + std::to_string(ctx) +
+                  ", which must leave room for at least one new token";
         else if (sub->request.max_new_tokens < 1)
           error = "max_new_tokens must be >= 1 (got " + std::to_string(sub->request.max_new_tokens) + ")";
         if (error.empty()) {
-          r->max_new = std::min<std::int64_t>(sub->request.max_new_tokens, ctx - static_cast<std::int64_t>(r->prompt_len));
+          r->max_new =
+              std::min<std::int64_t>(sub->request.max_new_tokens, ctx - static_cast<std::int64_t>(r->prompt_len));
           const std::int64_t page = s.target_snapshot->page_size;
           const std::int64_t need = static_cast<std::int64_t>(r->prompt_len) + r->max_new + draft_tokens(s);
           r->reserved_pages = (need + page - 1) / page;
@@ -639,11 +655,12 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
                     return;
                   }
                   self->request(s2.draft, std::chrono::seconds(30), snapshot_atom::value)
-                      .then([rp, base](config::Snapshot& d) mutable {
-                              base.draft_worker = d;
-                              rp.deliver(base);
-                            },
-                            [rp, base](caf::error&) mutable { rp.deliver(base); });
+                      .then(
+                          [rp, base](config::Snapshot& d) mutable {
+                            base.draft_worker = d;
+                            rp.deliver(base);
+                          },
+                          [rp, base](caf::error&) mutable { rp.deliver(base); });
                 },
                 [rp](caf::error& e) mutable { rp.deliver(e); });
         return rp;

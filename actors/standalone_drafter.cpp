@@ -5,7 +5,6 @@
 #include <map>
 #include <stdexcept>
 
-
 #include "actors/drafter.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/loader.hpp"
@@ -17,7 +16,8 @@ namespace {
 
 class StandaloneDrafter final : public Drafter {
  public:
-  StandaloneDrafter(const config::Snapshot& s, const DraftContext& ctx) : sampling_(s->speculative_use_rejection_sampling) {
+  StandaloneDrafter(const config::Snapshot& s, const DraftContext& ctx)
+      : sampling_(s->speculative_use_rejection_sampling) {
     const std::int64_t layers = s->speculative_draft_num_layers.value_or(-1);
     model_ = model::load_model(*s, {}, layers);
     const auto& c = model_.config;
@@ -32,7 +32,8 @@ class StandaloneDrafter final : public Drafter {
           throw std::runtime_error(what + ": token " + std::to_string(id) + " differs from the target's vocabulary");
     kv_ = std::make_unique<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, *s->max_total_tokens,
                                            s->device != config::Device::Cuda);
-    runner_ = model::make_runner(model_.weights, *s, 0, static_cast<int>(s->threads), *kv_);  // the draft snapshot's device
+    runner_ =
+        model::make_runner(model_.weights, *s, 0, static_cast<int>(s->threads), *kv_);  // the draft snapshot's device
   }
 
   DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
@@ -77,7 +78,8 @@ class StandaloneDrafter final : public Drafter {
     }
     kv_->truncate(st.seq, static_cast<std::int64_t>(st.fed.size()));  // drafts are not kept
     DraftTree t = DraftTree::chain(std::move(drafts));
-    if (sample && q_rows.size() == t.tokens.size() * static_cast<std::size_t>(model_.config.vocab_size)) t.probs = std::move(q_rows);
+    if (sample && q_rows.size() == t.tokens.size() * static_cast<std::size_t>(model_.config.vocab_size))
+      t.probs = std::move(q_rows);
     return t;
   }
 

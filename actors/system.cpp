@@ -1,18 +1,15 @@
 #include "actors/system.hpp"
 
 #include <algorithm>
-#include <exception>
-
 #include <caf/all.hpp>
+#include <exception>
+#include <thread>
 
 #include "actors/messages.hpp"
-#include <thread>
 
 namespace specactor::actors {
 
-std::size_t scheduler_threads(unsigned hardware_threads) {
-  return std::clamp<std::size_t>(hardware_threads / 2, 1, 4);
-}
+std::size_t scheduler_threads(unsigned hardware_threads) { return std::clamp<std::size_t>(hardware_threads / 2, 1, 4); }
 
 // The cooperative actors (scheduler, engine plumbing) do little work; the detached workers run the
 // OpenMP compute. CAF's default work-stealing workers poll while idle, and on a small machine that

@@ -3,7 +3,6 @@
 
 #include <caf/actor_system_config.hpp>
 #include <caf/error.hpp>
-
 #include <string>
 
 #include "config/snapshot.hpp"

@@ -1,21 +1,19 @@
 #include "actors/target_worker.hpp"
 
+#include <spdlog/spdlog.h>
+
+#include <caf/all.hpp>
 #include <chrono>
 #include <map>
 #include <optional>
 #include <thread>
 
-#include <caf/all.hpp>
-
 #include "actors/system.hpp"
 #include "config/error.hpp"
 #include "kernels/spec/spec.hpp"
 #include "model/gguf.hpp"
-#include <spdlog/spdlog.h>
-
 
 namespace specactor::actors {
-
 
 namespace {
 
@@ -37,11 +35,13 @@ ItemResult verify_tree(const StepItem& it, const kernels::Tree& tree, const floa
                        kernels::Rng& rng, std::vector<std::int32_t>& path) {
   const auto n = static_cast<std::int32_t>(it.tokens.size());
   std::int32_t max_depth = 0;
-  for (std::int32_t i = 0; i < n; ++i) max_depth = std::max(max_depth, tree.positions[static_cast<std::size_t>(i)] - tree.positions[0]);
+  for (std::int32_t i = 0; i < n; ++i)
+    max_depth = std::max(max_depth, tree.positions[static_cast<std::size_t>(i)] - tree.positions[0]);
   kernels::Verified v;
   if (it.params.greedy()) {
     std::vector<std::int32_t> predict(static_cast<std::size_t>(n));
-    for (std::int32_t i = 0; i < n; ++i) predict[static_cast<std::size_t>(i)] = kernels::argmax(logits + i * vocab, vocab);
+    for (std::int32_t i = 0; i < n; ++i)
+      predict[static_cast<std::size_t>(i)] = kernels::argmax(logits + i * vocab, vocab);
     v = kernels::verify_tree_greedy_cpu(it.tokens, tree, predict, 1, n, max_depth + 1);
   } else {
     std::vector<float> probs(static_cast<std::size_t>(n * vocab)), row;
@@ -138,7 +138,8 @@ int rank_threads(const config::ServerArgs& s) { return static_cast<int>(s.thread
 
 tp_rank_actor::behavior_type tp_rank_worker(tp_rank_actor::stateful_pointer<TpRankState> self,
                                             std::shared_ptr<const model::LlamaWeights> weights,
-                                            std::shared_ptr<kernels::Communicator> comm, config::Snapshot snapshot, int rank) {
+                                            std::shared_ptr<kernels::Communicator> comm, config::Snapshot snapshot,
+                                            int rank) {
   self->set_exception_handler(exit_with_message);
   auto& st = self->state;
   st.weights = std::move(weights);
@@ -149,14 +150,17 @@ tp_rank_actor::behavior_type tp_rank_worker(tp_rank_actor::stateful_pointer<TpRa
   st.runner = model::make_runner(st.weights, *snapshot, rank, rank_threads(*snapshot), *st.kv);
   st.rank = rank;
   // However this rank ends, nobody may wait for it in a collective.
-  self->attach_functor([comm = st.comm, rank](const caf::error&) { comm->abort("rank " + std::to_string(rank) + " stopped"); });
+  self->attach_functor(
+      [comm = st.comm, rank](const caf::error&) { comm->abort("rank " + std::to_string(rank) + " stopped"); });
   return {
       [self](step_atom, StepBatch& batch) {
         auto& s = self->state;
         std::vector<model::ForwardSeq> fwd;
         std::vector<std::int64_t> old_len;
         std::vector<kernels::Tree> trees;
-        if (!plan_step(batch, s.seqs, [](const StepItem&) { return model::KvCache::Seq{}; }, false, fwd, old_len, trees).empty())
+        if (!plan_step(
+                 batch, s.seqs, [](const StepItem&) { return model::KvCache::Seq{}; }, false, fwd, old_len, trees)
+                 .empty())
           return;  // rank 0 refused the same batch before handing it out
         model::ForwardResult out;
         std::vector<std::size_t> offset;
@@ -191,9 +195,10 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
   st.snapshot = std::move(snapshot);
   const int T = static_cast<int>(st.snapshot->tp_size);
   try {
-    const bool quiet = st.snapshot->log_level == "warn" || st.snapshot->log_level == "error" || st.snapshot->log_level == "off";
-    st.model = model::load_model(*st.snapshot, quiet ? model::LlamaWeights::Progress{} : model::terminal_progress("loading target"),
-                                 -1, {0, T});
+    const bool quiet =
+        st.snapshot->log_level == "warn" || st.snapshot->log_level == "error" || st.snapshot->log_level == "off";
+    st.model = model::load_model(
+        *st.snapshot, quiet ? model::LlamaWeights::Progress{} : model::terminal_progress("loading target"), -1, {0, T});
     const auto& c = st.model->config;
     const bool host_kv = st.snapshot->device != config::Device::Cuda;  // on CUDA the rows live on the device
     st.kv = std::make_shared<model::KvCache>(c.n_layers, st.model->weights->local_kv_heads(), c.head_dim,
@@ -207,9 +212,9 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
       auto group = model::make_tp_group(*st.snapshot);
       st.comm = std::move(group[0]);
       for (int r = 1; r < T; ++r)
-        st.ranks.push_back(self->spawn<caf::detached>(tp_rank_worker, shards[static_cast<std::size_t>(r - 1)],
-                                                      std::shared_ptr<kernels::Communicator>(std::move(group[static_cast<std::size_t>(r)])),
-                                                      st.snapshot, r));
+        st.ranks.push_back(self->spawn<caf::detached>(
+            tp_rank_worker, shards[static_cast<std::size_t>(r - 1)],
+            std::shared_ptr<kernels::Communicator>(std::move(group[static_cast<std::size_t>(r)])), st.snapshot, r));
       // The ranks live exactly as long as rank 0.
       self->attach_functor([ranks = st.ranks, comm = st.comm](const caf::error&) {
         comm->abort("rank 0 stopped");  // a rank waiting in a collective wakes up and sees its exit
@@ -234,14 +239,17 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
                             dynamic_cast<const std::bad_alloc*>(&e);
     if (dynamic_cast<const std::bad_alloc*>(&e)) st.load_error = "out of memory while loading the model";
     // A user error reaches the caller as the engine's exception (and the CLI prints it once).
-    if (st.load_error_is_user) spdlog::debug("target worker: {}", st.load_error);
-    else spdlog::error("target worker: {}", st.load_error);
+    if (st.load_error_is_user)
+      spdlog::debug("target worker: {}", st.load_error);
+    else
+      spdlog::error("target worker: {}", st.load_error);
   }
   return {
       [self](info_atom) -> caf::result<TargetInfo> {
         auto& s = self->state;
         if (!s.model) return s.load_error_is_user ? user_error(s.load_error) : internal_error(s.load_error);
-        return TargetInfo{s.model->info, s.model->tokenizer, s.kv->capacity_tokens(), s.kv->page_size(), s.model->weights, s.kv};
+        return TargetInfo{s.model->info,     s.model->tokenizer, s.kv->capacity_tokens(),
+                          s.kv->page_size(), s.model->weights,   s.kv};
       },
       [self](step_atom, StepBatch& batch) -> caf::result<StepResult> {
         auto& s = self->state;
@@ -252,8 +260,11 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
         std::vector<std::int64_t> old_len;
         std::vector<kernels::Tree> trees;
         const std::string refused = plan_step(
-            batch, s.seqs, [](const StepItem& it) { return TargetWorkerState::Seq{{}, kernels::Rng(it.seed)}; }, true, fwd,
-            old_len, trees);
+            batch, s.seqs,
+            [](const StepItem& it) {
+              return TargetWorkerState::Seq{{}, kernels::Rng(it.seed)};
+            },
+            true, fwd, old_len, trees);
         if (!refused.empty()) return caf::make_error(caf::sec::runtime_error, refused);
         bool any_hidden = false;
         for (const auto& it : batch.items) any_hidden = any_hidden || it.want_hidden;
@@ -261,7 +272,8 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
         if (any_hidden)
           for (auto l : batch.capture) {
             if (l < 0 || l >= s.model->config.n_layers)
-              return caf::make_error(caf::sec::runtime_error, "target worker: cannot capture layer " + std::to_string(l) + " of " +
+              return caf::make_error(caf::sec::runtime_error, "target worker: cannot capture layer " +
+                                                                  std::to_string(l) + " of " +
                                                                   std::to_string(s.model->config.n_layers));
             capture.push_back(l);
           }

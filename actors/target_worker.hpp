@@ -10,7 +10,6 @@
 #pragma once
 
 #include <caf/typed_actor.hpp>
-
 #include <map>
 #include <optional>
 
@@ -31,7 +30,8 @@ struct TpRankState {
   int rank = 0;
   static inline const char* name = "tp_rank_worker";
 };
-using tp_rank_actor = caf::typed_actor<caf::reacts_to<step_atom, StepBatch>, caf::reacts_to<release_atom, std::uint64_t>>;
+using tp_rank_actor =
+    caf::typed_actor<caf::reacts_to<step_atom, StepBatch>, caf::reacts_to<release_atom, std::uint64_t>>;
 
 struct TargetWorkerState {
   config::Snapshot snapshot;

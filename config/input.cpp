@@ -29,7 +29,8 @@ std::string read_text_file(const std::string& path, const std::string& what, std
   const int fd = open_regular_file(path, what, size);
   if (size > max_bytes) {
     ::close(fd);
-    throw ConfigError(what + ": " + std::to_string(size) + " bytes, more than the limit of " + std::to_string(max_bytes));
+    throw ConfigError(what + ": " + std::to_string(size) + " bytes, more than the limit of " +
+                      std::to_string(max_bytes));
   }
   std::string out(size, '\0');
   std::size_t got = 0;

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <optional>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "config/error.hpp"
@@ -57,8 +57,7 @@ void apply_config_file(ServerArgs& args, const std::string& path) {
   if (!doc.is_object()) throw ConfigError("--config " + path + ": expected a JSON object of settings");
   json applied = json::object();
   for (const auto& [key, value] : doc.items()) {
-    if (!known_field(key))
-      throw ConfigError("--config " + path + ": unknown setting '" + key + "'" + suggestion(key));
+    if (!known_field(key)) throw ConfigError("--config " + path + ": unknown setting '" + key + "'" + suggestion(key));
     set_field(args, key, value, "--config " + path + " key '" + key + "'");
     applied[key] = value;
   }
@@ -125,14 +124,13 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
       throw ConfigError(s->model_path + ": the model reports no context length; pass --context-length");
     if (!s->context_length) {
       if (model.context_length > kMaxContextLength)
-        throw ConfigError(s->model_path + ": the model reports a context length of " + std::to_string(model.context_length) +
-                          " tokens, more than the " + std::to_string(kMaxContextLength) +
-                          " specactor supports; pass --context-length");
+        throw ConfigError(s->model_path + ": the model reports a context length of " +
+                          std::to_string(model.context_length) + " tokens, more than the " +
+                          std::to_string(kMaxContextLength) + " specactor supports; pass --context-length");
       f["context_length"] = model.context_length;
     } else if (*s->context_length > model.context_length && !s->allow_context_length_above_model) {
-      throw ConfigError("--context-length " + std::to_string(*s->context_length) +
-                        " exceeds the context length of " + model_name + " (" +
-                        std::to_string(model.context_length) +
+      throw ConfigError("--context-length " + std::to_string(*s->context_length) + " exceeds the context length of " +
+                        model_name + " (" + std::to_string(model.context_length) +
                         "); pass --allow-context-length-above-model to accept it");
     }
     s = derive(s, "load.model_config", f);
@@ -159,8 +157,9 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                       (runtime.cuda_reason.empty() ? std::string("probe failed") : runtime.cuda_reason) +
                       "); use --device cpu or auto");
   if (s->device == Device::Cuda && !runtime.cuda_forward)
-    throw ConfigError("--device cuda: this build has no CUDA forward pass (configured without nvcc); use --device cpu "
-                      "or auto");
+    throw ConfigError(
+        "--device cuda: this build has no CUDA forward pass (configured without nvcc); use --device cpu "
+        "or auto");
   if (s->device == Device::Auto)
     s = derive(s, "auto.device",
                {{"device", runtime.cuda_usable && runtime.cuda_forward &&
@@ -179,16 +178,19 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                                   {"--kv-cache-dtype", s->kv_cache_dtype},
                                   {"--speculative-draft-kv-cache-dtype", s->speculative_draft_kv_cache_dtype}})
       if (v && *v != "auto" && *v != "float32")
-        not_yet(flag, *v, flag == "--dtype" ? "activations and weights are computed in float32; see --cpu-precision"
-                                            : "the KV cache holds float32");
-    for (const auto& [flag, v] : {std::pair<std::string, std::optional<std::string>>{"--attention-backend", s->attention_backend},
-                                  {"--prefill-attention-backend", s->prefill_attention_backend},
-                                  {"--decode-attention-backend", s->decode_attention_backend},
-                                  {"--speculative-draft-attention-backend", s->speculative_draft_attention_backend}})
+        not_yet(flag, *v,
+                flag == "--dtype" ? "activations and weights are computed in float32; see --cpu-precision"
+                                  : "the KV cache holds float32");
+    for (const auto& [flag, v] :
+         {std::pair<std::string, std::optional<std::string>>{"--attention-backend", s->attention_backend},
+          {"--prefill-attention-backend", s->prefill_attention_backend},
+          {"--decode-attention-backend", s->decode_attention_backend},
+          {"--speculative-draft-attention-backend", s->speculative_draft_attention_backend}})
       if (v && *v != "auto" && *v != device)
         not_yet(flag, *v, "attention runs where the forward runs: --device " + device);
     if (s->disable_chunked_prefix_cache)
-      not_yet("--disable-chunked-prefix-cache", "true", "specactor has no prefix cache, so there is nothing to disable");
+      not_yet("--disable-chunked-prefix-cache", "true",
+              "specactor has no prefix cache, so there is nothing to disable");
   }
 
   // Tensor parallelism: on the CPU the ranks are threads of this process (any count the model's
@@ -205,16 +207,17 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     auto need = [&](std::int64_t n, const char* what) {
       if (n > 0 && n % T != 0)
         throw ConfigError("--tp-size " + std::to_string(T) + ": " + model_name + " has " + std::to_string(n) + " " +
-                          what + ", which do not split into " + std::to_string(T) + " equal shards (sizes that fit: " +
-                          fits + ")");
+                          what + ", which do not split into " + std::to_string(T) +
+                          " equal shards (sizes that fit: " + fits + ")");
     };
     need(model.num_heads, "attention heads");
     need(model.num_kv_heads, "KV heads");
     need(model.ffn_hidden_size, "MLP columns");
   }
   if (s->device == Device::Cuda && s->speculative_algorithm == SpecAlgorithm::FrozenKvMtp)
-    throw ConfigError("--device cuda: FROZEN_KV_MTP reads the target's KV cache from host memory, but on CUDA the KV "
-                      "rows live on the device; use --device cpu or another algorithm");
+    throw ConfigError(
+        "--device cuda: FROZEN_KV_MTP reads the target's KV cache from host memory, but on CUDA the KV "
+        "rows live on the device; use --device cpu or another algorithm");
   if (s->tp_size > 1 && s->speculative_algorithm == SpecAlgorithm::FrozenKvMtp)
     throw ConfigError("--tp-size " + std::to_string(s->tp_size) +
                       ": FROZEN_KV_MTP reads the target's whole KV cache, but with tensor parallelism each rank "
@@ -223,12 +226,11 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
   // Speculative shape.
   if (s->speculative_algorithm != SpecAlgorithm::None) {
     const SpecShape dflt = auto_spec_shape(s->speculative_algorithm, model.llama_family);
-    const bool none_given =
-        !s->speculative_num_steps && !s->speculative_eagle_topk && !s->speculative_num_draft_tokens;
+    const bool none_given = !s->speculative_num_steps && !s->speculative_eagle_topk && !s->speculative_num_draft_tokens;
     const std::int64_t steps = s->speculative_num_steps.value_or(dflt.num_steps);
     const std::int64_t topk = s->speculative_eagle_topk.value_or(none_given ? dflt.eagle_topk : 1);
-    std::int64_t tokens = s->speculative_num_draft_tokens.value_or(
-        std::min<std::int64_t>(dflt.num_draft_tokens, 1 + steps * topk));
+    std::int64_t tokens =
+        s->speculative_num_draft_tokens.value_or(std::min<std::int64_t>(dflt.num_draft_tokens, 1 + steps * topk));
     if (topk == 1) tokens = steps + 1;  // a chain verifies exactly its steps plus the root
     json f = json::object();
     if (!s->speculative_num_steps) f["speculative_num_steps"] = steps;

@@ -29,9 +29,9 @@ struct ModelFacts {
 
 // What resolution needs to know about this machine.
 struct RuntimeFacts {
-  bool cuda_usable = false;  // a CUDA device answered the probe
-  std::string cuda_reason;   // why not, for the error message of --device cuda
-  bool cuda_forward = false; // the build has the CUDA forward pass (kernels/cuda)
+  bool cuda_usable = false;       // a CUDA device answered the probe
+  std::string cuda_reason;        // why not, for the error message of --device cuda
+  bool cuda_forward = false;      // the build has the CUDA forward pass (kernels/cuda)
   std::int64_t cuda_devices = 0;  // devices that answered (--device cuda runs one rank per device)
 };
 

@@ -16,7 +16,8 @@ using json = nlohmann::json;
 
 std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
 
-template <class E> std::string enum_choices() {
+template <class E>
+std::string enum_choices() {
   std::string out;
   for (const auto& [v, name] : EnumNames<E>::table) {
     if (!out.empty()) out += "|";
@@ -25,7 +26,8 @@ template <class E> std::string enum_choices() {
   return out;
 }
 
-template <class E> std::optional<E> enum_from_string(std::string_view text) {
+template <class E>
+std::optional<E> enum_from_string(std::string_view text) {
   for (const auto& [v, name] : EnumNames<E>::table) {
     if (name.size() != text.size()) continue;
     bool eq = std::equal(name.begin(), name.end(), text.begin(), [](char a, char b) {
@@ -37,9 +39,11 @@ template <class E> std::optional<E> enum_from_string(std::string_view text) {
 }
 
 // Per-type conversions. `where` names the flag/file/source for error messages.
-template <class T> struct Traits;
+template <class T>
+struct Traits;
 
-template <> struct Traits<bool> {
+template <>
+struct Traits<bool> {
   static constexpr std::string_view kind = "a boolean (true|false)";
   static json to_json(bool v) { return v; }
   static bool from_json(const json& j, const std::string& where) {
@@ -53,11 +57,13 @@ template <> struct Traits<bool> {
   }
 };
 
-template <> struct Traits<std::int64_t> {
+template <>
+struct Traits<std::int64_t> {
   static constexpr std::string_view kind = "an integer";
   static json to_json(std::int64_t v) { return v; }
   static std::int64_t from_json(const json& j, const std::string& where) {
-    if (!j.is_number_integer()) throw ConfigError(where + ": expected " + std::string(kind) + ", got " + printable(j.dump()));
+    if (!j.is_number_integer())
+      throw ConfigError(where + ": expected " + std::string(kind) + ", got " + printable(j.dump()));
     if (j.is_number_unsigned() && j.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
       throw ConfigError(where + ": " + j.dump() + " is out of range (at most " + std::to_string(INT64_MAX) + ")");
     return j.get<std::int64_t>();
@@ -71,7 +77,8 @@ template <> struct Traits<std::int64_t> {
   }
 };
 
-template <> struct Traits<double> {
+template <>
+struct Traits<double> {
   static constexpr std::string_view kind = "a number";
   static json to_json(double v) { return v; }
   static double from_json(const json& j, const std::string& where) {
@@ -88,7 +95,8 @@ template <> struct Traits<double> {
   }
 };
 
-template <> struct Traits<std::string> {
+template <>
+struct Traits<std::string> {
   static constexpr std::string_view kind = "a string";
   static json to_json(const std::string& v) { return v; }
   static std::string from_json(const json& j, const std::string& where) {
@@ -99,7 +107,7 @@ template <> struct Traits<std::string> {
 };
 
 template <class E>
-  requires std::is_enum_v<E>
+requires std::is_enum_v<E>
 struct Traits<E> {
   static inline const std::string kind_str = "one of " + enum_choices<E>();
   static json to_json(E v) { return std::string(to_string(v)); }
@@ -116,7 +124,8 @@ struct Traits<E> {
   }
 };
 
-template <class T> struct Traits<std::optional<T>> {
+template <class T>
+struct Traits<std::optional<T>> {
   static json to_json(const std::optional<T>& v) { return v ? Traits<T>::to_json(*v) : json(nullptr); }
   static std::optional<T> from_json(const json& j, const std::string& where) {
     if (j.is_null()) return std::nullopt;
@@ -252,7 +261,8 @@ void validate(const ServerArgs& a) {
   };
   auto in_range = [&](std::string_view field, std::int64_t v, std::int64_t lo, std::int64_t hi) {
     if (v < lo || v > hi)
-      fail(field, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (got " + std::to_string(v) + ")");
+      fail(field,
+           "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (got " + std::to_string(v) + ")");
   };
 
   // Choice strings (also checked on set; a directly built ServerArgs is checked here).
@@ -295,7 +305,8 @@ void validate(const ServerArgs& a) {
   }
   if (a.speculative_num_steps) in_range("speculative_num_steps", *a.speculative_num_steps, 1, 64);
   if (a.speculative_eagle_topk) in_range("speculative_eagle_topk", *a.speculative_eagle_topk, 1, 64);
-  if (a.speculative_num_draft_tokens) in_range("speculative_num_draft_tokens", *a.speculative_num_draft_tokens, 2, kMaxTreeTokens);
+  if (a.speculative_num_draft_tokens)
+    in_range("speculative_num_draft_tokens", *a.speculative_num_draft_tokens, 2, kMaxTreeTokens);
   if (a.speculative_num_steps && a.speculative_eagle_topk && a.speculative_num_draft_tokens) {
     const std::int64_t most = 1 + *a.speculative_num_steps * *a.speculative_eagle_topk;
     if (*a.speculative_num_draft_tokens > most)
@@ -323,18 +334,18 @@ void validate(const ServerArgs& a) {
   if (a.speculative_use_rejection_sampling && a.speculative_eagle_topk && *a.speculative_eagle_topk != 1)
     fail("speculative_use_rejection_sampling",
          "needs a chain draft (--speculative-eagle-topk 1, got " + std::to_string(*a.speculative_eagle_topk) + ")");
-  if (a.speculative_token_map && !(a.speculative_algorithm == SpecAlgorithm::Eagle ||
-                                   a.speculative_algorithm == SpecAlgorithm::Eagle3))
+  if (a.speculative_token_map &&
+      !(a.speculative_algorithm == SpecAlgorithm::Eagle || a.speculative_algorithm == SpecAlgorithm::Eagle3))
     fail("speculative_token_map", "only applies to EAGLE and EAGLE3 drafters (got " + algo + ")");
   // Matches are found by sorting the corpus's suffixes on their first max-window tokens: the window
   // bounds that cost (a longer pattern would hardly ever repeat anyway).
   in_range("speculative_ngram_min_match_window_size", a.speculative_ngram_min_match_window_size, 1, kMaxNgramWindow);
   in_range("speculative_ngram_max_match_window_size", a.speculative_ngram_max_match_window_size, 1, kMaxNgramWindow);
   if (a.speculative_ngram_max_match_window_size < a.speculative_ngram_min_match_window_size)
-    fail("speculative_ngram_max_match_window_size",
-         "must be >= --speculative-ngram-min-match-window-size (" +
-             std::to_string(a.speculative_ngram_min_match_window_size) + "), got " +
-             std::to_string(a.speculative_ngram_max_match_window_size));
+    fail("speculative_ngram_max_match_window_size", "must be >= --speculative-ngram-min-match-window-size (" +
+                                                        std::to_string(a.speculative_ngram_min_match_window_size) +
+                                                        "), got " +
+                                                        std::to_string(a.speculative_ngram_max_match_window_size));
   in_range("speculative_ngram_max_bfs_breadth", a.speculative_ngram_max_bfs_breadth, 1, 64);
 }
 

@@ -8,13 +8,12 @@
 
 #include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace specactor::config {
 
@@ -34,35 +33,41 @@ enum class CpuPrecision { Fast, Exact };
 enum class SpecAlgorithm { None, Eagle, Eagle3, Mtp, FrozenKvMtp, Standalone, Ngram };
 
 // Name tables for the enums: the first name of a value is the canonical one; later entries are aliases.
-template <class E> struct EnumNames;
-template <> struct EnumNames<LoadFormat> {
-  static constexpr std::array<std::pair<LoadFormat, std::string_view>, 4> table{{
-      {LoadFormat::Auto, "auto"},
-      {LoadFormat::Gguf, "gguf"},
-      {LoadFormat::Safetensors, "safetensors"},
-      {LoadFormat::Dummy, "dummy"}}};
+template <class E>
+struct EnumNames;
+template <>
+struct EnumNames<LoadFormat> {
+  static constexpr std::array<std::pair<LoadFormat, std::string_view>, 4> table{
+      {{LoadFormat::Auto, "auto"},
+       {LoadFormat::Gguf, "gguf"},
+       {LoadFormat::Safetensors, "safetensors"},
+       {LoadFormat::Dummy, "dummy"}}};
 };
-template <> struct EnumNames<Device> {
-  static constexpr std::array<std::pair<Device, std::string_view>, 3> table{{
-      {Device::Auto, "auto"}, {Device::Cpu, "cpu"}, {Device::Cuda, "cuda"}}};
+template <>
+struct EnumNames<Device> {
+  static constexpr std::array<std::pair<Device, std::string_view>, 3> table{
+      {{Device::Auto, "auto"}, {Device::Cpu, "cpu"}, {Device::Cuda, "cuda"}}};
 };
-template <> struct EnumNames<CpuPrecision> {
-  static constexpr std::array<std::pair<CpuPrecision, std::string_view>, 2> table{{
-      {CpuPrecision::Fast, "fast"}, {CpuPrecision::Exact, "exact"}}};
+template <>
+struct EnumNames<CpuPrecision> {
+  static constexpr std::array<std::pair<CpuPrecision, std::string_view>, 2> table{
+      {{CpuPrecision::Fast, "fast"}, {CpuPrecision::Exact, "exact"}}};
 };
-template <> struct EnumNames<SpecAlgorithm> {
-  static constexpr std::array<std::pair<SpecAlgorithm, std::string_view>, 8> table{{
-      {SpecAlgorithm::None, "NONE"},
-      {SpecAlgorithm::Eagle, "EAGLE"},
-      {SpecAlgorithm::Eagle3, "EAGLE3"},
-      {SpecAlgorithm::Mtp, "MTP"},
-      {SpecAlgorithm::FrozenKvMtp, "FROZEN_KV_MTP"},
-      {SpecAlgorithm::Standalone, "STANDALONE"},
-      {SpecAlgorithm::Ngram, "NGRAM"},
-      {SpecAlgorithm::Eagle, "NEXTN"}}};  // NEXTN is sglang's alias of EAGLE
+template <>
+struct EnumNames<SpecAlgorithm> {
+  static constexpr std::array<std::pair<SpecAlgorithm, std::string_view>, 8> table{
+      {{SpecAlgorithm::None, "NONE"},
+       {SpecAlgorithm::Eagle, "EAGLE"},
+       {SpecAlgorithm::Eagle3, "EAGLE3"},
+       {SpecAlgorithm::Mtp, "MTP"},
+       {SpecAlgorithm::FrozenKvMtp, "FROZEN_KV_MTP"},
+       {SpecAlgorithm::Standalone, "STANDALONE"},
+       {SpecAlgorithm::Ngram, "NGRAM"},
+       {SpecAlgorithm::Eagle, "NEXTN"}}};  // NEXTN is sglang's alias of EAGLE
 };
 
-template <class E> std::string_view to_string(E value) {
+template <class E>
+std::string_view to_string(E value) {
   for (const auto& [v, name] : EnumNames<E>::table)
     if (v == value) return name;
   return "?";
@@ -139,7 +144,8 @@ struct ServerArgs {
 };
 
 // Calls f(name, doc, member) for every setting, in declaration order.
-template <class Args, class F> void for_each_field(Args& args, F&& f) {
+template <class Args, class F>
+void for_each_field(Args& args, F&& f) {
 #define SPECACTOR_VISIT_FIELD(type, name, def, doc) f(std::string_view{#name}, std::string_view{doc}, args.name);
   SPECACTOR_SERVER_ARGS(SPECACTOR_VISIT_FIELD)
 #undef SPECACTOR_VISIT_FIELD

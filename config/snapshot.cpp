@@ -61,7 +61,8 @@ Snapshot snapshot_from_json(const nlohmann::json& j) {
   ServerArgs args;
   for (const auto& [field, value] : j["settings"].items()) set_field(args, field, value, "snapshot JSON");
   if (j.contains("override_log"))
-    for (const auto& e : j["override_log"]) args.override_log.push_back({e.at("source").get<std::string>(), e.at("fields")});
+    for (const auto& e : j["override_log"])
+      args.override_log.push_back({e.at("source").get<std::string>(), e.at("fields")});
   if (j.contains("hash") && j["hash"] != hash_hex(content_hash(args)))
     throw ConfigError("snapshot JSON: hash " + j["hash"].dump() + " does not match its settings");
   return freeze(std::move(args));

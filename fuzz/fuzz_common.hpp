@@ -25,7 +25,8 @@ namespace specactor::fuzz {
 // A scratch folder per process in /dev/shm when it exists (no disk writes per input).
 inline const std::filesystem::path& scratch() {
   static const std::filesystem::path dir = [] {
-    const std::filesystem::path base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
+    const std::filesystem::path base =
+        std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
     const auto d = base / ("specactor_fuzz." + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
     return d;
@@ -41,7 +42,8 @@ inline std::string write_scratch(const std::string& name, std::string_view bytes
 
 // Runs f; the project's documented errors are expected outcomes, any other exception aborts (a
 // finding: an error path that is not one of ours, e.g. a std::out_of_range from a library).
-template <class F> void expect_clean(F&& f) {
+template <class F>
+void expect_clean(F&& f) {
   try {
     f();
   } catch (const config::ConfigError&) {

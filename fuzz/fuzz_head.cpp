@@ -27,14 +27,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       fuzz::write_scratch("head/model.safetensors", st);
       fuzz::expect_clean([&] { (void)model::read_head_config(dir.string()); });
       fuzz::expect_clean([&] {
-        (void)model::HeadWeights::load(dir.string(), model::HeadKind::Eagle, target, {}, false, config::LoadFormat::Auto);
+        (void)model::HeadWeights::load(dir.string(), model::HeadKind::Eagle, target, {}, false,
+                                       config::LoadFormat::Auto);
       });
       break;
     }
     default: {
       const std::string path = fuzz::write_scratch("head.gguf", rest);
       for (auto kind : {model::HeadKind::Eagle, model::HeadKind::Eagle3, model::HeadKind::Mtp})
-        fuzz::expect_clean([&] { (void)model::HeadWeights::load(path, kind, target, {}, false, config::LoadFormat::Auto); });
+        fuzz::expect_clean(
+            [&] { (void)model::HeadWeights::load(path, kind, target, {}, false, config::LoadFormat::Auto); });
     }
   }
   return 0;

@@ -20,7 +20,8 @@ std::shared_ptr<const model::Tokenizer> make(bool spm) {
   if (!spm) {
     // Printable ASCII stands for itself in GPT-2's byte map; "Ġ" (U+0120) is the space.
     for (char c = '!'; c <= '~'; ++c) tokens.emplace_back(1, c), types.push_back(1);
-    const std::vector<std::string> merges = {"\xc4\xa0 t", "t h", "\xc4\xa0t h", "h e", "i n", "e r", "a n", "\xc4\xa0 a"};
+    const std::vector<std::string> merges = {"\xc4\xa0 t", "t h", "\xc4\xa0t h", "h e",
+                                             "i n",        "e r", "a n",         "\xc4\xa0 a"};
     for (const auto& m : merges) {
       const auto sp = m.find(' ');
       tokens.push_back(m.substr(0, sp) + m.substr(sp + 1));
@@ -31,7 +32,12 @@ std::shared_ptr<const model::Tokenizer> make(bool spm) {
     w.kv_str_array("tokenizer.ggml.merges", merges);
   } else {
     std::vector<float> scores(tokens.size(), 0.0f);
-    for (const char* t : {"\xe2\x96\x81", "a", "b", "\xe2\x96\x81" "a", "ab", "ba", "\xe2\x96\x81" "ab"}) {
+    for (const char* t : {"\xe2\x96\x81", "a", "b",
+                          "\xe2\x96\x81"
+                          "a",
+                          "ab", "ba",
+                          "\xe2\x96\x81"
+                          "ab"}) {
       tokens.emplace_back(t);
       types.push_back(1);
       scores.push_back(-static_cast<float>(tokens.size()));

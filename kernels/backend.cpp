@@ -25,8 +25,10 @@ const DeviceProbe& probe_devices() {
     p.cuda_runtime_version = r.runtime_version;
     p.nccl_version = r.nccl_version;
     p.cuda_usable = r.error.empty() && r.device_count > 0;
-    if (!r.error.empty()) p.reason = r.error;
-    else if (r.device_count == 0) p.reason = "the CUDA runtime reports no devices";
+    if (!r.error.empty())
+      p.reason = r.error;
+    else if (r.device_count == 0)
+      p.reason = "the CUDA runtime reports no devices";
 #else
     p.reason = "built without CUDA (no nvcc at configure time, or -DSPECACTOR_CUDA=OFF)";
 #endif
@@ -43,8 +45,8 @@ void embedding_rows_cpu(const WeightMatrix& w, const std::int32_t* tokens, std::
 
 void attention_pool_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
                         std::int64_t head_dim, const float* k_pool, const float* v_pool, std::int64_t /*n_pages*/,
-                        const std::int32_t* pages, std::int64_t page_size, std::int64_t n_prefix, const std::uint64_t* mask,
-                        float scale, float* out) {
+                        const std::int32_t* pages, std::int64_t page_size, std::int64_t n_prefix,
+                        const std::uint64_t* mask, float scale, float* out) {
   const std::int64_t row = n_kv_heads * head_dim;
   const PagedKvView view{k_pool, v_pool, pages, page_size, page_size * row, row};
   attention_cpu(q, n_q, n_heads, n_kv_heads, head_dim, view, n_prefix, mask, scale, out);
@@ -54,7 +56,8 @@ void argmax_rows_cpu(const float* logits, std::int64_t rows, std::int64_t vocab,
   for (std::int64_t r = 0; r < rows; ++r) out[r] = argmax(logits + r * vocab, vocab);
 }
 
-void softmax_temperature_cpu(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature, float* probs) {
+void softmax_temperature_cpu(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature,
+                             float* probs) {
   SamplingParams p;
   p.temperature = temperature;
   std::vector<float> row;
@@ -68,7 +71,9 @@ void softmax_temperature_cpu(const float* logits, std::int64_t rows, std::int64_
 void embedding_rows_gpu(const WeightMatrix& w, const std::int32_t* tokens, std::int64_t n, float* out) {
   cuda::embedding_rows_cuda(w, std::vector<std::int32_t>(tokens, tokens + n), out);
 }
-void matmul_gpu(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) { cuda::matmul_cuda(w, x, rows, y, false); }
+void matmul_gpu(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) {
+  cuda::matmul_cuda(w, x, rows, y, false);
+}
 void matmul_wide_gpu(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) {
   cuda::matmul_cuda(w, x, rows, y, true);
 }
@@ -81,17 +86,33 @@ void argmax_rows_gpu(const float* logits, std::int64_t rows, std::int64_t vocab,
 }  // namespace
 
 const Backend& cpu_backend() {
-  static const Backend b{BackendKind::Cpu, "cpu",     &rmsnorm_cpu,        &embedding_rows_cpu, &matmul,
-                         &matmul,          &rope_cpu, &silu_mul_cpu,       &attention_pool_cpu, &argmax_rows_cpu,
+  static const Backend b{BackendKind::Cpu,
+                         "cpu",
+                         &rmsnorm_cpu,
+                         &embedding_rows_cpu,
+                         &matmul,
+                         &matmul,
+                         &rope_cpu,
+                         &silu_mul_cpu,
+                         &attention_pool_cpu,
+                         &argmax_rows_cpu,
                          &softmax_temperature_cpu};
   return b;
 }
 
 const Backend* cuda_backend() {
 #ifdef SPECACTOR_HAVE_CUDA
-  static const Backend b{BackendKind::Cuda,     "cuda",          &cuda::rmsnorm_cuda,    &embedding_rows_gpu,
-                         &matmul_gpu,           &matmul_wide_gpu, &cuda::rope_cuda,       &cuda::silu_mul_cuda,
-                         &cuda::attention_cuda, &argmax_rows_gpu, &cuda::softmax_temperature_cuda};
+  static const Backend b{BackendKind::Cuda,
+                         "cuda",
+                         &cuda::rmsnorm_cuda,
+                         &embedding_rows_gpu,
+                         &matmul_gpu,
+                         &matmul_wide_gpu,
+                         &cuda::rope_cuda,
+                         &cuda::silu_mul_cuda,
+                         &cuda::attention_cuda,
+                         &argmax_rows_gpu,
+                         &cuda::softmax_temperature_cuda};
   return probe_devices().cuda_usable ? &b : nullptr;
 #else
   return nullptr;

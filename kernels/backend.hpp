@@ -14,10 +14,10 @@ struct DeviceProbe {
   bool cuda_compiled = false;  // built with kernels/cuda
   bool cuda_usable = false;    // at least one device answered
   int device_count = 0;
-  std::string device_name;     // first device, when usable
-  std::string reason;          // why CUDA is not usable (empty when it is)
+  std::string device_name;  // first device, when usable
+  std::string reason;       // why CUDA is not usable (empty when it is)
   int cuda_runtime_version = 0;
-  int nccl_version = 0;        // NCCL library version code, 0 when not compiled
+  int nccl_version = 0;  // NCCL library version code, 0 when not compiled
 };
 
 // Probes once per process (cached); never throws.
@@ -47,12 +47,14 @@ struct Backend {
   void (*silu_mul)(float* out, const float* gate, const float* up, std::int64_t n);
   // Attention of n_q new queries over one layer's paged pool (n_pages pages of page_size slots of
   // n_kv_heads·head_dim floats): attention_cpu's contract, tree mask included.
-  void (*attention)(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads, std::int64_t head_dim,
-                    const float* k_pool, const float* v_pool, std::int64_t n_pages, const std::int32_t* pages,
-                    std::int64_t page_size, std::int64_t n_prefix, const std::uint64_t* mask, float scale, float* out);
+  void (*attention)(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
+                    std::int64_t head_dim, const float* k_pool, const float* v_pool, std::int64_t n_pages,
+                    const std::int32_t* pages, std::int64_t page_size, std::int64_t n_prefix, const std::uint64_t* mask,
+                    float scale, float* out);
   // Greedy sampling per row (the first index of the maximum), and softmax(logits / temperature).
   void (*argmax_rows)(const float* logits, std::int64_t rows, std::int64_t vocab, std::int32_t* out);
-  void (*softmax_temperature)(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature, float* probs);
+  void (*softmax_temperature)(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature,
+                              float* probs);
 };
 
 const Backend& cpu_backend();

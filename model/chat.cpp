@@ -4,9 +4,12 @@ namespace specactor::model {
 
 std::string_view to_string(ChatFormat f) {
   switch (f) {
-    case ChatFormat::ChatML: return "chatml";
-    case ChatFormat::Llama3: return "llama3";
-    case ChatFormat::Plain: return "plain";
+    case ChatFormat::ChatML:
+      return "chatml";
+    case ChatFormat::Llama3:
+      return "llama3";
+    case ChatFormat::Plain:
+      return "plain";
   }
   return "plain";
 }
@@ -32,7 +35,8 @@ ChatTemplate ChatTemplate::detect(std::string_view t) {
   return c;
 }
 
-std::vector<TextPart> ChatTemplate::render_parts(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+std::vector<TextPart> ChatTemplate::render_parts(const std::vector<ChatMessage>& messages,
+                                                 bool add_generation_prompt) const {
   std::vector<TextPart> out;
   auto marker = [&](const char* m) { out.push_back({m, true}); };
   auto text = [&](std::string t) {

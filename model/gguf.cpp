@@ -1,8 +1,6 @@
 // model/gguf.cpp — GGUF parsing with bounds checks on every read.
 #include "model/gguf.hpp"
 
-#include "config/input.hpp"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -11,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+
+#include "config/input.hpp"
 
 namespace specactor::model {
 namespace {
@@ -23,7 +23,7 @@ constexpr std::uint64_t kMaxNestedArrays = 65536;
 constexpr std::uint32_t kMaxDims = 4;
 
 // Smallest encodings, used to reject counts that cannot fit before allocating anything.
-constexpr std::uint64_t kMinKvBytes = 8 + 4 + 1;           // empty key, type, one byte value
+constexpr std::uint64_t kMinKvBytes = 8 + 4 + 1;                  // empty key, type, one byte value
 constexpr std::uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // empty name, 1 dim, type, offset
 
 bool known_value_type(std::uint32_t t) { return t <= static_cast<std::uint32_t>(GgufType::F64); }
@@ -53,7 +53,8 @@ class Cursor {
     pos_ += n;
     return p;
   }
-  template <class T> T read() {
+  template <class T>
+  T read() {
     T v;
     std::memcpy(&v, take(sizeof(T)), sizeof(T));
     return v;
@@ -83,22 +84,21 @@ GgufValue read_array(Cursor& c, const std::string& path, int depth) {
   v.type = GgufType::Array;
   const std::uint32_t et = c.read<std::uint32_t>();
   if (!known_value_type(et))
-    throw GgufError(path + ": " + c.what() + ": unknown array element type " + std::to_string(et) +
-                    " (known: 0..12)");
+    throw GgufError(path + ": " + c.what() + ": unknown array element type " + std::to_string(et) + " (known: 0..12)");
   v.elem_type = static_cast<GgufType>(et);
   v.count = c.read<std::uint64_t>();
   if (v.elem_type == GgufType::String) {
     if (v.count > c.remaining() / 8)
-      throw GgufError(path + ": " + c.what() + ": array of " + std::to_string(v.count) +
-                      " strings cannot fit in the " + std::to_string(c.remaining()) + " bytes left");
+      throw GgufError(path + ": " + c.what() + ": array of " + std::to_string(v.count) + " strings cannot fit in the " +
+                      std::to_string(c.remaining()) + " bytes left");
     v.strings.reserve(v.count);
     for (std::uint64_t i = 0; i < v.count; ++i) v.strings.push_back(c.read_string());
   } else if (v.elem_type == GgufType::Array) {
     if (depth >= kMaxArrayDepth)
       throw GgufError(path + ": " + c.what() + ": arrays nested deeper than " + std::to_string(kMaxArrayDepth));
     if (v.count > c.remaining() / 12)
-      throw GgufError(path + ": " + c.what() + ": array of " + std::to_string(v.count) +
-                      " arrays cannot fit in the " + std::to_string(c.remaining()) + " bytes left");
+      throw GgufError(path + ": " + c.what() + ": array of " + std::to_string(v.count) + " arrays cannot fit in the " +
+                      std::to_string(c.remaining()) + " bytes left");
     c.nested_arrays += v.count;
     if (c.nested_arrays > kMaxNestedArrays)
       throw GgufError(path + ": " + c.what() + ": more than " + std::to_string(kMaxNestedArrays) +
@@ -120,24 +120,48 @@ GgufValue read_value(Cursor& c, GgufType type, const std::string& path, int dept
   GgufValue v;
   v.type = type;
   switch (type) {
-    case GgufType::U8: v.scalar = std::uint64_t{c.read<std::uint8_t>()}; break;
-    case GgufType::I8: v.scalar = std::int64_t{c.read<std::int8_t>()}; break;
-    case GgufType::U16: v.scalar = std::uint64_t{c.read<std::uint16_t>()}; break;
-    case GgufType::I16: v.scalar = std::int64_t{c.read<std::int16_t>()}; break;
-    case GgufType::U32: v.scalar = std::uint64_t{c.read<std::uint32_t>()}; break;
-    case GgufType::I32: v.scalar = std::int64_t{c.read<std::int32_t>()}; break;
-    case GgufType::U64: v.scalar = c.read<std::uint64_t>(); break;
-    case GgufType::I64: v.scalar = c.read<std::int64_t>(); break;
-    case GgufType::F32: v.scalar = double{c.read<float>()}; break;
-    case GgufType::F64: v.scalar = c.read<double>(); break;
+    case GgufType::U8:
+      v.scalar = std::uint64_t{c.read<std::uint8_t>()};
+      break;
+    case GgufType::I8:
+      v.scalar = std::int64_t{c.read<std::int8_t>()};
+      break;
+    case GgufType::U16:
+      v.scalar = std::uint64_t{c.read<std::uint16_t>()};
+      break;
+    case GgufType::I16:
+      v.scalar = std::int64_t{c.read<std::int16_t>()};
+      break;
+    case GgufType::U32:
+      v.scalar = std::uint64_t{c.read<std::uint32_t>()};
+      break;
+    case GgufType::I32:
+      v.scalar = std::int64_t{c.read<std::int32_t>()};
+      break;
+    case GgufType::U64:
+      v.scalar = c.read<std::uint64_t>();
+      break;
+    case GgufType::I64:
+      v.scalar = c.read<std::int64_t>();
+      break;
+    case GgufType::F32:
+      v.scalar = double{c.read<float>()};
+      break;
+    case GgufType::F64:
+      v.scalar = c.read<double>();
+      break;
     case GgufType::Bool: {
       const std::uint8_t b = c.read<std::uint8_t>();
-      if (b > 1) throw GgufError(path + ": " + c.what() + ": boolean byte is " + std::to_string(b) + ", expected 0 or 1");
+      if (b > 1)
+        throw GgufError(path + ": " + c.what() + ": boolean byte is " + std::to_string(b) + ", expected 0 or 1");
       v.scalar = b == 1;
       break;
     }
-    case GgufType::String: v.scalar = c.read_string(); break;
-    case GgufType::Array: return read_array(c, path, depth);
+    case GgufType::String:
+      v.scalar = c.read_string();
+      break;
+    case GgufType::Array:
+      return read_array(c, path, depth);
   }
   return v;
 }
@@ -146,29 +170,54 @@ GgufValue read_value(Cursor& c, GgufType type, const std::string& path, int dept
 
 std::size_t gguf_scalar_size(GgufType t) {
   switch (t) {
-    case GgufType::U8: case GgufType::I8: case GgufType::Bool: return 1;
-    case GgufType::U16: case GgufType::I16: return 2;
-    case GgufType::U32: case GgufType::I32: case GgufType::F32: return 4;
-    case GgufType::U64: case GgufType::I64: case GgufType::F64: return 8;
-    default: return 0;
+    case GgufType::U8:
+    case GgufType::I8:
+    case GgufType::Bool:
+      return 1;
+    case GgufType::U16:
+    case GgufType::I16:
+      return 2;
+    case GgufType::U32:
+    case GgufType::I32:
+    case GgufType::F32:
+      return 4;
+    case GgufType::U64:
+    case GgufType::I64:
+    case GgufType::F64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
 std::string_view gguf_type_name(GgufType t) {
   switch (t) {
-    case GgufType::U8: return "uint8";
-    case GgufType::I8: return "int8";
-    case GgufType::U16: return "uint16";
-    case GgufType::I16: return "int16";
-    case GgufType::U32: return "uint32";
-    case GgufType::I32: return "int32";
-    case GgufType::F32: return "float32";
-    case GgufType::Bool: return "bool";
-    case GgufType::String: return "string";
-    case GgufType::Array: return "array";
-    case GgufType::U64: return "uint64";
-    case GgufType::I64: return "int64";
-    case GgufType::F64: return "float64";
+    case GgufType::U8:
+      return "uint8";
+    case GgufType::I8:
+      return "int8";
+    case GgufType::U16:
+      return "uint16";
+    case GgufType::I16:
+      return "int16";
+    case GgufType::U32:
+      return "uint32";
+    case GgufType::I32:
+      return "int32";
+    case GgufType::F32:
+      return "float32";
+    case GgufType::Bool:
+      return "bool";
+    case GgufType::String:
+      return "string";
+    case GgufType::Array:
+      return "array";
+    case GgufType::U64:
+      return "uint64";
+    case GgufType::I64:
+      return "int64";
+    case GgufType::F64:
+      return "float64";
   }
   return "unknown";
 }
@@ -176,12 +225,12 @@ std::string_view gguf_type_name(GgufType t) {
 const GgmlTypeInfo* ggml_type_info(std::uint32_t type) {
   // Block sizes from the ggml block structs (e.g. Q4_1 = f16 d, f16 m, 16 bytes of nibbles = 20).
   static const GgmlTypeInfo table[] = {
-      {"F32", 1, 4},      {"F16", 1, 2},      {"Q4_0", 32, 18},   {"Q4_1", 32, 20},  {"", 0, 0},
-      {"", 0, 0},         {"Q5_0", 32, 22},   {"Q5_1", 32, 24},   {"Q8_0", 32, 34},  {"Q8_1", 32, 36},
+      {"F32", 1, 4},      {"F16", 1, 2},      {"Q4_0", 32, 18},   {"Q4_1", 32, 20},   {"", 0, 0},
+      {"", 0, 0},         {"Q5_0", 32, 22},   {"Q5_1", 32, 24},   {"Q8_0", 32, 34},   {"Q8_1", 32, 36},
       {"Q2_K", 256, 84},  {"Q3_K", 256, 110}, {"Q4_K", 256, 144}, {"Q5_K", 256, 176}, {"Q6_K", 256, 210},
-      {"Q8_K", 256, 292}, {"", 0, 0},         {"", 0, 0},         {"", 0, 0},        {"", 0, 0},
-      {"", 0, 0},         {"", 0, 0},         {"", 0, 0},         {"", 0, 0},        {"I8", 1, 1},
-      {"I16", 1, 2},      {"I32", 1, 4},      {"I64", 1, 8},      {"F64", 1, 8},     {"", 0, 0},
+      {"Q8_K", 256, 292}, {"", 0, 0},         {"", 0, 0},         {"", 0, 0},         {"", 0, 0},
+      {"", 0, 0},         {"", 0, 0},         {"", 0, 0},         {"", 0, 0},         {"I8", 1, 1},
+      {"I16", 1, 2},      {"I32", 1, 4},      {"I64", 1, 8},      {"F64", 1, 8},      {"", 0, 0},
       {"BF16", 1, 2},
   };
   if (type >= std::size(table) || table[type].block_elems == 0) return nullptr;
@@ -263,15 +312,16 @@ void GgufFile::parse_all() {
     c.context("metadata '" + config::printable(key) + "'");
     const std::uint32_t type = c.read<std::uint32_t>();
     if (!known_value_type(type))
-      fail("metadata '" + config::printable(key) + "' has unknown value type " + std::to_string(type) + " (known: 0..12)");
+      fail("metadata '" + config::printable(key) + "' has unknown value type " + std::to_string(type) +
+           " (known: 0..12)");
     GgufValue v = read_value(c, static_cast<GgufType>(type), path_, 0);
-    if (!kv_.emplace(std::string(key), std::move(v)).second) fail("duplicate metadata key '" + config::printable(key) + "'");
+    if (!kv_.emplace(std::string(key), std::move(v)).second)
+      fail("duplicate metadata key '" + config::printable(key) + "'");
   }
 
   if (auto it = kv_.find("general.alignment"); it != kv_.end()) {
     const GgufValue& a = it->second;
-    if (a.type != GgufType::U32)
-      fail("general.alignment must be uint32, got " + std::string(gguf_type_name(a.type)));
+    if (a.type != GgufType::U32) fail("general.alignment must be uint32, got " + std::string(gguf_type_name(a.type)));
     alignment_ = std::get<std::uint64_t>(a.scalar);
     if (alignment_ == 0 || (alignment_ & (alignment_ - 1)) != 0)
       fail("general.alignment is " + std::to_string(alignment_) + ", expected a power of two");
@@ -319,8 +369,8 @@ void GgufFile::parse_all() {
   for (auto& t : tensors_) {
     const std::uint64_t begin = data_offset_ + t.offset;
     if (begin < t.offset || begin > size_ || t.n_bytes > size_ - begin)
-      fail("tensor '" + config::printable(t.name) + "': data [" + std::to_string(begin) + ", " + std::to_string(begin + t.n_bytes) +
-           ") runs past the end of the file (" + std::to_string(size_) + " bytes)");
+      fail("tensor '" + config::printable(t.name) + "': data [" + std::to_string(begin) + ", " +
+           std::to_string(begin + t.n_bytes) + ") runs past the end of the file (" + std::to_string(size_) + " bytes)");
     t.data = base_ + begin;
   }
 }
@@ -338,7 +388,8 @@ const GgufValue& GgufFile::get(std::string_view key) const {
 
 namespace {
 std::string wrong_type(std::string_view key, std::string_view want, const GgufValue& v) {
-  return "metadata '" + config::printable(key) + "' is " + std::string(gguf_type_name(v.type)) + ", expected " + std::string(want);
+  return "metadata '" + config::printable(key) + "' is " + std::string(gguf_type_name(v.type)) + ", expected " +
+         std::string(want);
 }
 }  // namespace
 
@@ -355,7 +406,8 @@ std::int64_t GgufFile::get_int(std::string_view key) const {
 
 std::uint64_t GgufFile::get_uint(std::string_view key) const {
   const std::int64_t v = get_int(key);
-  if (v < 0) fail("metadata '" + config::printable(key) + "' = " + std::to_string(v) + ", expected a non-negative value");
+  if (v < 0)
+    fail("metadata '" + config::printable(key) + "' = " + std::to_string(v) + ", expected a non-negative value");
   return static_cast<std::uint64_t>(v);
 }
 
@@ -393,16 +445,51 @@ std::vector<std::int64_t> GgufFile::get_int_array(std::string_view key) const {
   for (std::uint64_t i = 0; i < v.count; ++i) {
     const std::uint8_t* p = v.raw + i * es;
     switch (v.elem_type) {
-      case GgufType::U8: out[i] = *p; break;
-      case GgufType::I8: out[i] = static_cast<std::int8_t>(*p); break;
-      case GgufType::U16: { std::uint16_t x; std::memcpy(&x, p, 2); out[i] = x; break; }
-      case GgufType::I16: { std::int16_t x; std::memcpy(&x, p, 2); out[i] = x; break; }
-      case GgufType::U32: { std::uint32_t x; std::memcpy(&x, p, 4); out[i] = x; break; }
-      case GgufType::I32: { std::int32_t x; std::memcpy(&x, p, 4); out[i] = x; break; }
-      case GgufType::U64: { std::uint64_t x; std::memcpy(&x, p, 8); out[i] = static_cast<std::int64_t>(x); break; }
-      case GgufType::I64: { std::int64_t x; std::memcpy(&x, p, 8); out[i] = x; break; }
-      default: fail("metadata '" + config::printable(key) + "' is an array of " +
-                    std::string(gguf_type_name(v.elem_type)) + ", expected integers");
+      case GgufType::U8:
+        out[i] = *p;
+        break;
+      case GgufType::I8:
+        out[i] = static_cast<std::int8_t>(*p);
+        break;
+      case GgufType::U16: {
+        std::uint16_t x;
+        std::memcpy(&x, p, 2);
+        out[i] = x;
+        break;
+      }
+      case GgufType::I16: {
+        std::int16_t x;
+        std::memcpy(&x, p, 2);
+        out[i] = x;
+        break;
+      }
+      case GgufType::U32: {
+        std::uint32_t x;
+        std::memcpy(&x, p, 4);
+        out[i] = x;
+        break;
+      }
+      case GgufType::I32: {
+        std::int32_t x;
+        std::memcpy(&x, p, 4);
+        out[i] = x;
+        break;
+      }
+      case GgufType::U64: {
+        std::uint64_t x;
+        std::memcpy(&x, p, 8);
+        out[i] = static_cast<std::int64_t>(x);
+        break;
+      }
+      case GgufType::I64: {
+        std::int64_t x;
+        std::memcpy(&x, p, 8);
+        out[i] = x;
+        break;
+      }
+      default:
+        fail("metadata '" + config::printable(key) + "' is an array of " + std::string(gguf_type_name(v.elem_type)) +
+             ", expected integers");
     }
   }
   return out;

@@ -26,8 +26,19 @@ class GgufError : public std::runtime_error {
 
 // Metadata value types (the GGUF spec's numbering).
 enum class GgufType : std::uint32_t {
-  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, Bool = 7,
-  String = 8, Array = 9, U64 = 10, I64 = 11, F64 = 12,
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  Bool = 7,
+  String = 8,
+  Array = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
 };
 std::string_view gguf_type_name(GgufType t);
 // Bytes of one scalar of a numeric/bool type (0 for strings and arrays).
@@ -35,9 +46,26 @@ std::size_t gguf_scalar_size(GgufType t);
 
 // Tensor element types (ggml's numbering). Only the ones with a known block layout are accepted.
 enum class GgmlType : std::uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
-  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
-  I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, BF16 = 30,
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  I8 = 24,
+  I16 = 25,
+  I32 = 26,
+  I64 = 27,
+  F64 = 28,
+  BF16 = 30,
 };
 struct GgmlTypeInfo {
   std::string_view name;
@@ -111,7 +139,7 @@ class GgufFile {
   std::string path_;
   const std::uint8_t* base_ = nullptr;
   std::size_t size_ = 0;
-  void* mapping_ = nullptr;  // non-null when this object owns an mmap
+  void* mapping_ = nullptr;          // non-null when this object owns an mmap
   std::vector<std::uint8_t> image_;  // the bytes, when parsed from memory
   std::uint32_t version_ = 0;
   std::uint64_t alignment_ = 32;

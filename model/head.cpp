@@ -6,10 +6,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "config/input.hpp"
 #include "kernels/cpu/matmul.hpp"
@@ -24,9 +23,12 @@ using nlohmann::json;
 
 const char* to_string(HeadKind kind) {
   switch (kind) {
-    case HeadKind::Eagle: return "EAGLE";
-    case HeadKind::Eagle3: return "EAGLE3";
-    case HeadKind::Mtp: return "MTP";
+    case HeadKind::Eagle:
+      return "EAGLE";
+    case HeadKind::Eagle3:
+      return "EAGLE3";
+    case HeadKind::Mtp:
+      return "MTP";
   }
   return "?";
 }
@@ -37,14 +39,22 @@ std::int64_t HeadConfig::draft_vocab() const {
 }
 
 json HeadConfig::to_json() const {
-  json j{{"kind", to_string(kind)},          {"path", path},
-         {"format", format},                 {"hidden_size", hidden},
-         {"intermediate_size", ffn},         {"num_layers", n_layers},
-         {"num_attention_heads", n_heads},   {"num_key_value_heads", n_kv_heads},
-         {"head_dim", head_dim},             {"rope_theta", rope_base},
-         {"rms_norm_eps", norm_eps},         {"rope_neox", rope_neox},
-         {"own_output_vocab", own_vocab},    {"draft_to_target_map", !d2t.empty()},
-         {"aux_hidden_layers", aux_layers},  {"hot_vocab_size", static_cast<std::int64_t>(hot_vocab.size())}};
+  json j{{"kind", to_string(kind)},
+         {"path", path},
+         {"format", format},
+         {"hidden_size", hidden},
+         {"intermediate_size", ffn},
+         {"num_layers", n_layers},
+         {"num_attention_heads", n_heads},
+         {"num_key_value_heads", n_kv_heads},
+         {"head_dim", head_dim},
+         {"rope_theta", rope_base},
+         {"rms_norm_eps", norm_eps},
+         {"rope_neox", rope_neox},
+         {"own_output_vocab", own_vocab},
+         {"draft_to_target_map", !d2t.empty()},
+         {"aux_hidden_layers", aux_layers},
+         {"hot_vocab_size", static_cast<std::int64_t>(hot_vocab.size())}};
   return j;
 }
 
@@ -91,7 +101,8 @@ HeadKind kind_from_hf(const json& j, const std::string& where) {
       if (s.find("MTP") != std::string::npos || s.find("NextN") != std::string::npos) return HeadKind::Mtp;
     }
   if (j.contains("num_nextn_predict_layers")) return HeadKind::Mtp;
-  throw GgufError(where + ": cannot tell the head kind (architectures naming Eagle/Eagle3/MTP, or num_nextn_predict_layers)");
+  throw GgufError(where +
+                  ": cannot tell the head kind (architectures naming Eagle/Eagle3/MTP, or num_nextn_predict_layers)");
 }
 
 // The config of a head file, before the checks against a target.
@@ -113,9 +124,11 @@ HeadConfig read_config(const std::string& path, std::shared_ptr<const TensorSour
     if (j.contains("rms_norm_eps") && j["rms_norm_eps"].is_number()) c.norm_eps = j["rms_norm_eps"].get<double>();
     c.rope_neox = true;
     c.n_layers = c.kind == HeadKind::Mtp ? cfg_int(j, where, "num_nextn_predict_layers") : 1;
-    if (c.kind == HeadKind::Eagle3) c.own_vocab = cfg_int(j, where, "draft_vocab_size", cfg_int(j, where, "vocab_size", 0));
+    if (c.kind == HeadKind::Eagle3)
+      c.own_vocab = cfg_int(j, where, "draft_vocab_size", cfg_int(j, where, "vocab_size", 0));
     const json* ids = nullptr;
-    if (j.contains("eagle_config") && j["eagle_config"].is_object() && j["eagle_config"].contains("eagle_aux_hidden_state_layer_ids"))
+    if (j.contains("eagle_config") && j["eagle_config"].is_object() &&
+        j["eagle_config"].contains("eagle_aux_hidden_state_layer_ids"))
       ids = &j["eagle_config"]["eagle_aux_hidden_state_layer_ids"];
     else if (j.contains("eagle_aux_hidden_state_layer_ids"))
       ids = &j["eagle_aux_hidden_state_layer_ids"];
@@ -130,13 +143,17 @@ HeadConfig read_config(const std::string& path, std::shared_ptr<const TensorSour
     if (source_out) {
       auto src = SafetensorsSource::open(path);
       if (const TensorView* d = src->find("d2t")) {  // published layout: target id = draft id + d2t[draft id]
-        if (d->ggml_type != 27 && d->ggml_type != 26)
-          throw GgufError(path + ": tensor 'd2t' must be I64 or I32");
+        if (d->ggml_type != 27 && d->ggml_type != 26) throw GgufError(path + ": tensor 'd2t' must be I64 or I32");
         const std::size_t esz = d->ggml_type == 27 ? 8 : 4;
         for (std::size_t i = 0; i < d->n_bytes / esz; ++i) {
           std::int64_t off = 0;
-          if (esz == 8) std::memcpy(&off, d->data + i * 8, 8);
-          else { std::int32_t o32; std::memcpy(&o32, d->data + i * 4, 4); off = o32; }
+          if (esz == 8)
+            std::memcpy(&off, d->data + i * 8, 8);
+          else {
+            std::int32_t o32;
+            std::memcpy(&o32, d->data + i * 4, 4);
+            off = o32;
+          }
           c.d2t.push_back(static_cast<std::int32_t>(static_cast<std::int64_t>(i) + off));
         }
       }
@@ -156,11 +173,13 @@ HeadConfig read_config(const std::string& path, std::shared_ptr<const TensorSour
     c.ffn = need_int("feed_forward_length");
     c.n_layers = need_int("block_count");
     c.n_heads = need_int("attention.head_count");
-    c.n_kv_heads = file->has(key("attention.head_count_kv")) ? file->get_int(key("attention.head_count_kv")) : c.n_heads;
+    c.n_kv_heads =
+        file->has(key("attention.head_count_kv")) ? file->get_int(key("attention.head_count_kv")) : c.n_heads;
     c.head_dim = c.n_heads > 0 ? c.hidden / c.n_heads : 0;
     c.rope_dim = c.head_dim;
     if (file->has(key("rope.freq_base"))) c.rope_base = file->get_float(key("rope.freq_base"));
-    if (file->has(key("attention.layer_norm_rms_epsilon"))) c.norm_eps = file->get_float(key("attention.layer_norm_rms_epsilon"));
+    if (file->has(key("attention.layer_norm_rms_epsilon")))
+      c.norm_eps = file->get_float(key("attention.layer_norm_rms_epsilon"));
     if (file->has(key("vocab_size"))) c.own_vocab = file->get_int(key("vocab_size"));
     if (file->has("eagle3.aux_layers"))
       for (auto v : file->get_int_array("eagle3.aux_layers")) c.aux_layers.push_back(static_cast<std::int32_t>(v));
@@ -170,7 +189,8 @@ HeadConfig read_config(const std::string& path, std::shared_ptr<const TensorSour
       c.aux_layers = {static_cast<std::int32_t>(file->get_int(key("target_block_count"))) - 1};
     if (source_out) *source_out = std::make_shared<GgufSource>(file);
   }
-  if (c.hidden <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads != 0 || c.hidden % c.n_heads != 0)
+  if (c.hidden <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads != 0 ||
+      c.hidden % c.n_heads != 0)
     throw GgufError(path + ": bad attention shape (hidden " + std::to_string(c.hidden) + ", heads " +
                     std::to_string(c.n_heads) + ", kv heads " + std::to_string(c.n_kv_heads) + ")");
   if (c.n_layers < 1) throw GgufError(path + ": the head has no layers");
@@ -196,7 +216,8 @@ std::vector<std::int32_t> read_token_map(const std::string& path, std::int64_t v
     try {
       const json j = config::parse_json(text, "--speculative-token-map " + path);
       for (const auto& v : j) {
-        if (!v.is_number_integer()) throw GgufError(path + ": token map entries must be integers, got " + config::printable(v.dump()));
+        if (!v.is_number_integer())
+          throw GgufError(path + ": token map entries must be integers, got " + config::printable(v.dump()));
         ids.push_back(v.get<std::int64_t>());
       }
     } catch (const json::exception& e) {
@@ -214,7 +235,8 @@ std::vector<std::int32_t> read_token_map(const std::string& path, std::int64_t v
       } catch (const std::exception&) {
         used = 0;
       }
-      if (used != w.size()) throw GgufError(path + ": token map entry '" + config::printable(w) + "' is not a token id");
+      if (used != w.size())
+        throw GgufError(path + ": token map entry '" + config::printable(w) + "' is not a token id");
       ids.push_back(v);
     }
   }
@@ -239,10 +261,12 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
   c = read_config(path, &w->source_);
   const std::string algo = frozen_kv ? "FROZEN_KV_MTP" : to_string(kind);
   if (c.kind != kind)
-    throw GgufError(path + ": this is a " + std::string(to_string(c.kind)) + " head, but --speculative-algorithm is " + algo);
+    throw GgufError(path + ": this is a " + std::string(to_string(c.kind)) + " head, but --speculative-algorithm is " +
+                    algo);
   auto mismatch = [&](const std::string& what, std::int64_t head, std::int64_t tgt) {
     if (head != tgt)
-      throw GgufError(path + ": head " + what + " " + std::to_string(head) + " does not match the target's " + std::to_string(tgt));
+      throw GgufError(path + ": head " + what + " " + std::to_string(head) + " does not match the target's " +
+                      std::to_string(tgt));
   };
   mismatch("hidden size", c.hidden, target.hidden);
   const auto L = static_cast<std::int32_t>(target.n_layers);
@@ -344,8 +368,10 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
     const TensorView* t = w->source_->find(own);
     const std::int64_t rows = t->dims.size() == 2 ? static_cast<std::int64_t>(t->dims[1]) : -1;
     if (c.own_vocab == 0) c.own_vocab = rows;
-    if (c.d2t.empty()) mismatch("vocabulary", rows, target.vocab_size);
-    else mismatch("output rows", rows, c.own_vocab);
+    if (c.d2t.empty())
+      mismatch("vocabulary", rows, target.vocab_size);
+    else
+      mismatch("output rows", rows, c.own_vocab);
     w->output_ = bind.matrix(own, rows, H);
     w->has_output_ = true;
     src = &w->output_;
@@ -360,7 +386,9 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
                       std::to_string(target.vocab_size));
   if (!hot_vocab.empty()) {
     if (!c.d2t.empty())
-      throw GgufError(path + ": --speculative-token-map restricts a head over the target's vocabulary; this head has its own draft vocabulary (d2t)");
+      throw GgufError(path +
+                      ": --speculative-token-map restricts a head over the target's vocabulary; this head has its own "
+                      "draft vocabulary (d2t)");
     c.hot_vocab = hot_vocab;
     (void)src;
   }
@@ -375,7 +403,8 @@ HeadRunner::HeadRunner(std::shared_ptr<const HeadWeights> head, std::shared_ptr<
   if (!c.hot_vocab.empty()) {
     const k::WeightMatrix& full = head_->output() ? *head_->output() : target_->output();
     hot_.resize(c.hot_vocab.size() * static_cast<std::size_t>(c.hidden));
-    for (std::size_t i = 0; i < c.hot_vocab.size(); ++i) k::weight_row(full, c.hot_vocab[i], hot_.data() + i * c.hidden);
+    for (std::size_t i = 0; i < c.hot_vocab.size(); ++i)
+      k::weight_row(full, c.hot_vocab[i], hot_.data() + i * c.hidden);
     hot_m_.type = k::WeightType::F32;
     hot_m_.out_dim = static_cast<std::int64_t>(c.hot_vocab.size());
     hot_m_.in_dim = c.hidden;
@@ -415,8 +444,10 @@ void HeadRunner::project(int layer, const std::int32_t* tokens, const float* fea
   xn_.resize(static_cast<std::size_t>(n * attn_w));
   if (c.kind == HeadKind::Eagle3) {
     const HeadLayerWeights& l0 = head_->layers()[0];
-    if (fw == 3 * H) k::matmul(l0.proj, feature, n, x_.data(), precision_);  // the target's three layers, fused
-    else std::copy(feature, feature + n * H, x_.begin());          // the head's own output
+    if (fw == 3 * H)
+      k::matmul(l0.proj, feature, n, x_.data(), precision_);  // the target's three layers, fused
+    else
+      std::copy(feature, feature + n * H, x_.begin());  // the head's own output
     for (std::int64_t i = 0; i < n; ++i) {
       k::rmsnorm_cpu(xn_.data() + i * 2 * H, emb.data() + i * H, hl.emb_norm, 1, static_cast<int>(H), eps);
       k::rmsnorm_cpu(xn_.data() + i * 2 * H + H, x_.data() + i * H, hl.hidden_norm, 1, static_cast<int>(H), eps);
@@ -437,8 +468,10 @@ void HeadRunner::project(int layer, const std::int32_t* tokens, const float* fea
     if (hl.proj_bias)
       for (std::int64_t i = 0; i < n; ++i)
         for (std::int64_t d = 0; d < H; ++d) x_[static_cast<std::size_t>(i * H + d)] += hl.proj_bias[d];
-    if (hl.layer.attn_norm) k::rmsnorm_cpu(xn_.data(), x_.data(), hl.layer.attn_norm, static_cast<int>(n), static_cast<int>(H), eps);
-    else xn_ = x_;
+    if (hl.layer.attn_norm)
+      k::rmsnorm_cpu(xn_.data(), x_.data(), hl.layer.attn_norm, static_cast<int>(n), static_cast<int>(H), eps);
+    else
+      xn_ = x_;
   }
   q_.resize(static_cast<std::size_t>(n * QD));
   k_.resize(static_cast<std::size_t>(n * KD));

@@ -29,10 +29,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "kernels/cpu/ops.hpp"
 #include "model/llama.hpp"
@@ -50,18 +49,18 @@ struct HeadConfig {
   std::int64_t hidden = 0, ffn = 0, n_layers = 1, n_heads = 0, n_kv_heads = 0, head_dim = 0, rope_dim = 0;
   double rope_base = 10000.0, norm_eps = 1e-5;
   bool rope_neox = false;
-  std::int64_t own_vocab = 0;             // rows of the head's own output matrix (0: the target's head)
-  std::vector<std::int32_t> d2t;          // EAGLE3: draft id -> target id (empty: identity)
-  std::vector<std::int32_t> aux_layers;   // target layers whose outputs feed the head (after that layer)
-  std::vector<std::int32_t> hot_vocab;    // --speculative-token-map: draft id -> target id
-  std::int64_t draft_vocab() const;       // logits per draft row
+  std::int64_t own_vocab = 0;            // rows of the head's own output matrix (0: the target's head)
+  std::vector<std::int32_t> d2t;         // EAGLE3: draft id -> target id (empty: identity)
+  std::vector<std::int32_t> aux_layers;  // target layers whose outputs feed the head (after that layer)
+  std::vector<std::int32_t> hot_vocab;   // --speculative-token-map: draft id -> target id
+  std::int64_t draft_vocab() const;      // logits per draft row
   std::int64_t feature_width() const { return hidden * static_cast<std::int64_t>(aux_layers.size()); }
   nlohmann::json to_json() const;
 };
 
 struct HeadLayerWeights {
-  LlamaLayer layer;                    // attn_norm may be null (EAGLE-1 layer 0)
-  kernels::WeightMatrix proj;          // EAGLE/EAGLE3 fc, MTP eh_proj (EAGLE3: only layer 0)
+  LlamaLayer layer;            // attn_norm may be null (EAGLE-1 layer 0)
+  kernels::WeightMatrix proj;  // EAGLE/EAGLE3 fc, MTP eh_proj (EAGLE3: only layer 0)
   const float* proj_bias = nullptr;
   const float* emb_norm = nullptr;     // MTP enorm, EAGLE3 input_layernorm
   const float* hidden_norm = nullptr;  // MTP hnorm, EAGLE3 hidden_norm
@@ -129,7 +128,7 @@ class HeadRunner {
   kernels::Precision precision_;
   std::int64_t n_ = 0;
   std::vector<float> in_, x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, rope_;
-  std::vector<float> hot_;       // FR-Spec: the hot rows of the output head, float32
+  std::vector<float> hot_;  // FR-Spec: the hot rows of the output head, float32
   kernels::WeightMatrix hot_m_;
 };
 

@@ -5,10 +5,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
-
-#include <nlohmann/json.hpp>
 
 #include "config/error.hpp"
 #include "model/writers.hpp"
@@ -46,7 +45,10 @@ HeadConfig write_random_head(const ModelInfo& t, const HeadSpec& spec, const std
     ts.push_back(std::move(x));
   };
   auto vec = [&](std::string g, std::string h, std::int64_t n, float value) {
-    ts.push_back({std::move(g), std::move(h), {static_cast<std::uint64_t>(n)}, std::vector<float>(static_cast<std::size_t>(n), value)});
+    ts.push_back({std::move(g),
+                  std::move(h),
+                  {static_cast<std::uint64_t>(n)},
+                  std::vector<float>(static_cast<std::size_t>(n), value)});
   };
   const std::int64_t attn_in = spec.kind == HeadKind::Eagle3 ? 2 * H : H;
   for (std::int64_t i = 0; i < layers; ++i) {
@@ -90,13 +92,15 @@ HeadConfig write_random_head(const ModelInfo& t, const HeadSpec& spec, const std
     d2t.assign(perm.begin(), perm.begin() + dv);
     std::sort(d2t.begin(), d2t.end());
   } else if (spec.own_output) {
-    mat("output.weight", spec.kind == HeadKind::Mtp ? "model.layers." + std::to_string(L) + ".shared_head.head.weight"
-                                                    : "lm_head.weight",
+    mat("output.weight",
+        spec.kind == HeadKind::Mtp ? "model.layers." + std::to_string(L) + ".shared_head.head.weight"
+                                   : "lm_head.weight",
         t.vocab_size, H);
   }
   if (spec.identity) {
     for (auto& x : ts) {
-      const bool out_proj = x.gguf.find("attn_output") != std::string::npos || x.gguf.find("ffn_down") != std::string::npos;
+      const bool out_proj =
+          x.gguf.find("attn_output") != std::string::npos || x.gguf.find("ffn_down") != std::string::npos;
       if (out_proj) std::fill(x.values.begin(), x.values.end(), 0.0f);
       if (x.gguf == "fc.weight" && spec.kind == HeadKind::Eagle) {  // (H, 2H): row r picks feature r
         std::fill(x.values.begin(), x.values.end(), 0.0f);
@@ -106,7 +110,8 @@ HeadConfig write_random_head(const ModelInfo& t, const HeadSpec& spec, const std
     if (spec.kind == HeadKind::Eagle) vec("output_norm.weight", "norm.weight", H, 1.0f);
   }
   if (!spec.drop_tensor.empty())
-    ts.erase(std::remove_if(ts.begin(), ts.end(), [&](const Tensor& x) { return x.gguf == spec.drop_tensor || x.hf == spec.drop_tensor; }),
+    ts.erase(std::remove_if(ts.begin(), ts.end(),
+                            [&](const Tensor& x) { return x.gguf == spec.drop_tensor || x.hf == spec.drop_tensor; }),
              ts.end());
 
   const char* arch = spec.kind == HeadKind::Eagle ? "eagle" : spec.kind == HeadKind::Eagle3 ? "eagle3" : "mtp";
@@ -114,7 +119,8 @@ HeadConfig write_random_head(const ModelInfo& t, const HeadSpec& spec, const std
     GgufWriter w;
     const std::string a = arch;
     w.kv_str("general.architecture", a);
-    w.kv_str("general.name", std::string("random ") + to_string(spec.kind) + " head for " + (t.name.empty() ? t.path : t.name));
+    w.kv_str("general.name",
+             std::string("random ") + to_string(spec.kind) + " head for " + (t.name.empty() ? t.path : t.name));
     w.kv_u32(a + ".embedding_length", static_cast<std::uint32_t>(H));
     w.kv_u32(a + ".feed_forward_length", static_cast<std::uint32_t>(F));
     w.kv_u32(a + ".block_count", static_cast<std::uint32_t>(layers));

@@ -13,12 +13,12 @@ namespace specactor::model {
 
 struct HeadSpec {
   HeadKind kind = HeadKind::Eagle;
-  std::int64_t layers = 1;        // MTP: next-token-prediction layers
-  std::int64_t draft_vocab = 0;   // EAGLE3: reduced vocabulary size (0: min(target vocab, 4096))
-  bool own_output = false;        // EAGLE/MTP: write an own output head (else the target's is used)
-  bool safetensors = false;       // false: one GGUF file; true: a directory with config.json
+  std::int64_t layers = 1;       // MTP: next-token-prediction layers
+  std::int64_t draft_vocab = 0;  // EAGLE3: reduced vocabulary size (0: min(target vocab, 4096))
+  bool own_output = false;       // EAGLE/MTP: write an own output head (else the target's is used)
+  bool safetensors = false;      // false: one GGUF file; true: a directory with config.json
   std::uint32_t seed = 1;
-  float scale = 0.02f;            // weights ~ N(0, scale²); norms are 1
+  float scale = 0.02f;  // weights ~ N(0, scale²); norms are 1
   // Test-only shape breakers (for the error tests): another hidden size, a tensor left out.
   std::int64_t hidden_override = 0;
   std::string drop_tensor;

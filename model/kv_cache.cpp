@@ -33,14 +33,15 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
   layer_stride_ = n_pages_ * page_stride_;
   const std::size_t n = static_cast<std::size_t>(n_layers_ * layer_stride_);
   if (host_storage) try {
-    // Not value-initialised: pages become resident only when written.
-    k_ = std::make_unique_for_overwrite<float[]>(n);
-    v_ = std::make_unique_for_overwrite<float[]>(n);
-  } catch (const std::bad_alloc&) {
-    refuse("which could not be allocated");
-  }
+      // Not value-initialised: pages become resident only when written.
+      k_ = std::make_unique_for_overwrite<float[]>(n);
+      v_ = std::make_unique_for_overwrite<float[]>(n);
+    } catch (const std::bad_alloc&) {
+      refuse("which could not be allocated");
+    }
   free_.resize(static_cast<std::size_t>(n_pages_));
-  for (std::int64_t i = 0; i < n_pages_; ++i) free_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(n_pages_ - 1 - i);
+  for (std::int64_t i = 0; i < n_pages_; ++i)
+    free_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(n_pages_ - 1 - i);
 }
 
 void KvCache::reserve(Seq& seq, std::int64_t new_len) {
@@ -74,8 +75,12 @@ float* KvCache::v_row(std::int64_t layer, const Seq& seq, std::int64_t slot) {
 }
 
 kernels::PagedKvView KvCache::view(std::int64_t layer, const Seq& seq) const {
-  return {k_.get() + layer * layer_stride_, v_.get() + layer * layer_stride_, seq.pages.data(), page_size_,
-          page_stride_, row_};
+  return {k_.get() + layer * layer_stride_,
+          v_.get() + layer * layer_stride_,
+          seq.pages.data(),
+          page_size_,
+          page_stride_,
+          row_};
 }
 
 void KvCache::copy_slot(const Seq& seq, std::int64_t from, std::int64_t to) {

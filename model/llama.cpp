@@ -1,12 +1,10 @@
 // model/llama.cpp — Llama weights binding and the batched CPU forward pass.
 #include "model/llama.hpp"
 
-
 #include <cmath>
 #include <cstring>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "config/input.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -35,17 +33,21 @@ LlamaConfig LlamaConfig::from(const ModelInfo& info, const std::string& json_ove
   const auto j = config::parse_json(json_overrides.empty() ? "{}" : json_overrides, "--json-model-override-args");
   const std::string where = info.path + ": --json-model-override-args";
   for (const auto& [key, v] : j.items()) {
-    if (key == "rope_theta" && v.is_number() && v.get<double>() > 0) c.rope_base = v.get<double>();
-    else if (key == "rms_norm_eps" && v.is_number() && v.get<double>() > 0 && v.get<double>() < 1) c.norm_eps = v.get<double>();
+    if (key == "rope_theta" && v.is_number() && v.get<double>() > 0)
+      c.rope_base = v.get<double>();
+    else if (key == "rms_norm_eps" && v.is_number() && v.get<double>() > 0 && v.get<double>() < 1)
+      c.norm_eps = v.get<double>();
     else if (key == "num_hidden_layers" && v.is_number_integer() && v.get<std::int64_t>() >= 1 &&
              v.get<std::int64_t>() <= info.num_layers)
       c.n_layers = v.get<std::int64_t>();
     else if (key == "rope_theta" || key == "rms_norm_eps" || key == "num_hidden_layers")
       throw GgufError(where + ": bad value " + config::printable(v.dump()) + " for '" + key + "'" +
-                      (key == "num_hidden_layers" ? " (expected 1 .. " + std::to_string(info.num_layers) + ")"
-                                                  : " (expected a positive number" + std::string(key == "rms_norm_eps" ? " below 1)" : ")")));
+                      (key == "num_hidden_layers"
+                           ? " (expected 1 .. " + std::to_string(info.num_layers) + ")"
+                           : " (expected a positive number" + std::string(key == "rms_norm_eps" ? " below 1)" : ")")));
     else
-      throw GgufError(where + ": unknown key '" + config::printable(key) + "' (known: rope_theta, rms_norm_eps, num_hidden_layers)");
+      throw GgufError(where + ": unknown key '" + config::printable(key) +
+                      "' (known: rope_theta, rms_norm_eps, num_hidden_layers)");
   }
   return c;
 }
@@ -77,10 +79,12 @@ const TensorView& WeightBinder::tensor(const std::string& name, const std::vecto
   return *t;
 }
 
-k::WeightMatrix WeightBinder::matrix(const std::string& name, std::int64_t out, std::int64_t in, Slice rows, Slice cols) {
+k::WeightMatrix WeightBinder::matrix(const std::string& name, std::int64_t out, std::int64_t in, Slice rows,
+                                     Slice cols) {
   const TensorView& t = tensor(name, {static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(out)});
   if (in % 32 != 0)
-    throw GgufError(file_.path() + ": tensor '" + name + "' rows of " + std::to_string(in) + " are not a multiple of 32");
+    throw GgufError(file_.path() + ": tensor '" + name + "' rows of " + std::to_string(in) +
+                    " are not a multiple of 32");
   if (rows.end == 0) rows = {0, out};
   if (cols.end == 0) cols = {0, in};
   k::WeightMatrix full;
@@ -114,7 +118,8 @@ k::WeightMatrix WeightBinder::matrix(const std::string& name, std::int64_t out, 
                       " (not a block boundary of its format, or a slice not a multiple of 32)");
     auto& buf = owned_.emplace_back(bytes * static_cast<std::size_t>(m.out_dim));
     for (std::int64_t r = 0; r < m.out_dim; ++r)
-      std::memcpy(buf.data() + static_cast<std::size_t>(r) * bytes, m.data + static_cast<std::size_t>(r) * full.row_stride + off, bytes);
+      std::memcpy(buf.data() + static_cast<std::size_t>(r) * bytes,
+                  m.data + static_cast<std::size_t>(r) * full.row_stride + off, bytes);
     m.data = buf.data();
     m.in_dim = cols.end - cols.begin;
     m.row_stride = bytes;
@@ -131,15 +136,17 @@ const float* WeightBinder::vector(const std::string& name, std::int64_t n) {
     return reinterpret_cast<const float*>(t.data);
   auto& buf = owned_.emplace_back(static_cast<std::size_t>(n) * sizeof(float));
   auto* f = reinterpret_cast<float*>(buf.data());
-  if (dummy_) std::fill(f, f + n, 1.0f);
-  else k::dequantize_row(static_cast<k::WeightType>(t.ggml_type), t.data, f, static_cast<std::size_t>(n));
+  if (dummy_)
+    std::fill(f, f + n, 1.0f);
+  else
+    k::dequantize_row(static_cast<k::WeightType>(t.ggml_type), t.data, f, static_cast<std::size_t>(n));
   return f;
 }
 
 std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const TensorSource> file, Naming naming,
-                                                        const LlamaConfig& cfg, config::LoadFormat format,
-                                                        std::int64_t num_layers, const Progress& progress,
-                                                        TpShard shard) {
+                                                       const LlamaConfig& cfg, config::LoadFormat format,
+                                                       std::int64_t num_layers, const Progress& progress,
+                                                       TpShard shard) {
   auto w = std::shared_ptr<LlamaWeights>(new LlamaWeights());
   w->cfg_ = cfg;
   w->shard_ = shard;
@@ -213,7 +220,8 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ten
   return w;
 }
 
-std::int64_t prepare_batch(std::vector<ForwardSeq>& batch, KvCache& kv, std::int64_t V, std::vector<std::int64_t>& old_len) {
+std::int64_t prepare_batch(std::vector<ForwardSeq>& batch, KvCache& kv, std::int64_t V,
+                           std::vector<std::int64_t>& old_len) {
   std::int64_t n_logits = 0;
   for (const auto& s : batch) {
     const auto n = static_cast<std::int64_t>(s.tokens.size());
@@ -225,9 +233,11 @@ std::int64_t prepare_batch(std::vector<ForwardSeq>& batch, KvCache& kv, std::int
       throw std::invalid_argument("forward: a tree mask needs one word per token and at most " +
                                   std::to_string(config::kMaxTreeTokens) + " tokens");
     for (auto t : s.tokens)
-      if (t < 0 || t >= V) throw std::invalid_argument("forward: token id " + std::to_string(t) + " outside the vocabulary");
+      if (t < 0 || t >= V)
+        throw std::invalid_argument("forward: token id " + std::to_string(t) + " outside the vocabulary");
     for (auto r : s.logit_rows)
-      if (r < 0 || r >= n) throw std::invalid_argument("forward: logit row " + std::to_string(r) + " outside the sequence");
+      if (r < 0 || r >= n)
+        throw std::invalid_argument("forward: logit row " + std::to_string(r) + " outside the sequence");
     n_logits += static_cast<std::int64_t>(s.logit_rows.size());
   }
   old_len.assign(batch.size(), 0);
@@ -282,8 +292,9 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     for (const auto& s : batch)
       for (std::size_t i = 0; i < s.tokens.size(); ++i, ++r) {
         k::weight_row(w_->embedding(), s.tokens[i], x_.data() + r * H);
-        pos_[static_cast<std::size_t>(r)] =
-            s.positions.empty() ? static_cast<std::int32_t>(s.kv->length + static_cast<std::int64_t>(i)) : s.positions[i];
+        pos_[static_cast<std::size_t>(r)] = s.positions.empty()
+                                                ? static_cast<std::int32_t>(s.kv->length + static_cast<std::int64_t>(i))
+                                                : s.positions[i];
       }
   }
   out.hidden.assign(hidden_layers.size(), {});
@@ -304,8 +315,10 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
       const ForwardSeq& s = batch[b];
       const auto n = static_cast<std::int64_t>(s.tokens.size());
       for (std::int64_t i = 0; i < n; ++i) {
-        std::memcpy(kv.k_row(l, *s.kv, old_len[b] + i), k_.data() + (r0 + i) * KD, sizeof(float) * static_cast<std::size_t>(KD));
-        std::memcpy(kv.v_row(l, *s.kv, old_len[b] + i), v_.data() + (r0 + i) * KD, sizeof(float) * static_cast<std::size_t>(KD));
+        std::memcpy(kv.k_row(l, *s.kv, old_len[b] + i), k_.data() + (r0 + i) * KD,
+                    sizeof(float) * static_cast<std::size_t>(KD));
+        std::memcpy(kv.v_row(l, *s.kv, old_len[b] + i), v_.data() + (r0 + i) * KD,
+                    sizeof(float) * static_cast<std::size_t>(KD));
       }
       k::attention_cpu(q_.data() + r0 * QD, n, NH, NKV, c.head_dim, kv.view(l, *s.kv), old_len[b],
                        s.mask.empty() ? nullptr : s.mask.data(), scale, att_.data() + r0 * QD);
@@ -324,7 +337,8 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     for (std::size_t h = 0; h < hidden_layers.size(); ++h)
       if (hidden_layers[h] == l) out.hidden[h] = x_;
   }
-  for (std::size_t b = 0; b < batch.size(); ++b) batch[b].kv->length = old_len[b] + static_cast<std::int64_t>(batch[b].tokens.size());
+  for (std::size_t b = 0; b < batch.size(); ++b)
+    batch[b].kv->length = old_len[b] + static_cast<std::int64_t>(batch[b].tokens.size());
 
   // Final norm and the output head, only for the rows asked for.
   std::vector<float> rows(static_cast<std::size_t>(n_logits * H));

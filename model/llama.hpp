@@ -29,7 +29,7 @@ struct LlamaConfig {
   std::int64_t vocab_size = 0, hidden = 0, ffn = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0,
                rope_dim = 0, context_length = 0;
   double rope_base = 10000.0, norm_eps = 1e-5;
-  bool rope_neox = false;  // GGUF llama: adjacent pairs; Hugging Face checkpoints: half split
+  bool rope_neox = false;        // GGUF llama: adjacent pairs; Hugging Face checkpoints: half split
   bool tied_embeddings = false;  // Hugging Face config's tie_word_embeddings (GGUF: no output.weight)
 
   std::int64_t kv_dim() const { return n_kv_heads * head_dim; }
@@ -120,11 +120,11 @@ class LlamaWeights {
 
 // One sequence's part of a forward batch.
 struct ForwardSeq {
-  KvCache::Seq* kv = nullptr;           // new tokens go to slots [kv->length, kv->length + n)
-  std::vector<std::int32_t> tokens;     // n new tokens
-  std::vector<std::int32_t> positions;  // RoPE positions; empty = kv->length + i
-  std::vector<std::uint64_t> mask;      // tree mask, one word per new token (bit j: sees new token j); empty = causal
-  std::vector<std::int32_t> logit_rows; // indices into tokens whose logits are returned
+  KvCache::Seq* kv = nullptr;            // new tokens go to slots [kv->length, kv->length + n)
+  std::vector<std::int32_t> tokens;      // n new tokens
+  std::vector<std::int32_t> positions;   // RoPE positions; empty = kv->length + i
+  std::vector<std::uint64_t> mask;       // tree mask, one word per new token (bit j: sees new token j); empty = causal
+  std::vector<std::int32_t> logit_rows;  // indices into tokens whose logits are returned
 };
 
 struct ForwardResult {
@@ -135,7 +135,8 @@ struct ForwardResult {
 // Checks a forward batch (KV handles, lengths, token ids, logit rows, masks) and reserves its KV
 // pages, all or nothing: on KvExhausted nothing stays reserved. Fills each sequence's old length and
 // returns the number of logit rows. Shared by every runner.
-std::int64_t prepare_batch(std::vector<ForwardSeq>& batch, KvCache& kv, std::int64_t vocab, std::vector<std::int64_t>& old_len);
+std::int64_t prepare_batch(std::vector<ForwardSeq>& batch, KvCache& kv, std::int64_t vocab,
+                           std::vector<std::int64_t>& old_len);
 
 // A forward pass on some device over a host-managed page table (the CPU runner below, or the CUDA
 // one of model/runner.hpp). One per worker; not shared across threads.

@@ -41,7 +41,8 @@ LoadedModel load_model(const config::ServerArgs& s, const LlamaWeights::Progress
     std::shared_ptr<const GgufFile> tok_file = m.file;
     if (s.tokenizer_path) tok_file = GgufFile::open(*s.tokenizer_path);
     if (!tok_file)
-      throw GgufError(s.model_path + ": a safetensors checkpoint takes its tokenizer from --tokenizer-path FILE.gguf "
+      throw GgufError(s.model_path +
+                      ": a safetensors checkpoint takes its tokenizer from --tokenizer-path FILE.gguf "
                       "(tokenizer.json is not read); or pass --skip-tokenizer-init");
     m.tokenizer = Tokenizer::from_gguf(*tok_file);
     if (m.tokenizer->vocab_size() != m.config.vocab_size)

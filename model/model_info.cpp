@@ -7,9 +7,12 @@ namespace specactor::model {
 
 std::string_view to_string(TokenizerKind k) {
   switch (k) {
-    case TokenizerKind::Gpt2ByteBpe: return "gpt2-byte-bpe";
-    case TokenizerKind::SentencePieceBpe: return "sentencepiece-bpe";
-    case TokenizerKind::None: return "none";
+    case TokenizerKind::Gpt2ByteBpe:
+      return "gpt2-byte-bpe";
+    case TokenizerKind::SentencePieceBpe:
+      return "sentencepiece-bpe";
+    case TokenizerKind::None:
+      return "none";
   }
   return "none";
 }
@@ -55,9 +58,12 @@ ModelInfo read_model_info(const GgufFile& f) {
 
   if (f.has("tokenizer.ggml.model")) {
     const std::string_view tk = f.get_string("tokenizer.ggml.model");
-    if (tk == "gpt2") m.tokenizer = TokenizerKind::Gpt2ByteBpe;
-    else if (tk == "llama") m.tokenizer = TokenizerKind::SentencePieceBpe;
-    else fail("tokenizer.ggml.model '" + std::string(tk) + "' is not supported (supported: gpt2, llama)");
+    if (tk == "gpt2")
+      m.tokenizer = TokenizerKind::Gpt2ByteBpe;
+    else if (tk == "llama")
+      m.tokenizer = TokenizerKind::SentencePieceBpe;
+    else
+      fail("tokenizer.ggml.model '" + std::string(tk) + "' is not supported (supported: gpt2, llama)");
     if (f.has("tokenizer.ggml.pre")) m.tokenizer_pre = std::string(f.get_string("tokenizer.ggml.pre"));
     if (f.has("tokenizer.ggml.bos_token_id")) m.bos_token_id = f.get_int("tokenizer.ggml.bos_token_id");
     if (f.has("tokenizer.ggml.eos_token_id")) m.eos_token_id = f.get_int("tokenizer.ggml.eos_token_id");
@@ -65,10 +71,14 @@ ModelInfo read_model_info(const GgufFile& f) {
 
   // Vocabulary: explicit key, else the tokenizer's token list, else the embedding's row count.
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
-  if (f.has(a + "vocab_size")) m.vocab_size = positive(a + "vocab_size");
-  else if (f.has("tokenizer.ggml.tokens")) m.vocab_size = static_cast<std::int64_t>(f.get_string_array("tokenizer.ggml.tokens").size());
-  else if (embd && embd->dims.size() == 2) m.vocab_size = static_cast<std::int64_t>(embd->dims[1]);
-  if (m.vocab_size <= 0) fail("cannot tell the vocabulary size (no vocab_size, tokenizer.ggml.tokens or token_embd.weight)");
+  if (f.has(a + "vocab_size"))
+    m.vocab_size = positive(a + "vocab_size");
+  else if (f.has("tokenizer.ggml.tokens"))
+    m.vocab_size = static_cast<std::int64_t>(f.get_string_array("tokenizer.ggml.tokens").size());
+  else if (embd && embd->dims.size() == 2)
+    m.vocab_size = static_cast<std::int64_t>(embd->dims[1]);
+  if (m.vocab_size <= 0)
+    fail("cannot tell the vocabulary size (no vocab_size, tokenizer.ggml.tokens or token_embd.weight)");
   if (f.has("tokenizer.ggml.tokens")) {
     const auto n = static_cast<std::int64_t>(f.get_string_array("tokenizer.ggml.tokens").size());
     if (n != m.vocab_size)
@@ -76,7 +86,8 @@ ModelInfo read_model_info(const GgufFile& f) {
            std::to_string(m.vocab_size));
   }
   for (auto [key, id] : {std::pair{"bos_token_id", m.bos_token_id}, std::pair{"eos_token_id", m.eos_token_id}})
-    if (id >= m.vocab_size) fail(std::string("tokenizer.ggml.") + key + " = " + std::to_string(id) + " is outside the vocabulary");
+    if (id >= m.vocab_size)
+      fail(std::string("tokenizer.ggml.") + key + " = " + std::to_string(id) + " is outside the vocabulary");
 
   m.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   std::map<std::string, int> counts;
@@ -85,13 +96,14 @@ ModelInfo read_model_info(const GgufFile& f) {
     m.tensor_bytes += t.n_bytes;
   }
   m.n_tensors = f.tensors().size();
-  for (const auto& [name, n] : counts) m.weight_types += (m.weight_types.empty() ? "" : " ") + name + ":" + std::to_string(n);
+  for (const auto& [name, n] : counts)
+    m.weight_types += (m.weight_types.empty() ? "" : " ") + name + ":" + std::to_string(n);
   return m;
 }
 
 config::ModelFacts ModelInfo::facts() const {
-  return {architecture, context_length, vocab_size, hidden_size, num_layers, is_llama_family(architecture), num_heads,
-          num_kv_heads, ffn_hidden_size};
+  return {architecture, context_length, vocab_size,     hidden_size, num_layers, is_llama_family(architecture),
+          num_heads,    num_kv_heads,   ffn_hidden_size};
 }
 
 nlohmann::json ModelInfo::to_json() const {

@@ -2,9 +2,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "config/resolve.hpp"
 #include "model/gguf.hpp"
@@ -16,27 +15,27 @@ std::string_view to_string(TokenizerKind k);
 
 struct ModelInfo {
   std::string path;
-  std::string architecture;          // general.architecture, e.g. "llama"
-  std::string name;                  // general.name (may be empty)
-  std::int64_t context_length = 0;   // {arch}.context_length, tokens
-  std::int64_t vocab_size = 0;       // {arch}.vocab_size, else the tokenizer's token count
-  std::int64_t num_layers = 0;       // {arch}.block_count
-  std::int64_t hidden_size = 0;      // {arch}.embedding_length
-  std::int64_t ffn_hidden_size = 0;  // {arch}.feed_forward_length
-  std::int64_t num_heads = 0;        // {arch}.attention.head_count
-  std::int64_t num_kv_heads = 0;     // {arch}.attention.head_count_kv (default: num_heads)
-  std::int64_t head_dim = 0;         // hidden_size / num_heads
-  std::int64_t rope_dim = 0;         // {arch}.rope.dimension_count (default: head_dim)
-  double rope_base = 10000.0;        // {arch}.rope.freq_base
-  double norm_eps = 1e-5;            // {arch}.attention.layer_norm_rms_epsilon
+  std::string architecture;                       // general.architecture, e.g. "llama"
+  std::string name;                               // general.name (may be empty)
+  std::int64_t context_length = 0;                // {arch}.context_length, tokens
+  std::int64_t vocab_size = 0;                    // {arch}.vocab_size, else the tokenizer's token count
+  std::int64_t num_layers = 0;                    // {arch}.block_count
+  std::int64_t hidden_size = 0;                   // {arch}.embedding_length
+  std::int64_t ffn_hidden_size = 0;               // {arch}.feed_forward_length
+  std::int64_t num_heads = 0;                     // {arch}.attention.head_count
+  std::int64_t num_kv_heads = 0;                  // {arch}.attention.head_count_kv (default: num_heads)
+  std::int64_t head_dim = 0;                      // hidden_size / num_heads
+  std::int64_t rope_dim = 0;                      // {arch}.rope.dimension_count (default: head_dim)
+  double rope_base = 10000.0;                     // {arch}.rope.freq_base
+  double norm_eps = 1e-5;                         // {arch}.attention.layer_norm_rms_epsilon
   TokenizerKind tokenizer = TokenizerKind::None;  // from tokenizer.ggml.model: gpt2 | llama
-  std::string tokenizer_pre;         // tokenizer.ggml.pre (pre-tokenizer flavour), may be empty
+  std::string tokenizer_pre;                      // tokenizer.ggml.pre (pre-tokenizer flavour), may be empty
   std::int64_t bos_token_id = -1;
   std::int64_t eos_token_id = -1;
-  bool tied_embeddings = false;      // no output.weight: the token embedding doubles as the output head
-  std::string weight_types;          // e.g. "Q4_1:210 F32:61 Q8_0:1"
+  bool tied_embeddings = false;  // no output.weight: the token embedding doubles as the output head
+  std::string weight_types;      // e.g. "Q4_1:210 F32:61 Q8_0:1"
   std::uint64_t n_tensors = 0;
-  std::uint64_t tensor_bytes = 0;    // bytes of tensor data (what a forward pass streams)
+  std::uint64_t tensor_bytes = 0;  // bytes of tensor data (what a forward pass streams)
 
   config::ModelFacts facts() const;
   nlohmann::json to_json() const;

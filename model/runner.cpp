@@ -19,7 +19,8 @@ namespace {
 // scheduler's accounting); the K/V rows live only in the device pool with the same page numbers.
 class CudaLlamaRunner final : public ForwardRunner {
  public:
-  CudaLlamaRunner(std::shared_ptr<const LlamaWeights> w, int device, const KvCache& kv, bool graphs) : w_(std::move(w)) {
+  CudaLlamaRunner(std::shared_ptr<const LlamaWeights> w, int device, const KvCache& kv, bool graphs)
+      : w_(std::move(w)) {
     const LlamaConfig& c = w_->config();
     kc::HostModel m;
     m.vocab = c.vocab_size;
@@ -56,7 +57,8 @@ class CudaLlamaRunner final : public ForwardRunner {
       d.tokens = s.tokens;
       d.positions = s.positions;
       if (d.positions.empty())
-        for (std::size_t i = 0; i < s.tokens.size(); ++i) d.positions.push_back(static_cast<std::int32_t>(old_len[b] + static_cast<std::int64_t>(i)));
+        for (std::size_t i = 0; i < s.tokens.size(); ++i)
+          d.positions.push_back(static_cast<std::int32_t>(old_len[b] + static_cast<std::int64_t>(i)));
       d.mask = s.mask;
       d.logit_rows = s.logit_rows;
     }
@@ -66,7 +68,8 @@ class CudaLlamaRunner final : public ForwardRunner {
       for (std::size_t b = 0; b < batch.size(); ++b) kv.truncate(*batch[b].kv, old_len[b]);  // nothing was appended
       throw;
     }
-    for (std::size_t b = 0; b < batch.size(); ++b) batch[b].kv->length = old_len[b] + static_cast<std::int64_t>(batch[b].tokens.size());
+    for (std::size_t b = 0; b < batch.size(); ++b)
+      batch[b].kv->length = old_len[b] + static_cast<std::int64_t>(batch[b].tokens.size());
   }
 
   void copy_slot(KvCache& kv, const KvCache::Seq& seq, std::int64_t from, std::int64_t to) override {

@@ -1,10 +1,5 @@
 #include "model/safetensors.hpp"
 
-#include <cmath>
-
-#include "config/error.hpp"
-#include "config/input.hpp"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -12,9 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include "config/error.hpp"
+#include "config/input.hpp"
 
 namespace specactor::model {
 
@@ -63,7 +62,8 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
   std::uint64_t header_len;
   std::memcpy(&header_len, f->base_, 8);
   if (header_len > size - 8)
-    fail("header length " + std::to_string(header_len) + " runs past the end of the file (" + std::to_string(size) + " bytes)");
+    fail("header length " + std::to_string(header_len) + " runs past the end of the file (" + std::to_string(size) +
+         " bytes)");
   json header;
   try {
     header = config::parse_json(std::string_view(reinterpret_cast<const char*>(f->base_ + 8), header_len), "header");
@@ -135,7 +135,8 @@ std::shared_ptr<const SafetensorsSource> SafetensorsSource::open(const std::stri
   for (const auto& f : src->files_)
     for (const auto& [name, t] : f->tensors())
       if (auto [it, fresh] = owner.emplace(name, f->path()); !fresh)
-        throw GgufError(path + ": tensor '" + name + "' appears in both " + std::string(it->second) + " and " + f->path());
+        throw GgufError(path + ": tensor '" + name + "' appears in both " + std::string(it->second) + " and " +
+                        f->path());
   return src;
 }
 
@@ -156,7 +157,8 @@ ModelInfo read_hf_model_info(const std::string& path) {
   m.path = path;
   auto number = [&](const char* key, double dflt) {
     if (!c.contains(key)) return dflt;
-    if (!c[key].is_number()) fail(std::string("'") + key + "' must be a number, got " + config::printable(c[key].dump()));
+    if (!c[key].is_number())
+      fail(std::string("'") + key + "' must be a number, got " + config::printable(c[key].dump()));
     return c[key].get<double>();
   };
   if (c.contains("model_type") && !c["model_type"].is_string()) fail("'model_type' must be a string");
@@ -187,8 +189,10 @@ ModelInfo read_hf_model_info(const std::string& path) {
   if (!(m.rope_base > 0.0 && std::isfinite(m.rope_base))) fail("'rope_theta' must be a positive number");
   m.norm_eps = number("rms_norm_eps", 1e-6);
   if (!(m.norm_eps > 0.0 && m.norm_eps < 1.0)) fail("'rms_norm_eps' must be in (0, 1)");
-  m.bos_token_id = c.contains("bos_token_id") && c["bos_token_id"].is_number_integer() ? c["bos_token_id"].get<std::int64_t>() : -1;
-  m.eos_token_id = c.contains("eos_token_id") && c["eos_token_id"].is_number_integer() ? c["eos_token_id"].get<std::int64_t>() : -1;
+  m.bos_token_id =
+      c.contains("bos_token_id") && c["bos_token_id"].is_number_integer() ? c["bos_token_id"].get<std::int64_t>() : -1;
+  m.eos_token_id =
+      c.contains("eos_token_id") && c["eos_token_id"].is_number_integer() ? c["eos_token_id"].get<std::int64_t>() : -1;
   m.tied_embeddings = c.value("tie_word_embeddings", false);
   m.name = dir.filename().string();
   return m;

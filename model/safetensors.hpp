@@ -5,9 +5,8 @@
 
 #include <map>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "model/gguf.hpp"
 #include "model/model_info.hpp"

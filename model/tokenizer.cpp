@@ -114,10 +114,14 @@ std::size_t first_invalid_utf8(std::string_view s) {
     }
     std::size_t n;
     unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) n = 2;
-    else if (c >= 0xE0 && c <= 0xEF) n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-    else if (c >= 0xF0 && c <= 0xF4) n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-    else return i;
+    if (c >= 0xC2 && c <= 0xDF)
+      n = 2;
+    else if (c >= 0xE0 && c <= 0xEF)
+      n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4)
+      n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else
+      return i;
     if (i + n > s.size()) return i;
     for (std::size_t k = 1; k < n; ++k) {
       const auto b = static_cast<unsigned char>(s[i + k]);
@@ -206,7 +210,8 @@ struct Tokenizer::Regex {
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
     std::size_t pos = 0, gap = 0;
     while (pos <= s.size()) {
-      const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+      const int rc =
+          pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
       if (rc < 0) break;
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       const std::size_t b = ov[0], e = ov[1];
@@ -239,9 +244,12 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   auto fail = [&](const std::string& what) { throw GgufError(f.path() + ": " + what); };
   std::shared_ptr<Tokenizer> t(new Tokenizer());
   const std::string_view model = f.get_string("tokenizer.ggml.model");
-  if (model == "gpt2") t->kind_ = Kind::ByteBpe;
-  else if (model == "llama") t->kind_ = Kind::SentencePiece;
-  else fail("tokenizer.ggml.model '" + std::string(model) + "' is not supported (supported: gpt2, llama)");
+  if (model == "gpt2")
+    t->kind_ = Kind::ByteBpe;
+  else if (model == "llama")
+    t->kind_ = Kind::SentencePiece;
+  else
+    fail("tokenizer.ggml.model '" + std::string(model) + "' is not supported (supported: gpt2, llama)");
 
   const auto& toks = f.get_string_array("tokenizer.ggml.tokens");
   if (toks.empty()) fail("tokenizer.ggml.tokens is empty");
@@ -260,24 +268,28 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   auto id_key = [&](const char* key, std::int32_t dflt) {
     if (!f.has(key)) return dflt;
     const std::int64_t v = f.get_int(key);
-    if (v < 0 || v >= n) fail(std::string(key) + " = " + std::to_string(v) + " is outside the vocabulary of " + std::to_string(n));
+    if (v < 0 || v >= n)
+      fail(std::string(key) + " = " + std::to_string(v) + " is outside the vocabulary of " + std::to_string(n));
     return static_cast<std::int32_t>(v);
   };
   t->bos_ = id_key("tokenizer.ggml.bos_token_id", -1);
   t->eos_ = id_key("tokenizer.ggml.eos_token_id", -1);
   t->unk_ = id_key("tokenizer.ggml.unknown_token_id", -1);
-  t->add_bos_ = f.has("tokenizer.ggml.add_bos_token") ? f.get_bool("tokenizer.ggml.add_bos_token") : t->kind_ == Kind::SentencePiece;
+  t->add_bos_ = f.has("tokenizer.ggml.add_bos_token") ? f.get_bool("tokenizer.ggml.add_bos_token")
+                                                      : t->kind_ == Kind::SentencePiece;
   if (f.has("tokenizer.ggml.add_space_prefix")) t->add_space_prefix_ = f.get_bool("tokenizer.ggml.add_space_prefix");
   if (f.has("tokenizer.chat_template")) t->chat_template_ = std::string(f.get_string("tokenizer.chat_template"));
   if (f.has("tokenizer.ggml.pre")) t->pre_ = std::string(f.get_string("tokenizer.ggml.pre"));
 
   for (std::int64_t i = 0; i < n; ++i)
-    if (t->types_[i] == kTypeControl || t->types_[i] == kTypeUserDefined) t->special_ids_.push_back(static_cast<std::int32_t>(i));
+    if (t->types_[i] == kTypeControl || t->types_[i] == kTypeUserDefined)
+      t->special_ids_.push_back(static_cast<std::int32_t>(i));
   std::sort(t->special_ids_.begin(), t->special_ids_.end(), [&](std::int32_t a, std::int32_t b) {
     return t->tokens_[a].size() > t->tokens_[b].size() || (t->tokens_[a].size() == t->tokens_[b].size() && a < b);
   });
   if (t->eos_ >= 0) t->eog_.push_back(t->eos_);
-  for (const char* name : {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>", "</s>", "<|eom_id|>"}) {
+  for (const char* name :
+       {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>", "</s>", "<|eom_id|>"}) {
     const std::int32_t id = t->find(name);
     if (id >= 0 && std::find(t->eog_.begin(), t->eog_.end(), id) == t->eog_.end()) t->eog_.push_back(id);
   }
@@ -302,7 +314,8 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     t->scores_.assign(scores.begin(), scores.end());
     for (std::int64_t i = 0; i < n; ++i)
       if (t->types_[i] == kTypeByte && byte_token_value(t->tokens_[i]) < 0)
-        fail("tokenizer.ggml.tokens entry " + std::to_string(i) + " is a byte token (token_type 6) but is not written <0xHH>");
+        fail("tokenizer.ggml.tokens entry " + std::to_string(i) +
+             " is a byte token (token_type 6) but is not written <0xHH>");
     for (int b = 0; b < 256; ++b) {
       char name[8];
       std::snprintf(name, sizeof name, "<0x%02X>", b);
@@ -321,7 +334,9 @@ bool Tokenizer::is_special(std::int32_t id) const {
   return id >= 0 && id < vocab_size() && (types_[id] == kTypeControl || types_[id] == kTypeUserDefined);
 }
 
-bool Tokenizer::is_end_of_generation(std::int32_t id) const { return std::find(eog_.begin(), eog_.end(), id) != eog_.end(); }
+bool Tokenizer::is_end_of_generation(std::int32_t id) const {
+  return std::find(eog_.begin(), eog_.end(), id) != eog_.end();
+}
 
 std::vector<std::int32_t> Tokenizer::encode_piece_bpe(std::string_view piece) const {
   std::vector<std::string> start;
@@ -332,13 +347,14 @@ std::vector<std::int32_t> Tokenizer::encode_piece_bpe(std::string_view piece) co
     start.push_back(std::move(s));
   }
   std::string key;
-  const std::vector<std::string> sym = merge_symbols(std::move(start), [&](const std::string& a, const std::string& b, double& p) {
-    key.assign(a).append(" ").append(b);
-    auto it = merge_rank_.find(key);
-    if (it == merge_rank_.end()) return false;
-    p = it->second;
-    return true;
-  });
+  const std::vector<std::string> sym =
+      merge_symbols(std::move(start), [&](const std::string& a, const std::string& b, double& p) {
+        key.assign(a).append(" ").append(b);
+        auto it = merge_rank_.find(key);
+        if (it == merge_rank_.end()) return false;
+        p = it->second;
+        return true;
+      });
   std::vector<std::int32_t> ids;
   ids.reserve(sym.size());
   for (const auto& s : sym) {
@@ -373,19 +389,22 @@ void Tokenizer::encode_text_spm(std::string_view text, bool at_start, std::vecto
   s.append(text);
   std::string norm;
   for (char c : s) {
-    if (c == ' ') norm += "\xE2\x96\x81";
-    else norm += c;
+    if (c == ' ')
+      norm += "\xE2\x96\x81";
+    else
+      norm += c;
   }
   std::string key;
-  const std::vector<std::string> sym = merge_symbols(utf8_chars(norm), [&](const std::string& a, const std::string& b, double& p) {
-    key.assign(a).append(b);
-    auto it = index_.find(key);
-    if (it == index_.end()) return false;
-    const float score = scores_[it->second];
-    if (!(score > -INFINITY)) return false;  // -inf and NaN never merge
-    p = -static_cast<double>(score);         // the highest score first
-    return true;
-  });
+  const std::vector<std::string> sym =
+      merge_symbols(utf8_chars(norm), [&](const std::string& a, const std::string& b, double& p) {
+        key.assign(a).append(b);
+        auto it = index_.find(key);
+        if (it == index_.end()) return false;
+        const float score = scores_[it->second];
+        if (!(score > -INFINITY)) return false;  // -inf and NaN never merge
+        p = -static_cast<double>(score);         // the highest score first
+        return true;
+      });
   for (const auto& x : sym) {
     auto it = index_.find(x);
     if (it != index_.end()) {
@@ -394,8 +413,10 @@ void Tokenizer::encode_text_spm(std::string_view text, bool at_start, std::vecto
     }
     for (unsigned char c : x) {
       const std::int32_t b = byte_tokens_[c];
-      if (b >= 0) out.push_back(b);
-      else if (unk_ >= 0) out.push_back(unk_);
+      if (b >= 0)
+        out.push_back(b);
+      else if (unk_ >= 0)
+        out.push_back(unk_);
     }
   }
 }
@@ -437,8 +458,10 @@ std::vector<std::int32_t> Tokenizer::encode_parts(const std::vector<TextPart>& p
   auto flush = [&] {
     if (run.empty()) return;
     check_utf8(run);
-    if (kind_ == Kind::ByteBpe) encode_text_bpe(run, out);
-    else encode_text_spm(run, at_start, out);
+    if (kind_ == Kind::ByteBpe)
+      encode_text_bpe(run, out);
+    else
+      encode_text_spm(run, at_start, out);
     at_start = false;
     run.clear();
   };
@@ -465,8 +488,10 @@ std::string Tokenizer::token_bytes(std::int32_t id) const {
     if (types_[id] == kTypeByte) return std::string(1, static_cast<char>(byte_token_value(t)));  // checked at load
     std::string out;
     for (std::size_t i = 0; i < t.size();) {
-      if (t.compare(i, 3, "\xE2\x96\x81") == 0) out += ' ', i += 3;
-      else out += t[i++];
+      if (t.compare(i, 3, "\xE2\x96\x81") == 0)
+        out += ' ', i += 3;
+      else
+        out += t[i++];
     }
     return out;
   }
@@ -475,8 +500,10 @@ std::string Tokenizer::token_bytes(std::int32_t id) const {
     const std::size_t at = i;
     const char32_t cp = next_cp(t, i);
     const int b = cp < 512 ? byte_map().from_cp[cp] : -1;
-    if (b >= 0) out += static_cast<char>(b);
-    else out.append(t, at, i - at);
+    if (b >= 0)
+      out += static_cast<char>(b);
+    else
+      out.append(t, at, i - at);
   }
   return out;
 }

@@ -4,9 +4,8 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
-#include <stdexcept>
-
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "config/input.hpp"
 #include "model/gguf.hpp"
@@ -14,7 +13,8 @@
 namespace specactor::model {
 namespace {
 
-template <class T> void put(std::vector<std::uint8_t>& out, T v) {
+template <class T>
+void put(std::vector<std::uint8_t>& out, T v) {
   const std::size_t at = out.size();
   out.resize(at + sizeof(T));
   std::memcpy(out.data() + at, &v, sizeof(T));
@@ -31,18 +31,42 @@ void put_value(std::vector<std::uint8_t>& b, GgufType type, const GgufValue& v) 
   auto u = [&] { return std::get<std::uint64_t>(v.scalar); };
   auto i = [&] { return std::get<std::int64_t>(v.scalar); };
   switch (type) {
-    case GgufType::U8: put<std::uint8_t>(b, static_cast<std::uint8_t>(u())); break;
-    case GgufType::I8: put<std::int8_t>(b, static_cast<std::int8_t>(i())); break;
-    case GgufType::U16: put<std::uint16_t>(b, static_cast<std::uint16_t>(u())); break;
-    case GgufType::I16: put<std::int16_t>(b, static_cast<std::int16_t>(i())); break;
-    case GgufType::U32: put<std::uint32_t>(b, static_cast<std::uint32_t>(u())); break;
-    case GgufType::I32: put<std::int32_t>(b, static_cast<std::int32_t>(i())); break;
-    case GgufType::U64: put<std::uint64_t>(b, u()); break;
-    case GgufType::I64: put<std::int64_t>(b, i()); break;
-    case GgufType::F32: put<float>(b, static_cast<float>(std::get<double>(v.scalar))); break;
-    case GgufType::F64: put<double>(b, std::get<double>(v.scalar)); break;
-    case GgufType::Bool: put<std::uint8_t>(b, std::get<bool>(v.scalar) ? 1 : 0); break;
-    case GgufType::String: put_str(b, std::get<std::string_view>(v.scalar)); break;
+    case GgufType::U8:
+      put<std::uint8_t>(b, static_cast<std::uint8_t>(u()));
+      break;
+    case GgufType::I8:
+      put<std::int8_t>(b, static_cast<std::int8_t>(i()));
+      break;
+    case GgufType::U16:
+      put<std::uint16_t>(b, static_cast<std::uint16_t>(u()));
+      break;
+    case GgufType::I16:
+      put<std::int16_t>(b, static_cast<std::int16_t>(i()));
+      break;
+    case GgufType::U32:
+      put<std::uint32_t>(b, static_cast<std::uint32_t>(u()));
+      break;
+    case GgufType::I32:
+      put<std::int32_t>(b, static_cast<std::int32_t>(i()));
+      break;
+    case GgufType::U64:
+      put<std::uint64_t>(b, u());
+      break;
+    case GgufType::I64:
+      put<std::int64_t>(b, i());
+      break;
+    case GgufType::F32:
+      put<float>(b, static_cast<float>(std::get<double>(v.scalar)));
+      break;
+    case GgufType::F64:
+      put<double>(b, std::get<double>(v.scalar));
+      break;
+    case GgufType::Bool:
+      put<std::uint8_t>(b, std::get<bool>(v.scalar) ? 1 : 0);
+      break;
+    case GgufType::String:
+      put_str(b, std::get<std::string_view>(v.scalar));
+      break;
     case GgufType::Array:
       put<std::uint32_t>(b, static_cast<std::uint32_t>(v.elem_type));
       put<std::uint64_t>(b, v.count);
@@ -64,7 +88,8 @@ void write_first_layers(const GgufFile& in, std::int64_t layers, const std::stri
   const std::string count_key = arch + ".block_count";
   const std::int64_t have = in.get_int(count_key);
   if (layers < 1 || layers > have)
-    throw GgufError(in.path() + ": cannot keep " + std::to_string(layers) + " of its " + std::to_string(have) + " blocks");
+    throw GgufError(in.path() + ": cannot keep " + std::to_string(layers) + " of its " + std::to_string(have) +
+                    " blocks");
   GgufWriter w;
   w.version = in.version();
   w.alignment = in.alignment();
@@ -88,8 +113,8 @@ void write_first_layers(const GgufFile& in, std::int64_t layers, const std::stri
         throw GgufError(in.path() + ": tensor '" + config::printable(t.name) +
                         "' is under blk. but has no block index (expected blk.<N>.<name>)");
       if (index >= have)
-        throw GgufError(in.path() + ": tensor '" + config::printable(t.name) + "' names block " + std::to_string(index) +
-                        " of a model with " + std::to_string(have) + " blocks");
+        throw GgufError(in.path() + ": tensor '" + config::printable(t.name) + "' names block " +
+                        std::to_string(index) + " of a model with " + std::to_string(have) + " blocks");
       if (index >= layers) continue;
     }
     w.tensor(t.name, static_cast<std::uint32_t>(t.type), t.dims, std::vector<std::uint8_t>(t.data, t.data + t.n_bytes));
@@ -101,14 +126,23 @@ std::uint64_t ggml_nbytes(std::uint32_t type, const std::vector<std::uint64_t>& 
   std::uint64_t n = 1;
   for (auto d : dims) n *= d;
   switch (type) {
-    case 0: return n * 4;               // F32
-    case 1: case 30: return n * 2;      // F16, BF16
-    case 2: return n / 32 * 18;         // Q4_0
-    case 3: return n / 32 * 20;         // Q4_1
-    case 8: return n / 32 * 34;         // Q8_0
-    case 12: return n / 256 * 144;      // Q4_K
-    case 14: return n / 256 * 210;      // Q6_K
-    default: return 0;
+    case 0:
+      return n * 4;  // F32
+    case 1:
+    case 30:
+      return n * 2;  // F16, BF16
+    case 2:
+      return n / 32 * 18;  // Q4_0
+    case 3:
+      return n / 32 * 20;  // Q4_1
+    case 8:
+      return n / 32 * 34;  // Q8_0
+    case 12:
+      return n / 256 * 144;  // Q4_K
+    case 14:
+      return n / 256 * 210;  // Q6_K
+    default:
+      return 0;
   }
 }
 
@@ -119,11 +153,11 @@ void GgufWriter::kv_raw(std::string_view key, std::uint32_t type, const std::vec
   ++kv_count_;
 }
 
-#define SPECACTOR_KV_SCALAR(fn, T, tag)                        \
-  void GgufWriter::fn(std::string_view key, T v) {             \
-    std::vector<std::uint8_t> b;                               \
-    put<T>(b, v);                                              \
-    kv_raw(key, tag, b);                                       \
+#define SPECACTOR_KV_SCALAR(fn, T, tag)            \
+  void GgufWriter::fn(std::string_view key, T v) { \
+    std::vector<std::uint8_t> b;                   \
+    put<T>(b, v);                                  \
+    kv_raw(key, tag, b);                           \
   }
 SPECACTOR_KV_SCALAR(kv_u8, std::uint8_t, 0)
 SPECACTOR_KV_SCALAR(kv_u32, std::uint32_t, 4)
@@ -235,7 +269,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     header[name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
     off += bytes;
   }
-  if (!d2t.empty()) header["d2t"] = {{"dtype", "I64"}, {"shape", {d2t.size()}}, {"data_offsets", {off, off + d2t.size() * 8}}};
+  if (!d2t.empty())
+    header["d2t"] = {{"dtype", "I64"}, {"shape", {d2t.size()}}, {"data_offsets", {off, off + d2t.size() * 8}}};
   header["__metadata__"] = {{"format", "pt"}};
   std::string h = header.dump();
   while (h.size() % 8) h += ' ';

@@ -15,7 +15,7 @@ class GgufWriter {
  public:
   std::uint32_t magic = 0x46554747;  // "GGUF"
   std::uint32_t version = 3;
-  std::uint64_t alignment = 32;      // used to place tensor data; written only via kv_u32("general.alignment")
+  std::uint64_t alignment = 32;  // used to place tensor data; written only via kv_u32("general.alignment")
 
   // Metadata.
   void kv_u8(std::string_view key, std::uint8_t v);

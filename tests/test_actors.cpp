@@ -14,8 +14,8 @@ namespace {
 
 Snapshot sample_snapshot() {
   const config::ModelFacts facts{"llama", 4096, 49152, 576, 30, true};
-  auto user = config::freeze(config::parse_server_args(
-      {"--model-path", "t.gguf", "--speculative-algorithm", "NGRAM", "--tp-size", "1"}));
+  auto user = config::freeze(
+      config::parse_server_args({"--model-path", "t.gguf", "--speculative-algorithm", "NGRAM", "--tp-size", "1"}));
   return config::resolve_target(user, facts, {false, "test"});
 }
 

@@ -1,7 +1,6 @@
 // tests/test_cli.cpp — the specactor launcher as a user runs it: exit codes, stdout JSON, stderr
 // messages.
 #include <doctest/doctest.h>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,9 +8,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "kernels/backend.hpp"
 #include "tests/support/cli_run.hpp"
@@ -78,19 +76,21 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
   std::vector<Case> cases = {
       {"generate --model-path " + tiny_model() + " --prompt hi --tp-size 4",
        "KV heads, which do not split into 4 equal shards (sizes that fit: 1, 2)"},
-      {"config --model-path " + tiny_model() + " --tp-sise 2", "specactor: error: unknown flag --tp-sise (did you mean --tp-size?)"},
+      {"config --model-path " + tiny_model() + " --tp-sise 2",
+       "specactor: error: unknown flag --tp-sise (did you mean --tp-size?)"},
       {"config --model-path " + tiny_model() + " --speculative-algorithm EAGLE",
        "specactor: error: --speculative-draft-model-path: is required by --speculative-algorithm EAGLE"},
       {"config", "specactor: error: --model-path is required"},
       {"config --model-path /nonexistent.gguf", "specactor: error: /nonexistent.gguf: cannot open: No such file"},
-      {"config --model-path " + tiny_model() + " --context-length 4096",
-       "exceeds the context length of llama model"},
+      {"config --model-path " + tiny_model() + " --context-length 4096", "exceeds the context length of llama model"},
       {"inspect /nonexistent.gguf", "specactor: error: /nonexistent.gguf: cannot open"},
       {"inspect " + std::string(SPECACTOR_SOURCE_DIR) + "/CMakeLists.txt", "not a GGUF file (magic"},
       {"frobnicate", "specactor: error: unknown command 'frobnicate'"},
       {"generate --model-path " + tiny_model(), "specactor: error: --prompt is required"},
-      {"generate --model-path " + tiny_model() + " --prompt hi --temperature -1", "specactor: error: --temperature: must be >= 0"},
-      {"generate --model-path " + tiny_model() + " --prompt hi --top-p 0", "specactor: error: --top-p: must be in (0, 1]"},
+      {"generate --model-path " + tiny_model() + " --prompt hi --temperature -1",
+       "specactor: error: --temperature: must be >= 0"},
+      {"generate --model-path " + tiny_model() + " --prompt hi --top-p 0",
+       "specactor: error: --top-p: must be in (0, 1]"},
       {"generate --model-path " + tiny_model() + " --prompt hi --max-new-tokens zero",
        "specactor: error: --max-new-tokens: 'zero' is not a valid integer"},
       {"generate --model-path " + tiny_model() + " --prompt hi --max-new-tokens 0",
@@ -183,7 +183,8 @@ TEST_CASE("specactor make-head writes heads that inspect reads and checks agains
     for (const char* format : {"gguf", "safetensors"}) {
       CAPTURE(kind);
       CAPTURE(format);
-      const std::string out = (dir / (std::string(kind) + "_" + format + (std::string(format) == "gguf" ? ".gguf" : ""))).string();
+      const std::string out =
+          (dir / (std::string(kind) + "_" + format + (std::string(format) == "gguf" ? ".gguf" : ""))).string();
       const Run w = run(std::string("make-head --target ") + tiny_model() + " --kind " + kind + " --format " + format +
                         " --out " + out + (std::string(kind) == "MTP" ? " --layers 2" : ""));
       REQUIRE_MESSAGE(w.rc == 0, w.err);

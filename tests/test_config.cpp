@@ -1,13 +1,12 @@
 // tests/test_config.cpp — settings: the field table, parsing argv and config files, validation,
 // automatic choices, and one clear message per bad flag.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
-
-#include <unistd.h>
 
 #include "config/error.hpp"
 #include "config/resolve.hpp"
@@ -51,15 +50,42 @@ TEST_CASE("every setting has a default, a flag name and a one-line doc") {
     ++n;
   });
   CHECK(n == static_cast<int>(field_names().size()));
-  for (const char* required :
-       {"model_path", "tokenizer_path", "load_format", "dtype", "context_length", "json_model_override_args",
-        "skip_tokenizer_init", "device", "tp_size", "threads", "kv_cache_dtype", "page_size", "max_total_tokens",
-        "max_running_requests", "chunked_prefill_size", "disable_chunked_prefix_cache", "disable_cuda_graph", "attention_backend",
-        "prefill_attention_backend", "decode_attention_backend", "random_seed", "log_level", "speculative_algorithm",
-        "speculative_draft_model_path", "speculative_draft_load_format", "speculative_num_steps",
-        "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_accept_threshold_single",
-        "speculative_accept_threshold_acc", "speculative_token_map", "speculative_draft_attention_backend",
-        "speculative_draft_kv_cache_dtype", "speculative_use_rejection_sampling", "host", "port"}) {
+  for (const char* required : {"model_path",
+                               "tokenizer_path",
+                               "load_format",
+                               "dtype",
+                               "context_length",
+                               "json_model_override_args",
+                               "skip_tokenizer_init",
+                               "device",
+                               "tp_size",
+                               "threads",
+                               "kv_cache_dtype",
+                               "page_size",
+                               "max_total_tokens",
+                               "max_running_requests",
+                               "chunked_prefill_size",
+                               "disable_chunked_prefix_cache",
+                               "disable_cuda_graph",
+                               "attention_backend",
+                               "prefill_attention_backend",
+                               "decode_attention_backend",
+                               "random_seed",
+                               "log_level",
+                               "speculative_algorithm",
+                               "speculative_draft_model_path",
+                               "speculative_draft_load_format",
+                               "speculative_num_steps",
+                               "speculative_eagle_topk",
+                               "speculative_num_draft_tokens",
+                               "speculative_accept_threshold_single",
+                               "speculative_accept_threshold_acc",
+                               "speculative_token_map",
+                               "speculative_draft_attention_backend",
+                               "speculative_draft_kv_cache_dtype",
+                               "speculative_use_rejection_sampling",
+                               "host",
+                               "port"}) {
     CAPTURE(required);
     CHECK(std::find(field_names().begin(), field_names().end(), required) != field_names().end());
   }
@@ -68,10 +94,10 @@ TEST_CASE("every setting has a default, a flag name and a one-line doc") {
 }
 
 TEST_CASE("argv parsing: values, =values, bare bools, aliases, and provenance") {
-  const ServerArgs a = parse({"--model-path", "m.gguf", "--tp-size=2", "--skip-tokenizer-init",
-                              "--speculative-algorithm", "nextn", "--speculative-draft-model-path", "h",
-                              "--speculative-accept-threshold-single", "0.5", "--context-length", "1024",
-                              "--disable-chunked-prefix-cache=false"});
+  const ServerArgs a =
+      parse({"--model-path", "m.gguf", "--tp-size=2", "--skip-tokenizer-init", "--speculative-algorithm", "nextn",
+             "--speculative-draft-model-path", "h", "--speculative-accept-threshold-single", "0.5", "--context-length",
+             "1024", "--disable-chunked-prefix-cache=false"});
   CHECK(a.model_path == "m.gguf");
   CHECK(a.tp_size == 2);
   CHECK(a.skip_tokenizer_init);
@@ -111,7 +137,8 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
       {{"--skip-tokenizer-init=maybe"}, "--skip-tokenizer-init: expected a boolean (true|false), got 'maybe'"},
       {{"--speculative-accept-threshold-acc", "x"}, "--speculative-accept-threshold-acc: expected a number, got 'x'"},
       {{"--speculative-algorithm", "MEDUSA"},
-       "--speculative-algorithm: expected one of NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|NEXTN, got 'MEDUSA'"},
+       "--speculative-algorithm: expected one of NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|NEXTN, got "
+       "'MEDUSA'"},
       {{"--load-format", "pt"}, "--load-format: expected one of auto|gguf|safetensors|dummy, got 'pt'"},
       {{"--cpu-precision", "int8"}, "--cpu-precision: expected one of fast|exact, got 'int8'"},
       {{"--kv-cache-dtype", "fp8"}, "--kv-cache-dtype: expected one of auto|float32|float16|bfloat16, got 'fp8'"},
@@ -207,9 +234,9 @@ TEST_CASE("automatic speculative shape") {
     CHECK(s->override_log.back().fields == json{{"speculative_num_draft_tokens", 7}});
   }
   SUBCASE("user values are kept") {
-    auto s = resolved({"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "h",
-                       "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens",
-                       "6"});
+    auto s =
+        resolved({"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "h", "--speculative-num-steps",
+                  "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"});
     CHECK(*s->speculative_num_steps == 3);
     CHECK(*s->speculative_eagle_topk == 2);
     CHECK(*s->speculative_num_draft_tokens == 6);

@@ -7,10 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -36,8 +35,7 @@ WeightType type_named(const std::string& n) {
   return WeightType::F32;
 }
 
-
-const WeightType kAllTypes[] = {WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0,
+const WeightType kAllTypes[] = {WeightType::F32,  WeightType::F16,  WeightType::BF16, WeightType::Q8_0,
                                 WeightType::Q4_0, WeightType::Q4_1, WeightType::Q4_K, WeightType::Q6_K};
 
 }  // namespace
@@ -164,7 +162,7 @@ TEST_CASE("fast matmul: scalar, AVX2 and VNNI paths are bit-identical and comput
     for (auto& v : x) v = d(rng);
     x[5] = 0;
     std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // an all-zero block
-    x[100] = 40.0f;                                    // an outlier
+    x[100] = 40.0f;                                   // an outlier
     const std::vector<double> xq = quantized_activations(x);
     for (WeightType t : kIntegerTypes) {
       CAPTURE(static_cast<int>(t));
@@ -172,7 +170,8 @@ TEST_CASE("fast matmul: scalar, AVX2 and VNNI paths are bit-identical and comput
       REQUIRE(has_integer_path(t));
       const auto bytes = random_weights(t, out, in, 31 + static_cast<std::uint32_t>(t));
       std::vector<std::uint8_t> packed;
-      const WeightMatrix w = pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))}, packed);
+      const WeightMatrix w =
+          pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))}, packed);
       std::vector<float> ys(static_cast<std::size_t>(rows * out)), ya(ys.size());
       qmatmul_path(QPath::Scalar, w, x.data(), rows, ys.data());
       for (QPath p : {QPath::Avx2, QPath::Vnni}) {
@@ -198,7 +197,8 @@ TEST_CASE("fast matmul: scalar, AVX2 and VNNI paths are bit-identical and comput
             mag += std::abs(static_cast<double>(wr[i]) * x[r * in + i]);
           }
           worst_int = std::max(worst_int, std::abs(ref - ys[r * out + o]) / (mag + 1e-30));
-          worst_exact = std::max(worst_exact, std::abs(static_cast<double>(ye[r * out + o]) - ys[r * out + o]) / (mag + 1e-30));
+          worst_exact =
+              std::max(worst_exact, std::abs(static_cast<double>(ye[r * out + o]) - ys[r * out + o]) / (mag + 1e-30));
         }
       }
       CHECK(worst_int < 2e-6);
@@ -218,7 +218,8 @@ TEST_CASE("fast matmul: a row's result does not depend on how many rows or matri
     const auto bytes = random_weights(t, out, t == WeightType::Q4_K || t == WeightType::Q6_K ? 512 : in, 41);
     const std::int64_t width = t == WeightType::Q4_K || t == WeightType::Q6_K ? 512 : in;
     std::vector<std::uint8_t> packed;
-    const WeightMatrix w = pack_matrix({t, out, width, bytes.data(), row_bytes(t, static_cast<std::size_t>(width))}, packed);
+    const WeightMatrix w =
+        pack_matrix({t, out, width, bytes.data(), row_bytes(t, static_cast<std::size_t>(width))}, packed);
     for (std::int64_t rows : {1, 2, 3, 4, 5, 8, 13, 16}) {
       std::vector<float> x(static_cast<std::size_t>(rows * width));
       for (auto& v : x) v = d(rng);
@@ -370,10 +371,10 @@ TEST_CASE("sampling: greedy, top-k, top-p, min-p, temperature, seeds") {
 
 // ---- tensor parallelism on the CPU communicator ----
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <thread>
-
-#include <unistd.h>
 
 #include "kernels/comm.hpp"
 #include "model/gguf.hpp"
@@ -436,7 +437,8 @@ TEST_CASE("tensor parallel forward: TP = 2 and 3 on the CPU communicator give TP
   specactor::testing::TinyLlamaShape s = specactor::testing::tp_divisible_shape();
   s.layers = 2;
   s.context = 256;
-  const std::string path = (fs::temp_directory_path() / ("specactor_tp." + std::to_string(::getpid()) + ".gguf")).string();
+  const std::string path =
+      (fs::temp_directory_path() / ("specactor_tp." + std::to_string(::getpid()) + ".gguf")).string();
   specactor::testing::tiny_llama(s, true, 21).write(path);
   auto file = sm::GgufFile::open(path);
   const auto cfg = sm::LlamaConfig::from(sm::read_model_info(*file), "");
@@ -452,8 +454,8 @@ TEST_CASE("tensor parallel forward: TP = 2 and 3 on the CPU communicator give TP
     std::vector<std::thread> threads;
     for (int r = 0; r < tp; ++r)
       threads.emplace_back([&, r] {
-        auto w = sm::LlamaWeights::load(source, sm::LlamaWeights::Naming::Gguf, cfg, specactor::config::LoadFormat::Auto,
-                                        -1, {}, sm::TpShard{r, tp});
+        auto w = sm::LlamaWeights::load(source, sm::LlamaWeights::Naming::Gguf, cfg,
+                                        specactor::config::LoadFormat::Auto, -1, {}, sm::TpShard{r, tp});
         sm::LlamaRunner runner(w, 1);
         sm::KvCache kv(cfg.n_layers, w->local_kv_heads(), cfg.head_dim, 16, 256);
         sm::KvCache::Seq seq;

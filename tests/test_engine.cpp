@@ -2,17 +2,19 @@
 // algorithm, continuous batching, KV exhaustion, draft failure and fallback, target failure,
 // cancellation, stop strings, shutdown with requests in flight, NGRAM greedy equality.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <caf/all.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <future>
+#include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
-
-#include <caf/all.hpp>
-#include <unistd.h>
 
 #include "actors/drafter.hpp"
 #include "actors/engine.hpp"
@@ -23,9 +25,6 @@
 #include "kernels/backend.hpp"
 #include "model/gguf.hpp"
 #include "model/head_writer.hpp"
-#include <fstream>
-#include <map>
-#include <nlohmann/json.hpp>
 #include "tests/support/gguf_writer.hpp"
 
 using namespace specactor;
@@ -42,7 +41,8 @@ const std::string& tiny_model() {
     specactor::testing::TinyLlamaShape s;
     s.vocab = 96;
     s.context = 512;
-    const std::string p = (fs::temp_directory_path() / ("specactor_engine_tiny." + std::to_string(::getpid()) + ".gguf")).string();
+    const std::string p =
+        (fs::temp_directory_path() / ("specactor_engine_tiny." + std::to_string(::getpid()) + ".gguf")).string();
     specactor::testing::tiny_llama(s, true, 11).write(p);
     return p;
   }();
@@ -93,7 +93,8 @@ std::vector<GenerationResult> run_all(Engine& e, const std::vector<GenerationReq
   const auto until = std::chrono::steady_clock::now() + deadline;
   std::vector<GenerationResult> out;
   for (auto& s : slots) {
-    REQUIRE_MESSAGE(s.done.get_future().wait_until(until) == std::future_status::ready, "a request did not finish in time");
+    REQUIRE_MESSAGE(s.done.get_future().wait_until(until) == std::future_status::ready,
+                    "a request did not finish in time");
     out.push_back(s.r);
   }
   return out;
@@ -148,8 +149,9 @@ std::string tiny_head(model::HeadKind kind) {
   if (it != paths.end()) return it->second;
   model::HeadSpec spec;
   spec.kind = kind;
-  const std::string p = (fs::temp_directory_path() / ("specactor_engine_head_" + std::string(model::to_string(kind)) + "." +
-                                                      std::to_string(::getpid()) + ".gguf")).string();
+  const std::string p = (fs::temp_directory_path() / ("specactor_engine_head_" + std::string(model::to_string(kind)) +
+                                                      "." + std::to_string(::getpid()) + ".gguf"))
+                            .string();
   model::write_random_head(model::read_model_info(*model::GgufFile::open(tiny_model())), spec, p);
   return paths[kind] = p;
 }
@@ -162,8 +164,8 @@ TEST_CASE("isolation at actor level: every algorithm, before and after the draft
     CAPTURE(algo);
     const std::string a = algo;
     std::vector<std::string> extra = {"--speculative-algorithm", algo, "--speculative-draft-load-format", "dummy"};
-    std::string draft = a == "STANDALONE" ? tiny_model()
-                        : a == "EAGLE3"   ? tiny_head(model::HeadKind::Eagle3)
+    std::string draft = a == "STANDALONE"                    ? tiny_model()
+                        : a == "EAGLE3"                      ? tiny_head(model::HeadKind::Eagle3)
                         : a == "MTP" || a == "FROZEN_KV_MTP" ? tiny_head(model::HeadKind::Mtp)
                                                              : tiny_head(model::HeadKind::Eagle);
     if (a != "NGRAM") extra.insert(extra.end(), {"--speculative-draft-model-path", draft});
@@ -244,8 +246,8 @@ TEST_CASE("continuous batching: 8 concurrent requests give exactly what each giv
 TEST_CASE("NGRAM speculation: greedy output equals plain decoding, single and 8 concurrent") {
   register_recording_drafters();
   auto plain = Engine::from_argv(tiny_args());
-  auto spec = Engine::from_argv(tiny_args({"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4",
-                                           "--speculative-eagle-topk", "1"}));
+  auto spec = Engine::from_argv(
+      tiny_args({"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4", "--speculative-eagle-topk", "1"}));
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 8; ++i) reqs.push_back(ids_request(tiny_prompt(i), 24));
   const auto a = run_all(*plain, reqs), b = run_all(*spec, reqs);
@@ -287,7 +289,8 @@ TEST_CASE("KV exhaustion: more requests than fit all complete, none lost, in bou
   CHECK(too_big.error.find("--max-total-tokens") != std::string::npos);
   const auto too_long = engine->generate(ids_request(std::vector<std::int32_t>(600, 7), 4));
   CHECK(too_long.error ==
-        "prompt: has 600 tokens; the context length (--context-length) is 512, which must leave room for at least one new token");
+        "prompt: has 600 tokens; the context length (--context-length) is 512, which must leave room for at least one "
+        "new token");
   CHECK(too_long.invalid_request);
   CHECK(too_big.invalid_request);
   CHECK_THROWS_WITH(engine->submit(ids_request({1, 2, 500}, 4), nullptr),
@@ -306,9 +309,11 @@ class FaultyDrafter final : public Drafter {
 }  // namespace
 
 TEST_CASE("draft failure mid-generation: every request completes with the same greedy tokens") {
-  register_drafter("STANDALONE", [](const config::Snapshot&, const DraftContext&) { return std::make_unique<FaultyDrafter>(); });
+  register_drafter("STANDALONE",
+                   [](const config::Snapshot&, const DraftContext&) { return std::make_unique<FaultyDrafter>(); });
   auto plain = Engine::from_argv(tiny_args());
-  auto spec = Engine::from_argv(tiny_args({"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "1"}));
+  auto spec =
+      Engine::from_argv(tiny_args({"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "1"}));
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 4; ++i) reqs.push_back(ids_request(tiny_prompt(i), 20));
   const auto a = run_all(*plain, reqs), b = run_all(*spec, reqs);
@@ -322,7 +327,8 @@ TEST_CASE("draft failure mid-generation: every request completes with the same g
   CHECK(fallbacks > 0);
   // The engine can spawn a new draft worker later.
   spec->restart_draft();
-  for (int i = 0; i < 50 && !spec->metrics().draft_alive; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int i = 0; i < 50 && !spec->metrics().draft_alive; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK(spec->metrics().draft_alive);
   CHECK(spec->generate(reqs[0]).tokens == a[0].tokens);
 
@@ -330,13 +336,15 @@ TEST_CASE("draft failure mid-generation: every request completes with the same g
   register_drafter("MTP", [](const config::Snapshot& s, const DraftContext&) -> std::unique_ptr<Drafter> {
     throw std::runtime_error(*s->speculative_draft_model_path + ": not a head file");
   });
-  auto broken = Engine::from_argv(tiny_args({"--speculative-algorithm", "MTP", "--speculative-draft-model-path", "bad.bin"}));
+  auto broken =
+      Engine::from_argv(tiny_args({"--speculative-algorithm", "MTP", "--speculative-draft-model-path", "bad.bin"}));
   CHECK(broken->generate(reqs[1]).tokens == a[1].tokens);
   m = broken->metrics();
   CHECK(m.draft_failures == 1);
   CHECK_FALSE(m.draft_alive);
   register_drafter("MTP", [](const config::Snapshot&, const DraftContext&) { return std::make_unique<IdleDrafter>(); });
-  register_drafter("STANDALONE", [](const config::Snapshot&, const DraftContext&) { return std::make_unique<IdleDrafter>(); });
+  register_drafter("STANDALONE",
+                   [](const config::Snapshot&, const DraftContext&) { return std::make_unique<IdleDrafter>(); });
 }
 
 TEST_CASE("target worker failure: running requests fail with a clear error, the engine reports it, never hangs") {
@@ -349,9 +357,8 @@ TEST_CASE("target worker failure: running requests fail with a clear error, the 
   const auto info = model::read_model_info(*model::GgufFile::open(tiny_model()));
   auto sched = spawn_scheduler(sys, config::resolve_target(user, info.facts(), {false, "test"}));
   caf::scoped_actor self{sys};
-  self->request(sched, std::chrono::seconds(60), ready_atom::value).receive([](TargetInfo&) {}, [](caf::error& e) {
-    FAIL("not ready: " << caf::to_string(e));
-  });
+  self->request(sched, std::chrono::seconds(60), ready_atom::value)
+      .receive([](TargetInfo&) {}, [](caf::error& e) { FAIL("not ready: " << caf::to_string(e)); });
   std::promise<TokenEvent> bad_done, later_done;
   auto sub = std::make_shared<Submission>();
   sub->id = 1;
@@ -378,9 +385,9 @@ TEST_CASE("target worker failure: running requests fail with a clear error, the 
   auto f2 = later_done.get_future();
   REQUIRE(f2.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
   CHECK(f2.get().finish_reason == "error");
-  self->request(sched, std::chrono::seconds(60), metrics_atom::value).receive(
-      [](EngineMetrics& m) { CHECK(m.target_error.find("target worker failed") != std::string::npos); },
-      [](caf::error& e) { FAIL(caf::to_string(e)); });
+  self->request(sched, std::chrono::seconds(60), metrics_atom::value)
+      .receive([](EngineMetrics& m) { CHECK(m.target_error.find("target worker failed") != std::string::npos); },
+               [](caf::error& e) { FAIL(caf::to_string(e)); });
   self->send_exit(sched, caf::exit_reason::user_shutdown);
 }
 
@@ -439,7 +446,8 @@ TEST_CASE("an engine inside the host's own actor system") {
   // The host's system lives on and can run other actors.
   auto echo = sys.spawn([]() -> caf::behavior { return {[](int x) { return x + 1; }}; });
   caf::scoped_actor self{sys};
-  self->request(echo, std::chrono::seconds(5), 41).receive([](int v) { CHECK(v == 42); }, [](caf::error& e) { FAIL(caf::to_string(e)); });
+  self->request(echo, std::chrono::seconds(5), 41)
+      .receive([](int v) { CHECK(v == 42); }, [](caf::error& e) { FAIL(caf::to_string(e)); });
   self->send_exit(echo, caf::exit_reason::user_shutdown);
 }
 
@@ -465,7 +473,8 @@ TEST_CASE("default model: chat through the engine, stop strings, and NGRAM equal
   CHECK(s.finish_reason == "stop");
   CHECK(s.text == r.text.substr(0, r.text.find("Paris")));
 
-  auto spec = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn", "--speculative-algorithm", "NGRAM"});
+  auto spec =
+      Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn", "--speculative-algorithm", "NGRAM"});
   GenerationRequest g;
   g.prompt = "Repeat this sentence twice: The actor model passes immutable messages between isolated actors.";
   g.chat = true;
@@ -483,7 +492,8 @@ const std::string& tp_model() {
   static const std::string path = [] {
     specactor::testing::TinyLlamaShape s = specactor::testing::tp_divisible_shape();
     s.context = 512;
-    const std::string p = (fs::temp_directory_path() / ("specactor_engine_tp." + std::to_string(::getpid()) + ".gguf")).string();
+    const std::string p =
+        (fs::temp_directory_path() / ("specactor_engine_tp." + std::to_string(::getpid()) + ".gguf")).string();
     specactor::testing::tiny_llama(s, true, 17).write(p);
     return p;
   }();
@@ -496,7 +506,8 @@ const std::string& tp_identity_head() {
   static const std::string path = [] {
     model::HeadSpec spec;
     spec.identity = true;
-    const std::string p = (fs::temp_directory_path() / ("specactor_engine_tp_head." + std::to_string(::getpid()) + ".gguf")).string();
+    const std::string p =
+        (fs::temp_directory_path() / ("specactor_engine_tp_head." + std::to_string(::getpid()) + ".gguf")).string();
     model::write_random_head(model::read_model_info(*model::GgufFile::open(tp_model())), spec, p);
     return p;
   }();
@@ -509,16 +520,16 @@ TEST_CASE("tensor parallel engine: TP = 2 and 3 give TP = 1's greedy tokens, pla
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 4; ++i) reqs.push_back(ids_request(tiny_prompt(i), 20));
   auto args = [](std::int64_t tp, std::vector<std::string> extra) {
-    std::vector<std::string> a = {"--model-path", tp_model(), "--log-level", "warn", "--max-total-tokens", "2048",
-                                  "--device", "cpu", "--tp-size", std::to_string(tp)};
+    std::vector<std::string> a = {"--model-path", tp_model(), "--log-level", "warn",      "--max-total-tokens",
+                                  "2048",         "--device", "cpu",         "--tp-size", std::to_string(tp)};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
   const std::vector<std::vector<std::string>> modes = {
       {},
       {"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4", "--speculative-eagle-topk", "1"},
-      {"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", tp_identity_head(), "--speculative-num-steps",
-       "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"},
+      {"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", tp_identity_head(),
+       "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"},
   };
   // A sampled request too: rank 0 alone draws the coins, every rank applies its decisions.
   GenerationRequest sampled = ids_request(tiny_prompt(5), 24);
@@ -561,8 +572,9 @@ TEST_CASE("tensor parallel engine: TP = 2 and 3 give TP = 1's greedy tokens, pla
 }
 
 TEST_CASE("tensor parallel engine: a size the model does not divide by is one clear error") {
-  CHECK_THROWS_WITH(Engine::from_argv({"--model-path", tp_model(), "--log-level", "off", "--tp-size", "4"}),
-                    doctest::Contains("has 6 attention heads, which do not split into 4 equal shards (sizes that fit: 1, 2, 3, 6)"));
+  CHECK_THROWS_WITH(
+      Engine::from_argv({"--model-path", tp_model(), "--log-level", "off", "--tp-size", "4"}),
+      doctest::Contains("has 6 attention heads, which do not split into 4 equal shards (sizes that fit: 1, 2, 3, 6)"));
 }
 
 TEST_CASE("default model: TP = 3 on the CPU communicator gives TP = 1's greedy tokens") {
@@ -580,12 +592,13 @@ TEST_CASE("default model: TP = 3 on the CPU communicator gives TP = 1's greedy t
   // the exact precision keeps those differences at float rounding. In the fast precision a rounding
   // difference can move an int8 activation by one step, and this prompt then diverges: the test pins
   // --cpu-precision exact (the sharding itself is the same in both precisions).
-  auto one = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn", "--device", "cpu", "--cpu-precision", "exact"});
+  auto one = Engine::from_argv(
+      {"--model-path", kDefaultModel, "--log-level", "warn", "--device", "cpu", "--cpu-precision", "exact"});
   const auto a = one->generate(g);
   one->shutdown();
   // 9 attention heads, 3 KV heads, MLP 1536: TP = 3 gives each rank 3 heads, 1 KV head, 512 columns.
-  auto three = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn", "--device", "cpu", "--tp-size", "3",
-                                  "--cpu-precision", "exact", "--speculative-algorithm", "NGRAM"});
+  auto three = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn", "--device", "cpu", "--tp-size",
+                                  "3", "--cpu-precision", "exact", "--speculative-algorithm", "NGRAM"});
   const auto b = three->generate(g);
   CHECK(b.error.empty());
   CHECK(a.tokens == b.tokens);
@@ -594,7 +607,8 @@ TEST_CASE("default model: TP = 3 on the CPU communicator gives TP = 1's greedy t
 
 TEST_CASE("default model: --device cuda gives --device cpu's greedy tokens, plain and with NGRAM") {
   if (!kernels::cuda_backend()) {
-    MESSAGE("SKIPPED: CUDA end-to-end greedy equality (no usable CUDA device: " << kernels::probe_devices().reason << ")");
+    MESSAGE("SKIPPED: CUDA end-to-end greedy equality (no usable CUDA device: " << kernels::probe_devices().reason
+                                                                                << ")");
     return;
   }
   // The default model, or SPECACTOR_CUDA_TEST_MODEL (tools/gpu-check: its first 4 blocks).

@@ -2,13 +2,12 @@
 // and on a corpus of malformed files: each must give its own message and none may crash (CI also
 // runs this suite under AddressSanitizer + UBSan).
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
-
-#include <unistd.h>
 
 #include "model/gguf.hpp"
 #include "model/head.hpp"
@@ -36,10 +35,14 @@ std::string error_of(const std::vector<std::uint8_t>& b) {
   return "";
 }
 
-template <class T> void poke(std::vector<std::uint8_t>& b, std::size_t at, T v) { std::memcpy(b.data() + at, &v, sizeof v); }
+template <class T>
+void poke(std::vector<std::uint8_t>& b, std::size_t at, T v) {
+  std::memcpy(b.data() + at, &v, sizeof v);
+}
 
 std::string default_model_path() {
-  for (auto* p : {"models/SmolLM2-135M-Instruct.Q4_1.gguf", SPECACTOR_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf"})
+  for (auto* p :
+       {"models/SmolLM2-135M-Instruct.Q4_1.gguf", SPECACTOR_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf"})
     if (std::filesystem::exists(p)) return p;
   return "";
 }
@@ -128,7 +131,8 @@ TEST_CASE("malformed files: each gets its own message naming the file") {
     w.kv_str("general.architecture", "llama");
     auto b = w.bytes();
     b.resize(24 + 8 + 20 + 4 + 8 + 3);  // header, key, type, length, 3 of the 5 bytes of "llama"
-    cases.push_back({"truncated string", b, "string length 5 at offset 56 runs past the end of the file (3 bytes left)"});
+    cases.push_back(
+        {"truncated string", b, "string length 5 at offset 56 runs past the end of the file (3 bytes left)"});
   }
   {
     GgufWriter w;
@@ -207,17 +211,20 @@ TEST_CASE("malformed files: each gets its own message naming the file") {
   {
     GgufWriter w;
     w.tensor("t", 0, {4, 4}, {}, 1 << 20);
-    cases.push_back({"tensor offset past the end", w.bytes(), "tensor 't': data [1048672, 1048736) runs past the end of the file (160 bytes)"});
+    cases.push_back({"tensor offset past the end", w.bytes(),
+                     "tensor 't': data [1048672, 1048736) runs past the end of the file (160 bytes)"});
   }
   {
     GgufWriter w;
     w.tensor("t", 0, {4, 4}, {}, 4);
-    cases.push_back({"misaligned tensor offset", w.bytes(), "tensor 't': data offset 4 is not a multiple of the alignment 32"});
+    cases.push_back(
+        {"misaligned tensor offset", w.bytes(), "tensor 't': data offset 4 is not a multiple of the alignment 32"});
   }
   {
     GgufWriter w;
     w.tensor("t", 0, {1ULL << 40, 1ULL << 40}, std::vector<std::uint8_t>(4));
-    cases.push_back({"dimension overflow", w.bytes(), "tensor 't': dimension 1 (1099511627776) makes the element count overflow"});
+    cases.push_back(
+        {"dimension overflow", w.bytes(), "tensor 't': dimension 1 (1099511627776) makes the element count overflow"});
   }
   {
     GgufWriter w;
@@ -232,7 +239,8 @@ TEST_CASE("malformed files: each gets its own message naming the file") {
   {
     GgufWriter w;
     w.tensor("t", 3, {48}, std::vector<std::uint8_t>(40));
-    cases.push_back({"row not a multiple of the block", w.bytes(), "row length 48 is not a multiple of the Q4_1 block size 32"});
+    cases.push_back(
+        {"row not a multiple of the block", w.bytes(), "row length 48 is not a multiple of the Q4_1 block size 32"});
   }
   {
     GgufWriter w;
@@ -276,17 +284,20 @@ TEST_CASE("ModelInfo rejects what a Llama forward cannot run") {
   {
     specactor::testing::TinyLlamaShape s;
     s.heads = 5;  // 32 % 5 != 0
-    CHECK(info_error(tiny_llama(s, false)).find("embedding_length 32 is not divisible by head_count 5") != std::string::npos);
+    CHECK(info_error(tiny_llama(s, false)).find("embedding_length 32 is not divisible by head_count 5") !=
+          std::string::npos);
   }
   {
     specactor::testing::TinyLlamaShape s;
     s.kv_heads = 3;
-    CHECK(info_error(tiny_llama(s, false)).find("head_count 4 is not divisible by head_count_kv 3") != std::string::npos);
+    CHECK(info_error(tiny_llama(s, false)).find("head_count 4 is not divisible by head_count_kv 3") !=
+          std::string::npos);
   }
   {
     GgufWriter w = tiny_llama({}, false);
     w.kv_u32("llama.vocab_size", 100);
-    CHECK(info_error(w).find("tokenizer.ggml.tokens has 64 entries but the vocabulary size is 100") != std::string::npos);
+    CHECK(info_error(w).find("tokenizer.ggml.tokens has 64 entries but the vocabulary size is 100") !=
+          std::string::npos);
   }
 }
 
@@ -441,8 +452,8 @@ TEST_CASE("heads: every kind loads from GGUF and from safetensors + config.json,
         CHECK(w->output() == nullptr);  // the target's output head
       }
       CHECK(read_head_config(p).kind == kind);
-      CHECK(f.load_error(p, kind == HeadKind::Eagle ? HeadKind::Mtp : HeadKind::Eagle).find("head, but --speculative-algorithm is") !=
-            std::string::npos);
+      CHECK(f.load_error(p, kind == HeadKind::Eagle ? HeadKind::Mtp : HeadKind::Eagle)
+                .find("head, but --speculative-algorithm is") != std::string::npos);
     }
 }
 
@@ -460,15 +471,15 @@ TEST_CASE("heads: a wrong hidden size, a missing tensor, a mismatched vocabulary
   HeadSpec missing_hf = missing;
   missing_hf.safetensors = true;
   missing_hf.drop_tensor = "model.layers.2.eh_proj.weight";
-  CHECK(f.load_error(f.write(missing_hf, "missing_hf"), HeadKind::Mtp).find("missing tensor 'model.layers.2.eh_proj.weight'") !=
-        std::string::npos);
+  CHECK(f.load_error(f.write(missing_hf, "missing_hf"), HeadKind::Mtp)
+            .find("missing tensor 'model.layers.2.eh_proj.weight'") != std::string::npos);
   // A head with its own output head for a 64-token vocabulary, loaded against the 96-token target.
   ModelInfo small = f.info;
   small.vocab_size = 64;
   HeadSpec own;
   own.own_output = true;
-  CHECK(f.load_error(f.write(own, "own64.gguf", &small), HeadKind::Eagle).find("head vocabulary 64 does not match the target's 96") !=
-        std::string::npos);
+  CHECK(f.load_error(f.write(own, "own64.gguf", &small), HeadKind::Eagle)
+            .find("head vocabulary 64 does not match the target's 96") != std::string::npos);
   // EAGLE3 whose draft-to-target map points past the target's vocabulary.
   ModelInfo big = f.info;
   big.vocab_size = 4000;
@@ -487,8 +498,8 @@ TEST_CASE("heads: a wrong hidden size, a missing tensor, a mismatched vocabulary
   // FROZEN_KV_MTP must share the target's attention shapes.
   ModelInfo heads8 = f.info;
   heads8.num_kv_heads = 4;
-  CHECK(f.load_error(f.write(mtp, "kv4.gguf", &heads8), HeadKind::Mtp, {}, true).find("head KV heads 4 does not match the target's 2") !=
-        std::string::npos);
+  CHECK(f.load_error(f.write(mtp, "kv4.gguf", &heads8), HeadKind::Mtp, {}, true)
+            .find("head KV heads 4 does not match the target's 2") != std::string::npos);
 }
 
 TEST_CASE("heads: --speculative-token-map files are read strictly, the restriction is the draft's only") {
@@ -521,5 +532,6 @@ TEST_CASE("heads: --speculative-token-map files are read strictly, the restricti
   CHECK(f.cfg.vocab_size == 96);  // the target's config is another object, untouched
   HeadSpec e3;
   e3.kind = HeadKind::Eagle3;
-  CHECK(f.load_error(f.write(e3, "e3.gguf"), HeadKind::Eagle3, {1, 2}).find("has its own draft vocabulary") != std::string::npos);
+  CHECK(f.load_error(f.write(e3, "e3.gguf"), HeadKind::Eagle3, {1, 2}).find("has its own draft vocabulary") !=
+        std::string::npos);
 }

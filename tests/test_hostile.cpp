@@ -2,7 +2,6 @@
 // and must end in one clear error (exit status 2 from the CLI) or a bounded cost — never a crash, a
 // hang or "internal error". Unit checks of the edge validators first, then the launcher end to end.
 #include <doctest/doctest.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,9 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "config/error.hpp"
 #include "config/input.hpp"
@@ -22,9 +20,9 @@
 #include "model/gguf.hpp"
 #include "model/head.hpp"
 #include "model/head_writer.hpp"
+#include "model/kv_cache.hpp"
 #include "model/llama.hpp"
 #include "model/model_info.hpp"
-#include "model/kv_cache.hpp"
 #include "model/tokenizer.hpp"
 #include "tests/support/cli_run.hpp"
 #include "tests/support/gguf_writer.hpp"
@@ -59,7 +57,8 @@ std::string fifo(const std::string& name) {
 // A byte-level BPE vocabulary over the letters a-d (printable bytes stand for themselves), with
 // `merges` in rank order, plus two ChatML control tokens.
 std::shared_ptr<const model::Tokenizer> bpe_tokenizer(const std::vector<std::pair<std::string, std::string>>& merges) {
-  std::vector<std::string> tokens = {"<|im_start|>", "<|im_end|>", "a", "b", "c", "d", "<", "|", "_", "e", "n", "m", "i", "s", "t", "r", "u", "h"};
+  std::vector<std::string> tokens = {
+      "<|im_start|>", "<|im_end|>", "a", "b", "c", "d", "<", "|", "_", "e", "n", "m", "i", "s", "t", "r", "u", "h"};
   std::vector<std::string> merge_text;
   for (const auto& [l, r] : merges) {
     merge_text.push_back(l + " " + r);
@@ -98,15 +97,20 @@ std::vector<std::string> naive_bpe(const std::string& text, const std::map<std::
 
 TEST_CASE("tokenizer: text that is not well-formed UTF-8 is refused with the offending byte named") {
   const auto tok = bpe_tokenizer({});
-  for (const std::string bad : {std::string("abc\xff" "def"), std::string("\xf8\x88\x80\x80\x80"), std::string("\xc0\xaf"),
-                                std::string("\xed\xa0\x80"), std::string("\xf4\x90\x80\x80"), std::string("ab\xe2\x82"),
-                                std::string("\x80"), std::string("a\xc3")}) {
+  for (const std::string bad :
+       {std::string("abc\xff"
+                    "def"),
+        std::string("\xf8\x88\x80\x80\x80"), std::string("\xc0\xaf"), std::string("\xed\xa0\x80"),
+        std::string("\xf4\x90\x80\x80"), std::string("ab\xe2\x82"), std::string("\x80"), std::string("a\xc3")}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(tok->encode(bad), doctest::Contains("is not valid UTF-8: byte"), config::ConfigError);
   }
-  CHECK_THROWS_WITH(tok->encode("abc\xff" "def"), doctest::Contains("byte 3 (0xFF)"));
+  CHECK_THROWS_WITH(tok->encode("abc\xff"
+                                "def"),
+                    doctest::Contains("byte 3 (0xFF)"));
   // Well-formed text of every length passes (the letters outside the vocabulary are dropped).
-  for (const std::string ok : {"abc", "caf\xc3\xa9", "\xe6\x9d\xb1\xe4\xba\xac", "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf", ""})
+  for (const std::string ok :
+       {"abc", "caf\xc3\xa9", "\xe6\x9d\xb1\xe4\xba\xac", "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf", ""})
     CHECK_NOTHROW(tok->encode(ok));
   CHECK_THROWS_AS(model::check_utf8("\xff"), config::ConfigError);
 }
@@ -166,7 +170,8 @@ TEST_CASE("tokenizer: a SentencePiece byte token that is not <0xHH> is a load er
   w.kv_f32_array("tokenizer.ggml.scores", {0, 0, 0, 0, -1});
   w.kv_i32_array("tokenizer.ggml.token_type", {2, 3, 3, 6, 1});
   const auto f = model::GgufFile::parse(w.bytes(), "spm.gguf");
-  CHECK_THROWS_WITH_AS(model::Tokenizer::from_gguf(*f), doctest::Contains("entry 3 is a byte token (token_type 6) but is not written <0xHH>"),
+  CHECK_THROWS_WITH_AS(model::Tokenizer::from_gguf(*f),
+                       doctest::Contains("entry 3 is a byte token (token_type 6) but is not written <0xHH>"),
                        model::GgufError);
 }
 
@@ -194,21 +199,25 @@ TEST_CASE("edge validators: JSON depth, regular files, printable names") {
 TEST_CASE("GGUF: a file of nested empty arrays is refused at a named limit, not parsed into gigabytes") {
   // One metadata array of 70,000 empty arrays (12 bytes each in the file, ~120 bytes each parsed).
   std::vector<std::uint8_t> v;
-  auto put32 = [&](std::uint32_t x) { v.insert(v.end(), reinterpret_cast<std::uint8_t*>(&x), reinterpret_cast<std::uint8_t*>(&x) + 4); };
-  auto put64 = [&](std::uint64_t x) { v.insert(v.end(), reinterpret_cast<std::uint8_t*>(&x), reinterpret_cast<std::uint8_t*>(&x) + 8); };
+  auto put32 = [&](std::uint32_t x) {
+    v.insert(v.end(), reinterpret_cast<std::uint8_t*>(&x), reinterpret_cast<std::uint8_t*>(&x) + 4);
+  };
+  auto put64 = [&](std::uint64_t x) {
+    v.insert(v.end(), reinterpret_cast<std::uint8_t*>(&x), reinterpret_cast<std::uint8_t*>(&x) + 8);
+  };
   put32(9);  // element type: array
   put64(70000);
   for (int i = 0; i < 70000; ++i) put32(4), put64(0);  // each: an empty array of u32
   model::GgufWriter w;
   w.kv_raw("x.nested", 9, v);
-  CHECK_THROWS_WITH_AS(model::GgufFile::parse(w.bytes(), "nested.gguf"), doctest::Contains("more than 65536 nested arrays"),
-                       model::GgufError);
+  CHECK_THROWS_WITH_AS(model::GgufFile::parse(w.bytes(), "nested.gguf"),
+                       doctest::Contains("more than 65536 nested arrays"), model::GgufError);
 }
 
 TEST_CASE("files from users: deep JSON in a token map, raw bytes in tensor names") {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
-  CHECK_THROWS_WITH_AS(model::read_token_map(write_file("map.json", deep), 64), doctest::Contains("nested deeper than 64 levels"),
-                       config::ConfigError);
+  CHECK_THROWS_WITH_AS(model::read_token_map(write_file("map.json", deep), 64),
+                       doctest::Contains("nested deeper than 64 levels"), config::ConfigError);
   // A tensor name with a NUL byte and a newline, of an unknown type: the message shows the whole
   // name, escaped (it used to be cut at the NUL).
   model::GgufWriter w;
@@ -220,7 +229,8 @@ TEST_CASE("files from users: deep JSON in a token map, raw bytes in tensor names
 TEST_CASE("KV cache: a budget beyond this machine's memory is one clear error naming the flag") {
   CHECK_THROWS_WITH_AS(model::KvCache(30, 3, 64, 16, std::int64_t{1} << 34, true),
                        doctest::Contains("(--max-total-tokens) need"), config::ConfigError);
-  CHECK_THROWS_WITH(model::KvCache(30, 3, 64, 16, std::int64_t{1} << 34, true), doctest::Contains("of memory; lower --max-total-tokens"));
+  CHECK_THROWS_WITH(model::KvCache(30, 3, 64, 16, std::int64_t{1} << 34, true),
+                    doctest::Contains("of memory; lower --max-total-tokens"));
 }
 
 TEST_CASE("heads: a NaN or infinite weight is a load error naming the tensor") {
@@ -241,8 +251,8 @@ TEST_CASE("heads: a NaN or infinite weight is a load error naming the tensor") {
   spec.kind = model::HeadKind::Eagle3;
   spec.scale = 0.02f;
   spec.draft_vocab = info.vocab_size + 1;
-  CHECK_THROWS_WITH_AS(model::write_random_head(info, spec, bad), doctest::Contains("--draft-vocab: must be in [1, 64]"),
-                       config::ConfigError);
+  CHECK_THROWS_WITH_AS(model::write_random_head(info, spec, bad),
+                       doctest::Contains("--draft-vocab: must be in [1, 64]"), config::ConfigError);
 }
 
 TEST_CASE("specactor: each hostile input ends in exit status 2 and one line naming it") {
@@ -285,14 +295,16 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
     const fs::path d = dir / "hf_nohead";
     fs::create_directories(d);
     auto tensors = pair.hf;
-    tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [](const auto& t) { return t.first == "lm_head.weight"; }),
-                  tensors.end());
+    tensors.erase(
+        std::remove_if(tensors.begin(), tensors.end(), [](const auto& t) { return t.first == "lm_head.weight"; }),
+        tensors.end());
     testing::write_safetensors((d / "model.safetensors").string(), tensors);
     std::ofstream(d / "config.json") << pair.config_json;  // tie_word_embeddings: false
     return d.string();
   }();
 
-  const std::string deep_config = write_file("deep.json", "{\"model_path\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  const std::string deep_config =
+      write_file("deep.json", "{\"model_path\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
   const std::string tp_config = write_file("tp.json", R"({"tp_size": 18446744073709551615})");
   const std::string gen = "generate --log-level warn --model-path " + tiny;
   std::string long_prompt;
@@ -302,19 +314,27 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
     std::string args, expect;
   };
   const std::vector<Case> cases = {
-      {gen + " --prompt " + testing::shell_quote("abc\xff" "def"), "specactor: error: prompt: text is not valid UTF-8: byte 3 (0xFF)"},
-      {gen + " --prompt " + testing::shell_quote("\xf8\x88\x80\x80\x80"), "prompt: text is not valid UTF-8: byte 0 (0xF8)"},
-      {"generate --log-level warn --model-path " + fifo("model.fifo") + " --prompt hi", "model.fifo: not a regular file"},
+      {gen + " --prompt " +
+           testing::shell_quote("abc\xff"
+                                "def"),
+       "specactor: error: prompt: text is not valid UTF-8: byte 3 (0xFF)"},
+      {gen + " --prompt " + testing::shell_quote("\xf8\x88\x80\x80\x80"),
+       "prompt: text is not valid UTF-8: byte 0 (0xF8)"},
+      {"generate --log-level warn --model-path " + fifo("model.fifo") + " --prompt hi",
+       "model.fifo: not a regular file"},
       {"config --model-path " + tiny + " --config " + fifo("config.fifo"), "config.fifo: not a regular file"},
       {"config --model-path " + tiny + " --config " + deep_config, "deep.json: nested deeper than 64 levels"},
-      {"config --model-path " + tiny + " --json-model-override-args " + testing::shell_quote(std::string(100, '[') + std::string(100, ']')),
+      {"config --model-path " + tiny + " --json-model-override-args " +
+           testing::shell_quote(std::string(100, '[') + std::string(100, ']')),
        "--json-model-override-args: nested deeper than 64 levels"},
-      {"config --model-path " + tiny + " --config " + tp_config, "tp.json key 'tp_size': 18446744073709551615 is out of range"},
+      {"config --model-path " + tiny + " --config " + tp_config,
+       "tp.json key 'tp_size': 18446744073709551615 is out of range"},
       {gen + " --prompt hi --max-total-tokens 60000000000", "KV cache: 60000000000 tokens (--max-total-tokens) need"},
       {gen + " --prompt hi --context-length 9223372036854775807 --allow-context-length-above-model",
        "--context-length: must be in [1, 1073741824]"},
       {"generate --log-level warn --model-path " + huge_ctx_model + " --prompt hi",
-       "reports a context length of 4294967295 tokens, more than the 1073741824 specactor supports; pass --context-length"},
+       "reports a context length of 4294967295 tokens, more than the 1073741824 specactor supports; pass "
+       "--context-length"},
       {"config --model-path " + hf_ctx, "reports a context length of 2147483648 tokens"},
       {"config --model-path " + hf_deep, "config.json: nested deeper than 64 levels"},
       {"config --model-path " + hf_rope, "config.json: 'rope_theta' must be a positive number"},
@@ -325,8 +345,10 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
       {"make-head --kind EAGLE3 --target " + tiny + " --out " + (dir / "h.gguf").string() + " --draft-vocab 100",
        "--draft-vocab: must be in [1, 64]"},
       {gen + " --prompt hi --dtype float16", "--dtype float16: not supported yet"},
-      {gen + " --prompt hi --kv-cache-dtype bfloat16", "--kv-cache-dtype bfloat16: not supported yet (the KV cache holds float32)"},
-      {gen + " --prompt hi --device cpu --attention-backend cuda", "--attention-backend cuda: not supported yet (attention runs where the forward runs: --device cpu)"},
+      {gen + " --prompt hi --kv-cache-dtype bfloat16",
+       "--kv-cache-dtype bfloat16: not supported yet (the KV cache holds float32)"},
+      {gen + " --prompt hi --device cpu --attention-backend cuda",
+       "--attention-backend cuda: not supported yet (attention runs where the forward runs: --device cpu)"},
       {gen + " --prompt hi --disable-chunked-prefix-cache", "--disable-chunked-prefix-cache true: not supported yet"},
       {gen + " --prompt ''", "specactor: error: prompt: is empty"},
       {gen + " --prompt hi --temperature nan", "specactor: error: --temperature: 'nan' is not a finite number"},
@@ -348,7 +370,8 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
   std::vector<Case> all = cases;
   if (fs::exists(real)) {
     const std::string g = "generate --log-level warn --model-path " + real;
-    all.push_back({g + " --chat --prompt " + testing::shell_quote("hi\xff"), "specactor: error: prompt: text is not valid UTF-8: byte 2"});
+    all.push_back({g + " --chat --prompt " + testing::shell_quote("hi\xff"),
+                   "specactor: error: prompt: text is not valid UTF-8: byte 2"});
     all.push_back({g + " --context-length 64 --prompt " + testing::shell_quote(long_prompt),
                    "the context length (--context-length) is 64"});
     all.push_back({g + " --max-total-tokens 16 --prompt " + testing::shell_quote(long_prompt.substr(0, 60)),

@@ -19,8 +19,9 @@ const ModelFacts kStubModel{"llama", 4096, 49152, 576, 30, true};
 const RuntimeFacts kCpuOnly{false, "test"};
 
 Snapshot user_snapshot(std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {"--model-path", "target.gguf", "--speculative-algorithm", "EAGLE",
-                                   "--speculative-draft-model-path", "head.safetensors"};
+  std::vector<std::string> argv = {
+      "--model-path",    "target.gguf", "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path",
+      "head.safetensors"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return freeze(parse_server_args(argv));
 }
@@ -41,9 +42,9 @@ TEST_CASE("the draft's context length follows the target model") {
 TEST_CASE("the target snapshot is left alone when the draft is derived") {
   for (bool with_draft_format : {false, true}) {
     CAPTURE(with_draft_format);
-    const Snapshot target = resolved_target(with_draft_format
-                                                ? std::vector<std::string>{"--speculative-draft-load-format", "dummy"}
-                                                : std::vector<std::string>{});
+    const Snapshot target =
+        resolved_target(with_draft_format ? std::vector<std::string>{"--speculative-draft-load-format", "dummy"}
+                                          : std::vector<std::string>{});
     const json before = settings_to_json(*target);
     const std::uint64_t hash_before = content_hash(*target);
     const auto log_before = override_log_json(*target);
@@ -100,7 +101,8 @@ TEST_CASE("draft-specific fields win over resolved ones") {
       // (Values other than auto and the device's are refused as not supported yet: these are the
       // supported ones that still differ from the target's auto.)
       resolved_target({"--device", "cpu", "--prefill-attention-backend", "cpu", "--decode-attention-backend", "cpu",
-                       "--speculative-draft-attention-backend", "cpu", "--speculative-draft-kv-cache-dtype", "float32"});
+                       "--speculative-draft-attention-backend", "cpu", "--speculative-draft-kv-cache-dtype",
+                       "float32"});
   const Snapshot d2 = derive_draft(with_backends, kStubModel);
   CHECK(d2->attention_backend == "cpu");
   CHECK_FALSE(d2->prefill_attention_backend.has_value());
@@ -123,8 +125,8 @@ TEST_CASE("the override log names every source and field, in order, and prints a
   CHECK(log[0]["fields"]["speculative_algorithm"] == "EAGLE");
   CHECK(log[0]["fields"]["tp_size"] == 1);
   CHECK(log[1]["fields"] == json{{"context_length", 4096}});
-  CHECK(log[4]["fields"] == json{{"speculative_num_steps", 5}, {"speculative_eagle_topk", 4},
-                                 {"speculative_num_draft_tokens", 8}});
+  CHECK(log[4]["fields"] ==
+        json{{"speculative_num_steps", 5}, {"speculative_eagle_topk", 4}, {"speculative_num_draft_tokens", 8}});
   CHECK(log[5]["fields"] == json{{"disable_chunked_prefix_cache", true}});
   CHECK(log[6]["fields"] ==
         json{{"context_length", 4096}, {"load_format", "dummy"}, {"model_path", "head.safetensors"}});
@@ -155,8 +157,8 @@ TEST_CASE("no draft without an algorithm") {
 TEST_CASE("every algorithm: target untouched, draft has the per-runner fields") {
   for (const char* algo : {"EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "STANDALONE", "NGRAM"}) {
     CAPTURE(algo);
-    std::vector<std::string> argv = {"--model-path", "t.gguf", "--speculative-algorithm", algo,
-                                     "--speculative-draft-load-format", "dummy"};
+    std::vector<std::string> argv = {
+        "--model-path", "t.gguf", "--speculative-algorithm", algo, "--speculative-draft-load-format", "dummy"};
     if (std::string(algo) != "NGRAM") argv.insert(argv.end(), {"--speculative-draft-model-path", "d"});
     const Snapshot target = resolve_target(freeze(parse_server_args(argv)), kStubModel, kCpuOnly);
     const std::uint64_t h = content_hash(*target);
@@ -205,8 +207,10 @@ TEST_CASE("ratchet: derive( call sites outside config/ match the recorded baseli
       break;
     }
   INFO("derive( call sites outside config/:\n" << where);
-  CHECK_MESSAGE(count <= baseline, "a new derive( call site outside config/: name its source, review it, and raise "
-                                   "the baseline in tests/data/derive_call_sites.txt");
-  CHECK_MESSAGE(count >= baseline, "fewer derive( call sites than recorded: lower the baseline in "
-                                   "tests/data/derive_call_sites.txt in the same change");
+  CHECK_MESSAGE(count <= baseline,
+                "a new derive( call site outside config/: name its source, review it, and raise "
+                "the baseline in tests/data/derive_call_sites.txt");
+  CHECK_MESSAGE(count >= baseline,
+                "fewer derive( call sites than recorded: lower the baseline in "
+                "tests/data/derive_call_sites.txt in the same change");
 }

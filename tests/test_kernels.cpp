@@ -19,7 +19,9 @@ namespace {
 // The CUDA table, or a visible skip naming the kernel and the reason.
 const Backend* gpu_or_skip(const char* kernel) {
   const Backend* b = cuda_backend();
-  if (!b) MESSAGE("SKIPPED: " << std::string(kernel) << " CUDA parity (no usable CUDA device: " << probe_devices().reason << ")");
+  if (!b)
+    MESSAGE("SKIPPED: " << std::string(kernel) << " CUDA parity (no usable CUDA device: " << probe_devices().reason
+                        << ")");
   return b;
 }
 
@@ -36,12 +38,13 @@ double worst_ratio(const std::vector<float>& a, const std::vector<float>& b, dou
   REQUIRE(a.size() == b.size());
   double worst = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]) / (tol_abs + tol_rel * std::abs(static_cast<double>(a[i]))));
+    worst = std::max(
+        worst, std::abs(static_cast<double>(a[i]) - b[i]) / (tol_abs + tol_rel * std::abs(static_cast<double>(a[i]))));
   return worst;
 }
 
 // The weight formats the CUDA kernels compute (Q4_K/Q6_K run on the CPU only).
-const WeightType kGpuTypes[] = {WeightType::F32, WeightType::F16, WeightType::BF16,
+const WeightType kGpuTypes[] = {WeightType::F32,  WeightType::F16,  WeightType::BF16,
                                 WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1};
 
 struct Packed {
@@ -176,7 +179,8 @@ TEST_CASE("CUDA parity: paged attention, causal and tree-masked, grouped heads, 
   const auto k_pool = randn(static_cast<std::size_t>(n_pages * page * row), 37);
   const auto v_pool = randn(k_pool.size(), 41);
   std::vector<std::int32_t> pages(static_cast<std::size_t>(n_pages));
-  for (std::int64_t i = 0; i < n_pages; ++i) pages[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7) % n_pages);
+  for (std::int64_t i = 0; i < n_pages; ++i)
+    pages[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7) % n_pages);
   const float scale = 1.0f / 8.0f;
   for (std::int64_t n_prefix : {0, 5, 150, 300}) {
     const std::int64_t n_q = 7;
@@ -184,17 +188,18 @@ TEST_CASE("CUDA parity: paged attention, causal and tree-masked, grouped heads, 
     const std::int32_t parent[] = {-1, 0, 0, 1, 3, 2, 0};
     std::vector<std::uint64_t> mask(static_cast<std::size_t>(n_q));
     for (std::int64_t i = 0; i < n_q; ++i)
-      for (std::int32_t j = static_cast<std::int32_t>(i); j >= 0; j = parent[j]) mask[static_cast<std::size_t>(i)] |= 1ull << j;
+      for (std::int32_t j = static_cast<std::int32_t>(i); j >= 0; j = parent[j])
+        mask[static_cast<std::size_t>(i)] |= 1ull << j;
     for (bool tree : {false, true}) {
       CAPTURE(n_prefix);
       CAPTURE(tree);
       const auto q = randn(static_cast<std::size_t>(n_q * heads * hd), 43);
       std::vector<float> a(q.size()), b(q.size());
       const std::uint64_t* m = tree ? mask.data() : nullptr;
-      cpu_backend().attention(q.data(), n_q, heads, kv_heads, hd, k_pool.data(), v_pool.data(), n_pages, pages.data(), page,
-                              n_prefix, m, scale, a.data());
-      gpu->attention(q.data(), n_q, heads, kv_heads, hd, k_pool.data(), v_pool.data(), n_pages, pages.data(), page, n_prefix,
-                     m, scale, b.data());
+      cpu_backend().attention(q.data(), n_q, heads, kv_heads, hd, k_pool.data(), v_pool.data(), n_pages, pages.data(),
+                              page, n_prefix, m, scale, a.data());
+      gpu->attention(q.data(), n_q, heads, kv_heads, hd, k_pool.data(), v_pool.data(), n_pages, pages.data(), page,
+                     n_prefix, m, scale, b.data());
       CHECK(worst_ratio(a, b, 1e-5, 1e-4) <= 1.0);
     }
   }
@@ -257,8 +262,8 @@ TEST_CASE("NCCL communicator: all-reduce of device buffers and broadcast over ev
   REQUIRE(static_cast<int>(group.size()) == n);
   CHECK(group[0]->device_memory());
   // One thread per rank (NCCL collectives of a group must be issued concurrently).
-  std::vector<std::vector<float>> got(static_cast<std::size_t>(n));
-  std::vector<std::vector<std::int32_t>> bc(static_cast<std::size_t>(n));
+  std::vector<std::vector<float> > got(static_cast<std::size_t>(n));
+  std::vector<std::vector<std::int32_t> > bc(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
@@ -270,7 +275,8 @@ TEST_CASE("NCCL communicator: all-reduce of device buffers and broadcast over ev
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
     // Rank r contributed (r + 1) · i at element i: the sum is i · n(n+1)/2 everywhere.
-    for (int i = 0; i < 1000; i += 111) CHECK(got[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] == doctest::Approx(i * n * (n + 1) / 2.0));
+    for (int i = 0; i < 1000; i += 111)
+      CHECK(got[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] == doctest::Approx(i * n * (n + 1) / 2.0));
     CHECK(bc[static_cast<std::size_t>(r)] == std::vector<std::int32_t>{7, 11});
   }
   MESSAGE("NCCL group of " << n << " device(s) checked");

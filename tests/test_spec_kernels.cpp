@@ -6,9 +6,8 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "kernels/backend.hpp"
 #include "kernels/cpu/sampling.hpp"
@@ -26,7 +25,8 @@ json goldens() {
   return json::parse(in);
 }
 
-template <class T> std::vector<T> flat(const json& j) {
+template <class T>
+std::vector<T> flat(const json& j) {
   std::vector<T> out;
   std::function<void(const json&)> walk = [&](const json& x) {
     if (x.is_array())
@@ -60,7 +60,6 @@ Tree golden_tree(const json& in, std::int32_t b, std::int32_t n) {
   CHECK(static_cast<std::int32_t>(t.retrieve_index.size()) == b * n);
   return t;
 }
-
 
 // A random draft (b requests, top-k expansion over S steps, N nodes) organised and built into a tree.
 struct RandomDraft {
@@ -159,7 +158,9 @@ TEST_CASE("tree_speculative_sampling_target_only reproduces the goldens (both th
     double mx = -1e30, sum = 0;
     for (int j = 0; j < vocab; ++j) mx = std::max(mx, static_cast<double>(logits[i * vocab + j]));
     for (int j = 0; j < vocab; ++j) sum += std::exp((logits[i * vocab + j] - mx) / temperature);
-    for (int j = 0; j < vocab; ++j) probs[static_cast<std::size_t>(i * vocab + j)] = static_cast<float>(std::exp((logits[i * vocab + j] - mx) / temperature) / sum);
+    for (int j = 0; j < vocab; ++j)
+      probs[static_cast<std::size_t>(i * vocab + j)] =
+          static_cast<float>(std::exp((logits[i * vocab + j] - mx) / temperature) / sum);
   }
   Rng rng(5);
   for (const auto& c : g["cases"]) {
@@ -167,8 +168,8 @@ TEST_CASE("tree_speculative_sampling_target_only reproduces the goldens (both th
       std::vector<float> coins(static_cast<std::size_t>(b * n)), final_coins(static_cast<std::size_t>(b));
       for (auto& x : coins) x = static_cast<float>(rng.uniform());
       for (auto& x : final_coins) x = static_cast<float>(rng.uniform());
-      const Verified v = tree_speculative_sampling_target_only_cpu(flat<std::int32_t>(in["candidates"]), t, probs, vocab,
-                                                                   coins, final_coins, b, n, steps1,
+      const Verified v = tree_speculative_sampling_target_only_cpu(flat<std::int32_t>(in["candidates"]), t, probs,
+                                                                   vocab, coins, final_coins, b, n, steps1,
                                                                    c["threshold_single"], c["threshold_acc"]);
       CHECK(v.predicts == flat<std::int32_t>(c["predicts"]));
       CHECK(v.accept_index == flat<std::int32_t>(c["accept_index"]));
@@ -219,8 +220,8 @@ TEST_CASE("top-k expansion: path scores multiply, the frontier keeps the best k"
   const ExpandStep s0 = topk_expand_cpu(p0.data(), 1, V, 2, 0, {}, {});
   CHECK(s0.tokens == std::vector<std::int32_t>{1, 3});
   CHECK(s0.parents == std::vector<std::int32_t>{-1, 0, 1});
-  const std::vector<float> p1 = {0.9f, 0.1f, 0, 0, 0,   // after token 1 (score 0.5)
-                                 0, 0, 0.2f, 0.8f, 0};  // after token 3 (score 0.3)
+  const std::vector<float> p1 = {0.9f, 0.1f, 0,    0,    0,   // after token 1 (score 0.5)
+                                 0,    0,    0.2f, 0.8f, 0};  // after token 3 (score 0.3)
   const ExpandStep s1 = topk_expand_cpu(p1.data(), 2, V, 2, 1, s0.frontier_scores, s0.frontier_ids);
   CHECK(s1.scores[0] == doctest::Approx(0.45f));
   // Frontier 0 (token 1) proposes tokens 0 and 1; frontier 1 (token 3) proposes 3 (0.3 × 0.8) and 2.
@@ -261,20 +262,25 @@ TEST_CASE("target-only tree sampling emits the target distribution (and a wrong 
   Rng rng(2024);
   std::vector<int> counts(kV, 0), wrong(kV, 0);
   for (int d = 0; d < kDraws; ++d) {
-    std::vector<float> coins = {static_cast<float>(rng.uniform()), static_cast<float>(rng.uniform()), static_cast<float>(rng.uniform())};
+    std::vector<float> coins = {static_cast<float>(rng.uniform()), static_cast<float>(rng.uniform()),
+                                static_cast<float>(rng.uniform())};
     std::vector<float> fin = {static_cast<float>(rng.uniform())};
     const Verified v = tree_speculative_sampling_target_only_cpu(cand, t, probs, kV, coins, fin, 1, 3, 2);
     counts[static_cast<std::size_t>(v.predicts[0] == -1 ? 0 : v.predicts[0])]++;
     // Wrong: on rejection, draw from the full row (rejected siblings not removed).
     const float c = coins[0];
     std::int32_t tok;
-    if (c <= kP[3]) tok = 3;
-    else if (c <= kP[3] + kP[1]) tok = 1;
-    else tok = sample_distribution(kP.data(), kV, fin[0]);
+    if (c <= kP[3])
+      tok = 3;
+    else if (c <= kP[3] + kP[1])
+      tok = 1;
+    else
+      tok = sample_distribution(kP.data(), kV, fin[0]);
     wrong[static_cast<std::size_t>(tok)]++;
   }
   const double chi = chi_square(counts, kP, kDraws), chi_wrong = chi_square(wrong, kP, kDraws);
-  MESSAGE("target-only sampling: chi2 = " << chi << ", deliberately wrong variant: " << chi_wrong << " (critical " << kChi2Crit << ")");
+  MESSAGE("target-only sampling: chi2 = " << chi << ", deliberately wrong variant: " << chi_wrong << " (critical "
+                                          << kChi2Crit << ")");
   CHECK(chi < kChi2Crit);
   CHECK(chi_wrong > kChi2Crit);
 }
@@ -296,14 +302,15 @@ TEST_CASE("chain rejection sampling emits the target distribution for any draft 
     first[static_cast<std::size_t>(out[0])]++;
     if (out.size() > 1) second[static_cast<std::size_t>(out[1])]++;
     // Wrong: accept the draft whenever coin < p(x), ignoring q.
-    wrong[static_cast<std::size_t>(coins[0] < kP[static_cast<std::size_t>(x[0])] ? x[0]
-                                                                                 : sample_distribution(kP.data(), kV, fin))]++;
+    wrong[static_cast<std::size_t>(
+        coins[0] < kP[static_cast<std::size_t>(x[0])] ? x[0] : sample_distribution(kP.data(), kV, fin))]++;
   }
   const double chi = chi_square(first, kP, kDraws), chi_wrong = chi_square(wrong, kP, kDraws);
   int n2 = 0;
   for (int c : second) n2 += c;
   const double chi2 = chi_square(second, kP, n2);
-  MESSAGE("chain rejection sampling: chi2 first token = " << chi << ", second = " << chi2 << ", wrong variant = " << chi_wrong);
+  MESSAGE("chain rejection sampling: chi2 first token = " << chi << ", second = " << chi2
+                                                          << ", wrong variant = " << chi_wrong);
   CHECK(chi < kChi2Crit);
   CHECK(chi2 < kChi2Crit);
   CHECK(chi_wrong > kChi2Crit);
@@ -344,16 +351,18 @@ TEST_CASE("spec kernels: CPU vs CUDA parity on the goldens and on random trees")
     std::vector<std::int32_t> predict(static_cast<std::size_t>(b * n));
     for (auto& p : predict) p = static_cast<std::int32_t>(rng() % vocab);
     const Verified vc = verify_tree_greedy_cpu(cand, t, predict, b, n, S + 1);
-    const auto vg = cuda::verify_tree_greedy_cuda(cand, t.retrieve_index, t.next_token, t.next_sibling, predict, b, n, S + 1);
+    const auto vg =
+        cuda::verify_tree_greedy_cuda(cand, t.retrieve_index, t.next_token, t.next_sibling, predict, b, n, S + 1);
     CHECK(vg.predicts == vc.predicts);
     CHECK(vg.accept_index == vc.accept_index);
-    std::vector<float> probs(static_cast<std::size_t>(b * n * vocab)), coins(static_cast<std::size_t>(b * n)), fin(static_cast<std::size_t>(b));
+    std::vector<float> probs(static_cast<std::size_t>(b * n * vocab)), coins(static_cast<std::size_t>(b * n)),
+        fin(static_cast<std::size_t>(b));
     for (auto& p : probs) p = static_cast<float>(rng() % 1000) / 40000.0f;
     for (auto& c : coins) c = static_cast<float>(rng() % 1000) / 1000.0f;
     for (auto& c : fin) c = static_cast<float>(rng() % 1000) / 1000.0f;
     const Verified sc = tree_speculative_sampling_target_only_cpu(cand, t, probs, vocab, coins, fin, b, n, S + 1);
-    const auto sg = cuda::tree_speculative_sampling_target_only_cuda(cand, t.retrieve_index, t.next_token, t.next_sibling,
-                                                                     probs, vocab, coins, fin, b, n, S + 1, 1.0f, 1.0f);
+    const auto sg = cuda::tree_speculative_sampling_target_only_cuda(
+        cand, t.retrieve_index, t.next_token, t.next_sibling, probs, vocab, coins, fin, b, n, S + 1, 1.0f, 1.0f);
     CHECK(sg.predicts == sc.predicts);
     CHECK(sg.accept_index == sc.accept_index);
   }
@@ -365,8 +374,10 @@ TEST_CASE("spec kernels: CPU vs CUDA parity for expansion, organize, chain rejec
   for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
   std::vector<float> cpu_rows = rows;
   compact_accepted_rows_cpu(cpu_rows, 3, 2, {0, 2, 5});
-  CHECK(std::vector<float>(cpu_rows.begin() + 9, cpu_rows.begin() + 12) == std::vector<float>{12, 13, 14});  // slot 3 <- 4
-  CHECK(std::vector<float>(cpu_rows.begin() + 12, cpu_rows.begin() + 15) == std::vector<float>{21, 22, 23});  // slot 4 <- 7
+  CHECK(std::vector<float>(cpu_rows.begin() + 9, cpu_rows.begin() + 12) ==
+        std::vector<float>{12, 13, 14});  // slot 3 <- 4
+  CHECK(std::vector<float>(cpu_rows.begin() + 12, cpu_rows.begin() + 15) ==
+        std::vector<float>{21, 22, 23});  // slot 4 <- 7
 #ifndef SPECACTOR_HAVE_CUDA
   MESSAGE("SKIPPED: spec kernel CUDA parity (built without CUDA)");
 #else

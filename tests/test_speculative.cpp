@@ -3,15 +3,14 @@
 // first-K-layers), greedy speculative output equals plain greedy output token for token on the
 // shipped prompts (tools/bench_prompts.jsonl), one request at a time and 8 concurrently.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <future>
-#include <cmath>
 #include <map>
-
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "actors/drafter.hpp"
 #include "actors/engine.hpp"
@@ -67,32 +66,34 @@ std::vector<std::vector<std::int32_t>> run(Engine& e, const std::vector<Generati
 void check_lossless(const std::vector<std::string>& base_args, const std::vector<GenerationRequest>& reqs,
                     const std::vector<std::vector<std::string>>& configs) {
   for (const char* precision : {"fast", "exact"}) {
-  CAPTURE(precision);
-  std::vector<std::string> base = base_args;
-  base.insert(base.end(), {"--cpu-precision", precision});
-  auto plain = Engine::from_argv(base);
-  const auto want = run(*plain, reqs, false);
-  const std::vector<GenerationRequest> first8(reqs.begin(), reqs.begin() + static_cast<long>(std::min<std::size_t>(8, reqs.size())));
-  const auto want8 = run(*plain, first8, true);
-  for (std::size_t i = 0; i < first8.size(); ++i) CHECK(want8[i] == want[i]);  // batching changes nothing
-  plain->shutdown();
-  for (const auto& cfg : configs) {
-    std::vector<std::string> args = base;
-    args.insert(args.end(), cfg.begin(), cfg.end());
-    std::string label;
-    for (const auto& a : cfg) label += a + " ";
-    CAPTURE(label);
-    auto spec = Engine::from_argv(args);
-    const auto single = run(*spec, reqs, false);
-    const auto together = run(*spec, first8, true);
-    for (std::size_t i = 0; i < reqs.size(); ++i) CHECK(single[i] == want[i]);
-    for (std::size_t i = 0; i < first8.size(); ++i) CHECK(together[i] == want[i]);
-    const EngineMetrics m = spec->metrics();
-    CHECK(m.draft_alive);
-    CHECK(m.draft_failures == 0);
-    MESSAGE(precision << ": " << label << ": τ " << m.mean_accepted_length << ", α " << m.acceptance_rate << ", drafted " << m.drafted);
-    spec->shutdown();
-  }
+    CAPTURE(precision);
+    std::vector<std::string> base = base_args;
+    base.insert(base.end(), {"--cpu-precision", precision});
+    auto plain = Engine::from_argv(base);
+    const auto want = run(*plain, reqs, false);
+    const std::vector<GenerationRequest> first8(
+        reqs.begin(), reqs.begin() + static_cast<long>(std::min<std::size_t>(8, reqs.size())));
+    const auto want8 = run(*plain, first8, true);
+    for (std::size_t i = 0; i < first8.size(); ++i) CHECK(want8[i] == want[i]);  // batching changes nothing
+    plain->shutdown();
+    for (const auto& cfg : configs) {
+      std::vector<std::string> args = base;
+      args.insert(args.end(), cfg.begin(), cfg.end());
+      std::string label;
+      for (const auto& a : cfg) label += a + " ";
+      CAPTURE(label);
+      auto spec = Engine::from_argv(args);
+      const auto single = run(*spec, reqs, false);
+      const auto together = run(*spec, first8, true);
+      for (std::size_t i = 0; i < reqs.size(); ++i) CHECK(single[i] == want[i]);
+      for (std::size_t i = 0; i < first8.size(); ++i) CHECK(together[i] == want[i]);
+      const EngineMetrics m = spec->metrics();
+      CHECK(m.draft_alive);
+      CHECK(m.draft_failures == 0);
+      MESSAGE(precision << ": " << label << ": τ " << m.mean_accepted_length << ", α " << m.acceptance_rate
+                        << ", drafted " << m.drafted);
+      spec->shutdown();
+    }
   }
 }
 
@@ -101,7 +102,8 @@ std::string write_tiny_model(const std::string& tag) {
   specactor::testing::TinyLlamaShape s;
   s.vocab = 96;
   s.context = 256;
-  const std::string p = (fs::temp_directory_path() / ("specactor_" + tag + "." + std::to_string(::getpid()) + ".gguf")).string();
+  const std::string p =
+      (fs::temp_directory_path() / ("specactor_" + tag + "." + std::to_string(::getpid()) + ".gguf")).string();
   specactor::testing::tiny_llama(s, true, 5).write(p);
   return p;
 }
@@ -150,23 +152,23 @@ std::unique_ptr<Heads> random_heads(const std::string& model, const std::string&
   const std::string mtp_hf = write(HeadKind::Mtp, true, 1, false, "mtp_hf");
   const std::string mtp2 = write(HeadKind::Mtp, false, 2, false, "mtp2.gguf");
   auto cfg = [](const char* algo, const std::string& path, const char* steps, const char* topk, const char* tokens) {
-    return std::vector<std::string>{"--speculative-algorithm", algo, "--speculative-draft-model-path", path,
-                                    "--speculative-num-steps", steps, "--speculative-eagle-topk", topk,
+    return std::vector<std::string>{"--speculative-algorithm",        algo,  "--speculative-draft-model-path", path,
+                                    "--speculative-num-steps",        steps, "--speculative-eagle-topk",       topk,
                                     "--speculative-num-draft-tokens", tokens};
   };
-  h->configs = {cfg("EAGLE", eagle, "3", "1", "4"),           // chain
-                cfg("EAGLE", eagle_id, "3", "3", "7"),        // tree; drafts the root again: accepts on repeats
-                cfg("EAGLE3", eagle3, "3", "2", "5"),
-                cfg("EAGLE3", eagle3_hf, "2", "1", "3"),
-                cfg("MTP", mtp_hf, "1", "1", "2"),            // one layer
-                cfg("MTP", mtp2, "2", "2", "4"),              // two layers, one runner each
-                cfg("FROZEN_KV_MTP", mtp2, "3", "2", "5")};   // no KV of its own
+  h->configs = {cfg("EAGLE", eagle, "3", "1", "4"),     // chain
+                cfg("EAGLE", eagle_id, "3", "3", "7"),  // tree; drafts the root again: accepts on repeats
+                cfg("EAGLE3", eagle3, "3", "2", "5"),     cfg("EAGLE3", eagle3_hf, "2", "1", "3"),
+                cfg("MTP", mtp_hf, "1", "1", "2"),           // one layer
+                cfg("MTP", mtp2, "2", "2", "4"),             // two layers, one runner each
+                cfg("FROZEN_KV_MTP", mtp2, "3", "2", "5")};  // no KV of its own
   return h;
 }
 
 }  // namespace
 
-TEST_CASE("heads (random): EAGLE chain and tree, EAGLE3, MTP 1 and 2 layers, FROZEN_KV_MTP are lossless on the tiny model") {
+TEST_CASE(
+    "heads (random): EAGLE chain and tree, EAGLE3, MTP 1 and 2 layers, FROZEN_KV_MTP are lossless on the tiny model") {
   const std::string p = write_tiny_model("heads_tiny");
   auto heads = random_heads(p, "tiny");
   const auto reqs = tiny_requests(24);
@@ -209,7 +211,7 @@ TEST_CASE("EAGLE head plumbing: the first draft is the target's own prediction f
   spec.identity = true;
   specactor::model::write_random_head(target.info, spec, dir + "/id.gguf");
   auto kvp = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
-                                                          target.config.head_dim, 16, 1024);
+                                                         target.config.head_dim, 16, 1024);
   for (const char* algo : {"EAGLE", "FROZEN_KV_MTP"}) {
     CAPTURE(algo);
     specactor::config::ServerArgs d = a;
@@ -226,7 +228,8 @@ TEST_CASE("EAGLE head plumbing: the first draft is the target's own prediction f
     const auto snap = specactor::config::freeze(d);
     DraftContext ctx{target.info, target.tokenizer, target.weights, kvp};
     auto drafter = find_drafter(snap)(snap, ctx);
-    CHECK(drafter->needs().hidden_layers == std::vector<std::int32_t>{static_cast<std::int32_t>(target.config.n_layers - 1)});
+    CHECK(drafter->needs().hidden_layers ==
+          std::vector<std::int32_t>{static_cast<std::int32_t>(target.config.n_layers - 1)});
     CHECK(drafter->needs().target_kv == (std::string(algo) == "FROZEN_KV_MTP"));
     specactor::model::LlamaRunner runner(target.weights, 1);
     // The K and V rows of every committed slot in every layer.
@@ -314,7 +317,8 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   specactor::testing::TinyLlamaShape s;
   s.vocab = 96;
   s.context = 128;
-  const std::string p = (fs::temp_directory_path() / ("specactor_spec_dist." + std::to_string(::getpid()) + ".gguf")).string();
+  const std::string p =
+      (fs::temp_directory_path() / ("specactor_spec_dist." + std::to_string(::getpid()) + ".gguf")).string();
   specactor::testing::tiny_llama(s, true, 9).write(p);
   const std::vector<std::string> base = {"--model-path", p, "--log-level", "warn", "--max-total-tokens", "1024"};
   const int draws = 1200;
@@ -362,15 +366,16 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
     return chi;
   };
   const auto [plain, pm] = histogram({});
-  const auto [rejection, rm] = histogram({"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "1",
-                                          "--speculative-use-rejection-sampling", "--speculative-num-steps", "2"});
+  const auto [rejection, rm] = histogram({"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers",
+                                          "1", "--speculative-use-rejection-sampling", "--speculative-num-steps", "2"});
   const auto [target_only, tm] = histogram({"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "2",
                                             "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4"});
   int df1 = 0, df2 = 0;
   const double chi_rej = two_sample_chi2(plain, rejection, df1), chi_tgt = two_sample_chi2(plain, target_only, df2);
-  MESSAGE("third-token distribution vs plain sampling: rejection sampling chi2 = " << chi_rej << " (df " << df1
-          << ", drafted " << rm.drafted << ", accepted " << rm.accepted << "); target-only tree sampling chi2 = " << chi_tgt
-          << " (df " << df2 << ", drafted " << tm.drafted << ", accepted " << tm.accepted << ")");
+  MESSAGE("third-token distribution vs plain sampling: rejection sampling chi2 = "
+          << chi_rej << " (df " << df1 << ", drafted " << rm.drafted << ", accepted " << rm.accepted
+          << "); target-only tree sampling chi2 = " << chi_tgt << " (df " << df2 << ", drafted " << tm.drafted
+          << ", accepted " << tm.accepted << ")");
   CHECK(rm.accepted > 0);
   CHECK(tm.drafted > 0);
   // p = 0.001 critical value (Wilson–Hilferty approximation of the chi-square quantile).
@@ -392,10 +397,12 @@ TEST_CASE("NGRAM drafter: matches in the sequence, in an external corpus, and tr
   args.model_path = kDefaultModel;
   args.skip_tokenizer_init = false;
   const auto file = specactor::model::GgufFile::open(kDefaultModel);
-  const DraftContext ctx{specactor::model::read_model_info(*file), specactor::model::Tokenizer::from_gguf(*file), nullptr, nullptr};
+  const DraftContext ctx{specactor::model::read_model_info(*file), specactor::model::Tokenizer::from_gguf(*file),
+                         nullptr, nullptr};
   const auto& tok = *ctx.tokenizer;
 
-  const std::string corpus = (fs::temp_directory_path() / ("specactor_corpus." + std::to_string(::getpid()) + ".txt")).string();
+  const std::string corpus =
+      (fs::temp_directory_path() / ("specactor_corpus." + std::to_string(::getpid()) + ".txt")).string();
   std::ofstream(corpus) << "The actor model treats actors as the universal primitives of concurrent computation.\n";
   args.speculative_algorithm = specactor::config::SpecAlgorithm::Ngram;
   args.speculative_ngram_corpus_path = corpus;

@@ -4,10 +4,9 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "model/model_info.hpp"
 
@@ -28,15 +27,15 @@ struct DrafterRow {
 };
 // Each drafter in turn, plain and speculative alternating per prompt (medians over the prompts).
 std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& server_args,
-                                          const std::vector<DrafterChoice>& drafters, const std::string& prompts_path,
-                                          std::int64_t max_new, int repeats);
+                                           const std::vector<DrafterChoice>& drafters, const std::string& prompts_path,
+                                           std::int64_t max_new, int repeats);
 
 // Every drafter against plain decoding on the server args' device: NGRAM, STANDALONE self-speculation
 // (the first min(8, layers/2) layers), and random EAGLE, EAGLE3, MTP and FROZEN_KV_MTP heads written
 // for `target` to a temporary folder. Random heads measure the drafting overhead, not acceptance.
 std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& server_args,
-                                           const specactor::model::ModelInfo& target, std::int64_t target_layers,
-                                           const std::string& prompts_path, std::int64_t max_new, int repeats);
+                                            const specactor::model::ModelInfo& target, std::int64_t target_layers,
+                                            const std::string& prompts_path, std::int64_t max_new, int repeats);
 void print_drafter_rows(const std::vector<DrafterRow>& rows, const std::string& prompts_path, std::int64_t max_new,
                         std::int64_t repeats);
 nlohmann::json drafter_rows_json(const std::vector<DrafterRow>& rows);

@@ -3,15 +3,14 @@
 // with the share of that bandwidth reached, then plain vs every drafter through the engine on the
 // shipped prompts (random heads for EAGLE/EAGLE3/MTP: their speedups measure overhead, not a
 // trained head's acceptance).
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
 #include <iostream>
-
-#include <unistd.h>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "actors/engine.hpp"
 #include "config/error.hpp"
@@ -38,9 +37,9 @@ struct BatchResult {
 
 // Prefills `batch` copies of the prompt, then decodes `decode` greedy steps of all of them together;
 // returns the decode rate (best of `repeats`).
-BatchResult decode_batch(sm::ForwardRunner& runner, sm::KvCache& kv, const sm::LlamaConfig& c, std::uint64_t weight_bytes,
-                         const std::vector<std::int32_t>& prompt, std::int64_t batch, std::int64_t decode,
-                         std::int64_t chunk, std::int64_t repeats) {
+BatchResult decode_batch(sm::ForwardRunner& runner, sm::KvCache& kv, const sm::LlamaConfig& c,
+                         std::uint64_t weight_bytes, const std::vector<std::int32_t>& prompt, std::int64_t batch,
+                         std::int64_t decode, std::int64_t chunk, std::int64_t repeats) {
   BatchResult r;
   r.batch = batch;
   double best = 1e30;
@@ -57,7 +56,8 @@ BatchResult decode_batch(sm::ForwardRunner& runner, sm::KvCache& kv, const sm::L
         if (at + n == prompt.size()) fs[0].logit_rows = {static_cast<std::int32_t>(n - 1)};
         runner.forward(fs, kv, out);
         at += n;
-        if (at == prompt.size()) next[static_cast<std::size_t>(b)] = specactor::kernels::argmax(out.logits.data(), c.vocab_size);
+        if (at == prompt.size())
+          next[static_cast<std::size_t>(b)] = specactor::kernels::argmax(out.logits.data(), c.vocab_size);
       }
     const auto t0 = std::chrono::steady_clock::now();
     for (std::int64_t step = 0; step < decode; ++step) {
@@ -69,7 +69,8 @@ BatchResult decode_batch(sm::ForwardRunner& runner, sm::KvCache& kv, const sm::L
       }
       runner.forward(fs, kv, out);
       for (std::int64_t b = 0; b < batch; ++b)
-        next[static_cast<std::size_t>(b)] = specactor::kernels::argmax(out.logits.data() + b * c.vocab_size, c.vocab_size);
+        next[static_cast<std::size_t>(b)] =
+            specactor::kernels::argmax(out.logits.data() + b * c.vocab_size, c.vocab_size);
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rep > 0) best = std::min(best, secs);
@@ -108,9 +109,11 @@ int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptio
   auto runner = sm::make_runner(m.weights, *s, 0, 0, kv);
   std::vector<std::int32_t> prompt;
   const std::vector<std::int32_t> piece =
-      m.tokenizer ? m.tokenizer->encode("Speculative decoding lets a small draft propose tokens that the target verifies. ")
-                  : std::vector<std::int32_t>{1, 2, 3};
-  while (static_cast<std::int64_t>(prompt.size()) < o.prompt_tokens) prompt.insert(prompt.end(), piece.begin(), piece.end());
+      m.tokenizer
+          ? m.tokenizer->encode("Speculative decoding lets a small draft propose tokens that the target verifies. ")
+          : std::vector<std::int32_t>{1, 2, 3};
+  while (static_cast<std::int64_t>(prompt.size()) < o.prompt_tokens)
+    prompt.insert(prompt.end(), piece.begin(), piece.end());
   prompt.resize(static_cast<std::size_t>(o.prompt_tokens));
   std::vector<BatchResult> batches;
   for (std::int64_t b : {1, 16}) {
@@ -125,9 +128,14 @@ int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptio
                                         static_cast<int>(o.repeats));
 
   if (o.json) {
-    json j = {{"model", s->model_path}, {"device", probe.device_name}, {"device_copy_gbps", bw},
-              {"weight_bytes", m.weights->weight_bytes()}, {"prompt_tokens", o.prompt_tokens},
-              {"decode_tokens", o.decode_tokens}, {"repeats", o.repeats}, {"cuda_graphs", !s->disable_cuda_graph}};
+    json j = {{"model", s->model_path},
+              {"device", probe.device_name},
+              {"device_copy_gbps", bw},
+              {"weight_bytes", m.weights->weight_bytes()},
+              {"prompt_tokens", o.prompt_tokens},
+              {"decode_tokens", o.decode_tokens},
+              {"repeats", o.repeats},
+              {"cuda_graphs", !s->disable_cuda_graph}};
     for (const auto& b : batches)
       j["decode"].push_back({{"batch", b.batch},
                              {"tokens_per_s", b.tokens_per_s},
@@ -138,15 +146,16 @@ int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptio
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("specactor bench --device cuda: {} on {} ({:.1f} MiB of weights on the device), CUDA graphs {}\n",
-                           s->model_path, probe.device_name, m.weights->weight_bytes() / 1048576.0,
-                           s->disable_cuda_graph ? "off" : "on");
+  std::cout << fmt::format(
+      "specactor bench --device cuda: {} on {} ({:.1f} MiB of weights on the device), CUDA graphs {}\n", s->model_path,
+      probe.device_name, m.weights->weight_bytes() / 1048576.0, s->disable_cuda_graph ? "off" : "on");
   std::cout << fmt::format("device:   copy bandwidth {:.0f} GB/s (read + write, measured)\n", bw);
   for (const auto& b : batches)
-    std::cout << fmt::format("decode:   batch {:>2}: {:.1f} tok/s ({:.2f} MB per step) -> {:.1f} GB/s = {:.1f}% of the "
-                             "device bandwidth (best of {}, {} prompt tokens, {} steps)\n",
-                             b.batch, b.tokens_per_s, b.bytes_per_step / 1e6, b.achieved_gbps, 100.0 * b.achieved_gbps / bw,
-                             o.repeats, o.prompt_tokens, o.decode_tokens);
+    std::cout << fmt::format(
+        "decode:   batch {:>2}: {:.1f} tok/s ({:.2f} MB per step) -> {:.1f} GB/s = {:.1f}% of the "
+        "device bandwidth (best of {}, {} prompt tokens, {} steps)\n",
+        b.batch, b.tokens_per_s, b.bytes_per_step / 1e6, b.achieved_gbps, 100.0 * b.achieved_gbps / bw, o.repeats,
+        o.prompt_tokens, o.decode_tokens);
   std::cout << "\n";
   print_drafter_rows(rows, o.prompts_path, o.max_new_tokens, o.repeats);
   return 0;

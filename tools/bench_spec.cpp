@@ -3,20 +3,19 @@
 // Prints per category and overall: decode tokens/s of each, their ratio, τ, α, per-position
 // acceptance, and whether the greedy outputs were identical; --sweep tries a grid of
 // (steps, topk, draft tokens); --chart writes an SVG of speedup and τ per setting.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "actors/engine.hpp"
 #include "config/error.hpp"
@@ -59,7 +58,8 @@ double median(std::vector<double> v) {
 
 std::vector<Prompt> load_prompts(const std::string& path) {
   if (!std::filesystem::exists(path))
-    throw sc::ConfigError("--prompts " + path + ": cannot open the file (run from the repository root, or pass --prompts FILE)");
+    throw sc::ConfigError("--prompts " + path +
+                          ": cannot open the file (run from the repository root, or pass --prompts FILE)");
   std::istringstream in(sc::read_text_file(path, "--prompts " + path));
   std::vector<Prompt> out;
   std::string line;
@@ -74,7 +74,8 @@ std::vector<Prompt> load_prompts(const std::string& path) {
       throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) + ": not valid JSON: " + e.what());
     }
     if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
-      throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) + ": expected {\"category\": ..., \"prompt\": \"...\"}");
+      throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) +
+                            ": expected {\"category\": ..., \"prompt\": \"...\"}");
     if (j.contains("category") && !j["category"].is_string())
       throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) + ": \"category\" must be a string");
     out.push_back({j.value("category", "all"), j["prompt"].get<std::string>()});
@@ -141,10 +142,13 @@ void write_chart(const std::string& path, const std::vector<Setting>& settings) 
   auto y = [&](double v) { return base - static_cast<int>(240.0 * v / max_v); };
   std::ofstream o(path);
   if (!o) throw sc::ConfigError("--chart " + path + ": cannot write the file");
-  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h << "' font-family='sans-serif' font-size='11'>\n";
-  o << "<text x='10' y='20' font-size='14'>specactor bench: median decode speedup vs plain, and mean accepted length τ</text>\n";
+  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h
+    << "' font-family='sans-serif' font-size='11'>\n";
+  o << "<text x='10' y='20' font-size='14'>specactor bench: median decode speedup vs plain, and mean accepted length "
+       "τ</text>\n";
   o << "<line x1='60' y1='" << base << "' x2='" << w - 20 << "' y2='" << base << "' stroke='black'/>\n";
-  o << "<line x1='60' y1='" << y(1.0) << "' x2='" << w - 20 << "' y2='" << y(1.0) << "' stroke='gray' stroke-dasharray='4'/>\n";
+  o << "<line x1='60' y1='" << y(1.0) << "' x2='" << w - 20 << "' y2='" << y(1.0)
+    << "' stroke='gray' stroke-dasharray='4'/>\n";
   o << "<text x='10' y='" << y(1.0) + 4 << "'>1.0</text>\n";
   for (std::size_t i = 0; i < settings.size(); ++i) {
     const int x = 80 + 90 * static_cast<int>(i);
@@ -153,8 +157,10 @@ void write_chart(const std::string& path, const std::vector<Setting>& settings) 
       << "' fill='#3b7dd8'/>\n";
     o << "<rect x='" << x + 32 << "' y='" << y(s.mean_tau) << "' width='30' height='" << base - y(s.mean_tau)
       << "' fill='#e08a2c'/>\n";
-    o << "<text x='" << x << "' y='" << y(s.median_speedup) - 3 << "'>" << fmt::format("{:.2f}", s.median_speedup) << "</text>\n";
-    o << "<text x='" << x + 32 << "' y='" << y(s.mean_tau) - 3 << "'>" << fmt::format("{:.2f}", s.mean_tau) << "</text>\n";
+    o << "<text x='" << x << "' y='" << y(s.median_speedup) - 3 << "'>" << fmt::format("{:.2f}", s.median_speedup)
+      << "</text>\n";
+    o << "<text x='" << x + 32 << "' y='" << y(s.mean_tau) - 3 << "'>" << fmt::format("{:.2f}", s.mean_tau)
+      << "</text>\n";
     o << "<text x='" << x << "' y='" << base + 15 << "' font-size='9'>" << s.label << "</text>\n";
   }
   o << "<rect x='" << w - 170 << "' y='30' width='10' height='10' fill='#3b7dd8'/><text x='" << w - 155
@@ -197,7 +203,8 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
         const int n = topk == 1 ? steps + 1 : std::min(1 + steps * topk, 2 * steps + 4);
         Setting st;
         st.label = fmt::format("s{}k{}n{}", steps, topk, n);
-        st.flags = {"--speculative-num-steps", std::to_string(steps), "--speculative-eagle-topk", std::to_string(topk),
+        st.flags = {"--speculative-num-steps",        std::to_string(steps),
+                    "--speculative-eagle-topk",       std::to_string(topk),
                     "--speculative-num-draft-tokens", std::to_string(n)};
         settings.push_back(std::move(st));
       }
@@ -215,8 +222,9 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
   }
 
   // Per category for the chosen (or best) setting.
-  const auto best = std::max_element(settings.begin(), settings.end(),
-                                     [](const Setting& a, const Setting& b) { return a.median_speedup < b.median_speedup; });
+  const auto best = std::max_element(settings.begin(), settings.end(), [](const Setting& a, const Setting& b) {
+    return a.median_speedup < b.median_speedup;
+  });
   std::map<std::string, std::vector<std::size_t>> by_cat;
   for (std::size_t i = 0; i < prompts.size(); ++i) by_cat[prompts[i].category].push_back(i);
   by_cat["overall"] = {};
@@ -269,14 +277,17 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("specactor bench: plain vs {} on {} prompts ({}), greedy, up to {} new tokens each, best of "
-                           "{} alternating runs per prompt\n",
-                           algo, prompts.size(), prompts_path, max_new, repeats);
+  std::cout << fmt::format(
+      "specactor bench: plain vs {} on {} prompts ({}), greedy, up to {} new tokens each, best of "
+      "{} alternating runs per prompt\n",
+      algo, prompts.size(), prompts_path, max_new, repeats);
   for (const auto& s : j["settings"]) {
     std::cout << fmt::format("\nsetting {}: median speedup {:.2f}x, mean τ {:.2f}, α {:.2f}, outputs identical: {}\n",
-                             s["label"].get<std::string>(), s["median_speedup"].get<double>(), s["mean_tau"].get<double>(),
-                             s["alpha"].get<double>(), s["outputs_identical_to_plain"].get<bool>() ? "yes" : "NO");
-    std::cout << fmt::format("  {:<10} {:>12} {:>12} {:>9} {:>7}\n", "category", "plain tok/s", "spec tok/s", "speedup", "τ");
+                             s["label"].get<std::string>(), s["median_speedup"].get<double>(),
+                             s["mean_tau"].get<double>(), s["alpha"].get<double>(),
+                             s["outputs_identical_to_plain"].get<bool>() ? "yes" : "NO");
+    std::cout << fmt::format("  {:<10} {:>12} {:>12} {:>9} {:>7}\n", "category", "plain tok/s", "spec tok/s", "speedup",
+                             "τ");
     for (const auto& [cat, v] : s["by_category"].items())
       std::cout << fmt::format("  {:<10} {:>12.1f} {:>12.1f} {:>8.2f}x {:>7.2f}\n", cat,
                                v["plain_tokens_per_s"].get<double>(), v["speculative_tokens_per_s"].get<double>(),
@@ -293,8 +304,8 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
 }
 
 std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& server_args,
-                                          const std::vector<DrafterChoice>& drafters, const std::string& prompts_path,
-                                          std::int64_t max_new, int repeats) {
+                                           const std::vector<DrafterChoice>& drafters, const std::string& prompts_path,
+                                           std::int64_t max_new, int repeats) {
   const std::vector<Prompt> prompts = load_prompts(prompts_path);
   std::vector<DrafterRow> rows;
   for (const auto& d : drafters) {
@@ -328,28 +339,28 @@ std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& serve
 }
 
 std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& server_args,
-                                           const specactor::model::ModelInfo& target, std::int64_t target_layers,
-                                           const std::string& prompts_path, std::int64_t max_new, int repeats) {
+                                            const specactor::model::ModelInfo& target, std::int64_t target_layers,
+                                            const std::string& prompts_path, std::int64_t max_new, int repeats) {
   namespace sm = specactor::model;
   const auto dir = std::filesystem::temp_directory_path() / ("specactor_bench_heads." + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::int64_t self_layers = std::min<std::int64_t>(8, std::max<std::int64_t>(1, target_layers / 2));
-  std::vector<DrafterChoice> drafters = {
-      {"NGRAM", {"--speculative-algorithm", "NGRAM"}},
-      {fmt::format("STANDALONE (first {} layers)", self_layers),
-       {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", std::to_string(self_layers),
-        "--speculative-num-steps", "2"}}};
+  std::vector<DrafterChoice> drafters = {{"NGRAM", {"--speculative-algorithm", "NGRAM"}},
+                                         {fmt::format("STANDALONE (first {} layers)", self_layers),
+                                          {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers",
+                                           std::to_string(self_layers), "--speculative-num-steps", "2"}}};
   for (auto kind : {sm::HeadKind::Eagle, sm::HeadKind::Eagle3, sm::HeadKind::Mtp}) {
     sm::HeadSpec spec;
     spec.kind = kind;
     const std::string name(sm::to_string(kind));
     const std::string path = (dir / (name + ".gguf")).string();
     sm::write_random_head(target, spec, path);
-    drafters.push_back({name + " (random head)", {"--speculative-algorithm", name, "--speculative-draft-model-path", path}});
+    drafters.push_back(
+        {name + " (random head)", {"--speculative-algorithm", name, "--speculative-draft-model-path", path}});
   }
-  drafters.push_back({"FROZEN_KV_MTP (random head)",
-                      {"--speculative-algorithm", "FROZEN_KV_MTP", "--speculative-draft-model-path",
-                       (dir / "MTP.gguf").string()}});
+  drafters.push_back(
+      {"FROZEN_KV_MTP (random head)",
+       {"--speculative-algorithm", "FROZEN_KV_MTP", "--speculative-draft-model-path", (dir / "MTP.gguf").string()}});
   std::vector<DrafterRow> rows;
   try {
     rows = bench_each_drafter(server_args, drafters, prompts_path, max_new, repeats);
@@ -363,17 +374,18 @@ std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& serv
 
 void print_drafter_rows(const std::vector<DrafterRow>& rows, const std::string& prompts_path, std::int64_t max_new,
                         std::int64_t repeats) {
-  std::cout << fmt::format("plain vs each drafter on {} (greedy, up to {} new tokens, best of {} per prompt, medians):\n",
-                           prompts_path, max_new, repeats);
-  std::cout << fmt::format("  {:<30} {:>12} {:>12} {:>9} {:>6} {:>10}\n", "drafter", "plain tok/s", "spec tok/s", "speedup",
-                           "τ", "identical");
+  std::cout << fmt::format(
+      "plain vs each drafter on {} (greedy, up to {} new tokens, best of {} per prompt, medians):\n", prompts_path,
+      max_new, repeats);
+  std::cout << fmt::format("  {:<30} {:>12} {:>12} {:>9} {:>6} {:>10}\n", "drafter", "plain tok/s", "spec tok/s",
+                           "speedup", "τ", "identical");
   for (const auto& r : rows) {
     if (!r.error.empty()) {
       std::cout << fmt::format("  {:<30} not run: {}\n", r.label, r.error);
       continue;
     }
-    std::cout << fmt::format("  {:<30} {:>12.1f} {:>12.1f} {:>8.2f}x {:>6.2f} {:>10}\n", r.label, r.plain_tps, r.spec_tps,
-                             r.median_speedup, r.mean_tau, r.identical ? "yes" : "NO");
+    std::cout << fmt::format("  {:<30} {:>12.1f} {:>12.1f} {:>8.2f}x {:>6.2f} {:>10}\n", r.label, r.plain_tps,
+                             r.spec_tps, r.median_speedup, r.mean_tau, r.identical ? "yes" : "NO");
   }
 }
 

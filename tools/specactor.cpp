@@ -9,23 +9,22 @@
 //                      [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [server flags]
 //
 // Results go to stdout; logs and errors to stderr. Bad input exits with status 2 and one message.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
-#include <limits>
+#include <condition_variable>
+#include <cstdio>
 #include <filesystem>
 #include <future>
-#include <cstdio>
 #include <iostream>
-#include <condition_variable>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
-
-
-#include <CLI/CLI.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "actors/engine.hpp"
 #include "config/error.hpp"
@@ -49,7 +48,6 @@ namespace sm = specactor::model;
 namespace sk = specactor::kernels;
 namespace sa = specactor::actors;
 using json = nlohmann::json;
-
 
 namespace {
 
@@ -125,7 +123,8 @@ std::vector<std::string> take_tool_flags(const std::vector<std::string>& argv, c
   return rest;
 }
 
-template <class T> T tool_value(const std::map<std::string, std::string>& f, const std::string& flag, T dflt) {
+template <class T>
+T tool_value(const std::map<std::string, std::string>& f, const std::string& flag, T dflt) {
   auto it = f.find(flag);
   if (it == f.end()) return dflt;
   const std::string& v = it->second;
@@ -143,10 +142,11 @@ template <class T> T tool_value(const std::map<std::string, std::string>& f, con
       out = static_cast<T>(d);
     } else {
       const long long x = std::stoll(v, &used);
-      if (used == v.size() && (x < static_cast<long long>(std::numeric_limits<T>::min()) ||
-                               static_cast<unsigned long long>(x) > static_cast<unsigned long long>(std::numeric_limits<T>::max())))
-        throw sc::ConfigError(flag + ": " + v + " is out of range [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
-                              std::to_string(std::numeric_limits<T>::max()) + "]");
+      if (used == v.size() &&
+          (x < static_cast<long long>(std::numeric_limits<T>::min()) ||
+           static_cast<unsigned long long>(x) > static_cast<unsigned long long>(std::numeric_limits<T>::max())))
+        throw sc::ConfigError(flag + ": " + v + " is out of range [" + std::to_string(std::numeric_limits<T>::min()) +
+                              ", " + std::to_string(std::numeric_limits<T>::max()) + "]");
       out = static_cast<T>(x);
     }
     if (used != v.size()) throw std::invalid_argument(v);
@@ -155,7 +155,9 @@ template <class T> T tool_value(const std::map<std::string, std::string>& f, con
     throw;
   } catch (const std::exception&) {
     throw sc::ConfigError(flag + ": '" + v + "' is not a valid " +
-                          (std::is_same_v<T, bool> ? "boolean" : std::is_floating_point_v<T> ? "number" : "integer"));
+                          (std::is_same_v<T, bool>       ? "boolean"
+                           : std::is_floating_point_v<T> ? "number"
+                                                         : "integer"));
   }
 }
 
@@ -167,8 +169,9 @@ struct Resolved {
 Resolved resolve_from_args(const std::vector<std::string>& args) {
   const sc::Snapshot user = sc::freeze(sc::parse_server_args(args));
   if (user->model_path.empty())
-    throw sc::ConfigError("--model-path is required (after tools/setup the default model is "
-                          "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+    throw sc::ConfigError(
+        "--model-path is required (after tools/setup the default model is "
+        "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   sm::ModelInfo info = sm::read_any_model_info(*user);
   return {sc::resolve_target(user, info.facts(), runtime_facts()), std::move(info)};
 }
@@ -180,9 +183,18 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int cmd_generate(const std::vector<std::string>& argv) {
   std::map<std::string, std::string> f;
   const auto rest = take_tool_flags(argv,
-                                    {{"--prompt", true}, {"--system", true}, {"--chat", false}, {"--max-new-tokens", true},
-                                     {"--temperature", true}, {"--top-p", true}, {"--top-k", true}, {"--min-p", true},
-                                     {"--seed", true}, {"--json", false}, {"--ignore-eos", false}, {"--stop", true}},
+                                    {{"--prompt", true},
+                                     {"--system", true},
+                                     {"--chat", false},
+                                     {"--max-new-tokens", true},
+                                     {"--temperature", true},
+                                     {"--top-p", true},
+                                     {"--top-k", true},
+                                     {"--min-p", true},
+                                     {"--seed", true},
+                                     {"--json", false},
+                                     {"--ignore-eos", false},
+                                     {"--stop", true}},
                                     f);
   if (!f.count("--prompt")) throw sc::ConfigError("--prompt is required");
   sa::GenerationRequest req;
@@ -241,10 +253,11 @@ int cmd_generate(const std::vector<std::string>& argv) {
   }
   const auto& m = end.metrics;
   if (!as_json) std::fputc('\n', stdout);
-  spdlog::info("prompt {} tokens, first token after {:.1f} ms; generated {} tokens, {:.1f} tok/s decode ({}); "
-               "τ {:.2f}, α {:.2f}",
-               m.prompt_tokens, m.time_to_first_token_ms, m.generated_tokens, m.decode_tokens_per_s, end.finish_reason,
-               m.mean_accepted_length, em.acceptance_rate);
+  spdlog::info(
+      "prompt {} tokens, first token after {:.1f} ms; generated {} tokens, {:.1f} tok/s decode ({}); "
+      "τ {:.2f}, α {:.2f}",
+      m.prompt_tokens, m.time_to_first_token_ms, m.generated_tokens, m.decode_tokens_per_s, end.finish_reason,
+      m.mean_accepted_length, em.acceptance_rate);
   if (as_json) {
     json j = {{"prompt_tokens", prompt_ids},
               {"tokens", tokens},
@@ -365,9 +378,15 @@ double concurrent_tokens_per_s(sa::Engine& engine, const std::vector<std::int32_
 int cmd_bench(const std::vector<std::string>& argv) {
   std::map<std::string, std::string> f;
   const auto rest = take_tool_flags(argv,
-                                    {{"--prompt-tokens", true}, {"--decode-tokens", true}, {"--repeats", true},
-                                     {"--json", false}, {"--prompts", true}, {"--sweep", false}, {"--chart", true},
-                                     {"--max-new-tokens", true}, {"--all-drafters", false}},
+                                    {{"--prompt-tokens", true},
+                                     {"--decode-tokens", true},
+                                     {"--repeats", true},
+                                     {"--json", false},
+                                     {"--prompts", true},
+                                     {"--sweep", false},
+                                     {"--chart", true},
+                                     {"--max-new-tokens", true},
+                                     {"--all-drafters", false}},
                                     f);
   const sc::ServerArgs parsed = sc::parse_server_args(rest);
   if (tool_value<bool>(f, "--all-drafters", false) && parsed.device != sc::Device::Cuda) {
@@ -383,7 +402,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
     spdlog::set_level(spdlog::level::from_str(r.target->log_level));
     const auto rows = bench_every_drafter(rest, r.info, r.info.num_layers, prompts, max_new, static_cast<int>(repeats));
     if (tool_value<bool>(f, "--json", false)) {
-      std::cout << json{{"model", r.target->model_path}, {"device", "cpu"}, {"drafters", drafter_rows_json(rows)}}.dump(2)
+      std::cout << json{{"model", r.target->model_path}, {"device", "cpu"}, {"drafters", drafter_rows_json(rows)}}.dump(
+                       2)
                 << "\n";
       return 0;
     }
@@ -412,8 +432,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     if (repeats < 1) throw sc::ConfigError("--repeats: must be >= 1");
     return bench_speculative(rest, f.count("--prompts") ? f.at("--prompts") : "tools/bench_prompts.jsonl", max_new,
                              static_cast<int>(repeats), tool_value<bool>(f, "--sweep", false),
-                             tool_value<bool>(f, "--json", false),
-                             f.count("--chart") ? f.at("--chart") : "");
+                             tool_value<bool>(f, "--json", false), f.count("--chart") ? f.at("--chart") : "");
   }
   const auto prompt_tokens = tool_value<std::int64_t>(f, "--prompt-tokens", 256);
   const auto decode_tokens = tool_value<std::int64_t>(f, "--decode-tokens", 128);
@@ -437,7 +456,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
       "one forward pass, so that every accepted token costs a fraction of a full decoding step. ";
   std::vector<std::int32_t> prompt;
   const auto piece = engine->tokenizer() ? engine->tokenizer()->encode(text) : std::vector<std::int32_t>{1, 2, 3};
-  while (static_cast<std::int64_t>(prompt.size()) < prompt_tokens) prompt.insert(prompt.end(), piece.begin(), piece.end());
+  while (static_cast<std::int64_t>(prompt.size()) < prompt_tokens)
+    prompt.insert(prompt.end(), piece.begin(), piece.end());
   prompt.resize(static_cast<std::size_t>(prompt_tokens));
   sa::GenerationRequest req;
   req.prompt_ids = prompt;
@@ -446,12 +466,15 @@ int cmd_bench(const std::vector<std::string>& argv) {
   engine->generate(req);  // warm-up
   const sa::EngineMetrics before = engine->metrics();
   double decode_tps = 0;
-  for (std::int64_t i = 0; i < repeats; ++i) decode_tps = std::max(decode_tps, engine->generate(req).metrics.decode_tokens_per_s);
+  for (std::int64_t i = 0; i < repeats; ++i)
+    decode_tps = std::max(decode_tps, engine->generate(req).metrics.decode_tokens_per_s);
   const sa::EngineMetrics after = engine->metrics();
   // Concurrent requests (continuous batching): a 32-token prompt each, decode_tokens new tokens.
-  const std::vector<std::int32_t> short_prompt(prompt.begin(), prompt.begin() + std::min<std::int64_t>(32, prompt_tokens));
+  const std::vector<std::int32_t> short_prompt(prompt.begin(),
+                                               prompt.begin() + std::min<std::int64_t>(32, prompt_tokens));
   std::vector<std::pair<std::int64_t, double>> concurrent;
-  for (const std::int64_t n : {1, 4, 16}) concurrent.emplace_back(n, concurrent_tokens_per_s(*engine, short_prompt, n, decode_tokens));
+  for (const std::int64_t n : {1, 4, 16})
+    concurrent.emplace_back(n, concurrent_tokens_per_s(*engine, short_prompt, n, decode_tokens));
   engine->shutdown();
   const double step_wall = after.step_wall_ms - before.step_wall_ms;
   const double step_compute = after.step_compute_ms - before.step_compute_ms;
@@ -467,7 +490,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const sm::LoadedModel m = sm::load_model(s);
   if (s.threads > 0) specactor::kernels::ComputePool::instance().set_threads(static_cast<int>(s.threads));
   sm::KvCache kv(m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, s.page_size,
-                 (prompt_tokens + std::max<std::int64_t>(decode_tokens, 16) + s.page_size) / s.page_size * s.page_size + s.page_size);
+                 (prompt_tokens + std::max<std::int64_t>(decode_tokens, 16) + s.page_size) / s.page_size * s.page_size +
+                     s.page_size);
   sm::LlamaRunner runner(m.weights, static_cast<int>(s.threads), sm::cpu_precision(s));
   run_once(runner, kv, prompt, 4, s.chunked_prefill_size, m.config.vocab_size);  // warm-up
   double best_prefill = 1e30, best_decode = 1e30;
@@ -479,9 +503,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const double prefill_tps = prompt_tokens / best_prefill;
   const double direct_decode_tps = decode_tokens / best_decode;
   // c(k) at the prompt's context (256 by default).
-  const auto rows_times = measure_forward_rows(runner, kv, prompt, {1, 2, 4, 8, 16}, static_cast<int>(std::max<std::int64_t>(repeats, 3)),
-                                               s.chunked_prefill_size);
-
+  const auto rows_times =
+      measure_forward_rows(runner, kv, prompt, {1, 2, 4, 8, 16}, static_cast<int>(std::max<std::int64_t>(repeats, 3)),
+                           s.chunked_prefill_size);
 
   // Per decode step: every weight once, plus the KV cache read at the mean context of the run.
   std::uint64_t macs = 0;
@@ -496,9 +520,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const double achieved_gbps = bytes_per_token * decode_tps / 1e9;
   const double achieved_gflops = 2.0 * static_cast<double>(macs) * decode_tps / 1e9;
   const char* path = specactor::kernels::cpu_path_name(specactor::kernels::cpu_path());
-  const char* precision_path = s.cpu_precision == sc::CpuPrecision::Fast
-                                   ? specactor::kernels::qpath_name(specactor::kernels::qpath())
-                                   : path;
+  const char* precision_path =
+      s.cpu_precision == sc::CpuPrecision::Fast ? specactor::kernels::qpath_name(specactor::kernels::qpath()) : path;
   const int threads = specactor::kernels::ComputePool::instance().threads();
 
   if (as_json) {
@@ -529,31 +552,42 @@ int cmd_bench(const std::vector<std::string>& argv) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("specactor bench: {} ({} layers, {:.1f} MiB of weights), --cpu-precision {} (path {}), {} threads\n",
-                           s.model_path, m.config.n_layers, m.weights->weight_bytes() / 1048576.0,
-                           sc::to_string(s.cpu_precision), precision_path, threads);
-  std::cout << fmt::format("machine:  memory read {:.1f} GB/s (copy {:.1f} GB/s, {} MiB buffer); peak FMA {:.1f} GFLOP/s\n",
-                           bw.read_gbps, bw.copy_gbps, bw.bytes >> 20, peak_gflops);
+  std::cout << fmt::format(
+      "specactor bench: {} ({} layers, {:.1f} MiB of weights), --cpu-precision {} (path {}), {} threads\n",
+      s.model_path, m.config.n_layers, m.weights->weight_bytes() / 1048576.0, sc::to_string(s.cpu_precision),
+      precision_path, threads);
+  std::cout << fmt::format(
+      "machine:  memory read {:.1f} GB/s (copy {:.1f} GB/s, {} MiB buffer); peak FMA {:.1f} GFLOP/s\n", bw.read_gbps,
+      bw.copy_gbps, bw.bytes >> 20, peak_gflops);
   std::cout << fmt::format("prefill:  {} tokens in {:.3f} s = {:.1f} tok/s (best of {})\n", prompt_tokens, best_prefill,
                            prefill_tps, repeats);
-  std::cout << fmt::format("decode:   batch 1, {} tokens: {:.1f} tok/s through the actor engine, {:.1f} tok/s calling the "
-                           "model directly (best of {})\n",
-                           decode_tokens, decode_tps, direct_decode_tps, repeats);
-  std::cout << fmt::format("actors:   {:.1f} us per step outside the target's compute = {:.2f}% of the step "
-                           "(messages, copies, scheduling)\n",
-                           overhead_us, overhead_pct);
-  std::cout << fmt::format("          {:.1f} MB read per token (weights + KV) -> bandwidth ceiling {:.1f} tok/s; "
-                           "reached {:.1f}% ({:.1f} GB/s)\n",
-                           bytes_per_token / 1e6, ceiling_tps, 100.0 * decode_tps / ceiling_tps, achieved_gbps);
+  std::cout << fmt::format(
+      "decode:   batch 1, {} tokens: {:.1f} tok/s through the actor engine, {:.1f} tok/s calling the "
+      "model directly (best of {})\n",
+      decode_tokens, decode_tps, direct_decode_tps, repeats);
+  std::cout << fmt::format(
+      "actors:   {:.1f} us per step outside the target's compute = {:.2f}% of the step "
+      "(messages, copies, scheduling)\n",
+      overhead_us, overhead_pct);
+  std::cout << fmt::format(
+      "          {:.1f} MB read per token (weights + KV) -> bandwidth ceiling {:.1f} tok/s; "
+      "reached {:.1f}% ({:.1f} GB/s)\n",
+      bytes_per_token / 1e6, ceiling_tps, 100.0 * decode_tps / ceiling_tps, achieved_gbps);
   std::cout << fmt::format("          {:.2f} GFLOP per token -> {:.1f} GFLOP/s = {:.1f}% of the measured FMA peak\n",
-                           2.0 * macs / 1e9, achieved_gflops, peak_gflops > 0 ? 100.0 * achieved_gflops / peak_gflops : 0.0);
-  std::string ck = fmt::format("c(k):     one forward over k query rows at context {}, ÷ 1 row (best of {}):", prompt_tokens,
-                               std::max<std::int64_t>(repeats, 3));
-  for (const auto& [k, t] : rows_times) ck += fmt::format("  c({})={:.2f} ({:.1f} ms)", k, t / rows_times[0].second, 1000 * t);
+                           2.0 * macs / 1e9, achieved_gflops,
+                           peak_gflops > 0 ? 100.0 * achieved_gflops / peak_gflops : 0.0);
+  std::string ck =
+      fmt::format("c(k):     one forward over k query rows at context {}, ÷ 1 row (best of {}):", prompt_tokens,
+                  std::max<std::int64_t>(repeats, 3));
+  for (const auto& [k, t] : rows_times)
+    ck += fmt::format("  c({})={:.2f} ({:.1f} ms)", k, t / rows_times[0].second, 1000 * t);
   std::cout << ck << "\n";
-  std::string cc = fmt::format("batching: aggregate decode tok/s of n concurrent requests through the engine (32-token prompts, {} new "
-                               "tokens each):", decode_tokens);
-  for (const auto& [n, tps] : concurrent) cc += fmt::format("  n={}: {:.1f} ({:.2f}x)", n, tps, tps / concurrent[0].second);
+  std::string cc = fmt::format(
+      "batching: aggregate decode tok/s of n concurrent requests through the engine (32-token prompts, {} new "
+      "tokens each):",
+      decode_tokens);
+  for (const auto& [n, tps] : concurrent)
+    cc += fmt::format("  n={}: {:.1f} ({:.2f}x)", n, tps, tps / concurrent[0].second);
   std::cout << cc << "\n";
   return 0;
 }
@@ -564,8 +598,9 @@ int cmd_config(const std::vector<std::string>& args) {
   const sc::ServerArgs parsed = sc::parse_server_args(args);
   const sc::Snapshot user = sc::freeze(parsed);
   if (user->model_path.empty())
-    throw sc::ConfigError("--model-path is required (after tools/setup the default model is "
-                          "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+    throw sc::ConfigError(
+        "--model-path is required (after tools/setup the default model is "
+        "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   const sm::ModelInfo info = sm::read_any_model_info(*user);
   const sc::Snapshot target = sc::resolve_target(user, info.facts(), runtime_facts());
 
@@ -606,7 +641,8 @@ int cmd_inspect(int argc, char** argv) {
   const bool hf = std::filesystem::is_directory(path) || path.ends_with(".safetensors");
   std::shared_ptr<const sm::GgufFile> gguf;
   if (!hf) gguf = sm::GgufFile::open(path);
-  const std::string arch = gguf && gguf->has("general.architecture") ? std::string(gguf->get_string("general.architecture")) : "";
+  const std::string arch =
+      gguf && gguf->has("general.architecture") ? std::string(gguf->get_string("general.architecture")) : "";
   if (hf || arch == "eagle" || arch == "eagle3" || arch == "mtp") {  // a draft head
     json j = sm::read_head_config(path).to_json();
     if (!target.empty()) {  // the start-up checks against a target
@@ -614,7 +650,9 @@ int cmd_inspect(int argc, char** argv) {
       t.model_path = target;
       const sm::ModelInfo ti = sm::read_any_model_info(t);
       const auto hc = sm::read_head_config(path);
-      j = sm::HeadWeights::load(path, hc.kind, sm::LlamaConfig::from(ti, ""), {}, false, sc::LoadFormat::Auto)->config().to_json();
+      j = sm::HeadWeights::load(path, hc.kind, sm::LlamaConfig::from(ti, ""), {}, false, sc::LoadFormat::Auto)
+              ->config()
+              .to_json();
       j["fits_target"] = target;
     }
     std::cout << j.dump(2) << "\n";
@@ -659,7 +697,8 @@ int cmd_make_head(int argc, char** argv) {
   app.add_option("--kind", kind, "EAGLE | EAGLE3 | MTP")->check(CLI::IsMember({"EAGLE", "EAGLE3", "MTP"}));
   app.add_option("--format", format, "gguf | safetensors")->check(CLI::IsMember({"gguf", "safetensors"}));
   app.add_option("--layers", layers, "MTP: next-token-prediction layers")->check(CLI::Range(1, 8));
-  app.add_option("--draft-vocab", draft_vocab, "EAGLE3: size of the reduced draft vocabulary (default min(vocab, 4096))");
+  app.add_option("--draft-vocab", draft_vocab,
+                 "EAGLE3: size of the reduced draft vocabulary (default min(vocab, 4096))");
   app.add_flag("--own-output", own_output, "EAGLE/MTP: write an own output head instead of using the target's");
   app.add_option("--seed", seed, "random seed");
   try {
@@ -705,9 +744,12 @@ int cmd_shrink(int argc, char** argv) {
 
 int cmd_devices() {
   const sk::DeviceProbe& p = sk::probe_devices();
-  json j = {{"cuda_compiled", p.cuda_compiled}, {"cuda_usable", p.cuda_usable},
-            {"device_count", p.device_count},   {"device_name", p.device_name},
-            {"reason", p.reason},               {"cuda_runtime_version", p.cuda_runtime_version},
+  json j = {{"cuda_compiled", p.cuda_compiled},
+            {"cuda_usable", p.cuda_usable},
+            {"device_count", p.device_count},
+            {"device_name", p.device_name},
+            {"reason", p.reason},
+            {"cuda_runtime_version", p.cuda_runtime_version},
             {"nccl_version", p.nccl_version},
             {"backend", p.cuda_usable ? "cuda" : "cpu"}};
   std::cout << j.dump(2) << "\n";

@@ -40,7 +40,8 @@ float read_pass(const float* p, std::size_t n) {
   const std::size_t blocks = n / 32;
 #pragma omp parallel reduction(+ : total)
   {
-    const std::size_t t = static_cast<std::size_t>(omp_get_thread_num()), nt = static_cast<std::size_t>(omp_get_num_threads());
+    const std::size_t t = static_cast<std::size_t>(omp_get_thread_num()),
+                      nt = static_cast<std::size_t>(omp_get_num_threads());
     total += read_range(p, blocks * t / nt * 32, blocks * (t + 1) / nt * 32);
   }
   return total;
@@ -52,7 +53,6 @@ float read_pass_scalar(const float* p, std::size_t n) {
   for (std::size_t i = 0; i < n; i += 16) total += p[i];
   return total;
 }
-
 
 __attribute__((target("avx512f"))) double fma_chains_512(long n) {
   __m512 a[8];

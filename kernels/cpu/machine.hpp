@@ -7,9 +7,9 @@
 namespace specactor::kernels {
 
 struct MemoryBandwidth {
-  double read_gbps = 0;  // GB/s (1e9 bytes) streaming reads over all threads
-  double copy_gbps = 0;  // GB/s of bytes read + written by a parallel memcpy
-  std::size_t bytes = 0; // buffer size used
+  double read_gbps = 0;   // GB/s (1e9 bytes) streaming reads over all threads
+  double copy_gbps = 0;   // GB/s of bytes read + written by a parallel memcpy
+  std::size_t bytes = 0;  // buffer size used
 };
 // Best of `repeats` passes over a buffer far larger than the last-level cache.
 MemoryBandwidth measure_memory_bandwidth(std::size_t bytes = std::size_t{512} << 20, int repeats = 5);

@@ -16,8 +16,6 @@
 // Every (row, output) pair runs these operations in this order whatever the number of rows in the
 // call, so a token's logits do not depend on its batch.
 #include "kernels/cpu/matmul.hpp"
-#include "kernels/cpu/packed.hpp"
-#include "kernels/cpu/pool.hpp"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -29,14 +27,17 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/packed.hpp"
+#include "kernels/cpu/pool.hpp"
+
 namespace specactor::kernels {
 
 namespace {
 
 using packed::AlignedAllocator;
 
-constexpr int kTile = 4;         // activation rows sharing one decoded weight chunk
-constexpr int kMaxChunks = 1024; // in_dim up to 32768
+constexpr int kTile = 4;          // activation rows sharing one decoded weight chunk
+constexpr int kMaxChunks = 1024;  // in_dim up to 32768
 
 using packed::is_packed;
 using packed::load_u16;
@@ -71,7 +72,8 @@ void row_scales_f16c(WeightType t, const std::uint8_t* row, std::int64_t nc, flo
 
 // The 32 weights of chunk c of a ggml-layout row (dequantized types), exactly as the canonical
 // arithmetic defines them.
-template <WeightType T> void dequant_chunk_ggml(const std::uint8_t* row, std::int64_t c, float* w) {
+template <WeightType T>
+void dequant_chunk_ggml(const std::uint8_t* row, std::int64_t c, float* w) {
   if constexpr (T == WeightType::Q4_K) {
     const std::uint8_t* b = row + (c / 8) * 144;
     const int sub = static_cast<int>(c % 8);
@@ -139,8 +141,10 @@ void matmul_rows_scalar(const WeightMatrix& w, std::int64_t o_begin, std::int64_
           for (int l = 0; l < 16; ++l) {
             float p = q[l] * xr[l];
             p = std::fma(q[16 + l], xr[16 + l], p);
-            if constexpr (is_factored(T)) a[l] = std::fma(d[c], p, a[l]);
-            else a[l] = a[l] + p;
+            if constexpr (is_factored(T))
+              a[l] = std::fma(d[c], p, a[l]);
+            else
+              a[l] = a[l] + p;
           }
         }
       }
@@ -255,8 +259,10 @@ SPECACTOR_AVX512 inline void chunk_avx512(const std::uint8_t* row, const PackedR
   } else if constexpr (T == WeightType::Q4_0 || T == WeightType::Q4_1) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512 table;
-    if constexpr (T == WeightType::Q4_0) table = _mm512_sub_ps(iota, _mm512_set1_ps(8.0f));  // exact
-    else table = _mm512_fmadd_ps(_mm512_set1_ps(d[c]), iota, _mm512_set1_ps(m[c]));
+    if constexpr (T == WeightType::Q4_0)
+      table = _mm512_sub_ps(iota, _mm512_set1_ps(8.0f));  // exact
+    else
+      table = _mm512_fmadd_ps(_mm512_set1_ps(d[c]), iota, _mm512_set1_ps(m[c]));
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pr.qs + c * 16)));
     q0 = _mm512_permutexvar_ps(v, table);
     q1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
@@ -270,8 +276,10 @@ SPECACTOR_AVX512 inline void chunk_avx512(const std::uint8_t* row, const PackedR
     q1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
   } else if constexpr (T == WeightType::BF16) {
     const std::uint8_t* p = row + c * 64;
-    q0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-    q1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))), 16));
+    q0 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+    q1 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))), 16));
   } else {  // Q4_K, Q6_K
     alignas(64) float buf[32];
     dequant_chunk_ggml<T>(row, c, buf);
@@ -297,8 +305,10 @@ SPECACTOR_AVX512 inline void step_avx512(const std::uint8_t* row, const PackedRo
     const float* xr = x + r * in + c * 32;
     __m512 p = _mm512_mul_ps(q0, _mm512_loadu_ps(xr));
     p = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xr + 16), p);
-    if constexpr (is_factored(T)) acc[r][E] = _mm512_fmadd_ps(_mm512_set1_ps(d[c]), p, acc[r][E]);
-    else acc[r][E] = _mm512_add_ps(acc[r][E], p);
+    if constexpr (is_factored(T))
+      acc[r][E] = _mm512_fmadd_ps(_mm512_set1_ps(d[c]), p, acc[r][E]);
+    else
+      acc[r][E] = _mm512_add_ps(acc[r][E], p);
   }
 }
 
@@ -318,13 +328,15 @@ SPECACTOR_AVX512 void tile_avx512(const std::uint8_t* row, const PackedRow& pr, 
 
 // ---- the row loop shared by the SIMD paths ----------------------------------------------------------
 
-template <WeightType T, int NT> struct Avx2Tile {
+template <WeightType T, int NT>
+struct Avx2Tile {
   static void run(const std::uint8_t* row, const PackedRow& pr, std::int64_t nc, std::int64_t in, const float* d,
                   const float* m, const float* x, float* y, std::int64_t y_stride) {
     tile_avx2<T, NT>(row, pr, nc, in, d, m, x, y, y_stride);
   }
 };
-template <WeightType T, int NT> struct Avx512Tile {
+template <WeightType T, int NT>
+struct Avx512Tile {
   static void run(const std::uint8_t* row, const PackedRow& pr, std::int64_t nc, std::int64_t in, const float* d,
                   const float* m, const float* x, float* y, std::int64_t y_stride) {
     tile_avx512<T, NT>(row, pr, nc, in, d, m, x, y, y_stride);
@@ -334,8 +346,8 @@ template <WeightType T, int NT> struct Avx512Tile {
 // Output rows [o_begin, o_end): per row, its scales once (packed types), then tiles of up to kTile
 // activation rows.
 template <WeightType T, template <WeightType, int> class Tile>
-void matmul_rows_simd(const WeightMatrix& w, std::int64_t o_begin, std::int64_t o_end, const float* x, std::int64_t rows,
-                      float* y, std::int64_t y_stride) {
+void matmul_rows_simd(const WeightMatrix& w, std::int64_t o_begin, std::int64_t o_end, const float* x,
+                      std::int64_t rows, float* y, std::int64_t y_stride) {
   const std::int64_t nc = w.in_dim / 32, in = w.in_dim;
   float d[kMaxChunks], m[kMaxChunks];
   for (std::int64_t o = o_begin; o < o_end; ++o) {
@@ -349,10 +361,18 @@ void matmul_rows_simd(const WeightMatrix& w, std::int64_t o_begin, std::int64_t 
       const float* xr = x + r0 * in;
       float* yr = y + r0 * y_stride + o;
       switch (std::min<std::int64_t>(kTile, rows - r0)) {
-        case 1: Tile<T, 1>::run(row, pr, nc, in, d, m, xr, yr, y_stride); break;
-        case 2: Tile<T, 2>::run(row, pr, nc, in, d, m, xr, yr, y_stride); break;
-        case 3: Tile<T, 3>::run(row, pr, nc, in, d, m, xr, yr, y_stride); break;
-        default: Tile<T, 4>::run(row, pr, nc, in, d, m, xr, yr, y_stride); break;
+        case 1:
+          Tile<T, 1>::run(row, pr, nc, in, d, m, xr, yr, y_stride);
+          break;
+        case 2:
+          Tile<T, 2>::run(row, pr, nc, in, d, m, xr, yr, y_stride);
+          break;
+        case 3:
+          Tile<T, 3>::run(row, pr, nc, in, d, m, xr, yr, y_stride);
+          break;
+        default:
+          Tile<T, 4>::run(row, pr, nc, in, d, m, xr, yr, y_stride);
+          break;
       }
     }
   }
@@ -376,7 +396,8 @@ bool cpu_has_avx512() {
 using RowsFn = void (*)(const WeightMatrix&, std::int64_t, std::int64_t, const float*, std::int64_t, float*,
                         std::int64_t);
 
-template <WeightType T> RowsFn rows_fn_typed(CpuPath p) {
+template <WeightType T>
+RowsFn rows_fn_typed(CpuPath p) {
   if (p == CpuPath::Avx512 && cpu_has_avx512()) return &matmul_rows_simd<T, Avx512Tile>;
   if (p != CpuPath::Scalar && cpu_has_avx2()) return &matmul_rows_simd<T, Avx2Tile>;
   return &matmul_rows_scalar<T>;
@@ -384,14 +405,22 @@ template <WeightType T> RowsFn rows_fn_typed(CpuPath p) {
 
 RowsFn rows_fn(CpuPath p, WeightType t) {
   switch (t) {
-    case WeightType::F32: return rows_fn_typed<WeightType::F32>(p);
-    case WeightType::F16: return rows_fn_typed<WeightType::F16>(p);
-    case WeightType::BF16: return rows_fn_typed<WeightType::BF16>(p);
-    case WeightType::Q8_0: return rows_fn_typed<WeightType::Q8_0>(p);
-    case WeightType::Q4_0: return rows_fn_typed<WeightType::Q4_0>(p);
-    case WeightType::Q4_1: return rows_fn_typed<WeightType::Q4_1>(p);
-    case WeightType::Q4_K: return rows_fn_typed<WeightType::Q4_K>(p);
-    case WeightType::Q6_K: return rows_fn_typed<WeightType::Q6_K>(p);
+    case WeightType::F32:
+      return rows_fn_typed<WeightType::F32>(p);
+    case WeightType::F16:
+      return rows_fn_typed<WeightType::F16>(p);
+    case WeightType::BF16:
+      return rows_fn_typed<WeightType::BF16>(p);
+    case WeightType::Q8_0:
+      return rows_fn_typed<WeightType::Q8_0>(p);
+    case WeightType::Q4_0:
+      return rows_fn_typed<WeightType::Q4_0>(p);
+    case WeightType::Q4_1:
+      return rows_fn_typed<WeightType::Q4_1>(p);
+    case WeightType::Q4_K:
+      return rows_fn_typed<WeightType::Q4_K>(p);
+    case WeightType::Q6_K:
+      return rows_fn_typed<WeightType::Q6_K>(p);
   }
   return rows_fn_typed<WeightType::F32>(p);
 }
@@ -412,18 +441,24 @@ CpuPath cpu_path() {
 
 const char* cpu_path_name(CpuPath p) {
   switch (p) {
-    case CpuPath::Avx512: return "avx512";
-    case CpuPath::Avx2: return "avx2";
-    case CpuPath::Scalar: return "scalar";
+    case CpuPath::Avx512:
+      return "avx512";
+    case CpuPath::Avx2:
+      return "avx2";
+    case CpuPath::Scalar:
+      return "scalar";
   }
   return "scalar";
 }
 
 bool cpu_path_available(CpuPath p) {
   switch (p) {
-    case CpuPath::Avx512: return cpu_has_avx512();
-    case CpuPath::Avx2: return cpu_has_avx2();
-    case CpuPath::Scalar: return true;
+    case CpuPath::Avx512:
+      return cpu_has_avx512();
+    case CpuPath::Avx2:
+      return cpu_has_avx2();
+    case CpuPath::Scalar:
+      return true;
   }
   return false;
 }
@@ -484,7 +519,9 @@ void matmul_path(CpuPath path, const WeightMatrix& w, const float* x, std::int64
   matmul_many_path(path, &job, 1, x, rows);
 }
 
-void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) { matmul_path(cpu_path(), w, x, rows, y); }
+void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) {
+  matmul_path(cpu_path(), w, x, rows, y);
+}
 
 void weight_row(const WeightMatrix& w, std::int64_t r, float* out) {
   const std::uint8_t* row = w.data + static_cast<std::size_t>(r) * w.row_stride;

@@ -16,9 +16,10 @@ namespace {
 // and the same final order, so the result is bit-identical. n must be a multiple of 8.
 __attribute__((target("avx2"))) float dot8_avx2(const float* a, const float* b, std::int64_t n) {
   __m256 acc = _mm256_setzero_ps();
-  for (std::int64_t i = 0; i < n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  for (std::int64_t i = 0; i < n; i += 8)
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
   const __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // t0..t3
-  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                                        // t0+t2, t1+t3
+  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                                      // t0+t2, t1+t3
   return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
 }
 
@@ -38,7 +39,8 @@ __attribute__((target("avx2"))) void dot8x4_avx2(const float* a, const float* co
 
 // o = Σ_c p[c] · v[c] over 64 elements, kept in registers, each element accumulated in c order
 // (mul, then add, from 0), exactly as the scalar loop does it.
-__attribute__((target("avx2"))) void weighted_sum64_avx2(float* o, const float* p, const float* const* v, std::int64_t n) {
+__attribute__((target("avx2"))) void weighted_sum64_avx2(float* o, const float* p, const float* const* v,
+                                                         std::int64_t n) {
   __m256 acc[8];
   for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
   for (std::int64_t c = 0; c < n; ++c) {
@@ -57,7 +59,8 @@ __attribute__((target("avx2"))) void axpy_avx2(float* o, float p, const float* v
 
 }  // namespace
 
-void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base, float* table) {
+void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base,
+                    float* table) {
   const std::int64_t half = rope_dim / 2;
   for (std::int64_t t = 0; t < n_tok; ++t)
     for (std::int64_t i = 0; i < half; ++i) {
@@ -148,7 +151,8 @@ void attention_segments_cpu(const float* q, std::int64_t n_q, std::int64_t n_hea
         std::int64_t c0 = 0;
         if (simd)
           for (; c0 + 4 <= n; c0 += 4) dot8x4_avx2(qv, krow.data() + c0, head_dim, score.data() + c0);
-        for (std::int64_t c = c0; c < n; ++c) score[c] = simd ? dot8_avx2(qv, krow[c], head_dim) : dot8(qv, krow[c], head_dim);
+        for (std::int64_t c = c0; c < n; ++c)
+          score[c] = simd ? dot8_avx2(qv, krow[c], head_dim) : dot8(qv, krow[c], head_dim);
         for (std::int64_t c = 0; c < n; ++c) {
           score[c] = score[c] * scale;
           mx = std::max(mx, score[c]);
@@ -169,15 +173,18 @@ void attention_segments_cpu(const float* q, std::int64_t n_q, std::int64_t n_hea
         for (std::int64_t c = 0; c < n; ++c) {
           const float* vr = vrow[c];
           const float p = score[c] * inv;
-          if (simd) axpy_avx2(o, p, vr, head_dim);
+          if (simd)
+            axpy_avx2(o, p, vr, head_dim);
           else
             for (std::int64_t d = 0; d < head_dim; ++d) o[d] += p * vr[d];
         }
       }
     }
   };
-  if (parallel) parallel_run(share);
-  else share(0, 1);
+  if (parallel)
+    parallel_run(share);
+  else
+    share(0, 1);
 }
 
 void attention_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,

@@ -15,7 +15,8 @@ void rope_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t h
 
 // The same in two steps, so a forward pass computes the angles once for all layers:
 // table (n_tok, rope_dim) holds cos of pair i at [t][i] and sin at [t][rope_dim/2 + i].
-void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base, float* table);
+void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base,
+                    float* table);
 void rope_apply_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
                     const float* table, bool neox);
 
@@ -28,12 +29,12 @@ void softmax_cpu(float* x, std::int64_t n);
 // The KV cache of one sequence in one layer, as plain memory: slot s lives in page pages[s / page_size]
 // at row s % page_size; a row holds n_kv_heads × head_dim floats for K (and the same for V).
 struct PagedKvView {
-  const float* k = nullptr;        // layer base of the K pool
-  const float* v = nullptr;        // layer base of the V pool
+  const float* k = nullptr;  // layer base of the K pool
+  const float* v = nullptr;  // layer base of the V pool
   const std::int32_t* pages = nullptr;
   std::int64_t page_size = 0;
-  std::int64_t page_stride = 0;    // floats per page (page_size × row)
-  std::int64_t row = 0;            // floats per slot (n_kv_heads × head_dim)
+  std::int64_t page_stride = 0;  // floats per page (page_size × row)
+  std::int64_t row = 0;          // floats per slot (n_kv_heads × head_dim)
 };
 
 // Attention of n_q new queries of one sequence. q, out: (n_q, n_heads, head_dim). Keys/values: slots

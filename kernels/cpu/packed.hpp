@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
-
 #include <stdexcept>
 #include <string>
 
@@ -15,7 +14,9 @@
 
 namespace specactor::kernels::packed {
 
-constexpr bool is_packed(WeightType t) { return t == WeightType::Q8_0 || t == WeightType::Q4_0 || t == WeightType::Q4_1; }
+constexpr bool is_packed(WeightType t) {
+  return t == WeightType::Q8_0 || t == WeightType::Q4_0 || t == WeightType::Q4_1;
+}
 constexpr int quant_bytes(WeightType t) { return t == WeightType::Q8_0 ? 32 : 16; }
 constexpr int scale_arrays(WeightType t) { return t == WeightType::Q4_1 ? 2 : 1; }
 
@@ -45,7 +46,8 @@ inline std::int64_t checked_total_rows(const MatmulJob* jobs, int n_jobs, std::i
   std::int64_t total = 0;
   for (int j = 0; j < n_jobs; ++j) {
     const WeightMatrix& w = *jobs[j].w;
-    if (is_packed(w.type) && !w.packed) throw std::invalid_argument("matmul: Q8_0/Q4_0/Q4_1 weights must be packed first");
+    if (is_packed(w.type) && !w.packed)
+      throw std::invalid_argument("matmul: Q8_0/Q4_0/Q4_1 weights must be packed first");
     if (w.in_dim <= 0 || w.in_dim % 32 != 0 || w.in_dim > max_in || w.in_dim != jobs[0].w->in_dim)
       throw std::invalid_argument("matmul: unsupported input width " + std::to_string(w.in_dim));
     total += w.out_dim;
@@ -54,17 +56,22 @@ inline std::int64_t checked_total_rows(const MatmulJob* jobs, int n_jobs, std::i
 }
 
 // 64-byte aligned storage for activation buffers (no vector load split across cache lines).
-template <class T> struct AlignedAllocator {
+template <class T>
+struct AlignedAllocator {
   using value_type = T;
   AlignedAllocator() = default;
-  template <class U> AlignedAllocator(const AlignedAllocator<U>&) {}
+  template <class U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}
   T* allocate(std::size_t n) {
     void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
     if (!p) throw std::bad_alloc();
     return static_cast<T*>(p);
   }
   void deallocate(T* p, std::size_t) { std::free(p); }
-  template <class U> bool operator==(const AlignedAllocator<U>&) const { return true; }
+  template <class U>
+  bool operator==(const AlignedAllocator<U>&) const {
+    return true;
+  }
 };
 
 }  // namespace specactor::kernels::packed

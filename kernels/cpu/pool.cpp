@@ -70,7 +70,8 @@ struct ComputePool::Impl {
   }
 
   void ensure_workers(int n) {  // worker threads 1..n-1 exist
-    for (int tid = static_cast<int>(workers.size()) + 1; tid < n; ++tid) workers.emplace_back([this, tid] { worker(tid); });
+    for (int tid = static_cast<int>(workers.size()) + 1; tid < n; ++tid)
+      workers.emplace_back([this, tid] { worker(tid); });
   }
 };
 
@@ -78,9 +79,7 @@ ComputePool::ComputePool() : impl_(new Impl) {}
 
 ComputePool::~ComputePool() {
   impl_->stop.store(true);
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-  }
+  { std::lock_guard<std::mutex> lock(impl_->mu); }
   impl_->wake.notify_all();
   for (auto& t : impl_->workers) t.join();
   delete impl_;

@@ -46,7 +46,8 @@ using packed::load_u16;
 using packed::packed_row;
 using packed::PackedRow;
 
-template <class T> using AVec = std::vector<T, AlignedAllocator<T>>;
+template <class T>
+using AVec = std::vector<T, AlignedAllocator<T>>;
 
 constexpr int kOut = 4;  // weight rows decoded together (one tile)
 
@@ -93,7 +94,7 @@ void quantize_blocks(const float* x, std::int64_t in, QRows& out, std::int64_t b
 // The same blocks with AVX2: max |x| is exact, the product and round-to-nearest-even are the
 // scalar ones (vroundps under the default rounding mode = nearbyint), so the bytes are identical.
 __attribute__((target("avx2,fma,f16c"))) void quantize_blocks_avx2(const float* x, std::int64_t in, QRows& out,
-                                                                    std::int64_t b0, std::int64_t b1) {
+                                                                   std::int64_t b0, std::int64_t b1) {
   const __m256 sign = _mm256_set1_ps(-0.0f), lim = _mm256_set1_ps(127.0f), nlim = _mm256_set1_ps(-127.0f);
   for (std::int64_t b = b0; b < b1; ++b) {
     const std::int64_t r = b / out.nc, c = b % out.nc;
@@ -123,7 +124,8 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_blocks_avx2(const float* 
     for (int l = 0; l < 8; ++l) sum += sv[l];
     // int32 → int8 in element order (packs work within 128-bit lanes, then a fixed permutation).
     const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
-    const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i p8 =
+        _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + b * 32), p8);
     out.d[static_cast<std::size_t>(r * out.ncp + c)] = d;
     out.s[static_cast<std::size_t>(r * out.ncp + c)] = d * static_cast<float>(sum);
@@ -194,11 +196,12 @@ struct Slot {
   float* wm;
 };
 Slot slot_of(const WeightMatrix& w, std::int64_t o, WTile& t, int slot) {
-  return {w.data + static_cast<std::size_t>(o) * w.row_stride, t.u.data() + slot * t.nc * 32, t.sg.data() + slot * t.nc * 32,
-          t.ws.data() + slot * t.nc * 8, t.wm.data() + slot * t.ncp};
+  return {w.data + static_cast<std::size_t>(o) * w.row_stride, t.u.data() + slot * t.nc * 32,
+          t.sg.data() + slot * t.nc * 32, t.ws.data() + slot * t.nc * 8, t.wm.data() + slot * t.ncp};
 }
 
-template <WeightType T> void decode_row_scalar(const WeightMatrix& w, std::int64_t o, WTile& t, int slot) {
+template <WeightType T>
+void decode_row_scalar(const WeightMatrix& w, std::int64_t o, WTile& t, int slot) {
   const std::int64_t nc = t.nc;
   const auto [row, u, sg, ws, wm] = slot_of(w, o, t, slot);
   for (std::int64_t c = 0; c < nc; ++c) {
@@ -262,7 +265,8 @@ float hsum8_scalar(const float* a) {
   return t0 + t1;
 }
 
-template <bool S> void apply_scalar(const WTile& wt, int no, const QRows& xq, float* y, std::int64_t y_stride) {
+template <bool S>
+void apply_scalar(const WTile& wt, int no, const QRows& xq, float* y, std::int64_t y_stride) {
   const std::int64_t nc = wt.nc, ncp = wt.ncp;
   for (std::int64_t r = 0; r < xq.rows; ++r)
     for (int o = 0; o < no; ++o) {
@@ -339,10 +343,14 @@ template <WeightType T, int NO>
 void direct_rows(QPath path, int rt, const WeightMatrix& w, std::int64_t o0, const QRows& xq, std::int64_t r0, float* y,
                  std::int64_t y_stride) {
   switch (rt) {
-    case 1: return direct_tile<T, NO, 1>(path, w, o0, xq, r0, y, y_stride);
-    case 2: return direct_tile<T, NO, 2>(path, w, o0, xq, r0, y, y_stride);
-    case 3: return direct_tile<T, NO, 3>(path, w, o0, xq, r0, y, y_stride);
-    default: return direct_tile<T, NO, 4>(path, w, o0, xq, r0, y, y_stride);
+    case 1:
+      return direct_tile<T, NO, 1>(path, w, o0, xq, r0, y, y_stride);
+    case 2:
+      return direct_tile<T, NO, 2>(path, w, o0, xq, r0, y, y_stride);
+    case 3:
+      return direct_tile<T, NO, 3>(path, w, o0, xq, r0, y, y_stride);
+    default:
+      return direct_tile<T, NO, 4>(path, w, o0, xq, r0, y, y_stride);
   }
 }
 
@@ -370,20 +378,29 @@ using ApplyFn = void (*)(const WTile&, int, const QRows&, float*, std::int64_t);
 
 DecodeFn decode_for(QPath p, WeightType t) {
   switch (t) {
-    case WeightType::Q4_0: return &decode_row_scalar<WeightType::Q4_0>;
-    case WeightType::Q4_1: return &decode_row_scalar<WeightType::Q4_1>;
-    case WeightType::Q8_0: return &decode_row_scalar<WeightType::Q8_0>;
-    case WeightType::Q4_K: return p == QPath::Scalar ? &decode_row_scalar<WeightType::Q4_K> : &decode_q4k_row_avx2;
-    case WeightType::Q6_K: return &decode_row_scalar<WeightType::Q6_K>;
-    default: throw std::logic_error("qmatmul: no integer kernel for this weight type");
+    case WeightType::Q4_0:
+      return &decode_row_scalar<WeightType::Q4_0>;
+    case WeightType::Q4_1:
+      return &decode_row_scalar<WeightType::Q4_1>;
+    case WeightType::Q8_0:
+      return &decode_row_scalar<WeightType::Q8_0>;
+    case WeightType::Q4_K:
+      return p == QPath::Scalar ? &decode_row_scalar<WeightType::Q4_K> : &decode_q4k_row_avx2;
+    case WeightType::Q6_K:
+      return &decode_row_scalar<WeightType::Q6_K>;
+    default:
+      throw std::logic_error("qmatmul: no integer kernel for this weight type");
   }
 }
 
 ApplyFn apply_for(QPath p, bool s) {
   switch (p) {
-    case QPath::Vnni: return s ? &vnni::apply<true> : &vnni::apply<false>;
-    case QPath::Avx2: return s ? &avx2::apply<true> : &avx2::apply<false>;
-    case QPath::Scalar: break;
+    case QPath::Vnni:
+      return s ? &vnni::apply<true> : &vnni::apply<false>;
+    case QPath::Avx2:
+      return s ? &avx2::apply<true> : &avx2::apply<false>;
+    case QPath::Scalar:
+      break;
   }
   return s ? &apply_scalar<true> : &apply_scalar<false>;
 }
@@ -393,10 +410,14 @@ void qrows_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_
                  std::int64_t y_stride) {
   if (path != QPath::Scalar) {  // the packed formats: straight from their quants, no tile buffer
     switch (w.type) {
-      case WeightType::Q4_0: return direct_range<WeightType::Q4_0>(path, w, ob, oe, xq, y, y_stride);
-      case WeightType::Q4_1: return direct_range<WeightType::Q4_1>(path, w, ob, oe, xq, y, y_stride);
-      case WeightType::Q8_0: return direct_range<WeightType::Q8_0>(path, w, ob, oe, xq, y, y_stride);
-      default: break;
+      case WeightType::Q4_0:
+        return direct_range<WeightType::Q4_0>(path, w, ob, oe, xq, y, y_stride);
+      case WeightType::Q4_1:
+        return direct_range<WeightType::Q4_1>(path, w, ob, oe, xq, y, y_stride);
+      case WeightType::Q8_0:
+        return direct_range<WeightType::Q8_0>(path, w, ob, oe, xq, y, y_stride);
+      default:
+        break;
     }
   }
   thread_local WTile tile;
@@ -419,13 +440,16 @@ void qmatmul_many_path(QPath path, const MatmulJob* jobs, int n_jobs, const floa
   // The activation blocks are quantized once (every thread a share), then shared by every matrix.
   parallel_run([&](int tid, int nth) {
     const std::int64_t blocks = rows * xq.nc;
-    if (path == QPath::Scalar) quantize_blocks(x, in, xq, blocks * tid / nth, blocks * (tid + 1) / nth);
-    else quantize_blocks_avx2(x, in, xq, blocks * tid / nth, blocks * (tid + 1) / nth);
+    if (path == QPath::Scalar)
+      quantize_blocks(x, in, xq, blocks * tid / nth, blocks * (tid + 1) / nth);
+    else
+      quantize_blocks_avx2(x, in, xq, blocks * tid / nth, blocks * (tid + 1) / nth);
   });
   // Equal contiguous ranges of the concatenated outputs, one per thread, on tile boundaries.
   parallel_run([&](int tid, int nth) {
     const std::int64_t tiles = (total + kOut - 1) / kOut;
-    const std::int64_t begin = std::min(total, tiles * tid / nth * kOut), end = std::min(total, tiles * (tid + 1) / nth * kOut);
+    const std::int64_t begin = std::min(total, tiles * tid / nth * kOut),
+                       end = std::min(total, tiles * (tid + 1) / nth * kOut);
     std::int64_t base = 0;
     for (int j = 0; j < n_jobs; ++j) {
       const std::int64_t n = jobs[j].w->out_dim;
@@ -448,9 +472,12 @@ bool has_integer_path(WeightType t) {
 QPath qpath() {  // follows the exact precision's choice (and its SPECACTOR_CPU_PATH override)
   static const QPath path = [] {
     switch (cpu_path()) {
-      case CpuPath::Scalar: return QPath::Scalar;
-      case CpuPath::Avx2: return QPath::Avx2;
-      case CpuPath::Avx512: break;
+      case CpuPath::Scalar:
+        return QPath::Scalar;
+      case CpuPath::Avx2:
+        return QPath::Avx2;
+      case CpuPath::Avx512:
+        break;
     }
     return has_vnni() ? QPath::Vnni : QPath::Avx2;
   }();
@@ -459,18 +486,24 @@ QPath qpath() {  // follows the exact precision's choice (and its SPECACTOR_CPU_
 
 const char* qpath_name(QPath p) {
   switch (p) {
-    case QPath::Vnni: return "avx512-vnni";
-    case QPath::Avx2: return "avx2";
-    case QPath::Scalar: return "scalar";
+    case QPath::Vnni:
+      return "avx512-vnni";
+    case QPath::Avx2:
+      return "avx2";
+    case QPath::Scalar:
+      return "scalar";
   }
   return "scalar";
 }
 
 bool qpath_available(QPath p) {
   switch (p) {
-    case QPath::Vnni: return has_vnni();
-    case QPath::Avx2: return cpu_path_available(CpuPath::Avx2);
-    case QPath::Scalar: return true;
+    case QPath::Vnni:
+      return has_vnni();
+    case QPath::Avx2:
+      return cpu_path_available(CpuPath::Avx2);
+    case QPath::Scalar:
+      return true;
   }
   return false;
 }
@@ -481,8 +514,10 @@ void matmul_many(const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t
   for (int j = 0; j < n_jobs; ++j) all_integer = all_integer && has_integer_path(jobs[j].w->type);
   if (all_integer) return qmatmul_many_path(qpath(), jobs, n_jobs, x, rows);
   for (int j = 0; j < n_jobs; ++j) {  // mixed formats: each matrix on its own path
-    if (has_integer_path(jobs[j].w->type)) qmatmul_many_path(qpath(), &jobs[j], 1, x, rows);
-    else matmul_many(&jobs[j], 1, x, rows);
+    if (has_integer_path(jobs[j].w->type))
+      qmatmul_many_path(qpath(), &jobs[j], 1, x, rows);
+    else
+      matmul_many(&jobs[j], 1, x, rows);
   }
 }
 
@@ -493,7 +528,8 @@ void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y, 
 
 void qmatmul_path(QPath path, const WeightMatrix& w, const float* x, std::int64_t rows, float* y) {
   if (!has_integer_path(w.type)) throw std::invalid_argument("qmatmul: no integer kernel for this weight type");
-  if (!qpath_available(path)) throw std::invalid_argument(std::string("qmatmul: this CPU lacks the ") + qpath_name(path) + " path");
+  if (!qpath_available(path))
+    throw std::invalid_argument(std::string("qmatmul: this CPU lacks the ") + qpath_name(path) + " path");
   const MatmulJob job{&w, y};
   qmatmul_many_path(path, &job, 1, x, rows);
 }

@@ -9,29 +9,54 @@ namespace specactor::kernels {
 
 bool weight_type_supported(std::uint32_t t) {
   switch (t) {
-    case 0: case 1: case 2: case 3: case 8: case 12: case 14: case 30: return true;
-    default: return false;
+    case 0:
+    case 1:
+    case 2:
+    case 3:
+    case 8:
+    case 12:
+    case 14:
+    case 30:
+      return true;
+    default:
+      return false;
   }
 }
 
 std::size_t block_elems(WeightType t) {
   switch (t) {
-    case WeightType::F32: case WeightType::F16: case WeightType::BF16: return 1;
-    case WeightType::Q4_0: case WeightType::Q4_1: case WeightType::Q8_0: return 32;
-    case WeightType::Q4_K: case WeightType::Q6_K: return 256;
+    case WeightType::F32:
+    case WeightType::F16:
+    case WeightType::BF16:
+      return 1;
+    case WeightType::Q4_0:
+    case WeightType::Q4_1:
+    case WeightType::Q8_0:
+      return 32;
+    case WeightType::Q4_K:
+    case WeightType::Q6_K:
+      return 256;
   }
   return 0;
 }
 
 std::size_t block_bytes(WeightType t) {
   switch (t) {
-    case WeightType::F32: return 4;
-    case WeightType::F16: case WeightType::BF16: return 2;
-    case WeightType::Q4_0: return 18;
-    case WeightType::Q4_1: return 20;
-    case WeightType::Q8_0: return 34;
-    case WeightType::Q4_K: return 144;
-    case WeightType::Q6_K: return 210;
+    case WeightType::F32:
+      return 4;
+    case WeightType::F16:
+    case WeightType::BF16:
+      return 2;
+    case WeightType::Q4_0:
+      return 18;
+    case WeightType::Q4_1:
+      return 20;
+    case WeightType::Q8_0:
+      return 34;
+    case WeightType::Q4_K:
+      return 144;
+    case WeightType::Q6_K:
+      return 210;
   }
   return 0;
 }
@@ -190,14 +215,30 @@ void dequantize_row(WeightType t, const void* src, float* out, std::size_t n) {
     throw std::invalid_argument("dequantize_row: " + std::to_string(n) + " elements is not a whole number of blocks");
   for (std::size_t i = 0; i < n / be; ++i, p += bb, out += be) {
     switch (t) {
-      case WeightType::F32: std::memcpy(out, p, 4); break;
-      case WeightType::F16: *out = f16_to_f32(load_u16(p)); break;
-      case WeightType::BF16: *out = bf16_to_f32(load_u16(p)); break;
-      case WeightType::Q8_0: dequant_q8_0(p, out); break;
-      case WeightType::Q4_0: dequant_q4_0(p, out); break;
-      case WeightType::Q4_1: dequant_q4_1(p, out); break;
-      case WeightType::Q4_K: dequant_q4_k(p, out); break;
-      case WeightType::Q6_K: dequant_q6_k(p, out); break;
+      case WeightType::F32:
+        std::memcpy(out, p, 4);
+        break;
+      case WeightType::F16:
+        *out = f16_to_f32(load_u16(p));
+        break;
+      case WeightType::BF16:
+        *out = bf16_to_f32(load_u16(p));
+        break;
+      case WeightType::Q8_0:
+        dequant_q8_0(p, out);
+        break;
+      case WeightType::Q4_0:
+        dequant_q4_0(p, out);
+        break;
+      case WeightType::Q4_1:
+        dequant_q4_1(p, out);
+        break;
+      case WeightType::Q4_K:
+        dequant_q4_k(p, out);
+        break;
+      case WeightType::Q6_K:
+        dequant_q6_k(p, out);
+        break;
     }
   }
 }

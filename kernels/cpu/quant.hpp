@@ -15,7 +15,16 @@
 namespace specactor::kernels {
 
 // Same numbering as ggml / model::GgmlType.
-enum class WeightType : std::uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30 };
+enum class WeightType : std::uint32_t {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q8_0 = 8,
+  Q4_K = 12,
+  Q6_K = 14,
+  BF16 = 30
+};
 
 bool weight_type_supported(std::uint32_t ggml_type);
 std::size_t block_elems(WeightType t);  // elements per block

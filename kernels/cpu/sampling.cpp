@@ -50,7 +50,9 @@ void sampling_probs(const float* logits, std::int64_t n, const SamplingParams& p
   // Candidates sorted by logit (descending, ties by id) — only as many as top-k needs.
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
   std::iota(ids.begin(), ids.end(), 0);
-  auto by_logit = [&](std::int32_t a, std::int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  auto by_logit = [&](std::int32_t a, std::int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   std::size_t keep = ids.size();
   if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < keep) {
     keep = static_cast<std::size_t>(p.top_k);

@@ -35,14 +35,11 @@ SpecTree build_tree_cuda(const std::vector<int>& parent_list, const std::vector<
 SpecVerified verify_tree_greedy_cuda(const std::vector<int>& candidates, const std::vector<int>& retrieve_index,
                                      const std::vector<int>& next_token, const std::vector<int>& next_sibling,
                                      const std::vector<int>& target_predict, int b, int n, int steps1);
-SpecVerified tree_speculative_sampling_target_only_cuda(const std::vector<int>& candidates,
-                                                        const std::vector<int>& retrieve_index,
-                                                        const std::vector<int>& next_token,
-                                                        const std::vector<int>& next_sibling,
-                                                        const std::vector<float>& probs, long long vocab,
-                                                        const std::vector<float>& coins,
-                                                        const std::vector<float>& final_coins, int b, int n,
-                                                        int steps1, float threshold_single, float threshold_acc);
+SpecVerified tree_speculative_sampling_target_only_cuda(
+    const std::vector<int>& candidates, const std::vector<int>& retrieve_index, const std::vector<int>& next_token,
+    const std::vector<int>& next_sibling, const std::vector<float>& probs, long long vocab,
+    const std::vector<float>& coins, const std::vector<float>& final_coins, int b, int n, int steps1,
+    float threshold_single, float threshold_acc);
 
 }  // namespace specactor::kernels::cuda
 
@@ -58,13 +55,14 @@ SpecExpand topk_expand_cuda(const std::vector<float>& probs, int n_frontier, lon
                             const std::vector<float>& frontier_scores);
 // Per request: all steps' scores and tokens concatenated (length L each), parents concatenated
 // (length P); returns selected (b, n-1), draft tokens (b, n-1).
-void organize_draft_results_cuda(const std::vector<float>& scores, const std::vector<int>& tokens, int b, int len, int n,
-                                 std::vector<int>& selected, std::vector<int>& draft_tokens);
+void organize_draft_results_cuda(const std::vector<float>& scores, const std::vector<int>& tokens, int b, int len,
+                                 int n, std::vector<int>& selected, std::vector<int>& draft_tokens);
 // b chains of k drafts: q (b, k, V), p (b, k+1, V), coins (b, k), final coins (b). out (b, k+1), -1 padded.
 std::vector<int> chain_rejection_sampling_cuda(const std::vector<int>& drafts, const std::vector<float>& q,
                                                const std::vector<float>& p, long long vocab,
                                                const std::vector<float>& coins, const std::vector<float>& final_coins,
                                                int b, int k);
-void compact_accepted_rows_cuda(std::vector<float>& rows, long long row_floats, long long base, const std::vector<int>& path);
+void compact_accepted_rows_cuda(std::vector<float>& rows, long long row_floats, long long base,
+                                const std::vector<int>& path);
 
 }  // namespace specactor::kernels::cuda

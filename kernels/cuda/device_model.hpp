@@ -4,9 +4,9 @@
 // A DeviceModel holds one rank's Llama weights and its paged KV pool in device memory and runs a
 // batched forward over it: embedding, RMSNorm, RoPE, paged attention with the tree mask, SiLU-gated
 // MLP, dequantising mat-vec products for Q8_0/Q4_0/Q4_1/F16/BF16/F32 (for every batch width, so a
-// row's result never depends on its batch), the final norm and output head. Only token ids, page tables and masks go in; only the requested logits
-// (and captured hidden rows) come back. The page *allocation* stays on the host (model::KvCache);
-// the device pool mirrors its page numbering.
+// row's result never depends on its batch), the final norm and output head. Only token ids, page tables and masks go
+// in; only the requested logits (and captured hidden rows) come back. The page *allocation* stays on the host
+// (model::KvCache); the device pool mirrors its page numbering.
 #pragma once
 
 #include <cstddef>
@@ -51,7 +51,7 @@ class DeviceOutOfMemory : public std::runtime_error {
 struct DeviceSeq {
   const std::int32_t* pages = nullptr;  // page table (host), covering old_len + tokens slots
   std::int64_t n_pages = 0;
-  std::int64_t old_len = 0;             // slots already in the cache
+  std::int64_t old_len = 0;  // slots already in the cache
   std::vector<std::int32_t> tokens;
   std::vector<std::int32_t> positions;  // RoPE positions, one per token
   std::vector<std::uint64_t> mask;      // empty = causal; else one word per token (bit j: sees new token j)
@@ -97,13 +97,15 @@ void rope_cuda(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t 
 void silu_mul_cuda(float* out, const float* gate, const float* up, std::int64_t n);
 // Attention of n_q new queries over a paged pool of n_pages pages (k_pool, v_pool: n_pages ·
 // page_size · row floats, one layer): the contract of kernels::attention_cpu.
-void attention_cuda(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads, std::int64_t head_dim,
-                    const float* k_pool, const float* v_pool, std::int64_t n_pages, const std::int32_t* pages,
-                    std::int64_t page_size, std::int64_t n_prefix, const std::uint64_t* mask, float scale, float* out);
+void attention_cuda(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
+                    std::int64_t head_dim, const float* k_pool, const float* v_pool, std::int64_t n_pages,
+                    const std::int32_t* pages, std::int64_t page_size, std::int64_t n_prefix, const std::uint64_t* mask,
+                    float scale, float* out);
 // Greedy sampling: the first index of each row's maximum.
 std::vector<std::int32_t> argmax_rows_cuda(const float* logits, std::int64_t rows, std::int64_t vocab);
 // Sampling probabilities with temperature (softmax(logits / t)), per row.
-void softmax_temperature_cuda(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature, float* probs);
+void softmax_temperature_cuda(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature,
+                              float* probs);
 
 // Device-to-device copy bandwidth of `device` (bytes read + written per second, GB/s), measured with
 // events over repeated copies of a `bytes` buffer: the practical ceiling of a memory-bound decode.

@@ -22,7 +22,7 @@ using detail::DMat;
 
 namespace {
 
-constexpr long long kGraphTokens = 64;   // the widest step captured as a graph
+constexpr long long kGraphTokens = 64;  // the widest step captured as a graph
 constexpr double kMiB = 1024.0 * 1024.0;
 
 std::size_t matrix_bytes(const WeightMatrix& m) { return static_cast<std::size_t>(m.out_dim) * m.row_stride; }
@@ -49,8 +49,8 @@ struct DeviceModel::Impl {
   long long cap_tokens = 0, cap_logits = 0, cap_pages = 0, cap_seqs = 0;
   float *x = nullptr, *xn = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr, *tmp = nullptr,
         *gate = nullptr, *up = nullptr, *rows = nullptr, *logits = nullptr;
-  int *tokens = nullptr, *positions = nullptr, *row_seq = nullptr, *row_idx = nullptr, *seq_new = nullptr, *pages = nullptr,
-      *logit_rows = nullptr;
+  int *tokens = nullptr, *positions = nullptr, *row_seq = nullptr, *row_idx = nullptr, *seq_new = nullptr,
+      *pages = nullptr, *logit_rows = nullptr;
   long long *seq_old = nullptr, *seq_page_off = nullptr;
   unsigned long long* row_mask = nullptr;
   unsigned char* row_has_mask = nullptr;
@@ -63,7 +63,8 @@ struct DeviceModel::Impl {
   std::map<std::pair<long long, long long>, Graph> graphs;
   std::int64_t captured = 0;
 
-  template <class T> T* alloc(std::size_t n, const char* what) {
+  template <class T>
+  T* alloc(std::size_t n, const char* what) {
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, sizeof(T) * (n ? n : 1));
     if (e != cudaSuccess) {
@@ -80,8 +81,9 @@ struct DeviceModel::Impl {
 
   DMat upload(const WeightMatrix& m, const std::string& name) {
     if (!computable_on_device(m))
-      throw std::runtime_error("CUDA forward: tensor " + name + " has ggml type " + std::to_string(static_cast<unsigned>(m.type)) +
-                               ", which the CUDA kernels do not compute (F32 F16 BF16 Q8_0 Q4_0 Q4_1); use --device cpu");
+      throw std::runtime_error(
+          "CUDA forward: tensor " + name + " has ggml type " + std::to_string(static_cast<unsigned>(m.type)) +
+          ", which the CUDA kernels do not compute (F32 F16 BF16 Q8_0 Q4_0 Q4_1); use --device cpu");
     auto* d = alloc<std::uint8_t>(matrix_bytes(m), name.c_str());
     check(cudaMemcpy(d, m.data, matrix_bytes(m), cudaMemcpyHostToDevice), "upload weights");
     weight_bytes += matrix_bytes(m);
@@ -156,9 +158,11 @@ struct DeviceModel::Impl {
       comm->all_reduce_sum(d, static_cast<std::size_t>(n));
     } else {
       host_stage.resize(static_cast<std::size_t>(n));
-      check(cudaMemcpy(host_stage.data(), d, sizeof(float) * static_cast<std::size_t>(n), cudaMemcpyDeviceToHost), "stage");
+      check(cudaMemcpy(host_stage.data(), d, sizeof(float) * static_cast<std::size_t>(n), cudaMemcpyDeviceToHost),
+            "stage");
       comm->all_reduce_sum(host_stage.data(), static_cast<std::size_t>(n));
-      check(cudaMemcpy(d, host_stage.data(), sizeof(float) * static_cast<std::size_t>(n), cudaMemcpyHostToDevice), "stage");
+      check(cudaMemcpy(d, host_stage.data(), sizeof(float) * static_cast<std::size_t>(n), cudaMemcpyHostToDevice),
+            "stage");
     }
   }
 
@@ -177,13 +181,15 @@ struct DeviceModel::Impl {
       matmul(L.wq, xn, T, q);
       matmul(L.wk, xn, T, k);
       matmul(L.wv, xn, T, v);
-      detail::launch_rope(q, T, cfg.n_heads, cfg.head_dim, cfg.rope_dim, positions, cfg.rope_base, cfg.rope_neox, stream);
-      detail::launch_rope(k, T, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim, positions, cfg.rope_base, cfg.rope_neox, stream);
+      detail::launch_rope(q, T, cfg.n_heads, cfg.head_dim, cfg.rope_dim, positions, cfg.rope_base, cfg.rope_neox,
+                          stream);
+      detail::launch_rope(k, T, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim, positions, cfg.rope_base, cfg.rope_neox,
+                          stream);
       float* kl = k_pool + static_cast<long long>(l) * layer_stride;
       float* vl = v_pool + static_cast<long long>(l) * layer_stride;
       detail::launch_kv_write(k, v, T, row, kl, vl, page_size, page_stride, r, stream);
-      detail::launch_attention(q, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, kl, vl, page_size, page_stride, r, scale, att,
-                               stream);
+      detail::launch_attention(q, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, kl, vl, page_size, page_stride, r,
+                               scale, att, stream);
       matmul(L.wo, att, T, tmp);
       all_reduce(tmp, T * H, comm);
       detail::launch_add(x, tmp, T * H, stream);
@@ -211,7 +217,8 @@ struct DeviceModel::Impl {
   }
 };
 
-DeviceModel::DeviceModel(const HostModel& m, int device, std::int64_t kv_pages, std::int64_t page_size, bool cuda_graphs)
+DeviceModel::DeviceModel(const HostModel& m, int device, std::int64_t kv_pages, std::int64_t page_size,
+                         bool cuda_graphs)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.cfg = m;
@@ -240,8 +247,8 @@ DeviceModel::DeviceModel(const HostModel& m, int device, std::int64_t kv_pages, 
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device);
     throw DeviceOutOfMemory("CUDA device " + std::to_string(device) + " (" + prop.name + "): needs about " +
-                            std::to_string(static_cast<long long>((weights + kv + scratch_guess) / kMiB)) + " MiB (weights " +
-                            std::to_string(static_cast<long long>(weights / kMiB)) + ", KV pool " +
+                            std::to_string(static_cast<long long>((weights + kv + scratch_guess) / kMiB)) +
+                            " MiB (weights " + std::to_string(static_cast<long long>(weights / kMiB)) + ", KV pool " +
                             std::to_string(static_cast<long long>(kv / kMiB)) + " for " +
                             std::to_string(kv_pages * page_size) + " tokens, scratch " +
                             std::to_string(static_cast<long long>(scratch_guess / kMiB)) + ") but " +
@@ -352,8 +359,10 @@ void DeviceModel::forward(const std::vector<DeviceSeq>& batch, const std::vector
       check(e, "instantiate graph");
       ++s.captured;
     }
-    if (g.exec) check(cudaGraphLaunch(g.exec, s.stream), "launch graph");
-    else s.run(T, L, {}, nullptr, nullptr);
+    if (g.exec)
+      check(cudaGraphLaunch(g.exec, s.stream), "launch graph");
+    else
+      s.run(T, L, {}, nullptr, nullptr);
   } else {
     s.run(T, L, hidden_layers, &hidden, comm);
   }
@@ -364,7 +373,8 @@ void DeviceModel::forward(const std::vector<DeviceSeq>& batch, const std::vector
   check(cudaStreamSynchronize(s.stream), "forward");
 }
 
-void DeviceModel::copy_slot(const std::vector<std::int32_t>& pages, std::int64_t page_size, std::int64_t from, std::int64_t to) {
+void DeviceModel::copy_slot(const std::vector<std::int32_t>& pages, std::int64_t page_size, std::int64_t from,
+                            std::int64_t to) {
   Impl& s = *impl_;
   if (from == to) return;
   check(cudaSetDevice(s.device), "set device");

@@ -63,7 +63,8 @@ class NcclCommunicator final : public Communicator {
       detail::check(cudaMalloc(&stage_, sizeof(std::int32_t) * n), "malloc");
       stage_n_ = n;
     }
-    if (rank_ == root) detail::check(cudaMemcpy(stage_, data, sizeof(std::int32_t) * n, cudaMemcpyHostToDevice), "memcpy");
+    if (rank_ == root)
+      detail::check(cudaMemcpy(stage_, data, sizeof(std::int32_t) * n, cudaMemcpyHostToDevice), "memcpy");
     check_nccl(ncclBroadcast(stage_, stage_, n, ncclInt32, root, comm_, stream_), "broadcast");
     detail::check(cudaStreamSynchronize(stream_), "broadcast");
     detail::check(cudaMemcpy(data, stage_, sizeof(std::int32_t) * n, cudaMemcpyDeviceToHost), "memcpy");

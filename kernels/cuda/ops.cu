@@ -17,7 +17,8 @@ void check(cudaError_t e, const char* what) {
 }
 
 void check_blas(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string("cuBLAS ") + what + ": status " + std::to_string(static_cast<int>(s)));
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuBLAS ") + what + ": status " + std::to_string(static_cast<int>(s)));
 }
 
 namespace {
@@ -155,8 +156,8 @@ __global__ void add_kernel(float* x, const float* y, long long n) {
   if (i < n) x[i] += y[i];
 }
 
-__device__ __forceinline__ long long slot_offset(const int* pages, long long slot, long long page_size, long long page_stride,
-                                                 long long row) {
+__device__ __forceinline__ long long slot_offset(const int* pages, long long slot, long long page_size,
+                                                 long long page_stride, long long row) {
   return static_cast<long long>(pages[slot / page_size]) * page_stride + (slot % page_size) * row;
 }
 
@@ -213,7 +214,8 @@ __global__ void attention_kernel(const float* q, long long n_heads, long long n_
       const long long n = n_ctx - base < kBlock ? n_ctx - base : kBlock;
       for (long long jj = 0; jj < n; ++jj)
         if (p[jj] != 0.0f)
-          acc = fmaf(p[jj], v_layer[slot_offset(pages, base + jj, page_size, page_stride, row) + kvh * head_dim + tid], acc);
+          acc = fmaf(p[jj], v_layer[slot_offset(pages, base + jj, page_size, page_stride, row) + kvh * head_dim + tid],
+                     acc);
     }
     m_run = new_m;
     __syncthreads();  // p[] is rewritten by the next tile
@@ -227,8 +229,8 @@ __global__ void gather_rows_kernel(const float* x, const int* rows, long long di
   for (long long i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
 }
 
-__global__ void copy_slot_kernel(float* k_pool, float* v_pool, long long layer_stride, long long row, long long from_off,
-                                 long long to_off) {
+__global__ void copy_slot_kernel(float* k_pool, float* v_pool, long long layer_stride, long long row,
+                                 long long from_off, long long to_off) {
   const long long base = static_cast<long long>(blockIdx.x) * layer_stride;
   for (long long d = threadIdx.x; d < row; d += blockDim.x) {
     k_pool[base + to_off + d] = k_pool[base + from_off + d];
@@ -293,7 +295,8 @@ void launch_embedding(const DMat& w, const int* tokens, long long n, float* out,
   check(cudaGetLastError(), "launch embedding");
 }
 
-void launch_rmsnorm(float* out, const float* x, const float* w, long long rows, long long dim, float eps, cudaStream_t st) {
+void launch_rmsnorm(float* out, const float* x, const float* w, long long rows, long long dim, float eps,
+                    cudaStream_t st) {
   if (rows == 0) return;
   rmsnorm_rows_kernel<<<static_cast<unsigned>(rows), kBlock, 0, st>>>(out, x, w, dim, eps);
   check(cudaGetLastError(), "launch rmsnorm");
@@ -313,16 +316,18 @@ void launch_dequant(const DMat& w, float* dense, cudaStream_t st) {
   check(cudaGetLastError(), "launch dequant");
 }
 
-void gemm_rows(cublasHandle_t h, const float* dense, long long out, long long in, const float* x, long long rows, float* y) {
+void gemm_rows(cublasHandle_t h, const float* dense, long long out, long long in, const float* x, long long rows,
+               float* y) {
   // Column-major view: y_c (out × rows) = dense_c(in × out)ᵀ · x_c (in × rows).
   const float one = 1.0f, zero = 0.0f;
-  check_blas(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out), static_cast<int>(rows), static_cast<int>(in),
-                         &one, dense, static_cast<int>(in), x, static_cast<int>(in), &zero, y, static_cast<int>(out)),
-             "sgemm");
+  check_blas(
+      cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out), static_cast<int>(rows), static_cast<int>(in),
+                  &one, dense, static_cast<int>(in), x, static_cast<int>(in), &zero, y, static_cast<int>(out)),
+      "sgemm");
 }
 
-void launch_rope(float* x, long long n_tok, long long n_heads, long long head_dim, long long rope_dim, const int* positions,
-                 double base, bool neox, cudaStream_t st) {
+void launch_rope(float* x, long long n_tok, long long n_heads, long long head_dim, long long rope_dim,
+                 const int* positions, double base, bool neox, cudaStream_t st) {
   if (n_tok == 0) return;
   rope_kernel<<<static_cast<unsigned>(n_tok), kBlock, 0, st>>>(x, n_heads, head_dim, rope_dim, positions, base, neox);
   check(cudaGetLastError(), "launch rope");
@@ -351,7 +356,8 @@ void launch_attention(const float* q, long long T, long long n_heads, long long 
                       const float* k_layer, const float* v_layer, long long page_size, long long page_stride,
                       const AttnRows& r, float scale, float* out, cudaStream_t st) {
   if (T == 0) return;
-  if (head_dim > kBlock) throw std::runtime_error("CUDA attention: head_dim " + std::to_string(head_dim) + " > " + std::to_string(kBlock));
+  if (head_dim > kBlock)
+    throw std::runtime_error("CUDA attention: head_dim " + std::to_string(head_dim) + " > " + std::to_string(kBlock));
   attention_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(n_heads)), kBlock, 0, st>>>(
       q, n_heads, n_kv_heads, head_dim, k_layer, v_layer, page_size, page_stride, r, scale, out);
   check(cudaGetLastError(), "launch attention");
@@ -365,7 +371,8 @@ void launch_gather_rows(const float* x, const int* rows, long long n, long long 
 
 void launch_copy_slot(float* k_pool, float* v_pool, long long layers, long long layer_stride, long long row,
                       long long from_off, long long to_off, cudaStream_t st) {
-  copy_slot_kernel<<<static_cast<unsigned>(layers), kBlock, 0, st>>>(k_pool, v_pool, layer_stride, row, from_off, to_off);
+  copy_slot_kernel<<<static_cast<unsigned>(layers), kBlock, 0, st>>>(k_pool, v_pool, layer_stride, row, from_off,
+                                                                     to_off);
   check(cudaGetLastError(), "launch copy_slot");
 }
 
@@ -375,7 +382,8 @@ void launch_argmax(const float* logits, long long rows, long long vocab, int* ou
   check(cudaGetLastError(), "launch argmax");
 }
 
-void launch_softmax_t(const float* logits, long long rows, long long vocab, float temperature, float* probs, cudaStream_t st) {
+void launch_softmax_t(const float* logits, long long rows, long long vocab, float temperature, float* probs,
+                      cudaStream_t st) {
   if (rows == 0) return;
   softmax_t_kernel<<<static_cast<unsigned>(rows), kBlock, 0, st>>>(logits, vocab, temperature, probs);
   check(cudaGetLastError(), "launch softmax");
@@ -390,7 +398,8 @@ namespace {
 using detail::check;
 
 // A device buffer freed on scope exit (so a failing CUDA call in a test leaks nothing).
-template <class T> struct Buf {
+template <class T>
+struct Buf {
   T* p = nullptr;
   explicit Buf(std::size_t n) { check(cudaMalloc(&p, sizeof(T) * (n ? n : 1)), "malloc"); }
   Buf(const T* host, std::size_t n) : Buf(n) {
@@ -469,9 +478,10 @@ void silu_mul_cuda(float* out, const float* gate, const float* up, std::int64_t 
   y.to_host(out, static_cast<std::size_t>(n));
 }
 
-void attention_cuda(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads, std::int64_t head_dim,
-                    const float* k_pool, const float* v_pool, std::int64_t n_pages, const std::int32_t* pages,
-                    std::int64_t page_size, std::int64_t n_prefix, const std::uint64_t* mask, float scale, float* out) {
+void attention_cuda(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
+                    std::int64_t head_dim, const float* k_pool, const float* v_pool, std::int64_t n_pages,
+                    const std::int32_t* pages, std::int64_t page_size, std::int64_t n_prefix, const std::uint64_t* mask,
+                    float scale, float* out) {
   const std::int64_t row = n_kv_heads * head_dim, pool = n_pages * page_size * row;
   const std::int64_t used_pages = (n_prefix + n_q + page_size - 1) / page_size;
   Buf<float> dq(q, static_cast<std::size_t>(n_q * n_heads * head_dim)), dk(k_pool, static_cast<std::size_t>(pool)),
@@ -505,7 +515,8 @@ std::vector<std::int32_t> argmax_rows_cuda(const float* logits, std::int64_t row
   return out;
 }
 
-void softmax_temperature_cuda(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature, float* probs) {
+void softmax_temperature_cuda(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature,
+                              float* probs) {
   Buf<float> x(logits, static_cast<std::size_t>(rows * vocab)), y(static_cast<std::size_t>(rows * vocab));
   detail::launch_softmax_t(x.p, rows, vocab, temperature, y.p, nullptr);
   y.to_host(probs, static_cast<std::size_t>(rows * vocab));
@@ -521,7 +532,8 @@ double measure_device_bandwidth_gbps(int device, std::size_t bytes) {
   check(cudaMemcpy(b.p, a.p, bytes, cudaMemcpyDeviceToDevice), "warm-up copy");
   const int reps = 10;
   check(cudaEventRecord(start), "event");
-  for (int i = 0; i < reps; ++i) check(cudaMemcpyAsync(i % 2 ? a.p : b.p, i % 2 ? b.p : a.p, bytes, cudaMemcpyDeviceToDevice), "copy");
+  for (int i = 0; i < reps; ++i)
+    check(cudaMemcpyAsync(i % 2 ? a.p : b.p, i % 2 ? b.p : a.p, bytes, cudaMemcpyDeviceToDevice), "copy");
   check(cudaEventRecord(stop), "event");
   check(cudaEventSynchronize(stop), "event");
   float ms = 0;

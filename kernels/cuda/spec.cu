@@ -18,18 +18,21 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
 }
 
-template <class T> T* upload(const std::vector<T>& v) {
+template <class T>
+T* upload(const std::vector<T>& v) {
   T* d = nullptr;
   check(cudaMalloc(&d, sizeof(T) * (v.empty() ? 1 : v.size())), "malloc");
   if (!v.empty()) check(cudaMemcpy(d, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice), "memcpy");
   return d;
 }
-template <class T> T* alloc(std::size_t n) {
+template <class T>
+T* alloc(std::size_t n) {
   T* d = nullptr;
   check(cudaMalloc(&d, sizeof(T) * (n ? n : 1)), "malloc");
   return d;
 }
-template <class T> std::vector<T> download(const T* d, std::size_t n) {
+template <class T>
+std::vector<T> download(const T* d, std::size_t n) {
   std::vector<T> v(n);
   if (n) check(cudaMemcpy(v.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost), "memcpy");
   return v;
@@ -177,7 +180,8 @@ SpecTree build_tree_cuda(const std::vector<int>& parent_list, const std::vector<
   int *d_pl = upload(parent_list), *d_sel = upload(selected), *d_len = upload(seq_lens);
   long long* d_off = upload(offsets);
   const std::size_t bn = static_cast<std::size_t>(b) * n;
-  int *d_par = alloc<int>(bn), *d_nt = alloc<int>(bn), *d_ns = alloc<int>(bn), *d_ri = alloc<int>(bn), *d_pos = alloc<int>(bn);
+  int *d_par = alloc<int>(bn), *d_nt = alloc<int>(bn), *d_ns = alloc<int>(bn), *d_ri = alloc<int>(bn),
+      *d_pos = alloc<int>(bn);
   unsigned char* d_mask = alloc<unsigned char>(static_cast<std::size_t>(offsets[b]));
   build_tree_kernel<<<(b + 63) / 64, 64>>>(d_pl, static_cast<int>(parent_list.size()) / b, d_sel, d_len, d_off, b, k, n,
                                            d_par, d_nt, d_ns, d_ri, d_pos, d_mask);
@@ -189,9 +193,10 @@ SpecTree build_tree_cuda(const std::vector<int>& parent_list, const std::vector<
   t.retrieve_index = download(d_ri, bn);
   t.positions = download(d_pos, bn);
   t.mask_full = download(d_mask, static_cast<std::size_t>(offsets[b]));
-  for (void* p : {static_cast<void*>(d_pl), static_cast<void*>(d_sel), static_cast<void*>(d_len), static_cast<void*>(d_off),
-                  static_cast<void*>(d_par), static_cast<void*>(d_nt), static_cast<void*>(d_ns), static_cast<void*>(d_ri),
-                  static_cast<void*>(d_pos), static_cast<void*>(d_mask)})
+  for (void* p :
+       {static_cast<void*>(d_pl), static_cast<void*>(d_sel), static_cast<void*>(d_len), static_cast<void*>(d_off),
+        static_cast<void*>(d_par), static_cast<void*>(d_nt), static_cast<void*>(d_ns), static_cast<void*>(d_ri),
+        static_cast<void*>(d_pos), static_cast<void*>(d_mask)})
     cudaFree(p);
   return t;
 }
@@ -199,8 +204,8 @@ SpecTree build_tree_cuda(const std::vector<int>& parent_list, const std::vector<
 SpecVerified verify_tree_greedy_cuda(const std::vector<int>& candidates, const std::vector<int>& retrieve_index,
                                      const std::vector<int>& next_token, const std::vector<int>& next_sibling,
                                      const std::vector<int>& target_predict, int b, int n, int steps1) {
-  int *d_c = upload(candidates), *d_ri = upload(retrieve_index), *d_nt = upload(next_token), *d_ns = upload(next_sibling),
-      *d_tp = upload(target_predict);
+  int *d_c = upload(candidates), *d_ri = upload(retrieve_index), *d_nt = upload(next_token),
+      *d_ns = upload(next_sibling), *d_tp = upload(target_predict);
   std::vector<int> pred(static_cast<std::size_t>(b) * n, -1), ai(static_cast<std::size_t>(b) * steps1, -1);
   int *d_pred = upload(pred), *d_ai = upload(ai), *d_an = alloc<int>(static_cast<std::size_t>(b));
   verify_greedy_kernel<<<(b + 63) / 64, 64>>>(d_c, d_ri, d_nt, d_ns, d_tp, b, n, steps1, d_pred, d_ai, d_an);
@@ -210,16 +215,14 @@ SpecVerified verify_tree_greedy_cuda(const std::vector<int>& candidates, const s
   return v;
 }
 
-SpecVerified tree_speculative_sampling_target_only_cuda(const std::vector<int>& candidates,
-                                                        const std::vector<int>& retrieve_index,
-                                                        const std::vector<int>& next_token,
-                                                        const std::vector<int>& next_sibling,
-                                                        const std::vector<float>& probs, long long vocab,
-                                                        const std::vector<float>& coins,
-                                                        const std::vector<float>& final_coins, int b, int n,
-                                                        int steps1, float threshold_single, float threshold_acc) {
+SpecVerified tree_speculative_sampling_target_only_cuda(
+    const std::vector<int>& candidates, const std::vector<int>& retrieve_index, const std::vector<int>& next_token,
+    const std::vector<int>& next_sibling, const std::vector<float>& probs, long long vocab,
+    const std::vector<float>& coins, const std::vector<float>& final_coins, int b, int n, int steps1,
+    float threshold_single, float threshold_acc) {
   threshold_acc = threshold_acc < 1e-9f ? 1e-9f : threshold_acc;
-  int *d_c = upload(candidates), *d_ri = upload(retrieve_index), *d_nt = upload(next_token), *d_ns = upload(next_sibling);
+  int *d_c = upload(candidates), *d_ri = upload(retrieve_index), *d_nt = upload(next_token),
+      *d_ns = upload(next_sibling);
   float *d_p = upload(probs), *d_coins = upload(coins), *d_fc = upload(final_coins);
   std::vector<int> pred(static_cast<std::size_t>(b) * n, -1), ai(static_cast<std::size_t>(b) * steps1, -1);
   int *d_pred = upload(pred), *d_ai = upload(ai), *d_an = alloc<int>(static_cast<std::size_t>(b));
@@ -229,9 +232,10 @@ SpecVerified tree_speculative_sampling_target_only_cuda(const std::vector<int>& 
                                                      threshold_single, threshold_acc, d_pred, d_ai, d_an, d_rej);
   check(cudaGetLastError(), "launch tree_speculative_sampling_target_only");
   SpecVerified v{download(d_pred, pred.size()), download(d_ai, ai.size()), download(d_an, static_cast<std::size_t>(b))};
-  for (void* p : {static_cast<void*>(d_c), static_cast<void*>(d_ri), static_cast<void*>(d_nt), static_cast<void*>(d_ns),
-                  static_cast<void*>(d_p), static_cast<void*>(d_coins), static_cast<void*>(d_fc), static_cast<void*>(d_pred),
-                  static_cast<void*>(d_ai), static_cast<void*>(d_an), static_cast<void*>(d_rej)})
+  for (void* p :
+       {static_cast<void*>(d_c), static_cast<void*>(d_ri), static_cast<void*>(d_nt), static_cast<void*>(d_ns),
+        static_cast<void*>(d_p), static_cast<void*>(d_coins), static_cast<void*>(d_fc), static_cast<void*>(d_pred),
+        static_cast<void*>(d_ai), static_cast<void*>(d_an), static_cast<void*>(d_rej)})
     cudaFree(p);
   return v;
 }
@@ -349,7 +353,8 @@ __global__ void compact_kernel(float* rows, long long row_floats, long long base
   for (int j = 1; j < n; ++j) {
     const long long from = base + path[j], to = base + j;
     if (from != to)
-      for (long long e = threadIdx.x; e < row_floats; e += blockDim.x) rows[to * row_floats + e] = rows[from * row_floats + e];
+      for (long long e = threadIdx.x; e < row_floats; e += blockDim.x)
+        rows[to * row_floats + e] = rows[from * row_floats + e];
     __syncthreads();
   }
 }
@@ -390,8 +395,8 @@ SpecExpand topk_expand_cuda(const std::vector<float>& probs, int n_frontier, lon
   return e;
 }
 
-void organize_draft_results_cuda(const std::vector<float>& scores, const std::vector<int>& tokens, int b, int len, int n,
-                                 std::vector<int>& selected, std::vector<int>& draft_tokens) {
+void organize_draft_results_cuda(const std::vector<float>& scores, const std::vector<int>& tokens, int b, int len,
+                                 int n, std::vector<int>& selected, std::vector<int>& draft_tokens) {
   float* d_s = upload(scores);
   int* d_t = upload(tokens);
   const std::size_t sn = static_cast<std::size_t>(b) * (n - 1);
@@ -420,7 +425,8 @@ std::vector<int> chain_rejection_sampling_cuda(const std::vector<int>& drafts, c
   return out;
 }
 
-void compact_accepted_rows_cuda(std::vector<float>& rows, long long row_floats, long long base, const std::vector<int>& path) {
+void compact_accepted_rows_cuda(std::vector<float>& rows, long long row_floats, long long base,
+                                const std::vector<int>& path) {
   float* d_rows = upload(rows);
   int* d_path = upload(path);
   compact_kernel<<<1, kBlock>>>(d_rows, row_floats, base, d_path, static_cast<int>(path.size()));

@@ -17,10 +17,10 @@ namespace specactor::kernels {
 // [-1, 0..k-1]; step i: the global ids of the frontier nodes expanded), plus the new frontier (the
 // best k candidates: their path scores and global candidate ids).
 struct ExpandStep {
-  std::vector<float> scores;          // n_frontier × k
-  std::vector<std::int32_t> tokens;   // n_frontier × k
-  std::vector<std::int32_t> parents;  // step 0: k + 1 entries; later: k entries
-  std::vector<float> frontier_scores; // k
+  std::vector<float> scores;               // n_frontier × k
+  std::vector<std::int32_t> tokens;        // n_frontier × k
+  std::vector<std::int32_t> parents;       // step 0: k + 1 entries; later: k entries
+  std::vector<float> frontier_scores;      // k
   std::vector<std::int32_t> frontier_ids;  // k global candidate ids
   std::vector<std::int32_t> frontier_tokens;
 };
@@ -30,9 +30,9 @@ ExpandStep topk_expand_cpu(const float* probs, std::int32_t n_frontier, std::int
 
 // §2 — organize_draft_results for one request: per step the scores/tokens/parents of §1.
 struct Organized {
-  std::vector<std::int32_t> selected;     // N-1 candidate ids, ascending
-  std::vector<std::int32_t> draft_tokens; // N-1 tokens of the selected candidates
-  std::vector<std::int32_t> parent_list;  // 1 + k(S-1)
+  std::vector<std::int32_t> selected;      // N-1 candidate ids, ascending
+  std::vector<std::int32_t> draft_tokens;  // N-1 tokens of the selected candidates
+  std::vector<std::int32_t> parent_list;   // 1 + k(S-1)
 };
 Organized organize_draft_results_cpu(const std::vector<std::vector<float>>& score_list,
                                      const std::vector<std::vector<std::int32_t>>& token_list,
@@ -42,13 +42,13 @@ Organized organize_draft_results_cpu(const std::vector<std::vector<float>>& scor
 // (b·N words, bit j = may attend node j). Returns false (and reports the node) when a selected
 // candidate's parent is not in the tree.
 struct Tree {
-  std::vector<std::int32_t> positions;      // b·N
-  std::vector<std::int32_t> retrieve_index; // b·N
-  std::vector<std::int32_t> next_token;     // b·N
-  std::vector<std::int32_t> next_sibling;   // b·N
-  std::vector<std::uint8_t> mask_qlen;      // b·N·N
-  std::vector<std::uint64_t> mask_bits;     // b·N (N <= 64)
-  std::vector<std::int32_t> parent;         // b·N, -1 for roots (convenience for compaction/tests)
+  std::vector<std::int32_t> positions;       // b·N
+  std::vector<std::int32_t> retrieve_index;  // b·N
+  std::vector<std::int32_t> next_token;      // b·N
+  std::vector<std::int32_t> next_sibling;    // b·N
+  std::vector<std::uint8_t> mask_qlen;       // b·N·N
+  std::vector<std::uint64_t> mask_bits;      // b·N (N <= 64)
+  std::vector<std::int32_t> parent;          // b·N, -1 for roots (convenience for compaction/tests)
   bool valid = true;
 };
 Tree build_tree_cpu(const std::vector<std::int32_t>& parent_list, const std::vector<std::int32_t>& selected,

@@ -51,11 +51,13 @@ void finish_tree(Tree& t, const std::vector<std::int32_t>& seq_lens, std::int32_
         const std::int32_t pp = p < 0 ? 0 : p;
         depth[static_cast<std::size_t>(i)] = depth[static_cast<std::size_t>(pp)] + 1;
         for (std::int32_t j = 0; j < n; ++j)
-          if (t.mask_qlen[static_cast<std::size_t>((r * n + pp) * n + j)]) t.mask_qlen[static_cast<std::size_t>((r * n + i) * n + j)] = 1;
+          if (t.mask_qlen[static_cast<std::size_t>((r * n + pp) * n + j)])
+            t.mask_qlen[static_cast<std::size_t>((r * n + i) * n + j)] = 1;
         if (n <= 64) bits |= t.mask_bits[static_cast<std::size_t>(r * n + pp)];
       }
       t.mask_bits[static_cast<std::size_t>(r * n + i)] = bits;
-      t.positions[static_cast<std::size_t>(r * n + i)] = seq_lens[static_cast<std::size_t>(r)] + depth[static_cast<std::size_t>(i)];
+      t.positions[static_cast<std::size_t>(r * n + i)] =
+          seq_lens[static_cast<std::size_t>(r)] + depth[static_cast<std::size_t>(i)];
     }
   }
 }
@@ -150,10 +152,12 @@ Tree tree_from_parents(const std::vector<std::vector<std::int32_t>>& parents, co
   Tree t = empty_tree(b, n);
   for (std::int32_t r = 0; r < b; ++r) {
     const auto& p = parents[static_cast<std::size_t>(r)];
-    if (static_cast<std::int32_t>(p.size()) != n - 1) throw std::invalid_argument("tree_from_parents: need N-1 parents");
+    if (static_cast<std::int32_t>(p.size()) != n - 1)
+      throw std::invalid_argument("tree_from_parents: need N-1 parents");
     for (std::int32_t i = 1; i < n; ++i) {
       const std::int32_t pi = p[static_cast<std::size_t>(i - 1)];  // -1 = root, else index of an earlier draft token
-      if (pi >= i - 1) throw std::invalid_argument("tree_from_parents: node " + std::to_string(i) + "'s parent comes after it");
+      if (pi >= i - 1)
+        throw std::invalid_argument("tree_from_parents: node " + std::to_string(i) + "'s parent comes after it");
       t.parent[static_cast<std::size_t>(r * n + i)] = pi < 0 ? -1 : pi + 1;
     }
     link_children(t, r, n);
@@ -170,12 +174,15 @@ Verified verify_tree_greedy_cpu(const std::vector<std::int32_t>& candidates, con
   v.accept_index.assign(static_cast<std::size_t>(b * num_steps_plus_one), -1);
   v.accept_token_num.assign(static_cast<std::size_t>(b), 0);
   for (std::int32_t r = 0; r < b; ++r) {
-    auto at = [&](const std::vector<std::int32_t>& a, std::int32_t i) { return a[static_cast<std::size_t>(r * n + i)]; };
+    auto at = [&](const std::vector<std::int32_t>& a, std::int32_t i) {
+      return a[static_cast<std::size_t>(r * n + i)];
+    };
     std::int32_t last = at(tree.retrieve_index, 0), cnt = 0, cur = 0;
     v.accept_index[static_cast<std::size_t>(r * num_steps_plus_one)] = last;
     for (std::int32_t s = 1; s < num_steps_plus_one; ++s) {
       cur = at(tree.next_token, cur);
-      while (cur != -1 && at(candidates, cur) != target_predict[static_cast<std::size_t>(last)]) cur = at(tree.next_sibling, cur);
+      while (cur != -1 && at(candidates, cur) != target_predict[static_cast<std::size_t>(last)])
+        cur = at(tree.next_sibling, cur);
       if (cur == -1) break;
       v.predicts[static_cast<std::size_t>(last)] = at(candidates, cur);
       ++cnt;
@@ -216,7 +223,9 @@ Verified tree_speculative_sampling_target_only_cpu(const std::vector<std::int32_
   v.accept_token_num.assign(static_cast<std::size_t>(b), 0);
   std::vector<float> row(static_cast<std::size_t>(vocab));
   for (std::int32_t r = 0; r < b; ++r) {
-    auto at = [&](const std::vector<std::int32_t>& a, std::int32_t i) { return a[static_cast<std::size_t>(r * n + i)]; };
+    auto at = [&](const std::vector<std::int32_t>& a, std::int32_t i) {
+      return a[static_cast<std::size_t>(r * n + i)];
+    };
     std::int32_t last = at(tree.retrieve_index, 0), cnt = 0, cur = 0;
     v.accept_index[static_cast<std::size_t>(r * num_steps_plus_one)] = last;
     std::vector<std::int32_t> rejected;
@@ -251,7 +260,8 @@ Verified tree_speculative_sampling_target_only_cpu(const std::vector<std::int32_
     std::copy(p, p + vocab, row.begin());
     for (std::int32_t tok : rejected) row[static_cast<std::size_t>(tok)] = 0.0f;  // renormalised by the draw
     v.accept_token_num[static_cast<std::size_t>(r)] = cnt;
-    v.predicts[static_cast<std::size_t>(last)] = sample_distribution(row.data(), vocab, final_coins[static_cast<std::size_t>(r)]);
+    v.predicts[static_cast<std::size_t>(last)] =
+        sample_distribution(row.data(), vocab, final_coins[static_cast<std::size_t>(r)]);
   }
   return v;
 }

@@ -44,8 +44,10 @@ inline CliRun run_cli(const std::string& args, int timeout_s = 300) {
 inline std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }

@@ -94,7 +94,8 @@ TinyPair tiny_llama_pair(const TinyLlamaShape& s, std::uint32_t seed) {
         }
     return o;
   };
-  auto add = [&](const std::string& hf_name, const std::string& gguf_name, HfTensor t, std::uint64_t permute_heads = 0) {
+  auto add = [&](const std::string& hf_name, const std::string& gguf_name, HfTensor t,
+                 std::uint64_t permute_heads = 0) {
     to_gguf(gguf_name, permute_heads ? permute(t, permute_heads) : t);
     p.hf.emplace_back(hf_name, std::move(t));
   };
@@ -113,19 +114,20 @@ TinyPair tiny_llama_pair(const TinyLlamaShape& s, std::uint32_t seed) {
   }
   add("model.norm.weight", "output_norm.weight", rnd({s.hidden}, true));
   add("lm_head.weight", "output.weight", rnd({s.vocab, s.hidden}));
-  p.config_json = nlohmann::json{{"model_type", "llama"},
-                                 {"architectures", {"LlamaForCausalLM"}},
-                                 {"hidden_size", s.hidden},
-                                 {"intermediate_size", s.ffn},
-                                 {"num_hidden_layers", s.layers},
-                                 {"num_attention_heads", s.heads},
-                                 {"num_key_value_heads", s.kv_heads},
-                                 {"vocab_size", s.vocab},
-                                 {"max_position_embeddings", s.context},
-                                 {"rms_norm_eps", 1e-5},
-                                 {"rope_theta", 10000.0},
-                                 {"tie_word_embeddings", false}}
-                      .dump(2);
+  p.config_json = nlohmann::json{
+      {"model_type", "llama"},
+      {"architectures", {"LlamaForCausalLM"}},
+      {"hidden_size", s.hidden},
+      {"intermediate_size", s.ffn},
+      {"num_hidden_layers", s.layers},
+      {"num_attention_heads", s.heads},
+      {"num_key_value_heads", s.kv_heads},
+      {"vocab_size", s.vocab},
+      {"max_position_embeddings", s.context},
+      {"rms_norm_eps", 1e-5},
+      {"rope_theta", 10000.0},
+      {"tie_word_embeddings",
+       false}}.dump(2);
   return p;
 }
 

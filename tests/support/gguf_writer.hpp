@@ -11,11 +11,10 @@
 
 namespace specactor::testing {
 
-using model::GgufWriter;
 using model::ggml_nbytes;
+using model::GgufWriter;
 using model::HfTensor;
 using model::write_safetensors;
-
 
 // Shapes of a small Llama model for tests.
 struct TinyLlamaShape {
@@ -41,7 +40,6 @@ GgufWriter tiny_llama(const TinyLlamaShape& shape = {}, bool with_tensors = true
 }  // namespace specactor::testing
 
 namespace specactor::testing {
-
 
 // A random tiny Llama in Hugging Face naming (+ its config.json text), and the same model as a GGUF
 // writer with llama.cpp's names and its Q/K row permutation (so both must give the same logits).

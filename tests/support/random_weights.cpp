@@ -21,12 +21,34 @@ std::vector<std::uint8_t> random_weights(WeightType t, std::int64_t out, std::in
   const std::size_t bb = block_bytes(t);
   for (std::size_t at = 0; at < b.size(); at += bb) {
     switch (t) {
-      case WeightType::F32: { const float v = val(rng); std::memcpy(b.data() + at, &v, 4); break; }
-      case WeightType::F16: put_f16(at, val(rng)); break;
-      case WeightType::BF16: { float v = val(rng); std::uint32_t u; std::memcpy(&u, &v, 4); const std::uint16_t h = u >> 16; std::memcpy(b.data() + at, &h, 2); break; }
-      case WeightType::Q8_0: case WeightType::Q4_0: put_f16(at, scale(rng)); break;
-      case WeightType::Q4_1: case WeightType::Q4_K: put_f16(at, scale(rng)); put_f16(at + 2, scale(rng)); break;
-      case WeightType::Q6_K: put_f16(at + 208, scale(rng)); break;
+      case WeightType::F32: {
+        const float v = val(rng);
+        std::memcpy(b.data() + at, &v, 4);
+        break;
+      }
+      case WeightType::F16:
+        put_f16(at, val(rng));
+        break;
+      case WeightType::BF16: {
+        float v = val(rng);
+        std::uint32_t u;
+        std::memcpy(&u, &v, 4);
+        const std::uint16_t h = u >> 16;
+        std::memcpy(b.data() + at, &h, 2);
+        break;
+      }
+      case WeightType::Q8_0:
+      case WeightType::Q4_0:
+        put_f16(at, scale(rng));
+        break;
+      case WeightType::Q4_1:
+      case WeightType::Q4_K:
+        put_f16(at, scale(rng));
+        put_f16(at + 2, scale(rng));
+        break;
+      case WeightType::Q6_K:
+        put_f16(at + 208, scale(rng));
+        break;
     }
   }
   return b;
