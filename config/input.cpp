@@ -53,7 +53,7 @@ nlohmann::json parse_json(std::string_view text, const std::string& what) {
   };
   try {
     return nlohmann::json::parse(text.begin(), text.end(), limit);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1e505
     throw ConfigError(what + ": not valid JSON: " + e.what());
   }
 }

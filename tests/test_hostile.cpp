@@ -182,6 +182,9 @@ TEST_CASE("edge validators: JSON depth, regular files, printable names") {
   CHECK_THROWS_WITH(config::parse_json(deeper, "x.json"), "x.json: nested deeper than 64 levels");
   CHECK(config::parse_json(std::string(64, '[') + std::string(64, ']'), "x").is_array());
   CHECK_THROWS_WITH(config::parse_json("{\"a\":", "x.json"), doctest::Contains("x.json: not valid JSON"));
+  // A number beyond double's range is nlohmann's out_of_range, not a parse_error (found by fuzz_settings).
+  CHECK_THROWS_WITH_AS(config::parse_json("{\"rope_theta\": 1e505}", "x.json"),
+                       doctest::Contains("x.json: not valid JSON"), config::ConfigError);
 
   const auto t0 = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH(config::read_text_file(fifo("pipe"), "--config pipe"), "--config pipe: not a regular file");

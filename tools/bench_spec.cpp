@@ -70,7 +70,7 @@ std::vector<Prompt> load_prompts(const std::string& path) {
     json j;
     try {
       j = json::parse(line);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, out_of_range (a number like 1e505)
       throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) + ": not valid JSON: " + e.what());
     }
     if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
