@@ -1,6 +1,7 @@
 // fuzz/fuzz_settings.cpp — the settings a user gives: command-line flags (the input split at NUL
 // bytes into argv) or, when the input starts with '{', a --config JSON file; then the snapshot is
-// frozen, resolved against a stub model and, when a speculative algorithm is set, the draft derived.
+// frozen, resolved against fixed model facts (SmolLM2-135M's shapes) and, with a speculative
+// algorithm, the draft derived.
 #include <vector>
 
 #include "config/resolve.hpp"
