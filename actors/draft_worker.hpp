@@ -1,13 +1,19 @@
-// actors/draft_worker.hpp — a draft worker: runs one Drafter (built by the factory registered for
+// actors/draft_worker.hpp — a draft worker: runs one drafters::Drafter (built by the factory registered for
 // the draft snapshot's algorithm) for every request. Detached; it owns the drafter's state only.
 #pragma once
 
 #include <caf/typed_actor.hpp>
 
-#include "actors/drafter.hpp"
 #include "actors/messages.hpp"
+#include "drafters/drafter.hpp"
 
 namespace specactor::actors {
+
+using drafters::DraftContext;
+using drafters::Drafter;
+using drafters::DrafterFactory;
+using drafters::DraftTree;
+using drafters::TargetFeatures;
 
 struct DraftWorkerState {
   config::Snapshot snapshot;

@@ -38,21 +38,9 @@ struct Engine::Impl {
   std::shared_ptr<Down> down = std::make_shared<Down>();
 };
 
-namespace {}  // namespace
-
-config::RuntimeFacts runtime_facts() {
-  const auto& probe = kernels::probe_devices();
-  return {probe.cuda_usable, probe.reason, model::cuda_forward_compiled(), probe.device_count};
-}
-
 namespace {
 
-config::Snapshot resolve(const config::ServerArgs& user_args) {
-  const config::Snapshot user = config::freeze(user_args);
-  if (user->model_path.empty()) throw config::ConfigError("--model-path is required");
-  const model::ModelInfo info = model::read_any_model_info(*user);
-  return config::resolve_target(user, info.facts(), runtime_facts());
-}
+config::Snapshot resolve(const config::ServerArgs& user_args) { return model::resolve_target(user_args).target; }
 
 std::unique_ptr<Engine::Impl> start(caf::actor_system& sys, config::Snapshot target) {
   auto impl = std::make_unique<Engine::Impl>();
@@ -143,32 +131,8 @@ std::vector<std::int32_t> Engine::tokenize(const GenerationRequest& r) const {
   return tok->encode(r.prompt, true, false);
 }
 
-namespace {
-
-// The request's own fields, before anything is queued (the scheduler checks what needs its state:
-// the prompt against the context length and the KV budget).
-void validate_request(const GenerationRequest& r) {
-  const auto& sp = r.sampling;
-  auto fail = [](const std::string& m) { throw config::ConfigError(m); };
-  if (r.max_new_tokens < 1) fail("max_new_tokens: must be >= 1 (got " + std::to_string(r.max_new_tokens) + ")");
-  if (!(std::isfinite(sp.temperature) && sp.temperature >= 0)) fail("temperature: must be a finite number >= 0");
-  if (!(sp.top_p > 0 && sp.top_p <= 1)) fail("top_p: must be in (0, 1]");
-  if (sp.top_k < 0) fail("top_k: must be >= 0 (0 = off)");
-  if (!(sp.min_p >= 0 && sp.min_p < 1)) fail("min_p: must be in [0, 1)");
-  for (std::size_t i = 0; i < r.stop.size(); ++i) {
-    if (r.stop[i].empty()) fail("stop[" + std::to_string(i) + "]: is empty");
-    try {
-      model::check_utf8(r.stop[i]);
-    } catch (const config::ConfigError& e) {
-      fail("stop[" + std::to_string(i) + "]: " + e.what());
-    }
-  }
-}
-
-}  // namespace
-
 std::uint64_t Engine::submit(GenerationRequest request, std::function<void(const TokenEvent&)> on_token) {
-  validate_request(request);
+  sched::check_request(request);  // the scheduler checks what needs its state (context, KV budget)
   {
     std::lock_guard<std::mutex> lock(impl_->down->m);
     if (impl_->down->down) throw std::runtime_error("the engine has stopped: " + impl_->down->reason);

@@ -19,6 +19,7 @@
 #include "actors/engine_types.hpp"
 #include "config/resolve.hpp"
 #include "config/snapshot.hpp"
+#include "model/loader.hpp"
 #include "model/model_info.hpp"
 #include "model/tokenizer.hpp"
 
@@ -69,8 +70,8 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
-// What this machine can run (device probe, CUDA forward compiled in, device count), as resolution
-// needs it; the engine and the CLI resolve snapshots with the same facts.
-config::RuntimeFacts runtime_facts();
+// What this machine can run, as resolution needs it (model/loader.hpp; the engine, the CLI and the
+// benchmarks resolve with model::resolve_target and these facts).
+using model::runtime_facts;
 
 }  // namespace specactor::actors

@@ -12,6 +12,7 @@
 #include "config/error.hpp"
 #include "kernels/spec/spec.hpp"
 #include "model/gguf.hpp"
+#include "model/verify.hpp"
 
 namespace specactor::actors {
 
@@ -19,54 +20,6 @@ namespace {
 
 model::KvCache::Seq& seq_kv(model::KvCache::Seq& s) { return s; }
 model::KvCache::Seq& seq_kv(TargetWorkerState::Seq& s) { return s.kv; }
-
-// The draft tree of a decode item: node 0 is the root, node i+1 is draft i.
-kernels::Tree item_tree(const StepItem& it, std::int64_t seq_len) {
-  const auto n = static_cast<std::int32_t>(it.tokens.size());
-  std::vector<std::int32_t> parents = it.parents;
-  if (parents.empty())  // a chain
-    for (std::int32_t i = 0; i + 1 < n; ++i) parents.push_back(i - 1);
-  return kernels::tree_from_parents({parents}, {static_cast<std::int32_t>(seq_len)}, n);
-}
-
-// Verifies the tree against the target rows (greedy: SPEC-KERNELS §4; sampling: §5, lossless).
-// Returns the result and the accepted path (node indices, the root first).
-ItemResult verify_tree(const StepItem& it, const kernels::Tree& tree, const float* logits, std::int64_t vocab,
-                       kernels::Rng& rng, std::vector<std::int32_t>& path) {
-  const auto n = static_cast<std::int32_t>(it.tokens.size());
-  std::int32_t max_depth = 0;
-  for (std::int32_t i = 0; i < n; ++i)
-    max_depth = std::max(max_depth, tree.positions[static_cast<std::size_t>(i)] - tree.positions[0]);
-  kernels::Verified v;
-  if (it.params.greedy()) {
-    std::vector<std::int32_t> predict(static_cast<std::size_t>(n));
-    for (std::int32_t i = 0; i < n; ++i)
-      predict[static_cast<std::size_t>(i)] = kernels::argmax(logits + i * vocab, vocab);
-    v = kernels::verify_tree_greedy_cpu(it.tokens, tree, predict, 1, n, max_depth + 1);
-  } else {
-    std::vector<float> probs(static_cast<std::size_t>(n * vocab)), row;
-    for (std::int32_t i = 0; i < n; ++i) {
-      kernels::sampling_probs(logits + i * vocab, vocab, it.params, row);
-      std::copy(row.begin(), row.end(), probs.begin() + i * vocab);
-    }
-    std::vector<float> coins(static_cast<std::size_t>(n)), final_coin(1);
-    for (auto& c : coins) c = static_cast<float>(rng.uniform());
-    final_coin[0] = static_cast<float>(rng.uniform());
-    v = kernels::tree_speculative_sampling_target_only_cpu(it.tokens, tree, probs, vocab, coins, final_coin, 1, n,
-                                                           max_depth + 1);
-  }
-  ItemResult r;
-  r.req = it.req;
-  r.drafted = n - 1;
-  r.accepted = v.accept_token_num[0];
-  path.clear();
-  for (std::int32_t j = 0; j <= r.accepted; ++j) {
-    const std::int32_t node = v.accept_index[static_cast<std::size_t>(j)];
-    path.push_back(node);
-    r.tokens.push_back(v.predicts[static_cast<std::size_t>(node)]);
-  }
-  return r;
-}
 
 // The forward batch of a step — the same on every tensor-parallel rank (rank > 0 asks for no logits).
 // Empty string on success, else the error.
@@ -96,7 +49,7 @@ std::string plan_step(const StepBatch& batch, SeqMap& seqs, MakeSeq make_seq, bo
       if (logits)
         for (std::int32_t r = 0; r < n; ++r) fwd[i].logit_rows.push_back(r);
       if (n > 1) {  // draft tokens: positions by depth, attention by the tree mask
-        trees[i] = item_tree(it, old_len[i]);
+        trees[i] = model::item_tree({it.tokens, it.parents, it.draft_probs, it.params}, old_len[i]);
         fwd[i].positions = trees[i].positions;
         fwd[i].mask = trees[i].mask_bits;
       }
@@ -321,36 +274,13 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
             } else if (it.prefill) {
               res.items.push_back({it.req, {kernels::sample(logits, vocab, it.params, seq.rng)}, 0, 0, {}, {}, 0});
               for (std::int32_t r = 0; r < n_tok; ++r) committed.push_back(r);
-            } else if (it.tokens.size() == 1) {  // plain decode
-              res.items.push_back({it.req, {kernels::sample(logits, vocab, it.params, seq.rng)}, 0, 0, {}, {}, 0});
-              committed = {0};
-            } else if (!it.draft_probs.empty() && !it.params.greedy()) {
-              // Chain rejection sampling with the draft's q (SPEC-KERNELS §6): lossless for any q.
-              const auto k = static_cast<std::int32_t>(it.tokens.size()) - 1;
-              std::vector<float> p(static_cast<std::size_t>((k + 1) * vocab)), prow;
-              for (std::int32_t j = 0; j <= k; ++j) {
-                kernels::sampling_probs(logits + j * vocab, vocab, it.params, prow);
-                std::copy(prow.begin(), prow.end(), p.begin() + j * vocab);
-              }
-              std::vector<float> coins(static_cast<std::size_t>(k));
-              for (auto& c : coins) c = static_cast<float>(seq.rng.uniform());
-              const std::vector<std::int32_t> drafts(it.tokens.begin() + 1, it.tokens.end());
-              ItemResult r;
-              r.req = it.req;
-              r.drafted = k;
-              r.tokens = kernels::chain_rejection_sampling_cpu(drafts, it.draft_probs, p, vocab, coins,
-                                                               static_cast<float>(seq.rng.uniform()));
-              r.accepted = static_cast<std::int32_t>(r.tokens.size()) - 1;
-              for (std::int32_t j = 0; j <= r.accepted; ++j) committed.push_back(j);
-              decisions[offset[i]] = r.accepted + 1;  // a chain: the first accepted + 1 rows stay in place
-              for (std::int32_t j = 0; j <= r.accepted; ++j) decisions[offset[i] + 1 + static_cast<std::size_t>(j)] = j;
-              res.items.push_back(std::move(r));
-            } else {
-              std::vector<std::int32_t> path;
-              res.items.push_back(verify_tree(it, trees[i], logits, vocab, seq.rng, path));
-              committed = path;
-              decisions[offset[i]] = static_cast<std::int32_t>(path.size());
-              std::copy(path.begin(), path.end(), decisions.begin() + static_cast<std::ptrdiff_t>(offset[i] + 1));
+            } else {  // decode: one token, or [root, drafts...] verified against the target's rows
+              const model::VerifyItem vi{it.tokens, it.parents, it.draft_probs, it.params};
+              model::Verdict v = model::verify_step(vi, trees[i], logits, vocab, seq.rng, s.runner->backend());
+              committed = v.path;
+              decisions[offset[i]] = static_cast<std::int32_t>(v.path.size());
+              std::copy(v.path.begin(), v.path.end(), decisions.begin() + static_cast<std::ptrdiff_t>(offset[i] + 1));
+              res.items.push_back({it.req, std::move(v.tokens), v.accepted, v.drafted, {}, {}, 0});
             }
             if (it.want_hidden && !capture.empty()) take_rows(res.items.back(), committed);
             tok_row += n_tok;

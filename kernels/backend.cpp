@@ -1,6 +1,7 @@
 // kernels/backend.cpp — device probe and the CPU/CUDA backend tables.
 #include "kernels/backend.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -81,6 +82,34 @@ void argmax_rows_gpu(const float* logits, std::int64_t rows, std::int64_t vocab,
   const auto ids = cuda::argmax_rows_cuda(logits, rows, vocab);
   std::copy(ids.begin(), ids.end(), out);
 }
+Verified to_verified(cuda::SpecVerified&& v) {
+  return Verified{std::move(v.predicts), std::move(v.accept_index), std::move(v.accept_token_num)};
+}
+Verified verify_tree_greedy_gpu(const std::vector<std::int32_t>& candidates, const Tree& tree,
+                                const std::vector<std::int32_t>& target_predict, std::int32_t b, std::int32_t n,
+                                std::int32_t steps1) {
+  return to_verified(cuda::verify_tree_greedy_cuda(candidates, tree.retrieve_index, tree.next_token, tree.next_sibling,
+                                                   target_predict, b, n, steps1));
+}
+Verified tree_sampling_target_only_gpu(const std::vector<std::int32_t>& candidates, const Tree& tree,
+                                       const std::vector<float>& probs, std::int64_t vocab,
+                                       const std::vector<float>& coins, const std::vector<float>& final_coins,
+                                       std::int32_t b, std::int32_t n, std::int32_t steps1, float threshold_single,
+                                       float threshold_acc) {
+  return to_verified(cuda::tree_speculative_sampling_target_only_cuda(
+      candidates, tree.retrieve_index, tree.next_token, tree.next_sibling, probs, vocab, coins, final_coins, b, n,
+      steps1, threshold_single, threshold_acc));
+}
+std::vector<std::int32_t> chain_rejection_sampling_gpu(const std::vector<std::int32_t>& drafts,
+                                                       const std::vector<float>& q, const std::vector<float>& p,
+                                                       std::int64_t vocab, const std::vector<float>& coins,
+                                                       float final_coin) {
+  // One chain (b = 1); the kernel pads its output with -1.
+  std::vector<std::int32_t> out =
+      cuda::chain_rejection_sampling_cuda(drafts, q, p, vocab, coins, {final_coin}, 1, static_cast<int>(drafts.size()));
+  out.erase(std::find(out.begin(), out.end(), -1), out.end());
+  return out;
+}
 #endif
 
 }  // namespace
@@ -96,7 +125,10 @@ const Backend& cpu_backend() {
                          &silu_mul_cpu,
                          &attention_pool_cpu,
                          &argmax_rows_cpu,
-                         &softmax_temperature_cpu};
+                         &softmax_temperature_cpu,
+                         &verify_tree_greedy_cpu,
+                         &tree_speculative_sampling_target_only_cpu,
+                         &chain_rejection_sampling_cpu};
   return b;
 }
 
@@ -112,7 +144,10 @@ const Backend* cuda_backend() {
                          &cuda::silu_mul_cuda,
                          &cuda::attention_cuda,
                          &argmax_rows_gpu,
-                         &cuda::softmax_temperature_cuda};
+                         &cuda::softmax_temperature_cuda,
+                         &verify_tree_greedy_gpu,
+                         &tree_sampling_target_only_gpu,
+                         &chain_rejection_sampling_gpu};
   return probe_devices().cuda_usable ? &b : nullptr;
 #else
   return nullptr;

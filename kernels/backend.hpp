@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/spec/spec.hpp"
 
 namespace specactor::kernels {
 
@@ -55,6 +56,19 @@ struct Backend {
   void (*argmax_rows)(const float* logits, std::int64_t rows, std::int64_t vocab, std::int32_t* out);
   void (*softmax_temperature)(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature,
                               float* probs);
+  // Verification (kernels/spec/spec.hpp §4, §5, §6; model/verify.hpp calls them).
+  Verified (*verify_tree_greedy)(const std::vector<std::int32_t>& candidates, const Tree& tree,
+                                 const std::vector<std::int32_t>& target_predict, std::int32_t b, std::int32_t n,
+                                 std::int32_t num_steps_plus_one);
+  Verified (*tree_sampling_target_only)(const std::vector<std::int32_t>& candidates, const Tree& tree,
+                                        const std::vector<float>& target_probs, std::int64_t vocab,
+                                        const std::vector<float>& coins, const std::vector<float>& final_coins,
+                                        std::int32_t b, std::int32_t n, std::int32_t num_steps_plus_one,
+                                        float threshold_single, float threshold_acc);
+  std::vector<std::int32_t> (*chain_rejection_sampling)(const std::vector<std::int32_t>& drafts,
+                                                        const std::vector<float>& draft_probs,
+                                                        const std::vector<float>& target_probs, std::int64_t vocab,
+                                                        const std::vector<float>& coins, float final_coin);
 };
 
 const Backend& cpu_backend();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "config/snapshot.hpp"
+#include "kernels/backend.hpp"
 #include "kernels/comm.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "model/gguf.hpp"
@@ -154,6 +155,8 @@ class ForwardRunner {
   // Copies the K/V rows of slot `from` to slot `to` wherever this runner keeps them (compaction).
   virtual void copy_slot(KvCache& kv, const KvCache::Seq& seq, std::int64_t from, std::int64_t to) = 0;
   virtual std::string device() const = 0;  // "cpu", "cuda:0", ...
+  // The op table of the device this runner computes on (verification runs its spec kernels).
+  virtual const kernels::Backend& backend() const { return kernels::cpu_backend(); }
 };
 
 // Runs the model on the CPU; owns its scratch buffers.

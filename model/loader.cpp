@@ -5,6 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "config/error.hpp"
+#include "config/resolve.hpp"
+#include "kernels/backend.hpp"
+#include "model/runner.hpp"
 #include "model/safetensors.hpp"
 
 namespace specactor::model {
@@ -18,6 +22,22 @@ bool uses_safetensors(const config::ServerArgs& s) {
 ModelInfo read_any_model_info(const config::ServerArgs& s) {
   if (uses_safetensors(s)) return read_hf_model_info(s.model_path);
   return read_model_info(*GgufFile::open(s.model_path));
+}
+
+config::RuntimeFacts runtime_facts() {
+  const auto& probe = kernels::probe_devices();
+  return {probe.cuda_usable, probe.reason, cuda_forward_compiled(), probe.device_count};
+}
+
+ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
+  const config::Snapshot user = config::freeze(user_args);
+  if (user->model_path.empty())
+    throw config::ConfigError(
+        "--model-path is required (after tools/setup the default model is "
+        "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  ModelInfo info = read_any_model_info(*user);
+  config::Snapshot target = config::resolve_target(user, info.facts(), runtime_facts());
+  return {std::move(target), std::move(info)};
 }
 
 LoadedModel load_model(const config::ServerArgs& s, const LlamaWeights::Progress& progress, std::int64_t num_layers,

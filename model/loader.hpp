@@ -18,6 +18,18 @@ bool uses_safetensors(const config::ServerArgs& snap);
 // The model's hyper-parameters, from GGUF metadata or config.json. Throws GgufError.
 ModelInfo read_any_model_info(const config::ServerArgs& snap);
 
+// What this machine can run (device probe, CUDA forward compiled in, device count), as resolution
+// needs it.
+config::RuntimeFacts runtime_facts();
+
+// The one resolve sequence (engine, CLI, benchmarks): freeze the user's settings, require
+// --model-path, read the model's metadata, resolve the target snapshot against it and this machine.
+struct ResolvedTarget {
+  config::Snapshot target;
+  ModelInfo info;
+};
+ResolvedTarget resolve_target(const config::ServerArgs& user_args);
+
 struct LoadedModel {
   std::shared_ptr<const GgufFile> file;  // null for safetensors checkpoints
   ModelInfo info;

@@ -42,6 +42,10 @@ class CudaLlamaRunner final : public ForwardRunner {
   }
   const LlamaWeights& weights() const override { return *w_; }
   std::string device() const override { return "cuda:" + std::to_string(dev_->device()); }
+  const kernels::Backend& backend() const override {
+    const kernels::Backend* b = kernels::cuda_backend();
+    return b ? *b : kernels::cpu_backend();
+  }
 
   void forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out, const std::vector<int>& hidden_layers,
                kernels::Communicator* comm) override {

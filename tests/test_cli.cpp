@@ -88,7 +88,7 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
       {"frobnicate", "specactor: error: unknown command 'frobnicate'"},
       {"generate --model-path " + tiny_model(), "specactor: error: --prompt is required"},
       {"generate --model-path " + tiny_model() + " --prompt hi --temperature -1",
-       "specactor: error: --temperature: must be >= 0"},
+       "specactor: error: --temperature: must be a finite number >= 0"},
       {"generate --model-path " + tiny_model() + " --prompt hi --top-p 0",
        "specactor: error: --top-p: must be in (0, 1]"},
       {"generate --model-path " + tiny_model() + " --prompt hi --max-new-tokens zero",

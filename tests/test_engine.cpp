@@ -16,12 +16,12 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "actors/drafter.hpp"
 #include "actors/engine.hpp"
 #include "actors/engine_caf.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/system.hpp"
 #include "config/resolve.hpp"
+#include "drafters/drafter.hpp"
 #include "kernels/backend.hpp"
 #include "model/gguf.hpp"
 #include "model/head_writer.hpp"
@@ -29,6 +29,7 @@
 
 using namespace specactor;
 using namespace specactor::actors;
+using namespace specactor::drafters;
 namespace fs = std::filesystem;
 
 namespace {

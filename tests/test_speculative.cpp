@@ -12,9 +12,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "actors/drafter.hpp"
 #include "actors/engine.hpp"
 #include "config/snapshot.hpp"
+#include "drafters/drafter.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/gguf.hpp"
 #include "model/head.hpp"
@@ -25,6 +25,7 @@
 #include "tests/support/gguf_writer.hpp"
 
 using namespace specactor::actors;
+using namespace specactor::drafters;
 namespace fs = std::filesystem;
 
 namespace {

@@ -1,12 +1,9 @@
-// tools/specactor.cpp — the specactor command-line launcher.
-//
-//   specactor config  [server flags]        resolved target + derived draft snapshots as JSON
-//   specactor inspect MODEL.gguf [--json]   model hyper-parameters from the GGUF metadata
-//   specactor devices                       what the device probe found (CPU / CUDA / NCCL)
-//   specactor bench --model-path M [--prompt-tokens N] [--decode-tokens N] [--repeats R] [--json]
-//   specactor bench --model-path M --device cuda [...]   GPU decode at batch 1/16 + every drafter
-//   specactor generate --model-path M --prompt P [--chat] [--max-new-tokens N] [--temperature T]
-//                      [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [server flags]
+// tools/specactor.cpp — the specactor command-line launcher: one CLI11 application with a subcommand
+// per command (generate, bench, config, inspect, make-head, shrink, devices; `specactor --help`).
+// generate, bench and config also take server flags, parsed by the settings table
+// (config::parse_server_args) from what the subcommand does not declare; every command resolves
+// through model::resolve_target, and request ranges are checked by sched::check_request, as in the
+// engine.
 //
 // Results go to stdout; logs and errors to stderr. Bad input exits with status 2 and one message.
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -51,38 +48,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: specactor <command> [options]\n"
-    "\n"
-    "commands:\n"
-    "  config  [server flags]       print the resolved target snapshot, the derived draft snapshot\n"
-    "                               (when --speculative-algorithm is set) and their override logs\n"
-    "  inspect MODEL.gguf [--json]  print the model's hyper-parameters\n"
-    "  inspect HEAD [--target MODEL] a draft head's config (GGUF or safetensors dir); --target checks it fits\n"
-    "  make-head --target MODEL --out PATH [--kind EAGLE|EAGLE3|MTP] [--format gguf|safetensors]\n"
-    "            [--layers N] [--draft-vocab N] [--own-output] [--seed S]\n"
-    "                               write a randomly initialised head shaped for MODEL\n"
-    "  devices                      print what the CPU/CUDA device probe found\n"
-    "  shrink MODEL.gguf --layers N --out FILE.gguf\n"
-    "                               the model with only its first N blocks (real weights, smaller)\n"
-    "  generate --model-path M --prompt TEXT [--chat] [--max-new-tokens N] [--temperature T]\n"
-    "           [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [server flags]\n"
-    "                               stream the continuation to stdout (logs and timings: stderr)\n"
-    "  bench --model-path M [--prompt-tokens 256] [--decode-tokens 128] [--repeats 3] [--json]\n"
-    "                               prefill and batch-1 decode speed against the measured memory\n"
-    "                               bandwidth and FMA ceilings of this machine\n"
-    "  bench --model-path M --speculative-algorithm A [--prompts tools/bench_prompts.jsonl]\n"
-    "        [--max-new-tokens 64] [--repeats 2] [--sweep] [--chart FILE.svg] [--json] [server flags]\n"
-    "                               plain vs speculative decoding side by side on a prompt set\n"
-    "  bench --model-path M --device cuda [--prompt-tokens 256] [--decode-tokens 128] [--repeats 3]\n"
-    "        [--prompts FILE] [--max-new-tokens 64] [--json] [server flags]\n"
-    "  bench --model-path M --all-drafters [--prompts FILE] [--max-new-tokens 64] [--repeats 2] [--json]\n"
-    "                               plain vs every drafter (random heads for EAGLE/EAGLE3/MTP)\n"
-    "                               GPU: decode at batch 1 and 16 against the device bandwidth, then\n"
-    "                               plain vs every drafter\n"
-    "\n"
-    "`specactor config --help` lists every server flag with its default.\n";
-
 void print_server_flags() {
   sc::ServerArgs defaults;
   std::printf("server flags (also accepted as keys of a --config FILE.json):\n");
@@ -93,130 +58,103 @@ void print_server_flags() {
   std::printf("\ndefaults:\n%s\n", sc::settings_to_json(defaults).dump(2).c_str());
 }
 
-using specactor::actors::runtime_facts;
+// --- flag values: parsed by CLI11, checked here with messages that name the flag -----------------
 
-// Takes the command's own flags out of argv (spec: flag -> takes a value); the rest are server flags.
-std::vector<std::string> take_tool_flags(const std::vector<std::string>& argv, const std::map<std::string, bool>& spec,
-                                         std::map<std::string, std::string>& out) {
-  std::vector<std::string> rest;
-  for (std::size_t i = 0; i < argv.size(); ++i) {
-    std::string flag = argv[i], value;
-    bool inline_value = false;
-    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-      inline_value = true;
-    }
-    auto it = spec.find(flag);
-    if (it == spec.end()) {
-      rest.push_back(argv[i]);
-      continue;
-    }
-    if (it->second && !inline_value) {
-      if (i + 1 >= argv.size()) throw sc::ConfigError(flag + ": expected a value");
-      value = argv[++i];
-    } else if (!it->second && !inline_value) {
-      value = "true";
-    }
-    out[flag] = value;
-  }
-  return rest;
-}
-
+// An integer that must be at least `lo` (and fit T): "--repeats: must be >= 1 (got 0)".
 template <class T>
-T tool_value(const std::map<std::string, std::string>& f, const std::string& flag, T dflt) {
-  auto it = f.find(flag);
-  if (it == f.end()) return dflt;
-  const std::string& v = it->second;
-  try {
-    std::size_t used = 0;
-    T out;
-    if constexpr (std::is_same_v<T, bool>) {
-      if (v == "true" || v == "1") return true;
-      if (v == "false" || v == "0") return false;
-      throw std::invalid_argument(v);
-    } else if constexpr (std::is_floating_point_v<T>) {
-      const double d = std::stod(v, &used);
-      if (used == v.size() && !std::isfinite(static_cast<T>(d)))
-        throw sc::ConfigError(flag + ": '" + v + "' is not a finite number");
-      out = static_cast<T>(d);
-    } else {
-      const long long x = std::stoll(v, &used);
-      if (used == v.size() &&
-          (x < static_cast<long long>(std::numeric_limits<T>::min()) ||
-           static_cast<unsigned long long>(x) > static_cast<unsigned long long>(std::numeric_limits<T>::max())))
-        throw sc::ConfigError(flag + ": " + v + " is out of range [" + std::to_string(std::numeric_limits<T>::min()) +
-                              ", " + std::to_string(std::numeric_limits<T>::max()) + "]");
-      out = static_cast<T>(x);
-    }
-    if (used != v.size()) throw std::invalid_argument(v);
-    return out;
-  } catch (const sc::ConfigError&) {
-    throw;
-  } catch (const std::exception&) {
-    throw sc::ConfigError(flag + ": '" + v + "' is not a valid " +
-                          (std::is_same_v<T, bool>       ? "boolean"
-                           : std::is_floating_point_v<T> ? "number"
-                                                         : "integer"));
-  }
+CLI::Validator integer_at_least(T lo) {
+  return CLI::Validator(
+      [lo](std::string& v) -> std::string {
+        long long x = 0;
+        std::size_t used = 0;
+        try {
+          x = std::stoll(v, &used);
+        } catch (const std::out_of_range&) {
+          return v + " is out of range [" + std::to_string(lo) + ", " + std::to_string(std::numeric_limits<T>::max()) +
+                 "]";
+        } catch (const std::exception&) {
+        }
+        if (used == 0 || used != v.size()) return "'" + v + "' is not a valid integer";
+        if (x < static_cast<long long>(std::numeric_limits<T>::min()) ||
+            static_cast<unsigned long long>(x) > static_cast<unsigned long long>(std::numeric_limits<T>::max()))
+          return v + " is out of range [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+                 std::to_string(std::numeric_limits<T>::max()) + "]";
+        if (x < static_cast<long long>(lo)) return "must be >= " + std::to_string(lo) + " (got " + v + ")";
+        return {};
+      },
+      "INT >= " + std::to_string(lo), "integer_at_least");
 }
 
-// Parses server flags, reads the model's metadata and resolves the target snapshot.
+// A finite number (its range is the request's, checked by sched::check_request).
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        std::size_t used = 0;
+        double d = 0;
+        try {
+          d = std::stod(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != v.size()) return "'" + v + "' is not a valid number";
+        if (!std::isfinite(static_cast<float>(d))) return "'" + v + "' is not a finite number";
+        return {};
+      },
+      "NUMBER", "finite_number");
+}
+
+// A request field's name as the CLI spells it: max_new_tokens -> --max-new-tokens.
+std::string flag_of(const std::string& field) { return sc::flag_name(field); }
+
+// Server flags (everything a subcommand does not declare itself) → the resolved target snapshot.
 struct Resolved {
   sc::Snapshot target;
   sm::ModelInfo info;
 };
 Resolved resolve_from_args(const std::vector<std::string>& args) {
-  const sc::Snapshot user = sc::freeze(sc::parse_server_args(args));
-  if (user->model_path.empty())
-    throw sc::ConfigError(
-        "--model-path is required (after tools/setup the default model is "
-        "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
-  sm::ModelInfo info = sm::read_any_model_info(*user);
-  return {sc::resolve_target(user, info.facts(), runtime_facts()), std::move(info)};
+  auto r = sm::resolve_target(sc::parse_server_args(args));
+  return {std::move(r.target), std::move(r.info)};
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-int cmd_generate(const std::vector<std::string>& argv) {
-  std::map<std::string, std::string> f;
-  const auto rest = take_tool_flags(argv,
-                                    {{"--prompt", true},
-                                     {"--system", true},
-                                     {"--chat", false},
-                                     {"--max-new-tokens", true},
-                                     {"--temperature", true},
-                                     {"--top-p", true},
-                                     {"--top-k", true},
-                                     {"--min-p", true},
-                                     {"--seed", true},
-                                     {"--json", false},
-                                     {"--ignore-eos", false},
-                                     {"--stop", true}},
-                                    f);
-  if (!f.count("--prompt")) throw sc::ConfigError("--prompt is required");
+// `generate`'s own flags (the rest of its command line are server flags).
+struct GenerateOptions {
   sa::GenerationRequest req;
-  req.prompt = f.at("--prompt");
-  req.chat = tool_value<bool>(f, "--chat", false);
-  if (f.count("--system")) req.system = f.at("--system");
-  if (f.count("--stop")) req.stop = {f.at("--stop")};
-  req.max_new_tokens = tool_value<std::int64_t>(f, "--max-new-tokens", 128);
-  if (req.max_new_tokens < 1)
-    throw sc::ConfigError("--max-new-tokens: must be >= 1 (got " + std::to_string(req.max_new_tokens) + ")");
-  auto& sp = req.sampling;
-  sp.temperature = tool_value<float>(f, "--temperature", 0.0f);
-  sp.top_p = tool_value<float>(f, "--top-p", 1.0f);
-  sp.top_k = tool_value<std::int32_t>(f, "--top-k", 0);
-  sp.min_p = tool_value<float>(f, "--min-p", 0.0f);
-  if (sp.temperature < 0) throw sc::ConfigError("--temperature: must be >= 0");
-  if (!(sp.top_p > 0 && sp.top_p <= 1)) throw sc::ConfigError("--top-p: must be in (0, 1]");
-  if (sp.top_k < 0) throw sc::ConfigError("--top-k: must be >= 0");
-  if (!(sp.min_p >= 0 && sp.min_p < 1)) throw sc::ConfigError("--min-p: must be in [0, 1)");
-  if (f.count("--seed")) req.seed = static_cast<std::uint64_t>(tool_value<std::int64_t>(f, "--seed", 0));
-  req.ignore_eos = tool_value<bool>(f, "--ignore-eos", false);
-  const bool as_json = tool_value<bool>(f, "--json", false);
+  std::uint64_t seed = 0;
+  bool has_seed = false;
+  bool json = false;
+};
+
+void add_generate_flags(CLI::App& cmd, GenerateOptions& o) {
+  auto& r = o.req;
+  r.max_new_tokens = 128;
+  cmd.add_option("--prompt", r.prompt, "the prompt text")->required();
+  cmd.add_flag("--chat", r.chat, "format the prompt with the model's chat template");
+  cmd.add_option("--system", r.system, "a system turn (with --chat)");
+  cmd.add_option("--max-new-tokens", r.max_new_tokens, "tokens to generate at most (default 128)")
+      ->check(integer_at_least<std::int64_t>(1));
+  cmd.add_option("--temperature", r.sampling.temperature, "0 = greedy (default)")->check(finite_number());
+  cmd.add_option("--top-p", r.sampling.top_p, "nucleus sampling, (0, 1] (default 1 = off)")->check(finite_number());
+  cmd.add_option("--top-k", r.sampling.top_k, "keep the k most likely tokens (default 0 = off)")
+      ->check(integer_at_least<std::int32_t>(0));
+  cmd.add_option("--min-p", r.sampling.min_p, "drop tokens below min_p × the top probability, [0, 1)")
+      ->check(finite_number());
+  cmd.add_option("--seed", o.seed, "the request's sampling seed (default: --random-seed)")
+      ->check(integer_at_least<std::int64_t>(0))
+      ->each([&o](const std::string&) { o.has_seed = true; });
+  cmd.add_option("--stop", r.stop, "a stop string (repeatable; not part of the output)")->expected(1)->take_all();
+  cmd.add_flag("--ignore-eos", r.ignore_eos, "go on after the end-of-generation token");
+  cmd.add_flag("--json", o.json, "print tokens, text, timings and speculative metrics as JSON");
+}
+
+int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
+  sa::GenerationRequest& req = o.req;
+  if (o.has_seed) req.seed = o.seed;
+  specactor::sched::check_request(req, flag_of);
+  const bool as_json = o.json;
 
   const sc::ServerArgs args = sc::parse_server_args(rest);
   spdlog::set_level(spdlog::level::from_str(args.log_level));
@@ -375,72 +313,66 @@ double concurrent_tokens_per_s(sa::Engine& engine, const std::vector<std::int32_
   return static_cast<double>(tokens) / seconds_since(t0);
 }
 
-int cmd_bench(const std::vector<std::string>& argv) {
-  std::map<std::string, std::string> f;
-  const auto rest = take_tool_flags(argv,
-                                    {{"--prompt-tokens", true},
-                                     {"--decode-tokens", true},
-                                     {"--repeats", true},
-                                     {"--json", false},
-                                     {"--prompts", true},
-                                     {"--sweep", false},
-                                     {"--chart", true},
-                                     {"--max-new-tokens", true},
-                                     {"--all-drafters", false}},
-                                    f);
+// `bench`'s own flags. Defaults that depend on the mode are left unset (0 / empty) here.
+struct BenchOptions {
+  std::int64_t prompt_tokens = 256, decode_tokens = 128, repeats = 0, max_new_tokens = 64;
+  std::string prompts = "tools/bench_prompts.jsonl", chart;
+  bool json = false, sweep = false, all_drafters = false;
+};
+
+void add_bench_flags(CLI::App& cmd, BenchOptions& o) {
+  cmd.add_option("--prompt-tokens", o.prompt_tokens, "prefill length of the speed run (default 256)")
+      ->check(integer_at_least<std::int64_t>(1));
+  cmd.add_option("--decode-tokens", o.decode_tokens, "decode length of the speed run (default 128)")
+      ->check(integer_at_least<std::int64_t>(1));
+  cmd.add_option("--repeats", o.repeats, "rounds (default 3 for the speed run, 2 for speculative runs)")
+      ->check(integer_at_least<std::int64_t>(1));
+  cmd.add_option("--max-new-tokens", o.max_new_tokens, "tokens per prompt in speculative runs (default 64)")
+      ->check(integer_at_least<std::int64_t>(2));
+  cmd.add_option("--prompts", o.prompts, "prompt set, JSON lines {\"category\", \"prompt\"}");
+  cmd.add_option("--chart", o.chart, "speculative runs: write an SVG chart");
+  cmd.add_flag("--sweep", o.sweep, "speculative runs: a grid of (steps, topk, draft tokens)");
+  cmd.add_flag("--all-drafters", o.all_drafters, "plain vs every drafter in one run");
+  cmd.add_flag("--json", o.json, "print JSON");
+}
+
+int cmd_bench(const BenchOptions& o, const std::vector<std::string>& rest) {
   const sc::ServerArgs parsed = sc::parse_server_args(rest);
-  if (tool_value<bool>(f, "--all-drafters", false) && parsed.device != sc::Device::Cuda) {
+  if (o.all_drafters && parsed.device != sc::Device::Cuda) {
     // Plain vs every drafter on this device (what `bench --device cuda` ends with).
     if (parsed.speculative_algorithm != sc::SpecAlgorithm::None)
       throw sc::ConfigError("--all-drafters: picks the algorithms itself; drop --speculative-algorithm");
-    const auto max_new = tool_value<std::int64_t>(f, "--max-new-tokens", 64);
-    const auto repeats = tool_value<std::int64_t>(f, "--repeats", 2);
-    if (max_new < 2) throw sc::ConfigError("--max-new-tokens: must be >= 2");
-    if (repeats < 1) throw sc::ConfigError("--repeats: must be >= 1");
-    const std::string prompts = f.count("--prompts") ? f.at("--prompts") : "tools/bench_prompts.jsonl";
+    const std::int64_t repeats = o.repeats ? o.repeats : 2;
     const Resolved r = resolve_from_args(rest);
     spdlog::set_level(spdlog::level::from_str(r.target->log_level));
-    const auto rows = bench_every_drafter(rest, r.info, r.info.num_layers, prompts, max_new, static_cast<int>(repeats));
-    if (tool_value<bool>(f, "--json", false)) {
+    const auto rows =
+        bench_every_drafter(rest, r.info, r.info.num_layers, o.prompts, o.max_new_tokens, static_cast<int>(repeats));
+    if (o.json) {
       std::cout << json{{"model", r.target->model_path}, {"device", "cpu"}, {"drafters", drafter_rows_json(rows)}}.dump(
                        2)
                 << "\n";
       return 0;
     }
     std::cout << fmt::format("specactor bench --all-drafters: {} on the CPU\n", r.target->model_path);
-    print_drafter_rows(rows, prompts, max_new, repeats);
+    print_drafter_rows(rows, o.prompts, o.max_new_tokens, repeats);
     return 0;
   }
   if (parsed.device == sc::Device::Cuda && parsed.speculative_algorithm == sc::SpecAlgorithm::None) {
-    CudaBenchOptions o;
-    o.prompt_tokens = tool_value<std::int64_t>(f, "--prompt-tokens", 256);
-    o.decode_tokens = tool_value<std::int64_t>(f, "--decode-tokens", 128);
-    o.repeats = tool_value<std::int64_t>(f, "--repeats", 3);
-    o.max_new_tokens = tool_value<std::int64_t>(f, "--max-new-tokens", 64);
-    if (f.count("--prompts")) o.prompts_path = f.at("--prompts");
-    o.json = tool_value<bool>(f, "--json", false);
-    if (o.prompt_tokens < 1) throw sc::ConfigError("--prompt-tokens: must be >= 1");
-    if (o.decode_tokens < 1) throw sc::ConfigError("--decode-tokens: must be >= 1");
-    if (o.repeats < 1) throw sc::ConfigError("--repeats: must be >= 1");
-    if (o.max_new_tokens < 2) throw sc::ConfigError("--max-new-tokens: must be >= 2");
-    return bench_cuda(rest, o);
+    CudaBenchOptions c;
+    c.prompt_tokens = o.prompt_tokens;
+    c.decode_tokens = o.decode_tokens;
+    c.repeats = o.repeats ? o.repeats : 3;
+    c.max_new_tokens = o.max_new_tokens;
+    c.prompts_path = o.prompts;
+    c.json = o.json;
+    return bench_cuda(rest, c);
   }
-  if (parsed.speculative_algorithm != sc::SpecAlgorithm::None) {
-    const auto max_new = tool_value<std::int64_t>(f, "--max-new-tokens", 64);
-    if (max_new < 2) throw sc::ConfigError("--max-new-tokens: must be >= 2");
-    const auto repeats = tool_value<std::int64_t>(f, "--repeats", 2);
-    if (repeats < 1) throw sc::ConfigError("--repeats: must be >= 1");
-    return bench_speculative(rest, f.count("--prompts") ? f.at("--prompts") : "tools/bench_prompts.jsonl", max_new,
-                             static_cast<int>(repeats), tool_value<bool>(f, "--sweep", false),
-                             tool_value<bool>(f, "--json", false), f.count("--chart") ? f.at("--chart") : "");
-  }
-  const auto prompt_tokens = tool_value<std::int64_t>(f, "--prompt-tokens", 256);
-  const auto decode_tokens = tool_value<std::int64_t>(f, "--decode-tokens", 128);
-  const auto repeats = tool_value<std::int64_t>(f, "--repeats", 3);
-  const bool as_json = tool_value<bool>(f, "--json", false);
-  if (prompt_tokens < 1) throw sc::ConfigError("--prompt-tokens: must be >= 1");
-  if (decode_tokens < 1) throw sc::ConfigError("--decode-tokens: must be >= 1");
-  if (repeats < 1) throw sc::ConfigError("--repeats: must be >= 1");
+  if (parsed.speculative_algorithm != sc::SpecAlgorithm::None)
+    return bench_speculative(rest, o.prompts, o.max_new_tokens, static_cast<int>(o.repeats ? o.repeats : 2), o.sweep,
+                             o.json, o.chart);
+  const std::int64_t prompt_tokens = o.prompt_tokens, decode_tokens = o.decode_tokens;
+  const std::int64_t repeats = o.repeats ? o.repeats : 3;
+  const bool as_json = o.json;
 
   const Resolved r = resolve_from_args(rest);
   const sc::ServerArgs& s = *r.target;
@@ -593,16 +525,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
 }
 
 int cmd_config(const std::vector<std::string>& args) {
-  for (const auto& a : args)
-    if (a == "--help" || a == "-h") return print_server_flags(), 0;
-  const sc::ServerArgs parsed = sc::parse_server_args(args);
-  const sc::Snapshot user = sc::freeze(parsed);
-  if (user->model_path.empty())
-    throw sc::ConfigError(
-        "--model-path is required (after tools/setup the default model is "
-        "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
-  const sm::ModelInfo info = sm::read_any_model_info(*user);
-  const sc::Snapshot target = sc::resolve_target(user, info.facts(), runtime_facts());
+  const Resolved r = resolve_from_args(args);
+  const sm::ModelInfo& info = r.info;
+  const sc::Snapshot& target = r.target;
 
   json out;
   out["model"] = info.to_json();
@@ -624,20 +549,22 @@ int cmd_config(const std::vector<std::string>& args) {
   return 0;
 }
 
-int cmd_inspect(int argc, char** argv) {
-  CLI::App app{"print a model's hyper-parameters", "specactor inspect"};
-  std::string path;
-  bool as_json = false, tensors = false;
-  app.add_option("model", path, "GGUF model file")->required();
-  app.add_flag("--json", as_json, "print JSON");
-  app.add_flag("--tensors", tensors, "also list every tensor (name, type, shape)");
-  std::string target;
-  app.add_option("--target", target, "draft heads: check that the head fits this target model");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+struct InspectOptions {
+  std::string path, target;
+  bool json = false, tensors = false;
+};
+
+void add_inspect_flags(CLI::App& cmd, InspectOptions& o) {
+  cmd.add_option("model", o.path, "a GGUF model, or a draft head (GGUF file or safetensors directory)")->required();
+  cmd.add_flag("--json", o.json, "print JSON");
+  cmd.add_flag("--tensors", o.tensors, "also list every tensor (name, type, shape)");
+  cmd.add_option("--target", o.target, "draft heads: check that the head fits this target model");
+}
+
+int cmd_inspect(const InspectOptions& o) {
+  const std::string& path = o.path;
+  const std::string& target = o.target;
+  const bool as_json = o.json, tensors = o.tensors;
   const bool hf = std::filesystem::is_directory(path) || path.ends_with(".safetensors");
   std::shared_ptr<const sm::GgufFile> gguf;
   if (!hf) gguf = sm::GgufFile::open(path);
@@ -686,26 +613,30 @@ int cmd_inspect(int argc, char** argv) {
   return 0;
 }
 
-int cmd_make_head(int argc, char** argv) {
-  CLI::App app{"write a randomly initialised draft head shaped for a target model", "specactor make-head"};
+struct MakeHeadOptions {
   std::string target, out, kind = "EAGLE", format = "gguf";
   std::int64_t layers = 1, draft_vocab = 0;
   std::uint32_t seed = 1;
   bool own_output = false;
-  app.add_option("--target", target, "the target model (GGUF or Hugging Face directory)")->required();
-  app.add_option("--out", out, "output: a .gguf file, or a directory for --format safetensors")->required();
-  app.add_option("--kind", kind, "EAGLE | EAGLE3 | MTP")->check(CLI::IsMember({"EAGLE", "EAGLE3", "MTP"}));
-  app.add_option("--format", format, "gguf | safetensors")->check(CLI::IsMember({"gguf", "safetensors"}));
-  app.add_option("--layers", layers, "MTP: next-token-prediction layers")->check(CLI::Range(1, 8));
-  app.add_option("--draft-vocab", draft_vocab,
+};
+
+void add_make_head_flags(CLI::App& cmd, MakeHeadOptions& o) {
+  cmd.add_option("--target", o.target, "the target model (GGUF or Hugging Face directory)")->required();
+  cmd.add_option("--out", o.out, "output: a .gguf file, or a directory for --format safetensors")->required();
+  cmd.add_option("--kind", o.kind, "EAGLE | EAGLE3 | MTP")->check(CLI::IsMember({"EAGLE", "EAGLE3", "MTP"}));
+  cmd.add_option("--format", o.format, "gguf | safetensors")->check(CLI::IsMember({"gguf", "safetensors"}));
+  cmd.add_option("--layers", o.layers, "MTP: next-token-prediction layers")->check(CLI::Range(1, 8));
+  cmd.add_option("--draft-vocab", o.draft_vocab,
                  "EAGLE3: size of the reduced draft vocabulary (default min(vocab, 4096))");
-  app.add_flag("--own-output", own_output, "EAGLE/MTP: write an own output head instead of using the target's");
-  app.add_option("--seed", seed, "random seed");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  cmd.add_flag("--own-output", o.own_output, "EAGLE/MTP: write an own output head instead of using the target's");
+  cmd.add_option("--seed", o.seed, "random seed");
+}
+
+int cmd_make_head(const MakeHeadOptions& o) {
+  const std::string &target = o.target, &out = o.out, &kind = o.kind, &format = o.format;
+  const std::int64_t layers = o.layers, draft_vocab = o.draft_vocab;
+  const std::uint32_t seed = o.seed;
+  const bool own_output = o.own_output;
   sc::ServerArgs t;
   t.model_path = target;
   const sm::ModelInfo info = sm::read_any_model_info(t);
@@ -722,19 +653,20 @@ int cmd_make_head(int argc, char** argv) {
   return 0;
 }
 
-int cmd_shrink(int argc, char** argv) {
-  CLI::App app{"write a GGUF model with only its first N transformer blocks (real weights, smaller file)",
-               "specactor shrink"};
+struct ShrinkOptions {
   std::string model, out;
   std::int64_t layers = 0;
-  app.add_option("model", model, "the GGUF model")->required();
-  app.add_option("--layers", layers, "blocks to keep")->required()->check(CLI::PositiveNumber);
-  app.add_option("--out", out, "output .gguf file")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+};
+
+void add_shrink_flags(CLI::App& cmd, ShrinkOptions& o) {
+  cmd.add_option("model", o.model, "the GGUF model")->required();
+  cmd.add_option("--layers", o.layers, "blocks to keep")->required()->check(integer_at_least<std::int64_t>(1));
+  cmd.add_option("--out", o.out, "output .gguf file")->required();
+}
+
+int cmd_shrink(const ShrinkOptions& o) {
+  const std::string &model = o.model, &out = o.out;
+  const std::int64_t layers = o.layers;
   const auto file = sm::GgufFile::open(model);
   sm::write_first_layers(*file, layers, out);
   std::cerr << fmt::format("wrote the first {} block(s) of {} to {} ({:.1f} MiB)\n", layers, model, out,
@@ -756,27 +688,94 @@ int cmd_devices() {
   return 0;
 }
 
+// One CLI11 application with a subcommand per command. generate, bench and config take server
+// flags besides their own: CLI11 collects what a subcommand does not declare (allow_extras) and the
+// settings table parses it (config::parse_server_args), so every server flag is declared once.
+int run(int argc, char** argv) {
+  CLI::App app{"specactor: speculative decoding on CAF actors", "specactor"};
+  app.set_version_flag("--version", "specactor 0.1.0");
+  app.require_subcommand(1, 1);
+  app.footer("`specactor config --help` lists every server flag with its default.");
+  const char* server_flags =
+      "Server flags (--model-path, --speculative-algorithm, ...): see `specactor config --help`.";
+
+  GenerateOptions gen;
+  auto* generate = app.add_subcommand("generate", "stream the continuation to stdout (logs and timings: stderr)");
+  add_generate_flags(*generate, gen);
+  generate->allow_extras()->footer(server_flags);
+
+  BenchOptions bench;
+  auto* benchcmd = app.add_subcommand(
+      "bench",
+      "speed: prefill and batch-1 decode against this machine's ceilings, c(k), concurrent requests; with "
+      "--speculative-algorithm: plain vs speculative on a prompt set; --device cuda: the GPU; --all-drafters");
+  add_bench_flags(*benchcmd, bench);
+  benchcmd->allow_extras()->footer(server_flags);
+
+  auto* config = app.add_subcommand(
+      "config", "print the resolved target snapshot, the derived draft snapshot and their override logs");
+  bool config_help = false;
+  config->set_help_flag();
+  config->add_flag("-h,--help", config_help, "every server flag with its description, and the defaults");
+  config->allow_extras();
+
+  InspectOptions inspect;
+  add_inspect_flags(*app.add_subcommand("inspect", "print a model's hyper-parameters, or a draft head's config"),
+                    inspect);
+  MakeHeadOptions head;
+  add_make_head_flags(
+      *app.add_subcommand("make-head", "write a randomly initialised draft head shaped for a target model"), head);
+  ShrinkOptions shrink;
+  add_shrink_flags(
+      *app.add_subcommand("shrink", "write a GGUF model with only its first N blocks (real weights, smaller file)"),
+      shrink);
+  auto* devices = app.add_subcommand("devices", "print what the CPU/CUDA device probe found");
+
+  if (argc < 2) {
+    std::fputs(app.help().c_str(), stderr);
+    return 2;
+  }
+  bool known = argv[1][0] == '-';
+  std::string names;
+  for (const CLI::App* c : app.get_subcommands([](CLI::App*) { return true; })) {
+    known = known || c->get_name() == argv[1];
+    names += (names.empty() ? "" : ", ") + c->get_name();
+  }
+  if (!known) {
+    std::fprintf(stderr, "specactor: error: unknown command '%s' (commands: %s; see specactor --help)\n", argv[1],
+                 names.c_str());
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    throw sc::ConfigError(e.what());
+  }
+  if (*generate) return cmd_generate(gen, generate->remaining());
+  if (*benchcmd) return cmd_bench(bench, benchcmd->remaining());
+  if (*config) {
+    if (config_help) return print_server_flags(), 0;
+    return cmd_config(config->remaining());
+  }
+  if (app.got_subcommand("inspect")) return cmd_inspect(inspect);
+  if (app.got_subcommand("make-head")) return cmd_make_head(head);
+  if (app.got_subcommand("shrink")) return cmd_shrink(shrink);
+  if (*devices) return cmd_devices();
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("specactor"));
-  if (argc < 2) {
-    std::fputs(kUsage, stderr);
-    return 2;
-  }
-  const std::string cmd = argv[1];
   try {
-    if (cmd == "config") return cmd_config(std::vector<std::string>(argv + 2, argv + argc));
-    if (cmd == "inspect") return cmd_inspect(argc - 1, argv + 1);
-    if (cmd == "devices") return cmd_devices();
-    if (cmd == "make-head") return cmd_make_head(argc - 1, argv + 1);
-    if (cmd == "shrink") return cmd_shrink(argc - 1, argv + 1);
-    if (cmd == "generate") return cmd_generate(std::vector<std::string>(argv + 2, argv + argc));
-    if (cmd == "bench") return cmd_bench(std::vector<std::string>(argv + 2, argv + argc));
-    if (cmd == "--help" || cmd == "-h" || cmd == "help") return std::fputs(kUsage, stdout), 0;
-    if (cmd == "--version") return std::puts("specactor 0.1.0"), 0;
-    std::fprintf(stderr, "specactor: error: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
-    return 2;
+    return run(argc, argv);
   } catch (const sc::ConfigError& e) {
     std::fprintf(stderr, "specactor: error: %s\n", e.what());
     return 2;

@@ -1,4 +1,4 @@
-// actors/drafter.hpp — the draft algorithm interface (plain C++, no CAF) and the registry that maps
+// drafters/drafter.hpp — the draft algorithm interface (plain C++, no CAF) and the registry that maps
 // the algorithm named in the draft snapshot to an implementation. A host application can register
 // its own algorithm before it builds an engine.
 #pragma once
@@ -16,7 +16,7 @@
 #include "model/model_info.hpp"
 #include "model/tokenizer.hpp"
 
-namespace specactor::actors {
+namespace specactor::drafters {
 
 // What a drafter may know about the target when it is built.
 struct DraftContext {
@@ -90,4 +90,4 @@ void register_drafter(const std::string& algorithm, DrafterFactory factory);
 DrafterFactory find_drafter(const config::Snapshot& draft_snapshot);
 std::vector<std::string> registered_drafters();
 
-}  // namespace specactor::actors
+}  // namespace specactor::drafters

@@ -1,10 +1,11 @@
+// drafters/registry.cpp — the algorithm-name → factory registry; built-ins are registered explicitly.
 #include <map>
 #include <mutex>
 #include <stdexcept>
 
-#include "actors/drafter.hpp"
+#include "drafters/drafter.hpp"
 
-namespace specactor::actors {
+namespace specactor::drafters {
 
 std::unique_ptr<Drafter> make_ngram_drafter(const config::Snapshot& snapshot, const DraftContext& context);
 std::unique_ptr<Drafter> make_standalone_drafter(const config::Snapshot& snapshot, const DraftContext& context);
@@ -71,4 +72,4 @@ std::vector<std::string> registered_drafters() {
   return out;
 }
 
-}  // namespace specactor::actors
+}  // namespace specactor::drafters

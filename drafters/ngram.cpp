@@ -1,4 +1,4 @@
-// actors/ngram_drafter.cpp — NGRAM drafting (prompt lookup): match the longest recent suffix of the
+// drafters/ngram.cpp — NGRAM drafting (prompt lookup): match the longest recent suffix of the
 // sequence against the sequence itself (prompt and everything generated) and, optionally, an
 // external corpus indexed once at start-up (a suffix array over its tokens); propose what followed
 // the matches. With topk = 1 the proposal is one chain; with topk > 1 several continuations are
@@ -8,11 +8,11 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "actors/drafter.hpp"
 #include "config/error.hpp"
 #include "config/input.hpp"
+#include "drafters/drafter.hpp"
 
-namespace specactor::actors {
+namespace specactor::drafters {
 
 namespace {
 
@@ -156,4 +156,4 @@ std::unique_ptr<Drafter> make_ngram_drafter(const config::Snapshot& snapshot, co
   return std::make_unique<NgramDrafter>(snapshot, context);
 }
 
-}  // namespace specactor::actors
+}  // namespace specactor::drafters

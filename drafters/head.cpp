@@ -1,4 +1,4 @@
-// actors/head_drafter.cpp — EAGLE, EAGLE3, MTP and FROZEN_KV_MTP drafting with a head that reads the
+// drafters/head.cpp — EAGLE, EAGLE3, MTP and FROZEN_KV_MTP drafting with a head that reads the
 // target's hidden states (model/head.hpp).
 //
 // Positions: the head's pair (token t_{p+1}, target feature h_p) sits at position p+1. The target
@@ -13,19 +13,20 @@
 //     KV of its last layer (a read-only view of its pages) and to scratch rows for this proposal.
 // Trees follow SPEC-KERNELS §1-2: top-k expansion per step by path score, then the best
 // speculative_num_draft_tokens - 1 candidates.
+#include "model/head.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "actors/drafter.hpp"
+#include "drafters/drafter.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/spec/spec.hpp"
-#include "model/head.hpp"
 #include "model/runner.hpp"
 
-namespace specactor::actors {
+namespace specactor::drafters {
 
 namespace {
 
@@ -380,4 +381,4 @@ std::unique_ptr<Drafter> make_frozen_kv_mtp_drafter(const config::Snapshot& s, c
   return std::make_unique<HeadDrafter>(s, c, model::HeadKind::Mtp, true);
 }
 
-}  // namespace specactor::actors
+}  // namespace specactor::drafters

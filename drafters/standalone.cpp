@@ -1,16 +1,16 @@
-// actors/standalone_drafter.cpp — STANDALONE drafting: a separate (smaller) GGUF model drafts a
+// drafters/standalone.cpp — STANDALONE drafting: a separate (smaller) GGUF model drafts a
 // greedy chain with its own KV cache; or, with --speculative-draft-num-layers K and no draft model,
 // the target's own file truncated to its first K layers (plus final norm and output head).
 #include <algorithm>
 #include <map>
 #include <stdexcept>
 
-#include "actors/drafter.hpp"
+#include "drafters/drafter.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/loader.hpp"
 #include "model/runner.hpp"
 
-namespace specactor::actors {
+namespace specactor::drafters {
 
 namespace {
 
@@ -120,4 +120,4 @@ std::unique_ptr<Drafter> make_standalone_drafter(const config::Snapshot& snapsho
   return std::make_unique<StandaloneDrafter>(snapshot, context);
 }
 
-}  // namespace specactor::actors
+}  // namespace specactor::drafters

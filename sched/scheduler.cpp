@@ -1,0 +1,491 @@
+// sched/scheduler.cpp — the scheduling policy (see scheduler.hpp).
+#include "sched/scheduler.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "config/server_args.hpp"
+
+namespace specactor::sched {
+
+namespace {
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+void notify(Sequence& r, TokenEvent ev) {
+  ev.id = r.id();
+  if (!r.sub->on_token) return;
+  try {
+    r.sub->on_token(ev);
+  } catch (const std::exception& e) {
+    spdlog::warn("request {}: the token callback threw: {}", r.id(), e.what());
+  }
+}
+
+RequestMetrics finish_metrics(const Sequence& r) {
+  RequestMetrics m = r.m;
+  m.prompt_tokens = static_cast<std::int64_t>(r.prompt_len);
+  m.generated_tokens = static_cast<std::int64_t>(r.generated.size());
+  const auto now = Clock::now();
+  if (!r.generated.empty()) {
+    m.time_to_first_token_ms = ms_between(r.submitted, r.first_token);
+    const double decode_ms = ms_between(r.first_token, now);
+    m.decode_tokens_per_s =
+        r.generated.size() > 1 && decode_ms > 0 ? (r.generated.size() - 1) / (decode_ms / 1000.0) : 0.0;
+  }
+  m.mean_accepted_length = m.steps > 0 ? static_cast<double>(m.accepted + m.steps) / static_cast<double>(m.steps) : 0.0;
+  return m;
+}
+
+std::int64_t pages_for(std::int64_t tokens, std::int64_t page) { return (tokens + page - 1) / page; }
+
+}  // namespace
+
+// --- StopMatcher -----------------------------------------------------------------------------------
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) {
+  for (auto& s : stops)
+    if (!s.empty()) stops_.push_back(std::move(s));
+}
+
+std::string StopMatcher::push(const std::string& text) {
+  if (stopped_) return {};
+  held_ += text;
+  std::size_t cut = std::string::npos;
+  for (const auto& s : stops_) cut = std::min(cut, held_.find(s));
+  if (cut != std::string::npos) {
+    std::string out = held_.substr(0, cut);
+    held_.clear();
+    stopped_ = true;
+    return out;
+  }
+  // Hold back the longest tail that is a proper prefix of a stop string.
+  std::size_t keep = 0;
+  for (const auto& s : stops_)
+    for (std::size_t len = std::min(s.size() - 1, held_.size()); len > keep; --len)
+      if (held_.compare(held_.size() - len, len, s, 0, len) == 0) {
+        keep = len;
+        break;
+      }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string StopMatcher::flush() {
+  std::string out = std::move(held_);
+  held_.clear();
+  return out;
+}
+
+// --- settings --------------------------------------------------------------------------------------
+
+Limits limits_of(const config::ServerArgs& t) {
+  Limits l;
+  l.max_running_requests = t.max_running_requests;
+  l.chunked_prefill_size = t.chunked_prefill_size;
+  l.context_length = t.context_length.value_or(0);
+  l.page_size = t.page_size;
+  l.default_seed = static_cast<std::uint64_t>(t.random_seed);
+  return l;
+}
+
+DraftShape draft_shape_of(const config::Snapshot& draft, drafters::DrafterNeeds needs) {
+  DraftShape d;
+  if (!draft) return d;
+  d.configured = true;
+  d.num_draft_tokens = draft->speculative_num_draft_tokens.value_or(1);
+  d.num_steps = draft->speculative_num_steps.value_or(1);
+  d.needs = std::move(needs);
+  return d;
+}
+
+// --- Scheduler -------------------------------------------------------------------------------------
+
+Scheduler::Scheduler(Limits limits, std::function<void(std::uint64_t)> release)
+    : limits_(limits), release_(std::move(release)) {}
+
+void Scheduler::set_target(std::int64_t kv_pages, std::shared_ptr<const model::Tokenizer> tokenizer,
+                           std::int64_t hidden_size) {
+  total_pages_ = free_pages_ = kv_pages;
+  tokenizer_ = std::move(tokenizer);
+  hidden_size_ = hidden_size;
+  target_known_ = true;
+}
+
+void Scheduler::set_draft(DraftShape shape) { draft_ = std::move(shape); }
+
+void Scheduler::set_ready() { ready_ = true; }
+
+void Scheduler::set_target_failed(const std::string& error) {
+  target_error_ = error;
+  metrics_.target_error = error;
+  fail_everything(error);
+}
+
+Sequence* Scheduler::find_running(std::uint64_t id) {
+  for (auto& r : running_)
+    if (r->id() == id) return r.get();
+  return nullptr;
+}
+
+const Sequence* Scheduler::find(std::uint64_t id) const {
+  for (const auto& r : running_)
+    if (r->id() == id) return r.get();
+  for (const auto& r : queue_)
+    if (r->id() == id) return r.get();
+  return nullptr;
+}
+
+EngineMetrics Scheduler::snapshot_metrics() const {
+  EngineMetrics m = metrics_;
+  m.running = static_cast<std::int64_t>(running_.size());
+  m.queued = static_cast<std::int64_t>(queue_.size());
+  m.mean_accepted_length =
+      m.speculative_steps > 0 ? static_cast<double>(m.accepted + m.speculative_steps) / m.speculative_steps : 0.0;
+  m.acceptance_rate = m.drafted > 0 ? static_cast<double>(m.accepted) / m.drafted : 0.0;
+  return m;
+}
+
+void Scheduler::retire(Sequence& r, const std::string& reason, const std::string& error, bool invalid_request) {
+  TokenEvent ev;
+  if (r.decoder) {
+    ev.text = r.stops.flush();
+    if (!r.stops.stopped()) ev.text += r.decoder->finish();  // after a stop string nothing more is shown
+  }
+  ev.finished = true;
+  ev.finish_reason = reason;
+  ev.error = error;
+  ev.invalid_request = invalid_request;
+  ev.metrics = finish_metrics(r);
+  notify(r, std::move(ev));
+  if (release_) release_(r.id());
+  free_pages_ += r.reserved_pages;
+  r.reserved_pages = 0;
+  if (reason == "error")
+    ++metrics_.requests_failed;
+  else if (reason == "cancelled")
+    ++metrics_.requests_cancelled;
+  else
+    ++metrics_.requests_finished;
+}
+
+std::string Scheduler::refusal(const Sequence& r) const {
+  const std::int64_t ctx = limits_.context_length;
+  const auto& g = r.sub->request;
+  if (r.prompt_len == 0) return "prompt: is empty (at least one token is needed)";
+  if (static_cast<std::int64_t>(r.prompt_len) >= ctx)
+    return "prompt: has " + std::to_string(r.prompt_len) + " tokens; the context length (--context-length) is " +
+           std::to_string(ctx) + ", which must leave room for at least one new token";
+  if (g.max_new_tokens < 1) return "max_new_tokens must be >= 1 (got " + std::to_string(g.max_new_tokens) + ")";
+  if (target_known_) {
+    const std::int64_t need = r.need_tokens + draft_.num_draft_tokens;
+    if (pages_for(need, limits_.page_size) > total_pages_)
+      return "the request needs " + std::to_string(need) + " tokens of KV cache but the cache holds " +
+             std::to_string(total_pages_ * limits_.page_size) + " (--max-total-tokens)";
+  }
+  return {};
+}
+
+void Scheduler::submit(std::shared_ptr<const Submission> sub) {
+  ++metrics_.requests_submitted;
+  auto r = std::make_unique<Sequence>();
+  r->sub = std::move(sub);
+  const auto& g = r->sub->request;
+  r->seq = r->sub->prompt;
+  r->prompt_len = r->seq.size();
+  r->submitted = Clock::now();
+  r->seed = g.seed.value_or(limits_.default_seed);
+  r->stops = StopMatcher(g.stop);
+  if (tokenizer_) r->decoder = std::make_unique<model::StreamDecoder>(*tokenizer_);
+  r->max_new = std::max<std::int64_t>(
+      0, std::min<std::int64_t>(g.max_new_tokens, limits_.context_length - static_cast<std::int64_t>(r->prompt_len)));
+  r->need_tokens = static_cast<std::int64_t>(r->prompt_len) + r->max_new;
+  if (!target_error_.empty()) {
+    retire(*r, "error", target_error_);
+    return;
+  }
+  if (const std::string why = refusal(*r); !why.empty()) {
+    retire(*r, "error", why, true);
+    return;
+  }
+  queue_.push_back(std::move(r));
+}
+
+void Scheduler::cancel(std::uint64_t id) {
+  for (auto it = queue_.begin(); it != queue_.end(); ++it)
+    if ((*it)->id() == id) {
+      auto r = std::move(*it);
+      queue_.erase(it);
+      retire(*r, "cancelled");
+      return;
+    }
+  if (Sequence* r = find_running(id)) r->cancelled = true;
+}
+
+void Scheduler::fail_everything(const std::string& error) {
+  ++epoch_;
+  for (auto& r : running_) retire(*r, "error", error);
+  running_.clear();
+  for (auto& r : queue_) retire(*r, "error", error);
+  queue_.clear();
+  busy_ = false;
+}
+
+// Moves queued requests into the batch while the KV budget and max_running_requests allow; FIFO, so
+// no request is overtaken. The reservation covers the prompt, max_new and one draft tree.
+void Scheduler::admit() {
+  while (!queue_.empty() && static_cast<std::int64_t>(running_.size()) < limits_.max_running_requests) {
+    Sequence& r = *queue_.front();
+    if (const std::string why = refusal(r); !why.empty()) {  // queued before the model was known
+      auto gone = std::move(queue_.front());
+      queue_.pop_front();
+      retire(*gone, "error", why, true);
+      continue;
+    }
+    const std::int64_t pages = pages_for(r.need_tokens + draft_.num_draft_tokens, limits_.page_size);
+    if (pages > free_pages_) break;
+    free_pages_ -= pages;
+    r.reserved_pages = pages;
+    if (!r.decoder && tokenizer_) r.decoder = std::make_unique<model::StreamDecoder>(*tokenizer_);
+    running_.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+}
+
+// Appends accepted tokens, streams them, and checks the stop conditions. Returns the finish reason
+// ("" while the request goes on).
+std::string Scheduler::emit(Sequence& r, const std::vector<std::int32_t>& tokens) {
+  const GenerationRequest& g = r.sub->request;
+  TokenEvent ev;
+  std::string reason;
+  for (std::int32_t t : tokens) {
+    if (!g.ignore_eos && tokenizer_ && tokenizer_->is_end_of_generation(t)) {
+      reason = "stop";
+      break;
+    }
+    if (r.generated.empty()) r.first_token = Clock::now();
+    r.generated.push_back(t);
+    r.seq.push_back(t);
+    ev.tokens.push_back(t);
+    if (r.decoder) {
+      ev.text += r.stops.push(r.decoder->push(t));
+      if (r.stops.stopped()) {  // a stop string ends the request; its text is not part of the output
+        reason = "stop";
+        break;
+      }
+    }
+    ++metrics_.generated_tokens;
+    if (static_cast<std::int64_t>(r.generated.size()) >= r.max_new) {
+      reason = "length";
+      break;
+    }
+  }
+  if (!ev.tokens.empty() || !ev.text.empty()) notify(r, std::move(ev));
+  return reason;
+}
+
+std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
+  if (busy_ || !ready_ || !target_error_.empty()) return std::nullopt;
+  for (auto it = running_.begin(); it != running_.end();) {  // cancelled requests leave between steps
+    if ((*it)->cancelled) {
+      retire(**it, "cancelled");
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  admit();
+  metrics_.running = static_cast<std::int64_t>(running_.size());
+  metrics_.queued = static_cast<std::int64_t>(queue_.size());
+  if (running_.empty()) return std::nullopt;
+
+  StepPlan plan;
+  plan.epoch = epoch_;
+  plan.batch.capture = draft_.needs.hidden_layers;
+  std::vector<Sequence*> decoding;
+  std::int64_t prefill_budget = limits_.chunked_prefill_size;
+  for (auto& rp : running_) {
+    Sequence& r = *rp;
+    const GenerationRequest& g = r.sub->request;
+    StepItem item;
+    item.req = r.id();
+    item.params = g.sampling;
+    item.seed = r.seed;
+    if (draft_alive && g.speculative) {
+      item.want_hidden = !draft_.needs.hidden_layers.empty();
+      item.want_kv = draft_.needs.target_kv;
+    }
+    if (r.prefilled < r.prompt_len) {
+      if (prefill_budget <= 0) continue;
+      const auto n = static_cast<std::size_t>(
+          std::min<std::int64_t>(prefill_budget, static_cast<std::int64_t>(r.prompt_len - r.prefilled)));
+      item.prefill = true;
+      item.tokens.assign(r.seq.begin() + static_cast<long>(r.prefilled),
+                         r.seq.begin() + static_cast<long>(r.prefilled + n));
+      item.sample = r.prefilled + n == r.prompt_len;
+      r.chunk = n;
+      prefill_budget -= static_cast<std::int64_t>(n);
+    } else {
+      item.tokens = {r.seq.back()};
+      item.sample = true;
+      if (g.speculative) decoding.push_back(&r);
+    }
+    r.in_step = true;
+    plan.batch.items.push_back(std::move(item));
+  }
+  if (plan.batch.items.empty()) return std::nullopt;
+  busy_ = true;
+  plan.started = Clock::now();
+  if (!draft_.configured || decoding.empty()) return plan;
+  if (!draft_alive) {  // the drafter is gone: plain decoding, counted
+    metrics_.fallback_steps += static_cast<std::int64_t>(decoding.size());
+    for (Sequence* r : decoding) ++r->m.fallbacks;
+    return plan;
+  }
+  for (Sequence* r : decoding) {
+    // Depth: what may still be emitted (the bonus token is the last) and what fits the context.
+    const std::int64_t remaining = r->max_new - static_cast<std::int64_t>(r->generated.size());
+    const std::int64_t room = limits_.context_length - static_cast<std::int64_t>(r->seq.size());
+    const auto depth = static_cast<std::int32_t>(
+        std::max<std::int64_t>(0, std::min<std::int64_t>({draft_.num_steps, remaining - 1, room})));
+    const auto nodes = depth == 0 ? 0 : static_cast<std::int32_t>(draft_.num_draft_tokens - 1);
+    plan.depth_limits.push_back(depth);
+    plan.proposal_ids.push_back(r->id());
+    plan.proposals.items.push_back({r->id(), std::make_shared<const std::vector<std::int32_t>>(r->seq), nodes, depth,
+                                    r->sub->request.sampling, r->seed, std::move(r->hidden), r->hidden_first,
+                                    r->kv_pages, r->kv_length});
+    r->hidden.clear();
+  }
+  return plan;
+}
+
+bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
+  if (stale(plan)) return false;
+  const auto& ids = plan.proposal_ids;
+  for (std::size_t i = 0; i < ids.size() && i < p.tokens.size() && i < p.parents.size(); ++i) {
+    Sequence* req = find_running(ids[i]);
+    if (!req) continue;  // retired while the proposal was out
+    const auto& toks = p.tokens[i];
+    const auto& pars = p.parents[i];
+    // Keep only well-formed nodes (parents before children) within the depth and tree limits: a
+    // drafter bug must not reach the target.
+    std::vector<std::int32_t> depth(toks.size(), 0), keep_index(toks.size(), -1);
+    std::vector<std::int32_t> kept_tokens, kept_parents;
+    std::int32_t max_depth = 0;
+    for (std::size_t j = 0; j < toks.size() && j < pars.size(); ++j) {
+      const std::int32_t par = pars[j];
+      if (par < -1 || par >= static_cast<std::int32_t>(j) ||
+          (par >= 0 && keep_index[static_cast<std::size_t>(par)] < 0))
+        continue;
+      depth[j] = par < 0 ? 1 : depth[static_cast<std::size_t>(par)] + 1;
+      if (depth[j] > plan.depth_limits[i] ||
+          static_cast<std::int64_t>(kept_tokens.size()) + 1 >= config::kMaxTreeTokens)
+        continue;
+      keep_index[j] = static_cast<std::int32_t>(kept_tokens.size());
+      kept_tokens.push_back(toks[j]);
+      kept_parents.push_back(par < 0 ? -1 : keep_index[static_cast<std::size_t>(par)]);
+      max_depth = std::max(max_depth, depth[j]);
+    }
+    req->draft_depth = max_depth;
+    // Sampled drafts keep their q rows only when the whole chain was kept.
+    const bool whole_chain = kept_tokens.size() == toks.size();
+    for (auto& item : plan.batch.items)
+      if (item.req == ids[i]) {
+        item.tokens.insert(item.tokens.end(), kept_tokens.begin(), kept_tokens.end());
+        item.parents = std::move(kept_parents);
+        if (whole_chain && i < p.probs.size()) item.draft_probs = std::move(p.probs[i]);
+      }
+  }
+  metrics_.draft_ms += ms_between(plan.started, Clock::now());
+  plan.started = Clock::now();  // from here on: the target step's wall time
+  return true;
+}
+
+bool Scheduler::proposals_failed(StepPlan& plan) {
+  if (stale(plan)) return false;
+  metrics_.draft_ms += ms_between(plan.started, Clock::now());
+  plan.started = Clock::now();
+  metrics_.fallback_steps += static_cast<std::int64_t>(plan.proposal_ids.size());
+  for (std::uint64_t id : plan.proposal_ids)
+    if (Sequence* r = find_running(id)) ++r->m.fallbacks;
+  return true;
+}
+
+void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
+  if (stale(plan)) return;
+  metrics_.step_wall_ms += ms_between(plan.started, Clock::now());
+  metrics_.step_compute_ms += res.compute_ms;
+  ++metrics_.steps;
+  const std::size_t width = draft_.needs.hidden_layers.size() * static_cast<std::size_t>(hidden_size_);
+  for (auto& item : res.items) {
+    auto it = std::find_if(running_.begin(), running_.end(), [&](auto& r) { return r->id() == item.req; });
+    if (it == running_.end()) continue;
+    Sequence& r = **it;
+    r.in_step = false;
+    if (!item.hidden.empty()) {
+      if (r.hidden.empty()) r.hidden_first = r.hidden_rows;
+      r.hidden.insert(r.hidden.end(), item.hidden.begin(), item.hidden.end());
+      if (width > 0) r.hidden_rows += static_cast<std::int64_t>(item.hidden.size() / width);
+    }
+    if (item.kv_length > 0) {
+      r.kv_pages = std::move(item.kv_pages);
+      r.kv_length = item.kv_length;
+    }
+    std::string reason;
+    if (r.prefilled < r.prompt_len) {
+      r.prefilled += r.chunk;
+      r.chunk = 0;
+      if (!item.tokens.empty()) reason = emit(r, item.tokens);
+    } else {
+      ++r.m.steps;
+      ++metrics_.decode_steps;
+      if (draft_.configured && r.sub->request.speculative) ++metrics_.speculative_steps;
+      r.m.drafted += item.drafted;
+      r.m.accepted += item.accepted;
+      metrics_.drafted += item.drafted;
+      metrics_.accepted += item.accepted;
+      auto& da = metrics_.drafted_at;
+      auto& aa = metrics_.accepted_at;
+      if (static_cast<std::int32_t>(da.size()) < r.draft_depth) da.resize(static_cast<std::size_t>(r.draft_depth), 0);
+      if (static_cast<std::int32_t>(aa.size()) < item.accepted) aa.resize(static_cast<std::size_t>(item.accepted), 0);
+      for (std::int32_t d = 0; d < r.draft_depth; ++d) ++da[static_cast<std::size_t>(d)];
+      for (std::int32_t d = 0; d < item.accepted; ++d) ++aa[static_cast<std::size_t>(d)];
+      r.draft_depth = 0;
+      reason = emit(r, item.tokens);
+    }
+    if (r.cancelled) reason = "cancelled";
+    if (!reason.empty()) {
+      retire(r, reason);
+      running_.erase(it);
+    }
+  }
+  busy_ = false;
+}
+
+void Scheduler::step_failed(const StepPlan& plan, const std::string& error) {
+  if (stale(plan)) return;
+  for (auto it = running_.begin(); it != running_.end();) {  // the step's requests cannot continue
+    if ((*it)->in_step) {
+      retire(**it, "error", error);
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  busy_ = false;
+}
+
+void Scheduler::step_dropped(const StepPlan& plan) {
+  if (stale(plan)) return;
+  for (auto& r : running_) {
+    r->in_step = false;
+    r->chunk = 0;
+  }
+  busy_ = false;
+}
+
+}  // namespace specactor::sched

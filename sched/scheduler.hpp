@@ -1,0 +1,178 @@
+// sched/scheduler.hpp — the scheduling policy, without CAF: requests (Sequence), admission under the
+// KV budget and max_running_requests, batch building with chunked prefill, proposal limits, clean-up
+// of the drafter's trees, stop conditions and stop strings, streaming events and metrics.
+//
+// The scheduler actor (actors/scheduler.cpp) drives it and only moves messages:
+//
+//   plan = policy.next_step(draft_alive)            // nullopt: nothing to do (or a step in flight)
+//   if plan->proposals.items is not empty:
+//       ask the draft worker → policy.apply_proposals(*plan, reply) / policy.proposals_failed(*plan)
+//   ask the target worker  → policy.step_done(*plan, reply) / policy.step_failed(*plan, error)
+//
+// Requests are referred to by id across those round trips, never by address: a request may be
+// cancelled or failed while a reply is in flight. A plan carries the policy's epoch; fail_everything
+// bumps it, so a reply to a plan made before is stale and changes nothing.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "drafters/drafter.hpp"
+#include "model/tokenizer.hpp"
+#include "sched/step.hpp"
+#include "sched/types.hpp"
+
+namespace specactor::sched {
+
+using Clock = std::chrono::steady_clock;
+
+// Stop-string matching on streamed text: text that could still be the start of a stop string is held
+// back until it cannot; once a stop string appears, the text before it is released and the rest dropped.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops = {});
+  // Adds text; returns what may be streamed now. `stopped` turns true when a stop string appeared.
+  std::string push(const std::string& text);
+  bool stopped() const { return stopped_; }
+  // What was held back (at the end of a request that did not stop on a stop string).
+  std::string flush();
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+// One request as the policy tracks it.
+struct Sequence {
+  std::shared_ptr<const Submission> sub;
+  std::vector<std::int32_t> seq;  // prompt + emitted tokens
+  std::size_t prompt_len = 0;
+  std::size_t prefilled = 0;  // prompt tokens in the target's KV
+  std::size_t chunk = 0;      // prompt tokens in the step in flight
+  std::int64_t max_new = 0;
+  std::int64_t need_tokens = 0;     // KV the request may use: prompt + max_new + the draft tree
+  std::int64_t reserved_pages = 0;  // held from admission to retirement
+  std::uint64_t seed = 0;
+  std::vector<std::int32_t> generated;
+  std::unique_ptr<model::StreamDecoder> decoder;
+  StopMatcher stops;
+  bool cancelled = false;
+  bool in_step = false;
+  std::int32_t draft_depth = 0;  // depth of the proposal in the step in flight
+  // Target features for a head drafter, gathered since the last proposal.
+  std::vector<float> hidden;
+  std::int64_t hidden_first = 0;  // context position of hidden's first row
+  std::int64_t hidden_rows = 0;   // rows received so far (= position after the last row)
+  std::vector<std::int32_t> kv_pages;
+  std::int64_t kv_length = 0;
+  Clock::time_point submitted, first_token;
+  RequestMetrics m;
+  std::uint64_t id() const { return sub->id; }
+};
+
+// Settings the policy reads (from the target snapshot).
+struct Limits {
+  std::int64_t max_running_requests = 1;
+  std::int64_t chunked_prefill_size = 512;
+  std::int64_t context_length = 0;
+  std::int64_t page_size = 16;
+  std::uint64_t default_seed = 0;
+};
+Limits limits_of(const config::ServerArgs& target);
+
+// The draft side: how big a proposal may be (from the draft snapshot) and what the drafter asked for.
+struct DraftShape {
+  bool configured = false;            // an algorithm is set (τ and speculative_steps count these requests)
+  std::int64_t num_draft_tokens = 1;  // tree size including the root
+  std::int64_t num_steps = 1;         // maximum depth
+  drafters::DrafterNeeds needs;
+};
+DraftShape draft_shape_of(const config::Snapshot& draft, drafters::DrafterNeeds needs);
+
+// One step the policy planned: the target batch, the proposal round that comes first (no items: none).
+struct StepPlan {
+  std::uint64_t epoch = 0;
+  StepBatch batch;
+  ProposeBatch proposals;
+  std::vector<std::uint64_t> proposal_ids;  // proposals.items[i] is for this request
+  std::vector<std::int32_t> depth_limits;   // and may be at most this deep
+  Clock::time_point started;
+};
+
+class Scheduler {
+ public:
+  // `release` is called with the id of every retired request that may hold KV in the workers.
+  Scheduler(Limits limits, std::function<void(std::uint64_t)> release);
+
+  // The target model is loaded: its KV pool in pages, its tokenizer (null: no text, no EOS) and
+  // hidden size (the width of captured rows).
+  void set_target(std::int64_t kv_pages, std::shared_ptr<const model::Tokenizer> tokenizer, std::int64_t hidden_size);
+  void set_draft(DraftShape shape);
+  // Steps run once the policy is ready (the target is loaded, the draft worker answered or failed).
+  void set_ready();
+  bool ready() const { return ready_; }
+  // The target failed for good: every request fails with `error`, and so does every later submission.
+  void set_target_failed(const std::string& error);
+  const std::string& target_error() const { return target_error_; }
+
+  // Validates and queues a request; a refused one gets its final event at once.
+  void submit(std::shared_ptr<const Submission> sub);
+  // A queued request ends now; a running one at the next step boundary (its step may be in flight).
+  void cancel(std::uint64_t id);
+  // Every request ends with `error` (the engine shuts down, the target died); in-flight replies go stale.
+  void fail_everything(const std::string& error);
+
+  // The next step: admits what fits, then batches prefill chunks and decode items; proposals for the
+  // requests that draft when `draft_alive`. nullopt while a step is in flight or nothing runs.
+  std::optional<StepPlan> next_step(bool draft_alive);
+  // The drafter's answer: keeps well-formed nodes within each request's depth limit and the tree
+  // limit, and adds them to the plan's batch. False (nothing changed) when the plan is stale.
+  bool apply_proposals(StepPlan& plan, Proposals& proposals);
+  // The drafter failed: the step runs without drafts (counted as fallbacks). False when stale.
+  bool proposals_failed(StepPlan& plan);
+  // The target's answer: streams tokens, retires finished requests. Ignored when stale.
+  void step_done(const StepPlan& plan, StepResult& result);
+  // The target step failed: the step's requests end with `error`, the others go on. Ignored when stale.
+  void step_failed(const StepPlan& plan, const std::string& error);
+  // The plan was never sent (no target to send it to).
+  void step_dropped(const StepPlan& plan);
+
+  bool stale(const StepPlan& plan) const { return plan.epoch != epoch_; }
+  bool busy() const { return busy_; }
+  std::size_t running() const { return running_.size(); }
+  std::size_t queued() const { return queue_.size(); }
+  std::int64_t free_pages() const { return free_pages_; }
+  const Sequence* find(std::uint64_t id) const;
+  // Counters; the actor adds what only it knows (draft worker health, timings of round trips).
+  EngineMetrics& metrics() { return metrics_; }
+  EngineMetrics snapshot_metrics() const;
+
+ private:
+  Sequence* find_running(std::uint64_t id);
+  void admit();
+  void retire(Sequence& r, const std::string& reason, const std::string& error = {}, bool invalid_request = false);
+  std::string emit(Sequence& r, const std::vector<std::int32_t>& tokens);
+  std::string refusal(const Sequence& r) const;
+
+  Limits limits_;
+  std::function<void(std::uint64_t)> release_;
+  std::shared_ptr<const model::Tokenizer> tokenizer_;
+  std::int64_t hidden_size_ = 0;
+  DraftShape draft_;
+  bool target_known_ = false, ready_ = false, busy_ = false;
+  std::string target_error_;
+  std::uint64_t epoch_ = 0;
+  std::int64_t free_pages_ = 0, total_pages_ = 0;
+  std::deque<std::unique_ptr<Sequence>> queue_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  EngineMetrics metrics_;
+};
+
+}  // namespace specactor::sched

@@ -1,0 +1,31 @@
+// sched/types.cpp — the request checks (see types.hpp).
+#include "sched/types.hpp"
+
+#include <cmath>
+
+#include "config/error.hpp"
+#include "model/tokenizer.hpp"
+
+namespace specactor::sched {
+
+void check_request(const GenerationRequest& r, const std::function<std::string(const std::string&)>& name) {
+  auto field = [&](const std::string& f) { return name ? name(f) : f; };
+  auto fail = [&](const std::string& f, const std::string& m) { throw config::ConfigError(field(f) + ": " + m); };
+  const auto& sp = r.sampling;
+  if (r.max_new_tokens < 1) fail("max_new_tokens", "must be >= 1 (got " + std::to_string(r.max_new_tokens) + ")");
+  if (!(std::isfinite(sp.temperature) && sp.temperature >= 0)) fail("temperature", "must be a finite number >= 0");
+  if (!(sp.top_p > 0 && sp.top_p <= 1)) fail("top_p", "must be in (0, 1]");
+  if (sp.top_k < 0) fail("top_k", "must be >= 0 (0 = off)");
+  if (!(sp.min_p >= 0 && sp.min_p < 1)) fail("min_p", "must be in [0, 1)");
+  for (std::size_t i = 0; i < r.stop.size(); ++i) {
+    const std::string at = r.stop.size() > 1 ? "[" + std::to_string(i) + "]" : "";
+    if (r.stop[i].empty()) throw config::ConfigError(field("stop") + at + ": is empty");
+    try {
+      model::check_utf8(r.stop[i]);
+    } catch (const config::ConfigError& e) {
+      throw config::ConfigError(field("stop") + at + ": " + e.what());
+    }
+  }
+}
+
+}  // namespace specactor::sched

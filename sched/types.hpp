@@ -1,0 +1,101 @@
+// sched/types.hpp — the plain types of the embedding API and the scheduling policy (no CAF):
+// requests, streamed token events, results and metrics. actors/engine.hpp re-exports them as
+// specactor::actors::GenerationRequest etc.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/snapshot.hpp"
+#include "kernels/cpu/sampling.hpp"
+
+namespace specactor::sched {
+
+struct GenerationRequest {
+  std::string prompt;                    // text (ignored when prompt_ids is set)
+  std::vector<std::int32_t> prompt_ids;  // token ids, used as they are
+  bool chat = false;                     // format `prompt` with the model's chat template
+  std::string system;                    // optional system turn for chat
+  std::int64_t max_new_tokens = 128;
+  kernels::SamplingParams sampling;   // greedy by default
+  std::optional<std::uint64_t> seed;  // default: the snapshot's random_seed
+  std::vector<std::string> stop;      // stop strings (not included in the output)
+  bool ignore_eos = false;
+  bool speculative = true;  // false: this request decodes without drafts even when the engine has a drafter
+};
+
+struct RequestMetrics {
+  std::int64_t prompt_tokens = 0;
+  std::int64_t generated_tokens = 0;
+  double time_to_first_token_ms = 0;
+  double decode_tokens_per_s = 0;   // tokens after the first / time after the first
+  std::int64_t steps = 0;           // decode steps (one target forward each)
+  std::int64_t drafted = 0;         // draft tokens verified
+  std::int64_t accepted = 0;        // draft tokens accepted
+  double mean_accepted_length = 0;  // τ: tokens emitted per decode step (accepted + 1)
+  std::int64_t fallbacks = 0;       // steps that ran without a draft because the drafter was gone
+};
+
+struct TokenEvent {
+  std::uint64_t id = 0;              // request id
+  std::vector<std::int32_t> tokens;  // tokens accepted in this step (empty on the final event of a stop)
+  std::string text;                  // their text (complete UTF-8 only)
+  bool finished = false;
+  std::string finish_reason;     // "stop" | "length" | "cancelled" | "error"
+  std::string error;             // set when finish_reason is "error"
+  bool invalid_request = false;  // the error is the request's own (bad prompt, budget), not the engine's
+  RequestMetrics metrics;        // filled on the final event
+};
+
+struct GenerationResult {
+  std::uint64_t id = 0;
+  std::vector<std::int32_t> prompt_ids;
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  std::string finish_reason;
+  std::string error;
+  bool invalid_request = false;  // see TokenEvent
+  RequestMetrics metrics;
+};
+
+struct EngineMetrics {
+  std::int64_t requests_submitted = 0, requests_finished = 0, requests_failed = 0, requests_cancelled = 0;
+  std::int64_t running = 0, queued = 0;
+  std::int64_t generated_tokens = 0;
+  std::int64_t steps = 0;              // target forward calls
+  std::int64_t decode_steps = 0;       // per-request decode steps
+  std::int64_t speculative_steps = 0;  // of those, steps of requests that draft (τ is over these)
+  std::int64_t drafted = 0, accepted = 0;
+  double mean_accepted_length = 0;  // τ over all decode steps
+  double acceptance_rate = 0;       // α = accepted / drafted
+  std::int64_t draft_failures = 0;  // times the draft worker died
+  std::string draft_error;          // why it last died (e.g. a head file that does not fit the target)
+  std::int64_t fallback_steps = 0;  // per-request decode steps run without a draft after a failure
+  bool draft_alive = false;
+  std::string algorithm;                  // the speculative algorithm in the draft snapshot ("NONE" without)
+  double step_wall_ms = 0;                // Σ wall time of target steps seen by the scheduler
+  double step_compute_ms = 0;             // Σ compute time reported by the target worker
+  double draft_ms = 0;                    // Σ wall time of propose calls
+  std::vector<std::int64_t> drafted_at;   // [d]: decode steps whose proposal reached depth d+1
+  std::vector<std::int64_t> accepted_at;  // [d]: decode steps that accepted a token at depth d+1
+  std::string target_error;               // set once the target worker has failed
+};
+
+// Checks a request's own fields: max_new_tokens >= 1, sampling values finite and in range
+// (temperature >= 0, top_p in (0, 1], top_k >= 0, min_p in [0, 1)), stop strings non-empty UTF-8.
+// Throws config::ConfigError naming the field as `name` spells it (default: the field's own name;
+// the CLI passes its flag names). The one place these ranges are written down.
+void check_request(const GenerationRequest& r, const std::function<std::string(const std::string& field)>& name = {});
+
+// The snapshot objects each party holds, for the isolation tests.
+struct SnapshotReport {
+  config::Snapshot resolved_target;  // what the scheduler resolved
+  config::Snapshot target_worker;    // what the target worker holds
+  config::Snapshot derived_draft;    // what the scheduler derived (null without an algorithm)
+  config::Snapshot draft_worker;     // what the draft worker holds (null without a live worker)
+};
+
+}  // namespace specactor::sched

@@ -1,0 +1,444 @@
+// tests/test_sched.cpp — the scheduling policy (sched/scheduler.hpp) without an actor system: stop
+// strings, admission under the KV budget, chunked prefill, proposal limits and tree clean-up, stale
+// replies after a failure (the proposal / target-death race), cancellation, fallbacks and metrics.
+#include <doctest/doctest.h>
+
+#include <map>
+
+#include "config/server_args.hpp"
+#include "model/gguf.hpp"
+#include "sched/scheduler.hpp"
+#include "tests/support/gguf_writer.hpp"
+
+using namespace specactor;
+using namespace specactor::sched;
+
+namespace {
+
+// Token i < 26 is the letter 'a' + i; token 26 is the end of generation.
+std::shared_ptr<const model::Tokenizer> letters() {
+  std::vector<std::string> tokens;
+  for (char c = 'a'; c <= 'z'; ++c) tokens.emplace_back(1, c);
+  tokens.push_back("<|im_end|>");
+  std::vector<std::int32_t> types(tokens.size(), 1);
+  types.back() = 3;
+  model::GgufWriter w;
+  w.kv_str("tokenizer.ggml.model", "gpt2");
+  w.kv_str_array("tokenizer.ggml.tokens", tokens);
+  w.kv_i32_array("tokenizer.ggml.token_type", types);
+  w.kv_str_array("tokenizer.ggml.merges", {});
+  w.kv_u32("tokenizer.ggml.eos_token_id", 26);
+  return model::Tokenizer::from_gguf(*model::GgufFile::parse(w.bytes(), "letters.gguf"));
+}
+constexpr std::int32_t kEos = 26;
+std::int32_t tok(char c) { return c - 'a'; }
+
+// Every event a request received, by id.
+struct Events {
+  std::map<std::uint64_t, std::vector<TokenEvent>> by_id;
+  const TokenEvent& final_event(std::uint64_t id) {
+    REQUIRE(!by_id[id].empty());
+    REQUIRE(by_id[id].back().finished);
+    return by_id[id].back();
+  }
+  std::string text(std::uint64_t id) {
+    std::string s;
+    for (const auto& e : by_id[id]) s += e.text;
+    return s;
+  }
+  std::size_t finals(std::uint64_t id) {
+    std::size_t n = 0;
+    for (const auto& e : by_id[id]) n += e.finished;
+    return n;
+  }
+};
+
+struct Fixture {
+  Events events;
+  std::vector<std::uint64_t> released;
+  Limits limits;
+  std::unique_ptr<Scheduler> s;
+
+  explicit Fixture(Limits l = {}, std::int64_t kv_pages = 64) : limits(l) {
+    if (limits.context_length == 0) limits.context_length = 64;
+    limits.page_size = l.page_size;
+    s = std::make_unique<Scheduler>(limits, [this](std::uint64_t id) { released.push_back(id); });
+    s->set_target(kv_pages, letters(), 4);
+    s->set_ready();
+  }
+  std::uint64_t submit(std::uint64_t id, std::vector<std::int32_t> prompt, std::int64_t max_new = 8,
+                       std::vector<std::string> stop = {}, bool speculative = true) {
+    auto sub = std::make_shared<Submission>();
+    sub->id = id;
+    sub->prompt = std::move(prompt);
+    sub->request.max_new_tokens = max_new;
+    sub->request.stop = std::move(stop);
+    sub->request.speculative = speculative;
+    sub->on_token = [this](const TokenEvent& ev) { events.by_id[ev.id].push_back(ev); };
+    s->submit(std::move(sub));
+    return id;
+  }
+  // Answers every item of the plan with `tokens` (a prefill chunk that does not sample gets none).
+  void answer(const StepPlan& plan, const std::map<std::uint64_t, std::vector<std::int32_t>>& tokens,
+              std::int32_t accepted = 0) {
+    StepResult res;
+    for (const auto& it : plan.batch.items) {
+      ItemResult r;
+      r.req = it.req;
+      if (it.sample) r.tokens = tokens.count(it.req) ? tokens.at(it.req) : std::vector<std::int32_t>{tok('z')};
+      r.drafted = static_cast<std::int32_t>(it.tokens.size()) - 1;
+      r.accepted = it.prefill ? 0 : accepted;
+      res.items.push_back(std::move(r));
+    }
+    s->step_done(plan, res);
+  }
+};
+
+DraftShape chain_draft(std::int64_t steps, std::int64_t tokens) {
+  DraftShape d;
+  d.configured = true;
+  d.num_steps = steps;
+  d.num_draft_tokens = tokens;
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("stop strings: held back while they may still match, cut where they do") {
+  StopMatcher m({"END", "xy"});
+  CHECK(m.push("abc") == "abc");
+  CHECK(m.push("dE") == "d");  // "E" may start "END"
+  CHECK(m.push("N") == "");    // "EN" too
+  CHECK(m.push("o") == "ENo");
+  CHECK(m.push("x") == "");
+  CHECK(!m.stopped());
+  CHECK(m.push("yzzz") == "");  // "xy" matched: nothing after it is shown
+  CHECK(m.stopped());
+  CHECK(m.push("more") == "");
+  CHECK(m.flush() == "");
+
+  StopMatcher tail({"ab"});
+  CHECK(tail.push("za") == "z");
+  CHECK(tail.flush() == "a");  // the request ended without the stop string: the held text is output
+
+  StopMatcher none({"", ""});  // empty stop strings are ignored
+  CHECK(none.push("abc") == "abc");
+  CHECK(!none.stopped());
+
+  StopMatcher inside({"cd"});
+  CHECK(inside.push("abcdef") == "ab");  // several tokens' text at once
+  CHECK(inside.stopped());
+}
+
+TEST_CASE("refusals end the request at once, as the request's own error") {
+  Limits l;
+  l.context_length = 16;
+  l.page_size = 4;
+  Fixture f(l, /*kv_pages=*/3);  // 12 tokens of KV
+  f.submit(1, {});
+  f.submit(2, std::vector<std::int32_t>(16, tok('a')));
+  f.submit(3, {tok('a')}, 0);
+  f.submit(4, std::vector<std::int32_t>(10, tok('a')), 5);  // 10 + 5 + 1 = 16 tokens > 12
+  CHECK(f.events.final_event(1).error.find("prompt: is empty") != std::string::npos);
+  CHECK(f.events.final_event(2).error.find("--context-length") != std::string::npos);
+  CHECK(f.events.final_event(3).error.find("max_new_tokens must be >= 1") != std::string::npos);
+  CHECK(f.events.final_event(4).error.find("--max-total-tokens") != std::string::npos);
+  for (std::uint64_t id = 1; id <= 4; ++id) {
+    CHECK(f.events.final_event(id).invalid_request);
+    CHECK(f.events.final_event(id).finish_reason == "error");
+  }
+  CHECK(f.s->queued() == 0);
+  CHECK(f.s->free_pages() == 3);
+  CHECK(f.s->metrics().requests_failed == 4);
+  CHECK(!f.s->next_step(false));
+}
+
+TEST_CASE("admission: FIFO under the KV budget and max_running_requests, pages come back at retirement") {
+  Limits l;
+  l.context_length = 64;
+  l.page_size = 4;
+  l.max_running_requests = 2;
+  Fixture f(l, /*kv_pages=*/6);          // 24 tokens
+  f.submit(1, {tok('a'), tok('b')}, 6);  // 2 + 6 + 1 = 9 tokens: 3 pages
+  f.submit(2, {tok('a')}, 2);            // 4 tokens: 1 page
+  f.submit(3, {tok('a')}, 2);            // fits the pages, not max_running_requests
+  auto plan = f.s->next_step(false);
+  REQUIRE(plan);
+  CHECK(f.s->running() == 2);
+  CHECK(f.s->queued() == 1);
+  CHECK(f.s->free_pages() == 2);
+  CHECK(!f.s->next_step(false));  // a step is in flight
+  f.answer(*plan, {{1, {tok('x')}}, {2, {tok('y')}}});
+  plan = f.s->next_step(false);
+  REQUIRE(plan);
+  f.answer(*plan, {{1, {tok('x')}}, {2, {tok('y')}}});  // request 2 reaches max_new = 2
+  CHECK(f.events.final_event(2).finish_reason == "length");
+  CHECK(f.events.text(2) == "yy");
+  CHECK(f.released == std::vector<std::uint64_t>{2});
+  plan = f.s->next_step(false);  // request 3 takes request 2's place and page
+  REQUIRE(plan);
+  CHECK(f.s->running() == 2);
+  CHECK(f.s->free_pages() == 2);
+
+  // A big request waits at the head of the queue; a small one behind it is not let past.
+  Fixture g(l, 6);
+  g.submit(1, std::vector<std::int32_t>(8, tok('a')), 8);  // 17 tokens: 5 pages
+  g.submit(2, std::vector<std::int32_t>(4, tok('a')), 4);  // 9 tokens: 3 pages (5 + 3 > 6)
+  g.submit(3, {tok('a')}, 1);                              // 3 tokens: 1 page, but behind 2
+  auto p = g.s->next_step(false);
+  REQUIRE(p);
+  CHECK(p->batch.items.size() == 1);
+  CHECK(g.s->queued() == 2);
+}
+
+TEST_CASE("chunked prefill: one budget per step, shared by the requests in order") {
+  Limits l;
+  l.context_length = 64;
+  l.chunked_prefill_size = 5;
+  l.max_running_requests = 4;
+  Fixture f(l);
+  f.submit(1, std::vector<std::int32_t>(7, tok('a')));
+  f.submit(2, std::vector<std::int32_t>(3, tok('b')));
+  auto plan = f.s->next_step(false);
+  REQUIRE(plan);
+  REQUIRE(plan->batch.items.size() == 1);  // request 1 takes the whole budget
+  CHECK(plan->batch.items[0].tokens.size() == 5);
+  CHECK(plan->batch.items[0].prefill);
+  CHECK(!plan->batch.items[0].sample);
+  f.answer(*plan, {});
+  plan = f.s->next_step(false);
+  REQUIRE(plan->batch.items.size() == 2);
+  CHECK(plan->batch.items[0].tokens.size() == 2);  // the rest of request 1, which samples now
+  CHECK(plan->batch.items[0].sample);
+  CHECK(plan->batch.items[1].tokens.size() == 3);  // and request 2 whole
+  f.answer(*plan, {{1, {tok('c')}}, {2, {tok('d')}}});
+  plan = f.s->next_step(false);
+  REQUIRE(plan->batch.items.size() == 2);
+  for (const auto& it : plan->batch.items) {
+    CHECK(!it.prefill);
+    CHECK(it.tokens.size() == 1);  // decode: the last token is the root
+  }
+  CHECK(plan->batch.items[0].tokens[0] == tok('c'));
+  CHECK(plan->batch.items[1].tokens[0] == tok('d'));
+}
+
+TEST_CASE("end of generation and stop strings finish a request, text never shows the stop string") {
+  Limits l;
+  l.max_running_requests = 2;
+  Fixture f(l);
+  f.submit(1, {tok('a')}, 20, {"cd"});
+  f.submit(2, {tok('a')}, 20);
+  auto plan = f.s->next_step(false);
+  f.answer(*plan, {{1, {tok('a')}}, {2, {tok('q')}}});
+  plan = f.s->next_step(false);
+  f.answer(*plan, {{1, {tok('b'), tok('c'), tok('d'), tok('e')}}, {2, {tok('r'), kEos, tok('s')}}});
+  CHECK(f.events.final_event(1).finish_reason == "stop");
+  CHECK(f.events.text(1) == "ab");
+  CHECK(f.events.final_event(2).finish_reason == "stop");
+  CHECK(f.events.text(2) == "qr");  // nothing after the end of generation
+  CHECK(f.events.final_event(2).metrics.generated_tokens == 2);
+  CHECK(f.events.finals(1) == 1);
+  CHECK(f.events.finals(2) == 1);
+}
+
+TEST_CASE("proposals: depth limited by max_new and the context, malformed nodes dropped, q rows kept whole") {
+  Limits l;
+  l.context_length = 12;
+  l.max_running_requests = 4;
+  Fixture f(l);
+  f.s->set_draft(chain_draft(/*steps=*/4, /*tokens=*/8));
+  f.submit(1, {tok('a')}, 3);                              // 3 to emit: depth ≤ 2 (the bonus token is the last)
+  f.submit(2, std::vector<std::int32_t>(8, tok('a')), 9);  // context 12: max_new 4; after one token room 3
+  f.submit(3, {tok('a')}, 9, {}, /*speculative=*/false);   // opted out: no proposal
+  auto plan = f.s->next_step(true);
+  REQUIRE(plan);
+  CHECK(plan->proposals.items.empty());  // prefill steps do not draft
+  f.answer(*plan, {{1, {tok('b')}}, {2, {tok('b')}}, {3, {tok('b')}}});
+  plan = f.s->next_step(true);
+  REQUIRE(plan);
+  REQUIRE(plan->proposals.items.size() == 2);
+  CHECK(plan->proposal_ids == std::vector<std::uint64_t>{1, 2});
+  // Request 1: 2 tokens left → depth 1. Request 2: max_new = 12 - 8 = 4, 3 left → depth 2 (room 3).
+  CHECK(plan->depth_limits == std::vector<std::int32_t>{1, 2});
+  CHECK(plan->proposals.items[0].max_nodes == 7);
+  CHECK(*plan->proposals.items[0].context == std::vector<std::int32_t>{tok('a'), tok('b')});
+
+  Proposals p;
+  // Request 1: a chain of 3 with q rows; depth limit 1 keeps only the first node (q rows dropped).
+  p.tokens.push_back({tok('c'), tok('d'), tok('e')});
+  p.parents.push_back({-1, 0, 1});
+  p.probs.push_back(std::vector<float>(3 * 27, 1.0f / 27));
+  // Request 2: a tree with a forward reference (2 → 3), a node under a dropped parent, a bad parent.
+  p.tokens.push_back({tok('c'), tok('d'), tok('e'), tok('f'), tok('g')});
+  p.parents.push_back({-1, 0, 3, -1, -7});
+  p.probs.push_back({});
+  CHECK(f.s->apply_proposals(*plan, p));
+  const auto& it1 = plan->batch.items[0];
+  CHECK(it1.tokens == std::vector<std::int32_t>{tok('b'), tok('c')});
+  CHECK(it1.parents == std::vector<std::int32_t>{-1});
+  CHECK(it1.draft_probs.empty());
+  const auto& it2 = plan->batch.items[1];
+  CHECK(it2.tokens == std::vector<std::int32_t>{tok('b'), tok('c'), tok('d'), tok('f')});
+  CHECK(it2.parents == std::vector<std::int32_t>{-1, 0, -1});
+  CHECK(plan->batch.items[2].tokens.size() == 1);  // request 3 decodes plainly
+  f.answer(*plan, {{1, {tok('c'), tok('x')}}, {2, {tok('c'), tok('d'), tok('y')}}, {3, {tok('z')}}});
+  CHECK(f.events.final_event(1).finish_reason == "length");  // b, c, x = 3 tokens
+  CHECK(f.events.text(1) == "bcx");
+}
+
+TEST_CASE("proposals: the tree is cut at the node limit") {
+  Fixture f;
+  f.s->set_draft(chain_draft(1, 200));
+  f.submit(1, {tok('a')}, 30);
+  auto plan = f.s->next_step(true);
+  f.answer(*plan, {{1, {tok('b')}}});
+  plan = f.s->next_step(true);
+  REQUIRE(plan->proposals.items.size() == 1);
+  Proposals p;
+  p.tokens.push_back(std::vector<std::int32_t>(150, tok('c')));
+  p.parents.push_back(std::vector<std::int32_t>(150, -1));  // 150 children of the root
+  p.probs.push_back({});
+  CHECK(f.s->apply_proposals(*plan, p));
+  CHECK(static_cast<std::int64_t>(plan->batch.items[0].tokens.size()) == config::kMaxTreeTokens);
+}
+
+TEST_CASE("stale replies: a proposal or step answered after every request failed changes nothing") {
+  // The race the scheduler actor once lost: the target dies while a proposal is out. fail_everything
+  // retires (and frees) every request; the proposal's reply arrives afterwards and must not touch them.
+  Limits l;
+  l.max_running_requests = 4;
+  Fixture f(l);
+  f.s->set_draft(chain_draft(3, 4));
+  f.submit(1, {tok('a')}, 10);
+  f.submit(2, {tok('a')}, 10);
+  auto plan = f.s->next_step(true);
+  f.answer(*plan, {{1, {tok('b')}}, {2, {tok('b')}}});
+  plan = f.s->next_step(true);
+  REQUIRE(plan->proposals.items.size() == 2);
+  f.s->fail_everything("target worker failed: boom");
+  CHECK(f.events.final_event(1).error == "target worker failed: boom");
+  CHECK(!f.events.final_event(1).invalid_request);
+  CHECK(f.s->running() == 0);
+  Proposals p;
+  p.tokens = {{tok('c')}, {tok('c')}};
+  p.parents = {{-1}, {-1}};
+  p.probs = {{}, {}};
+  CHECK(!f.s->apply_proposals(*plan, p));
+  CHECK(!f.s->proposals_failed(*plan));
+  f.answer(*plan, {{1, {tok('c')}}, {2, {tok('c')}}});  // ignored
+  f.s->step_failed(*plan, "late");                      // ignored
+  CHECK(f.events.finals(1) == 1);
+  CHECK(f.events.finals(2) == 1);
+  CHECK(f.s->metrics().requests_failed == 2);
+  CHECK(f.s->metrics().steps == 1);
+  // The policy goes on: a new request runs.
+  f.submit(3, {tok('a')}, 1);
+  plan = f.s->next_step(false);
+  REQUIRE(plan);
+  f.answer(*plan, {{3, {tok('q')}}});
+  CHECK(f.events.final_event(3).finish_reason == "length");
+}
+
+TEST_CASE("cancel: queued requests end at once, running ones at the step boundary, even mid-proposal") {
+  Limits l;
+  l.max_running_requests = 1;
+  Fixture f(l);
+  f.s->set_draft(chain_draft(2, 3));
+  f.submit(1, {tok('a')}, 10);
+  f.submit(2, {tok('a')}, 10);
+  auto plan = f.s->next_step(true);
+  f.s->cancel(2);  // queued
+  CHECK(f.events.final_event(2).finish_reason == "cancelled");
+  f.answer(*plan, {{1, {tok('b')}}});
+  plan = f.s->next_step(true);
+  REQUIRE(plan->proposals.items.size() == 1);
+  f.s->cancel(1);  // running, its proposal out
+  Proposals p;
+  p.tokens = {{tok('c'), tok('d')}};
+  p.parents = {{-1, 0}};
+  p.probs = {{}};
+  CHECK(f.s->apply_proposals(*plan, p));
+  f.answer(*plan, {{1, {tok('c'), tok('d'), tok('e')}}}, 2);
+  CHECK(f.events.final_event(1).finish_reason == "cancelled");
+  CHECK(f.events.finals(1) == 1);
+  CHECK(f.released == std::vector<std::uint64_t>{2, 1});
+  CHECK(f.s->metrics().requests_cancelled == 2);
+}
+
+TEST_CASE("a failed step ends its own requests, a missing drafter counts fallbacks, metrics add up") {
+  Limits l;
+  l.chunked_prefill_size = 4;
+  l.max_running_requests = 4;
+  Fixture f(l);
+  f.s->set_draft(chain_draft(2, 3));
+  f.submit(1, {tok('a')}, 10);
+  f.submit(2, std::vector<std::int32_t>(9, tok('a')), 10);  // still prefilling in the second step
+  auto plan = f.s->next_step(false);
+  f.answer(*plan, {{1, {tok('b')}}});
+  plan = f.s->next_step(false);  // the drafter is gone: request 1 decodes without drafts
+  CHECK(plan->proposals.items.empty());
+  CHECK(f.s->metrics().fallback_steps == 1);
+  f.answer(*plan, {{1, {tok('c')}}});
+  plan = f.s->next_step(true);
+  REQUIRE(plan->proposals.items.size() == 1);  // request 2 is still prefilling: only 1 drafts
+  Proposals p;
+  p.tokens = {{tok('d'), tok('e')}};
+  p.parents = {{-1, 0}};
+  p.probs = {{}};
+  CHECK(f.s->apply_proposals(*plan, p));
+  f.answer(*plan, {{1, {tok('d'), tok('e'), tok('f')}}, {2, {tok('x')}}}, 2);
+  const EngineMetrics m = f.s->snapshot_metrics();
+  CHECK(m.drafted == 2);
+  CHECK(m.accepted == 2);
+  CHECK(m.acceptance_rate == doctest::Approx(1.0));
+  CHECK(m.drafted_at == std::vector<std::int64_t>{1, 1});
+  CHECK(m.accepted_at == std::vector<std::int64_t>{1, 1});
+  CHECK(m.speculative_steps == 2);  // request 1's two decode steps (request 2 prefilled until now)
+  CHECK(m.mean_accepted_length == doctest::Approx(2.0));
+  CHECK(f.events.text(1) == "bcdef");
+
+  plan = f.s->next_step(false);  // both decode now; the target fails this step
+  REQUIRE(plan->batch.items.size() == 2);
+  f.submit(3, {tok('a')}, 2);  // queued while the step is out: not part of it
+  f.s->step_failed(*plan, "target step failed: x");
+  CHECK(f.events.final_event(1).error == "target step failed: x");
+  CHECK(f.events.final_event(2).error == "target step failed: x");
+  plan = f.s->next_step(false);
+  REQUIRE(plan);
+  CHECK(plan->batch.items.size() == 1);
+  CHECK(plan->batch.items[0].req == 3);
+}
+
+TEST_CASE("before the target is known, requests wait, a target failure fails them and later ones") {
+  Limits l;
+  l.context_length = 32;
+  l.page_size = 4;
+  l.max_running_requests = 4;
+  Events events;
+  Scheduler s(l, {});
+  auto sub = [&](std::uint64_t id, std::size_t prompt) {
+    auto x = std::make_shared<Submission>();
+    x->id = id;
+    x->prompt.assign(prompt, tok('a'));
+    x->request.max_new_tokens = 8;
+    x->on_token = [&](const TokenEvent& ev) { events.by_id[ev.id].push_back(ev); };
+    s.submit(x);
+  };
+  sub(1, 4);
+  sub(2, 20);  // fits the context; the KV budget is checked once it is known
+  CHECK(!s.next_step(false));
+  s.set_target(/*kv_pages=*/5, letters(), 4);  // 20 tokens of KV
+  s.set_ready();
+  auto plan = s.next_step(false);
+  REQUIRE(plan);
+  CHECK(plan->batch.items.size() == 1);  // 1 runs; 2 (29 tokens) is refused at admission
+  CHECK(events.final_event(2).invalid_request);
+  CHECK(events.final_event(2).error.find("--max-total-tokens") != std::string::npos);
+  s.set_target_failed("target worker failed: oom");
+  CHECK(events.final_event(1).error == "target worker failed: oom");
+  CHECK(s.stale(*plan));
+  sub(3, 2);
+  CHECK(events.final_event(3).error == "target worker failed: oom");
+  CHECK(!events.final_event(3).invalid_request);
+  CHECK(!s.next_step(false));
+}

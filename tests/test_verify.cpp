@@ -1,0 +1,146 @@
+// tests/test_verify.cpp — model::verify_step without an actor system: greedy chains and trees and
+// their compaction plans, plain decoding, lossless sampling (the first emitted token follows the
+// target distribution whatever the draft), chain rejection sampling with q, and backend parity.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+
+#include "model/verify.hpp"
+
+using namespace specactor;
+using model::Verdict;
+using model::VerifyItem;
+
+namespace {
+
+constexpr std::int64_t V = 6;
+
+// Logits rows whose argmax is `best[i]` (the best token 4 above the rest).
+std::vector<float> peaked(const std::vector<std::int32_t>& best) {
+  std::vector<float> l(best.size() * V, 0.0f);
+  for (std::size_t i = 0; i < best.size(); ++i) l[i * V + static_cast<std::size_t>(best[i])] = 4.0f;
+  return l;
+}
+
+Verdict run(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& parents,
+            const std::vector<float>& logits, const kernels::SamplingParams& params, kernels::Rng& rng,
+            const std::vector<float>& q = {}, const kernels::Backend& backend = kernels::cpu_backend()) {
+  const VerifyItem it{tokens, parents, q, params};
+  const kernels::Tree tree = tokens.size() > 1 ? model::item_tree(it, 10) : kernels::Tree{};
+  return model::verify_step(it, tree, logits.data(), V, rng, backend);
+}
+
+}  // namespace
+
+TEST_CASE("verify_step greedy: a chain accepts its matching prefix and adds the target's token") {
+  kernels::Rng rng(1);
+  const kernels::SamplingParams greedy;
+  // Root 0, drafts 1 2 3; the target predicts 1 after the root, 2 after 1, 5 after 2.
+  const Verdict v = run({0, 1, 2, 3}, {}, peaked({1, 2, 5, 0}), greedy, rng);
+  CHECK(v.drafted == 3);
+  CHECK(v.accepted == 2);
+  CHECK(v.tokens == std::vector<std::int32_t>{1, 2, 5});
+  CHECK(v.path == std::vector<std::int32_t>{0, 1, 2});
+  CHECK(v.in_place());
+  // Nothing matches: only the target's token.
+  const Verdict none = run({0, 3, 3}, {}, peaked({4, 4, 4}), greedy, rng);
+  CHECK(none.accepted == 0);
+  CHECK(none.tokens == std::vector<std::int32_t>{4});
+  CHECK(none.path == std::vector<std::int32_t>{0});
+  // Plain decoding (no drafts).
+  const Verdict plain = run({0}, {}, peaked({3}), greedy, rng);
+  CHECK(plain.tokens == std::vector<std::int32_t>{3});
+  CHECK(plain.drafted == 0);
+  CHECK(plain.path == std::vector<std::int32_t>{0});
+}
+
+TEST_CASE("verify_step greedy: a tree follows the target's branch, the plan moves its rows forward") {
+  kernels::Rng rng(1);
+  // Nodes: 0 root, 1 = token 1 (child of root), 2 = token 2 (child of root), 3 = token 3 (child of 2).
+  // The target predicts 2 after the root, 3 after node 2, 5 after node 3 (row 1's prediction is unused).
+  const Verdict v = run({0, 1, 2, 3}, {-1, -1, 1}, peaked({2, 0, 3, 5}), {}, rng);
+  CHECK(v.accepted == 2);
+  CHECK(v.tokens == std::vector<std::int32_t>{2, 3, 5});
+  CHECK(v.path == std::vector<std::int32_t>{0, 2, 3});
+  CHECK(!v.in_place());
+  for (std::size_t j = 0; j < v.path.size(); ++j) CHECK(v.path[j] >= static_cast<std::int32_t>(j));
+}
+
+TEST_CASE("verify_step sampling: the first emitted token follows the target distribution, whatever the draft") {
+  // Target p over 6 tokens (temperature 1); a draft that always proposes token 0 (tree sampling, no q),
+  // and a chain drafted from a q unlike p (rejection sampling). Both must emit token t with p(t).
+  const std::vector<float> row = {1.0f, 0.2f, -0.5f, 0.7f, -1.0f, 0.0f};
+  std::array<double, V> p{};
+  double z = 0;
+  for (std::int64_t t = 0; t < V; ++t) z += std::exp(row[static_cast<std::size_t>(t)]);
+  for (std::int64_t t = 0; t < V; ++t) p[static_cast<std::size_t>(t)] = std::exp(row[static_cast<std::size_t>(t)]) / z;
+  std::vector<float> logits;
+  for (int r = 0; r < 3; ++r) logits.insert(logits.end(), row.begin(), row.end());
+  kernels::SamplingParams params;
+  params.temperature = 1.0f;
+  const std::vector<float> q_row = {0.05f, 0.05f, 0.6f, 0.1f, 0.1f, 0.1f};
+  std::vector<float> q;
+  for (int r = 0; r < 2; ++r) q.insert(q.end(), q_row.begin(), q_row.end());
+
+  const int trials = 20000;
+  std::array<int, V> tree_hist{}, chain_hist{};
+  kernels::Rng rng(7), draft_rng(11);
+  for (int i = 0; i < trials; ++i) {
+    ++tree_hist[static_cast<std::size_t>(run({3, 0, 0}, {}, logits, params, rng).tokens[0])];
+    // Draft two tokens from q.
+    std::vector<std::int32_t> chain = {3};
+    for (int d = 0; d < 2; ++d)
+      chain.push_back(kernels::sample_distribution(q_row.data(), V, static_cast<float>(draft_rng.uniform())));
+    const Verdict v = run(chain, {}, logits, params, rng, q);
+    CHECK(v.path.size() == v.tokens.size());
+    ++chain_hist[static_cast<std::size_t>(v.tokens[0])];
+  }
+  for (std::size_t t = 0; t < V; ++t) {
+    CHECK(tree_hist[t] / static_cast<double>(trials) == doctest::Approx(p[t]).epsilon(0.012));
+    CHECK(chain_hist[t] / static_cast<double>(trials) == doctest::Approx(p[t]).epsilon(0.012));
+  }
+}
+
+TEST_CASE("verify_step chain rejection: q equal to p accepts every draft, the same seed gives the same verdict") {
+  const std::vector<float> row = {0.3f, 0.1f, 2.0f, -1.0f, 0.0f, 0.5f};
+  std::vector<float> logits, q;
+  for (int r = 0; r < 4; ++r) logits.insert(logits.end(), row.begin(), row.end());
+  kernels::SamplingParams params;
+  params.temperature = 1.0f;
+  std::vector<float> p_row;
+  kernels::sampling_probs(row.data(), V, params, p_row);
+  for (int r = 0; r < 3; ++r) q.insert(q.end(), p_row.begin(), p_row.end());
+  kernels::Rng a(5), b(5);
+  for (int i = 0; i < 200; ++i) {
+    const Verdict va = run({1, 2, 0, 5}, {}, logits, params, a, q);
+    const Verdict vb = run({1, 2, 0, 5}, {}, logits, params, b, q);
+    CHECK(va.accepted == 3);
+    CHECK(va.tokens.size() == 4);
+    CHECK(va.tokens == vb.tokens);
+  }
+}
+
+TEST_CASE("verify_step: the CUDA backend's verdicts equal the CPU's") {
+  const kernels::Backend* cuda = kernels::cuda_backend();
+  if (!cuda) {
+    MESSAGE("SKIPPED: verify_step CUDA parity (no usable CUDA device: " << kernels::probe_devices().reason << ")");
+    return;
+  }
+  kernels::SamplingParams greedy, sampled;
+  sampled.temperature = 0.8f;
+  const std::vector<float> logits = peaked({2, 0, 3, 5});
+  std::vector<float> q(3 * V, 1.0f / V);
+  for (const auto* params : {&greedy, &sampled}) {
+    kernels::Rng r1(3), r2(3);
+    for (int i = 0; i < 50; ++i) {
+      const Verdict c = run({0, 1, 2, 3}, {-1, -1, 1}, logits, *params, r1);
+      const Verdict g = run({0, 1, 2, 3}, {-1, -1, 1}, logits, *params, r2, {}, *cuda);
+      CHECK(c.tokens == g.tokens);
+      CHECK(c.path == g.path);
+      const Verdict cc = run({0, 1, 2, 3}, {}, logits, *params, r1, q);
+      const Verdict gc = run({0, 1, 2, 3}, {}, logits, *params, r2, q, *cuda);
+      CHECK(cc.tokens == gc.tokens);
+    }
+  }
+}
