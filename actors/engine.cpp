@@ -4,6 +4,7 @@
 #include <caf/all.hpp>
 #include <cmath>
 #include <future>
+#include <map>
 #include <mutex>
 
 #include "actors/engine_caf.hpp"
@@ -28,12 +29,21 @@ struct Engine::Impl {
   model::ChatTemplate chat;
   std::atomic<std::uint64_t> next_id{1};
   std::once_flag stopped;
+  // One submission's callback: exactly one final event reaches it, from the scheduler or, when the
+  // scheduler is gone before it answered, from the engine.
+  struct Delivery {
+    std::mutex m;
+    bool done = false;
+    std::function<void(const TokenEvent&)> on_token;
+  };
   // Set when the scheduler terminates (shutdown or a bug): submit() then refuses at once instead of
-  // sending to an actor that will never answer.
+  // sending to an actor that will never answer, and every submission still waiting for its final
+  // event gets one (a submit sent the instant the scheduler stopped included).
   struct Down {
     std::mutex m;
     bool down = false;
     std::string reason;
+    std::map<std::uint64_t, std::shared_ptr<Delivery>> live;
   };
   std::shared_ptr<Down> down = std::make_shared<Down>();
 };
@@ -48,9 +58,28 @@ std::unique_ptr<Engine::Impl> start(caf::actor_system& sys, config::Snapshot tar
   impl->target = std::move(target);
   impl->scheduler = spawn_scheduler(sys, impl->target);
   caf::actor_cast<caf::abstract_actor*>(impl->scheduler)->attach_functor([down = impl->down](const caf::error& reason) {
-    std::lock_guard<std::mutex> lock(down->m);
-    down->down = true;
-    down->reason = reason ? error_message(reason) : "the engine shut down";
+    std::map<std::uint64_t, std::shared_ptr<Engine::Impl::Delivery>> live;
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(down->m);
+      down->down = true;
+      down->reason = why = reason ? error_message(reason) : "the engine shut down";
+      live.swap(down->live);
+    }
+    for (auto& [id, d] : live) {
+      std::lock_guard<std::mutex> lock(d->m);
+      if (d->done) continue;
+      d->done = true;
+      TokenEvent ev;
+      ev.id = id;
+      ev.finished = true;
+      ev.finish_reason = "error";
+      ev.error = why;
+      try {
+        d->on_token(ev);
+      } catch (const std::exception&) {  // the host's callback; nothing more to tell it
+      }
+    }
   });
   caf::scoped_actor self{sys};
   caf::error failure;
@@ -104,7 +133,14 @@ void Engine::shutdown() {
       self->send_exit(impl_->scheduler, caf::exit_reason::user_shutdown);
       self->wait_for(impl_->scheduler);
     }
-    impl_->scheduler = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(impl_->down->m);  // submit() reads the handle under this lock
+      impl_->scheduler = nullptr;
+      if (!impl_->down->down) {
+        impl_->down->down = true;
+        impl_->down->reason = "the engine shut down";
+      }
+    }
     impl_->own_system.reset();  // waits for every actor of an owned system
     impl_->own_cfg.reset();
   });
@@ -133,10 +169,6 @@ std::vector<std::int32_t> Engine::tokenize(const GenerationRequest& r) const {
 
 std::uint64_t Engine::submit(GenerationRequest request, std::function<void(const TokenEvent&)> on_token) {
   sched::check_request(request);  // the scheduler checks what needs its state (context, KV budget)
-  {
-    std::lock_guard<std::mutex> lock(impl_->down->m);
-    if (impl_->down->down) throw std::runtime_error("the engine has stopped: " + impl_->down->reason);
-  }
   auto sub = std::make_shared<Submission>();
   sub->id = impl_->next_id++;
   sub->prompt = tokenize(request);
@@ -146,8 +178,25 @@ std::uint64_t Engine::submit(GenerationRequest request, std::function<void(const
       throw config::ConfigError("prompt_ids[" + std::to_string(i) + "] = " + std::to_string(sub->prompt[i]) +
                                 " is outside the vocabulary (" + std::to_string(vocab) + " tokens)");
   sub->request = std::move(request);
-  sub->on_token = std::move(on_token);
   const std::uint64_t id = sub->id;
+  auto delivery = std::make_shared<Impl::Delivery>();
+  delivery->on_token = std::move(on_token);
+  sub->on_token = [delivery, down = impl_->down, id](const TokenEvent& ev) {
+    std::lock_guard<std::mutex> lock(delivery->m);
+    if (delivery->done) return;  // the engine already ended it (the scheduler stopped)
+    if (ev.finished) {
+      delivery->done = true;
+      std::lock_guard<std::mutex> lock_down(down->m);
+      down->live.erase(id);
+    }
+    delivery->on_token(ev);
+  };
+  // Registered and sent under the lock the scheduler's termination takes: either the scheduler is
+  // known to be gone (refused here) or its termination will find this submission.
+  std::lock_guard<std::mutex> lock(impl_->down->m);
+  if (impl_->down->down || !impl_->scheduler)
+    throw std::runtime_error("the engine has stopped: " + impl_->down->reason);
+  impl_->down->live.emplace(id, delivery);
   caf::anon_send(impl_->scheduler, submit_atom::value, std::shared_ptr<const Submission>(std::move(sub)));
   return id;
 }

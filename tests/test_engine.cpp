@@ -436,6 +436,53 @@ TEST_CASE("cancellation, per-request seeds, and shutdown with requests in flight
   }
 }
 
+TEST_CASE("submissions racing shutdown: each is refused or gets exactly one final event, nothing after it") {
+  // The scheduler may stop between submit()'s check and its message: that submission must still end.
+  for (int round = 0; round < 5; ++round) {
+    auto engine = Engine::from_argv(tiny_args());
+    struct Seen {
+      std::mutex m;
+      int finals = 0, after_final = 0;
+    };
+    std::vector<std::shared_ptr<Seen>> seen;
+    std::mutex seen_m;
+    std::atomic<int> refused{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t)
+      threads.emplace_back([&, t] {
+        while (!go.load()) std::this_thread::yield();
+        for (int i = 0; i < 40; ++i) {
+          std::this_thread::sleep_for(std::chrono::microseconds(150));  // spread the submissions over the shutdown
+          auto s = std::make_shared<Seen>();
+          try {
+            engine->submit(ids_request(tiny_prompt(t + i), 3), [s](const TokenEvent& ev) {
+              std::lock_guard<std::mutex> lock(s->m);
+              if (s->finals > 0) ++s->after_final;
+              if (ev.finished) ++s->finals;
+            });
+            std::lock_guard<std::mutex> lock(seen_m);
+            seen.push_back(s);
+          } catch (const std::runtime_error& e) {
+            CHECK(std::string(e.what()).find("the engine has stopped") != std::string::npos);
+            ++refused;
+          }
+        }
+      });
+    go = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1 + 2 * round));
+    engine->shutdown();
+    for (auto& th : threads) th.join();
+    CHECK(seen.size() + static_cast<std::size_t>(refused.load()) == 120);
+    MESSAGE("round " << round << ": " << seen.size() << " submitted, " << refused.load() << " refused");
+    for (const auto& s : seen) {
+      std::lock_guard<std::mutex> lock(s->m);
+      CHECK(s->finals == 1);
+      CHECK(s->after_final == 0);
+    }
+  }
+}
+
 TEST_CASE("an engine inside the host's own actor system") {
   caf::actor_system_config cfg;
   configure_actor_system(cfg);

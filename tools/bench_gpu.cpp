@@ -93,10 +93,7 @@ int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptio
   (void)o;
   throw sc::ConfigError("--device cuda: this build has no CUDA backend (configured without nvcc)");
 #else
-  const sc::Snapshot user = sc::freeze(sc::parse_server_args(server_args));
-  if (user->model_path.empty()) throw sc::ConfigError("--model-path is required");
-  const sm::ModelInfo info = sm::read_any_model_info(*user);
-  const sc::Snapshot s = sc::resolve_target(user, info.facts(), specactor::actors::runtime_facts());
+  const auto [s, info] = sm::resolve_target(sc::parse_server_args(server_args));
   spdlog::set_level(spdlog::level::from_str(s->log_level));
   const auto& probe = specactor::kernels::probe_devices();
   spdlog::info("bench: measuring the device's copy bandwidth");
