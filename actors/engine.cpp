@@ -11,6 +11,7 @@
 #include "actors/scheduler.hpp"
 #include "actors/system.hpp"
 #include "config/error.hpp"
+#include "config/input.hpp"
 #include "config/resolve.hpp"
 #include "kernels/backend.hpp"
 #include "model/chat.hpp"
@@ -25,6 +26,7 @@ struct Engine::Impl {
   caf::actor_system* system = nullptr;
   scheduler_actor scheduler;
   config::Snapshot target;
+  std::string target_hash;  // before the scheduler derived the draft snapshot
   TargetInfo info;
   model::ChatTemplate chat;
   std::atomic<std::uint64_t> next_id{1};
@@ -56,6 +58,7 @@ std::unique_ptr<Engine::Impl> start(caf::actor_system& sys, config::Snapshot tar
   auto impl = std::make_unique<Engine::Impl>();
   impl->system = &sys;
   impl->target = std::move(target);
+  impl->target_hash = config::hash_hex(config::content_hash(*impl->target));
   impl->scheduler = spawn_scheduler(sys, impl->target);
   caf::actor_cast<caf::abstract_actor*>(impl->scheduler)->attach_functor([down = impl->down](const caf::error& reason) {
     std::map<std::uint64_t, std::shared_ptr<Engine::Impl::Delivery>> live;
@@ -158,6 +161,20 @@ std::vector<std::int32_t> Engine::tokenize(const GenerationRequest& r) const {
       throw config::ConfigError(std::string(name) + ": " + e.what());
     }
   }
+  if (r.chat && !r.messages.empty()) {  // a whole conversation
+    for (std::size_t i = 0; i < r.messages.size(); ++i) {
+      const auto& role = r.messages[i].role;
+      if (role != "system" && role != "user" && role != "assistant")
+        throw config::ConfigError("messages[" + std::to_string(i) + "].role: '" + config::printable(role) +
+                                  "' (expected system, user or assistant)");
+      try {
+        model::check_utf8(r.messages[i].content);
+      } catch (const config::ConfigError& e) {
+        throw config::ConfigError("messages[" + std::to_string(i) + "].content: " + e.what());
+      }
+    }
+    return tok->encode_parts(impl_->chat.render_parts(r.messages), true);
+  }
   if (r.chat) {
     std::vector<model::ChatMessage> msgs;
     if (!r.system.empty()) msgs.push_back({"system", r.system});
@@ -257,5 +274,7 @@ void Engine::restart_draft() { caf::anon_send(impl_->scheduler, restart_atom::va
 const config::Snapshot& Engine::target_snapshot() const { return impl_->target; }
 const model::ModelInfo& Engine::model_info() const { return impl_->info.info; }
 std::shared_ptr<const model::Tokenizer> Engine::tokenizer() const { return impl_->info.tokenizer; }
+
+const std::string& Engine::target_hash_before_draft() const { return impl_->target_hash; }
 
 }  // namespace specactor::actors

@@ -57,6 +57,9 @@ class Engine {
 
   SnapshotReport snapshots();
   const config::Snapshot& target_snapshot() const;
+  // The content hash (hex) of the target snapshot as resolved, taken before the draft snapshot was
+  // derived; a running server shows it beside the target worker's hash now.
+  const std::string& target_hash_before_draft() const;
   const model::ModelInfo& model_info() const;
   std::shared_ptr<const model::Tokenizer> tokenizer() const;
   // The prompt ids a request would be tokenized to (chat template applied when asked).

@@ -147,6 +147,8 @@ EngineMetrics Scheduler::snapshot_metrics() const {
   m.mean_accepted_length =
       m.speculative_steps > 0 ? static_cast<double>(m.accepted + m.speculative_steps) / m.speculative_steps : 0.0;
   m.acceptance_rate = m.drafted > 0 ? static_cast<double>(m.accepted) / m.drafted : 0.0;
+  m.kv_pages_total = total_pages_;
+  m.kv_pages_free = free_pages_;
   return m;
 }
 
@@ -454,6 +456,12 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
       if (static_cast<std::int32_t>(aa.size()) < item.accepted) aa.resize(static_cast<std::size_t>(item.accepted), 0);
       for (std::int32_t d = 0; d < r.draft_depth; ++d) ++da[static_cast<std::size_t>(d)];
       for (std::int32_t d = 0; d < item.accepted; ++d) ++aa[static_cast<std::size_t>(d)];
+      auto& rda = r.m.drafted_at;
+      auto& raa = r.m.accepted_at;
+      if (static_cast<std::int32_t>(rda.size()) < r.draft_depth) rda.resize(static_cast<std::size_t>(r.draft_depth), 0);
+      if (static_cast<std::int32_t>(raa.size()) < item.accepted) raa.resize(static_cast<std::size_t>(item.accepted), 0);
+      for (std::int32_t d = 0; d < r.draft_depth; ++d) ++rda[static_cast<std::size_t>(d)];
+      for (std::int32_t d = 0; d < item.accepted; ++d) ++raa[static_cast<std::size_t>(d)];
       r.draft_depth = 0;
       reason = emit(r, item.tokens);
     }

@@ -11,14 +11,16 @@
 
 #include "config/snapshot.hpp"
 #include "kernels/cpu/sampling.hpp"
+#include "model/chat.hpp"
 
 namespace specactor::sched {
 
 struct GenerationRequest {
-  std::string prompt;                    // text (ignored when prompt_ids is set)
-  std::vector<std::int32_t> prompt_ids;  // token ids, used as they are
-  bool chat = false;                     // format `prompt` with the model's chat template
-  std::string system;                    // optional system turn for chat
+  std::string prompt;                        // text (ignored when prompt_ids is set)
+  std::vector<std::int32_t> prompt_ids;      // token ids, used as they are
+  bool chat = false;                         // format `prompt` with the model's chat template
+  std::string system;                        // optional system turn for chat
+  std::vector<model::ChatMessage> messages;  // chat: a whole conversation (used instead of prompt/system)
   std::int64_t max_new_tokens = 128;
   kernels::SamplingParams sampling;   // greedy by default
   std::optional<std::uint64_t> seed;  // default: the snapshot's random_seed
@@ -31,12 +33,14 @@ struct RequestMetrics {
   std::int64_t prompt_tokens = 0;
   std::int64_t generated_tokens = 0;
   double time_to_first_token_ms = 0;
-  double decode_tokens_per_s = 0;   // tokens after the first / time after the first
-  std::int64_t steps = 0;           // decode steps (one target forward each)
-  std::int64_t drafted = 0;         // draft tokens verified
-  std::int64_t accepted = 0;        // draft tokens accepted
-  double mean_accepted_length = 0;  // τ: tokens emitted per decode step (accepted + 1)
-  std::int64_t fallbacks = 0;       // steps that ran without a draft because the drafter was gone
+  double decode_tokens_per_s = 0;         // tokens after the first / time after the first
+  std::int64_t steps = 0;                 // decode steps (one target forward each)
+  std::int64_t drafted = 0;               // draft tokens verified
+  std::int64_t accepted = 0;              // draft tokens accepted
+  double mean_accepted_length = 0;        // τ: tokens emitted per decode step (accepted + 1)
+  std::int64_t fallbacks = 0;             // steps that ran without a draft because the drafter was gone
+  std::vector<std::int64_t> drafted_at;   // [d]: this request's steps whose proposal reached depth d+1
+  std::vector<std::int64_t> accepted_at;  // [d]: this request's steps that accepted a token at depth d+1
 };
 
 struct TokenEvent {
@@ -82,6 +86,7 @@ struct EngineMetrics {
   std::vector<std::int64_t> drafted_at;   // [d]: decode steps whose proposal reached depth d+1
   std::vector<std::int64_t> accepted_at;  // [d]: decode steps that accepted a token at depth d+1
   std::string target_error;               // set once the target worker has failed
+  std::int64_t kv_pages_total = 0, kv_pages_free = 0;  // the target's KV pool (pages not reserved by requests)
 };
 
 // Checks a request's own fields: max_new_tokens >= 1, sampling values finite and in range

@@ -38,6 +38,7 @@
 #include "model/model_info.hpp"
 #include "model/runner.hpp"
 #include "model/writers.hpp"
+#include "server/server.hpp"
 #include "tools/bench.hpp"
 
 namespace sc = specactor::config;
@@ -712,6 +713,27 @@ int run(int argc, char** argv) {
   add_bench_flags(*benchcmd, bench);
   benchcmd->allow_extras()->footer(server_flags);
 
+  specactor::server::ServeOptions serve_opts;
+  if (const char* key = std::getenv("SPECACTOR_API_KEY")) serve_opts.api_key = key;
+  auto* serve = app.add_subcommand(
+      "serve", "an OpenAI-compatible HTTP server (binds --host, --port; /v1/chat/completions, /metrics, ...)");
+  serve->add_option("--api-key", serve_opts.api_key,
+                    "require Authorization: Bearer KEY (default: $SPECACTOR_API_KEY; none when unset)");
+  serve->add_option("--served-model-name", serve_opts.served_model_name,
+                    "the model name clients use (default: the model file's name)");
+  serve
+      ->add_option("--max-queued-requests", serve_opts.max_queued_requests,
+                   "requests waiting beyond the running batch; more are answered 503 (default 256)")
+      ->check(integer_at_least<std::int64_t>(0));
+  serve
+      ->add_option("--max-body-bytes", serve_opts.max_body_bytes, "largest request body; larger is 413 (default 8 MiB)")
+      ->check(integer_at_least<std::int64_t>(1024));
+  serve
+      ->add_option("--grace-period", serve_opts.grace_seconds,
+                   "seconds running requests may finish after SIGINT/SIGTERM (default 30)")
+      ->check(finite_number());
+  serve->allow_extras()->footer(server_flags);
+
   auto* config = app.add_subcommand(
       "config", "print the resolved target snapshot, the derived draft snapshot and their override logs");
   bool config_help = false;
@@ -758,6 +780,12 @@ int run(int argc, char** argv) {
     throw sc::ConfigError(e.what());
   }
   if (*generate) return cmd_generate(gen, generate->remaining());
+  if (*serve) {
+    if (!(serve_opts.grace_seconds >= 0)) throw sc::ConfigError("--grace-period: must be >= 0");
+    const sc::ServerArgs args = sc::parse_server_args(serve->remaining());
+    spdlog::set_level(spdlog::level::from_str(args.log_level));
+    return specactor::server::serve(args, serve_opts);
+  }
   if (*benchcmd) return cmd_bench(bench, benchcmd->remaining());
   if (*config) {
     if (config_help) return print_server_flags(), 0;

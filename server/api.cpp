@@ -1,0 +1,409 @@
+// server/api.cpp — see api.hpp.
+#include "server/api.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "config/error.hpp"
+#include "config/input.hpp"
+
+namespace specactor::server {
+
+ApiError::ApiError(int status_, std::string message, std::string param_, std::string type_, std::string code_)
+    : std::runtime_error(std::move(message)),
+      status(status_),
+      type(std::move(type_)),
+      param(std::move(param_)),
+      code(std::move(code_)) {}
+
+json error_body(const ApiError& e) {
+  return {{"error",
+           {{"message", e.what()},
+            {"type", e.type},
+            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+json status_error_body(int status, const std::string& message) {
+  const char* type = status == 401   ? "authentication_error"
+                     : status == 404 ? "not_found_error"
+                     : status == 413 ? "request_too_large"
+                     : status == 503 ? "service_unavailable"
+                     : status >= 500 ? "server_error"
+                                     : "invalid_request_error";
+  return error_body(ApiError(status, message, {}, type));
+}
+
+json parse_body(const std::string& text) {
+  json j;
+  try {
+    j = config::parse_json(text, "request body");
+  } catch (const config::ConfigError& e) {
+    throw ApiError(400, e.what());
+  }
+  if (!j.is_object()) throw ApiError(400, "request body: expected a JSON object");
+  return j;
+}
+
+namespace {
+
+// Typed reads of optional fields; a present field of the wrong type is a 400 naming it.
+const json* field(const json& o, const char* key) {
+  auto it = o.find(key);
+  return it == o.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string where(const std::string& prefix, const char* key) { return prefix.empty() ? key : prefix + "." + key; }
+
+bool get_bool(const json& o, const char* key, bool dflt, const std::string& prefix = {}) {
+  const json* v = field(o, key);
+  if (!v) return dflt;
+  if (!v->is_boolean()) throw ApiError(400, where(prefix, key) + ": expected true or false", where(prefix, key));
+  return v->get<bool>();
+}
+
+std::optional<double> get_number(const json& o, const char* key, const std::string& prefix = {}) {
+  const json* v = field(o, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number() || !std::isfinite(v->get<double>()))
+    throw ApiError(400, where(prefix, key) + ": expected a finite number", where(prefix, key));
+  return v->get<double>();
+}
+
+std::optional<std::int64_t> get_int(const json& o, const char* key, const std::string& prefix = {}) {
+  const json* v = field(o, key);
+  if (!v) return std::nullopt;
+  if (v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+    throw ApiError(400, where(prefix, key) + ": out of range", where(prefix, key));
+  if (!v->is_number_integer()) throw ApiError(400, where(prefix, key) + ": expected an integer", where(prefix, key));
+  return v->get<std::int64_t>();
+}
+
+std::optional<std::string> get_string(const json& o, const char* key, const std::string& prefix = {}) {
+  const json* v = field(o, key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) throw ApiError(400, where(prefix, key) + ": expected a string", where(prefix, key));
+  return v->get<std::string>();
+}
+
+std::vector<std::string> get_stop(const json& o, const std::string& prefix = {}) {
+  const json* v = field(o, "stop");
+  if (!v) return {};
+  if (v->is_string()) return {v->get<std::string>()};
+  if (!v->is_array()) throw ApiError(400, where(prefix, "stop") + ": expected a string or an array of strings", "stop");
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < v->size(); ++i) {
+    if (!(*v)[i].is_string())
+      throw ApiError(400, where(prefix, "stop") + "[" + std::to_string(i) + "]: expected a string", "stop");
+    out.push_back((*v)[i].get<std::string>());
+  }
+  return out;
+}
+
+std::int32_t to_top_k(std::int64_t k, const std::string& name) {
+  if (k == -1) return 0;  // vLLM's and sglang's "off"
+  if (k < 0 || k > std::numeric_limits<std::int32_t>::max())
+    throw ApiError(400, name + ": must be -1 (off), 0 (off) or a positive integer", name);
+  return static_cast<std::int32_t>(k);
+}
+
+// The sampling fields shared by the OpenAI endpoints (top level) and /generate (sampling_params).
+void read_sampling(const json& o, sched::GenerationRequest& r, const std::string& prefix) {
+  if (auto t = get_number(o, "temperature", prefix)) r.sampling.temperature = static_cast<float>(*t);
+  if (auto t = get_number(o, "top_p", prefix)) r.sampling.top_p = static_cast<float>(*t);
+  if (auto t = get_number(o, "min_p", prefix)) r.sampling.min_p = static_cast<float>(*t);
+  if (auto k = get_int(o, "top_k", prefix)) r.sampling.top_k = to_top_k(*k, where(prefix, "top_k"));
+  if (auto s = get_int(o, "seed", prefix)) {
+    if (*s < 0) throw ApiError(400, where(prefix, "seed") + ": must be >= 0", where(prefix, "seed"));
+    r.seed = static_cast<std::uint64_t>(*s);
+  }
+  r.stop = get_stop(o, prefix);
+  r.ignore_eos = get_bool(o, "ignore_eos", false, prefix);
+}
+
+// The engine's own range checks (sched::check_request), answered as a 400 naming the API's field.
+void check_ranges(const sched::GenerationRequest& r, const std::string& max_tokens_name, const std::string& prefix) {
+  std::string param;
+  try {
+    sched::check_request(r, [&](const std::string& f) {
+      param = f == "max_new_tokens" ? max_tokens_name : where(prefix, f.c_str());
+      return param;
+    });
+  } catch (const config::ConfigError& e) {
+    throw ApiError(400, e.what(), param);
+  }
+}
+
+void read_common(const json& body, const ApiLimits& limits, ApiRequest& a) {
+  if (auto m = get_string(body, "model")) {
+    a.model = *m;
+    if (!limits.model_name.empty() && a.model != limits.model_name)
+      throw ApiError(404,
+                     "The model '" + config::printable(a.model) + "' does not exist (this server serves '" +
+                         limits.model_name + "')",
+                     "model", "invalid_request_error", "model_not_found");
+  }
+  if (auto n = get_int(body, "n"); n && *n != 1) throw ApiError(400, "n: only n = 1 is supported", "n");
+  if (get_bool(body, "logprobs", false) || field(body, "top_logprobs"))
+    throw ApiError(400, "logprobs: not supported", "logprobs");
+  if (const json* t = field(body, "tools"); t && !(t->is_array() && t->empty()))
+    throw ApiError(400, "tools: not supported", "tools");
+  a.stream = get_bool(body, "stream", false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) throw ApiError(400, "stream_options: expected an object", "stream_options");
+    a.include_usage = get_bool(*so, "include_usage", false, "stream_options");
+  }
+  auto& r = a.request;
+  read_sampling(body, r, "");
+  r.speculative = get_bool(body, "speculative", true);
+  auto mt = get_int(body, "max_completion_tokens");
+  if (!mt) mt = get_int(body, "max_tokens");
+  if (mt) {
+    r.max_new_tokens = *mt;
+    a.max_tokens_given = true;
+  }
+  check_ranges(r, field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens", "");
+}
+
+}  // namespace
+
+ApiRequest parse_chat(const json& body, const ApiLimits& limits) {
+  ApiRequest a;
+  a.endpoint = Endpoint::Chat;
+  const json* msgs = field(body, "messages");
+  if (!msgs || !msgs->is_array() || msgs->empty())
+    throw ApiError(400, "messages: expected a non-empty array of {\"role\", \"content\"}", "messages");
+  auto& r = a.request;
+  r.chat = true;
+  for (std::size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw ApiError(400, at + ": expected an object", "messages");
+    const auto role = get_string(m, "role", at);
+    if (!role || (*role != "system" && *role != "user" && *role != "assistant" && *role != "developer"))
+      throw ApiError(400, at + ".role: expected system, user, assistant or developer", "messages");
+    std::string content;
+    const json* c = field(m, "content");
+    if (c && c->is_string()) {
+      content = c->get<std::string>();
+    } else if (c && c->is_array()) {  // content parts: only text
+      for (std::size_t j = 0; j < c->size(); ++j) {
+        const json& part = (*c)[j];
+        const std::string pat = at + ".content[" + std::to_string(j) + "]";
+        if (!part.is_object() || get_string(part, "type", pat).value_or("") != "text")
+          throw ApiError(400, pat + ": only {\"type\": \"text\", \"text\": ...} parts are supported", "messages");
+        content += get_string(part, "text", pat).value_or("");
+      }
+    } else if (c || *role != "assistant") {
+      throw ApiError(400, at + ".content: expected a string or an array of text parts", "messages");
+    }
+    r.messages.push_back({*role == "developer" ? "system" : *role, std::move(content)});
+  }
+  read_common(body, limits, a);
+  return a;
+}
+
+ApiRequest parse_completion(const json& body, const ApiLimits& limits) {
+  ApiRequest a;
+  a.endpoint = Endpoint::Completion;
+  const json* p = field(body, "prompt");
+  auto& r = a.request;
+  if (p && p->is_string()) {
+    r.prompt = p->get<std::string>();
+  } else if (p && p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+    r.prompt = (*p)[0].get<std::string>();
+  } else if (p && p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
+    for (std::size_t i = 0; i < p->size(); ++i) {
+      const json& t = (*p)[i];
+      if (!t.is_number_integer() || t.get<std::int64_t>() < 0 ||
+          t.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
+        throw ApiError(400, "prompt[" + std::to_string(i) + "]: expected a token id", "prompt");
+      r.prompt_ids.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
+    }
+  } else {
+    throw ApiError(400, "prompt: expected a string, an array of one string, or an array of token ids", "prompt");
+  }
+  if (r.prompt.empty() && r.prompt_ids.empty()) throw ApiError(400, "prompt: is empty", "prompt");
+  read_common(body, limits, a);
+  return a;
+}
+
+ApiRequest parse_generate(const json& body, const ApiLimits& limits) {
+  ApiRequest a;
+  a.endpoint = Endpoint::Generate;
+  auto& r = a.request;
+  if (auto t = get_string(body, "text")) {
+    r.prompt = *t;
+  } else if (const json* ids = field(body, "input_ids")) {
+    if (!ids->is_array() || ids->empty()) throw ApiError(400, "input_ids: expected a non-empty array", "input_ids");
+    for (std::size_t i = 0; i < ids->size(); ++i) {
+      const json& t = (*ids)[i];
+      if (!t.is_number_integer() || t.get<std::int64_t>() < 0 ||
+          t.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
+        throw ApiError(400, "input_ids[" + std::to_string(i) + "]: expected a token id", "input_ids");
+      r.prompt_ids.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
+    }
+  } else {
+    throw ApiError(400, "text or input_ids: one is required", "text");
+  }
+  if (r.prompt.empty() && r.prompt_ids.empty()) throw ApiError(400, "text: is empty", "text");
+  if (auto m = get_string(body, "model"); m && !limits.model_name.empty() && *m != limits.model_name)
+    throw ApiError(404, "The model '" + config::printable(*m) + "' does not exist", "model", "invalid_request_error",
+                   "model_not_found");
+  a.stream = get_bool(body, "stream", false);
+  r.speculative = get_bool(body, "speculative", true);
+  if (const json* sp = field(body, "sampling_params")) {
+    if (!sp->is_object()) throw ApiError(400, "sampling_params: expected an object", "sampling_params");
+    read_sampling(*sp, r, "sampling_params");
+    if (auto mt = get_int(*sp, "max_new_tokens", "sampling_params")) {
+      r.max_new_tokens = *mt;
+      a.max_tokens_given = true;
+    }
+  }
+  check_ranges(r, "sampling_params.max_new_tokens", "sampling_params");
+  return a;
+}
+
+void resolve_max_tokens(ApiRequest& a, std::int64_t prompt_tokens, std::int64_t context_length) {
+  const std::int64_t room = context_length - prompt_tokens;
+  if (room < 1)
+    throw ApiError(400,
+                   "This model's maximum context length is " + std::to_string(context_length) +
+                       " tokens; the prompt has " + std::to_string(prompt_tokens),
+                   a.endpoint == Endpoint::Chat       ? "messages"
+                   : a.endpoint == Endpoint::Generate ? "text"
+                                                      : "prompt",
+                   "invalid_request_error", "context_length_exceeded");
+  const std::string name = a.endpoint == Endpoint::Generate ? "sampling_params.max_new_tokens" : "max_tokens";
+  if (!a.max_tokens_given) {
+    a.request.max_new_tokens = room;
+  } else if (a.request.max_new_tokens > room) {
+    throw ApiError(400,
+                   "This model's maximum context length is " + std::to_string(context_length) +
+                       " tokens. However, you requested " + std::to_string(prompt_tokens + a.request.max_new_tokens) +
+                       " tokens (" + std::to_string(prompt_tokens) + " in the prompt, " +
+                       std::to_string(a.request.max_new_tokens) + " for the completion)",
+                   name, "invalid_request_error", "context_length_exceeded");
+  }
+}
+
+std::string openai_finish_reason(const std::string& r) {
+  if (r == "stop" || r == "length") return r;
+  if (r == "cancelled") return "abort";
+  return r.empty() ? "stop" : r;
+}
+
+json speculative_json(const sched::RequestMetrics& m) {
+  json by_pos = json::array();
+  for (std::size_t d = 0; d < m.drafted_at.size(); ++d) {
+    const std::int64_t acc = d < m.accepted_at.size() ? m.accepted_at[d] : 0;
+    by_pos.push_back({{"position", d},
+                      {"drafted", m.drafted_at[d]},
+                      {"accepted", acc},
+                      {"rate", m.drafted_at[d] > 0 ? static_cast<double>(acc) / m.drafted_at[d] : 0.0}});
+  }
+  return {{"steps", m.steps},
+          {"drafted", m.drafted},
+          {"accepted", m.accepted},
+          {"tau", m.mean_accepted_length},
+          {"acceptance_rate", m.drafted > 0 ? static_cast<double>(m.accepted) / m.drafted : 0.0},
+          {"acceptance_by_position", by_pos},
+          {"fallback_steps", m.fallbacks}};
+}
+
+json usage_json(const Outcome& o) {
+  const auto completion = static_cast<std::int64_t>(o.tokens.size());
+  return {{"prompt_tokens", o.prompt_tokens},
+          {"completion_tokens", completion},
+          {"total_tokens", o.prompt_tokens + completion}};
+}
+
+json chat_response(const std::string& id, std::int64_t created, const std::string& model, const Outcome& o) {
+  return {{"id", id},
+          {"object", "chat.completion"},
+          {"created", created},
+          {"model", model},
+          {"choices", json::array({{{"index", 0},
+                                    {"message", {{"role", "assistant"}, {"content", o.text}}},
+                                    {"logprobs", nullptr},
+                                    {"finish_reason", openai_finish_reason(o.finish_reason)}}})},
+          {"usage", usage_json(o)},
+          {"speculative", speculative_json(o.metrics)}};
+}
+
+json completion_response(const std::string& id, std::int64_t created, const std::string& model, const Outcome& o) {
+  return {{"id", id},
+          {"object", "text_completion"},
+          {"created", created},
+          {"model", model},
+          {"choices", json::array({{{"index", 0},
+                                    {"text", o.text},
+                                    {"logprobs", nullptr},
+                                    {"finish_reason", openai_finish_reason(o.finish_reason)}}})},
+          {"usage", usage_json(o)},
+          {"speculative", speculative_json(o.metrics)}};
+}
+
+json generate_response(const std::string& id, const Outcome& o) {
+  json finish = {{"type", openai_finish_reason(o.finish_reason)}};
+  if (o.finish_reason == "length") finish["length"] = static_cast<std::int64_t>(o.tokens.size());
+  return {{"text", o.text},
+          {"output_ids", o.tokens},
+          {"meta_info",
+           {{"id", id},
+            {"prompt_tokens", o.prompt_tokens},
+            {"completion_tokens", static_cast<std::int64_t>(o.tokens.size())},
+            {"finish_reason", finish},
+            {"spec_verify_ct", o.metrics.steps},
+            {"speculative", speculative_json(o.metrics)}}}};
+}
+
+json chat_chunk(const std::string& id, std::int64_t created, const std::string& model, const std::string& delta,
+                bool first, const std::string& finish_reason) {
+  json d = json::object();
+  if (first) d["role"] = "assistant";
+  if (!delta.empty() || first) d["content"] = delta;
+  return {{"id", id},
+          {"object", "chat.completion.chunk"},
+          {"created", created},
+          {"model", model},
+          {"choices",
+           json::array({{{"index", 0},
+                         {"delta", d},
+                         {"logprobs", nullptr},
+                         {"finish_reason",
+                          finish_reason.empty() ? json(nullptr) : json(openai_finish_reason(finish_reason))}}})}};
+}
+
+json completion_chunk(const std::string& id, std::int64_t created, const std::string& model, const std::string& delta,
+                      const std::string& finish_reason) {
+  return {{"id", id},
+          {"object", "text_completion"},
+          {"created", created},
+          {"model", model},
+          {"choices",
+           json::array({{{"index", 0},
+                         {"text", delta},
+                         {"logprobs", nullptr},
+                         {"finish_reason",
+                          finish_reason.empty() ? json(nullptr) : json(openai_finish_reason(finish_reason))}}})}};
+}
+
+json usage_chunk(Endpoint e, const std::string& id, std::int64_t created, const std::string& model, const Outcome& o) {
+  return {{"id", id},
+          {"object", e == Endpoint::Chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created},
+          {"model", model},
+          {"choices", json::array()},
+          {"usage", usage_json(o)},
+          {"speculative", speculative_json(o.metrics)}};
+}
+
+std::string sse_event(const json& payload) {
+  // dump() escapes control characters, so the payload is one line and cannot end the event early.
+  return "data: " + payload.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+std::string sse_done() { return "data: [DONE]\n\n"; }
+
+}  // namespace specactor::server

@@ -1,0 +1,95 @@
+// server/api.hpp — the HTTP API's request parsing and response shapes, without the HTTP: OpenAI
+// chat completions and completions, sglang's /generate, tokenize/detokenize; OpenAI-shaped errors
+// naming the field; SSE framing. Everything here is a pure function of its inputs (unit-tested in
+// tests/test_server.cpp).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "sched/types.hpp"
+
+namespace specactor::server {
+
+using json = nlohmann::json;
+
+// An error answered as {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError : std::runtime_error {
+  int status;
+  std::string type, param, code;
+  ApiError(int status, std::string message, std::string param = {}, std::string type = "invalid_request_error",
+           std::string code = {});
+};
+json error_body(const ApiError& e);
+// The body for a bare HTTP status (404 route, 405, 413, ...).
+json status_error_body(int status, const std::string& message);
+
+enum class Endpoint { Chat, Completion, Generate };
+
+// A parsed generation request: what the engine runs and how to answer.
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::Chat;
+  sched::GenerationRequest request;
+  std::string model;  // as the client named it (empty: not given)
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage
+  bool max_tokens_given = false;  // else the engine's context decides (see resolve_max_tokens)
+};
+
+// Limits the parser needs: the served model's name (a request naming another model is a 404).
+struct ApiLimits {
+  std::string model_name;
+};
+
+// Parse a request body (already JSON). Throw ApiError (400 naming the field, 404 for an unknown
+// model) on anything malformed: wrong types, values out of range, unsupported features (n > 1,
+// logprobs, tools), no messages/prompt.
+ApiRequest parse_chat(const json& body, const ApiLimits& limits);
+ApiRequest parse_completion(const json& body, const ApiLimits& limits);
+ApiRequest parse_generate(const json& body, const ApiLimits& limits);
+// Parses the text as JSON; a syntax error or a non-object is a 400.
+json parse_body(const std::string& text);
+
+// Once the prompt is tokenized: max_tokens beyond what the context leaves is a 400 naming the field
+// (OpenAI's rule); without max_tokens, generate up to the end of the context.
+void resolve_max_tokens(ApiRequest& r, std::int64_t prompt_tokens, std::int64_t context_length);
+
+// What came back from the engine for one request.
+struct Outcome {
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  std::string finish_reason;  // stop | length | cancelled | error
+  std::string error;
+  std::int64_t prompt_tokens = 0;
+  sched::RequestMetrics metrics;
+};
+
+// The per-request speculative metrics every response carries ("speculative": {...}).
+json speculative_json(const sched::RequestMetrics& m);
+
+// Complete (non-streamed) responses.
+json chat_response(const std::string& id, std::int64_t created, const std::string& model, const Outcome& o);
+json completion_response(const std::string& id, std::int64_t created, const std::string& model, const Outcome& o);
+json generate_response(const std::string& id, const Outcome& o);
+
+// Streamed chunks. delta: new text; finish_reason empty while the request runs.
+json chat_chunk(const std::string& id, std::int64_t created, const std::string& model, const std::string& delta,
+                bool first, const std::string& finish_reason);
+json completion_chunk(const std::string& id, std::int64_t created, const std::string& model, const std::string& delta,
+                      const std::string& finish_reason);
+// stream_options.include_usage: the last chunk before [DONE] (choices empty).
+json usage_chunk(Endpoint e, const std::string& id, std::int64_t created, const std::string& model, const Outcome& o);
+json usage_json(const Outcome& o);
+
+// The finish reason as OpenAI spells it (cancelled/error have no OpenAI name: "abort"/"error").
+std::string openai_finish_reason(const std::string& engine_reason);
+
+// Server-sent events: one `data: ...` event (the payload must be one line, as JSON dumps are),
+// and the terminating `data: [DONE]`.
+std::string sse_event(const json& payload);
+std::string sse_done();
+
+}  // namespace specactor::server
