@@ -1,0 +1,244 @@
+// tests/test_server.cpp — the HTTP API without HTTP: request parsing and validation (OpenAI chat and
+// completions, sglang /generate), the max_tokens rule, response and chunk shapes, SSE framing, and
+// the Prometheus text. The end-to-end suite (tools/serve-e2e) drives a real server.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <limits>
+
+#include "server/api.hpp"
+#include "server/metrics.hpp"
+
+using namespace specactor::server;
+
+namespace {
+
+const ApiLimits kLimits{"smol"};
+
+// The ApiError a parse throws (status, param), or fails the test.
+ApiError error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ApiError& e) {
+    return e;
+  }
+  FAIL("expected an ApiError");
+  return ApiError(0, "");
+}
+
+}  // namespace
+
+TEST_CASE("chat requests: messages, sampling fields, extensions") {
+  const json body = json::parse(R"({
+    "model": "smol", "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+      {"role": "assistant", "content": "Hello."},
+      {"role": "developer", "content": "Rules."}],
+    "max_completion_tokens": 12, "max_tokens": 99, "temperature": 0.5, "top_p": 0.9, "top_k": -1, "min_p": 0.05,
+    "seed": 7, "stop": ["\n\n", "END"], "stream": true, "stream_options": {"include_usage": true},
+    "speculative": false, "ignore_eos": true, "user": "someone", "frequency_penalty": 0})");
+  const ApiRequest a = parse_chat(body, kLimits);
+  CHECK(a.endpoint == Endpoint::Chat);
+  const auto& r = a.request;
+  REQUIRE(r.messages.size() == 4);
+  CHECK(r.chat);
+  CHECK(r.messages[1].content == "Hi there");
+  CHECK(r.messages[3].role == "system");  // developer is the system role
+  CHECK(r.max_new_tokens == 12);          // max_completion_tokens wins over max_tokens
+  CHECK(a.max_tokens_given);
+  CHECK(r.sampling.temperature == doctest::Approx(0.5));
+  CHECK(r.sampling.top_k == 0);  // -1 = off
+  CHECK(r.seed == std::optional<std::uint64_t>(7));
+  CHECK(r.stop == std::vector<std::string>{"\n\n", "END"});
+  CHECK(a.stream);
+  CHECK(a.include_usage);
+  CHECK(!r.speculative);
+  CHECK(r.ignore_eos);
+
+  const ApiRequest plain = parse_chat(json::parse(R"({"messages": [{"role": "user", "content": "x"}]})"), kLimits);
+  CHECK(!plain.max_tokens_given);
+  CHECK(plain.request.sampling.temperature == 0.0f);  // greedy by default
+  CHECK(plain.request.speculative);
+  CHECK(plain.model.empty());
+}
+
+TEST_CASE("bad requests are 400s naming the field, an unknown model is a 404") {
+  struct Case {
+    const char* body;
+    int status;
+    const char* param;
+    const char* message;
+  };
+  const Case cases[] = {
+      {R"({"messages": []})", 400, "messages", "non-empty array"},
+      {R"({"messages": "hi"})", 400, "messages", "non-empty array"},
+      {R"({"messages": [{"role": "robot", "content": "x"}]})", 400, "messages", "messages[0].role"},
+      {R"({"messages": [{"role": "user", "content": 3}]})", 400, "messages", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", 400, "messages", "content[0]"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", 400, "temperature",
+       "expected a finite number"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": -1})", 400, "temperature", ">= 0"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_p": 0})", 400, "top_p", "(0, 1]"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_k": -5})", 400, "top_k", "top_k"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", 400, "max_tokens", ">= 1"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5})", 400, "max_tokens", "integer"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 18446744073709551615})", 400, "max_tokens",
+       "out of range"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stop": [1]})", 400, "stop", "stop[0]"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stop": ""})", 400, "stop", "is empty"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stream": "yes"})", 400, "stream", "true or false"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", 400, "n", "n = 1"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})", 400, "logprobs", "not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "seed": -1})", 400, "seed", ">= 0"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stream_options": 1})", 400, "stream_options", "object"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "model": "gpt-4"})", 404, "model", "does not exist"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.body);
+    const ApiError e = error_of([&] { parse_chat(json::parse(c.body), kLimits); });
+    CHECK(e.status == c.status);
+    CHECK(e.param == c.param);
+    CHECK_MESSAGE(std::string(e.what()).find(c.message) != std::string::npos, e.what());
+    const json b = error_body(e);  // OpenAI's shape
+    CHECK(b["error"]["message"] == e.what());
+    CHECK(b["error"]["param"] == c.param);
+    CHECK(b["error"].contains("type"));
+    CHECK(b["error"].contains("code"));
+  }
+  CHECK(error_of([] {
+          parse_chat(json::parse(R"({"messages": [{"role": "user", "content": "x"}], "model": "gpt"})"), kLimits);
+        }).code == "model_not_found");
+  CHECK(error_of([] { parse_body("{bad"); }).status == 400);
+  CHECK(std::string(error_of([] { parse_body("[1, 2]"); }).what()).find("JSON object") != std::string::npos);
+  CHECK(std::string(error_of([] { parse_body(std::string(200, '[') + std::string(200, ']')); }).what())
+            .find("nested deeper than 64") != std::string::npos);
+}
+
+TEST_CASE("completions and /generate: prompt forms") {
+  CHECK(parse_completion(json::parse(R"({"prompt": "abc"})"), kLimits).request.prompt == "abc");
+  CHECK(parse_completion(json::parse(R"({"prompt": ["abc"]})"), kLimits).request.prompt == "abc");
+  CHECK(parse_completion(json::parse(R"({"prompt": [1, 2, 3]})"), kLimits).request.prompt_ids ==
+        std::vector<std::int32_t>{1, 2, 3});
+  CHECK(error_of([] { parse_completion(json::parse(R"({"prompt": ["a", "b"]})"), kLimits); }).param == "prompt");
+  CHECK(error_of([] { parse_completion(json::parse(R"({"prompt": [1, -2]})"), kLimits); }).param == "prompt");
+  CHECK(error_of([] { parse_completion(json::parse(R"({"prompt": ""})"), kLimits); }).param == "prompt");
+  CHECK(error_of([] { parse_completion(json::parse(R"({})"), kLimits); }).param == "prompt");
+
+  const ApiRequest g = parse_generate(
+      json::parse(R"({"text": "hi", "stream": true, "sampling_params": {"max_new_tokens": 5, "temperature": 0.7,
+                      "top_k": 3, "stop": "x"}})"),
+      kLimits);
+  CHECK(g.endpoint == Endpoint::Generate);
+  CHECK(g.request.prompt == "hi");
+  CHECK(g.request.max_new_tokens == 5);
+  CHECK(g.request.sampling.top_k == 3);
+  CHECK(g.request.stop == std::vector<std::string>{"x"});
+  CHECK(g.stream);
+  CHECK(parse_generate(json::parse(R"({"input_ids": [4, 5]})"), kLimits).request.prompt_ids ==
+        std::vector<std::int32_t>{4, 5});
+  CHECK(error_of([] { parse_generate(json::parse(R"({"sampling_params": {}})"), kLimits); }).param == "text");
+  CHECK(error_of([] {
+          parse_generate(json::parse(R"({"text": "a", "sampling_params": {"max_new_tokens": 0}})"), kLimits);
+        }).param == "sampling_params.max_new_tokens");
+  CHECK(error_of([] {
+          parse_generate(json::parse(R"({"text": "a", "sampling_params": {"temperature": "x"}})"), kLimits);
+        }).param == "sampling_params.temperature");
+}
+
+TEST_CASE("max_tokens against the context: the default fills it, more than fits is a 400") {
+  ApiRequest a = parse_completion(json::parse(R"({"prompt": "abc"})"), kLimits);
+  resolve_max_tokens(a, 10, 100);
+  CHECK(a.request.max_new_tokens == 90);
+  ApiRequest b = parse_completion(json::parse(R"({"prompt": "abc", "max_tokens": 91})"), kLimits);
+  const ApiError e = error_of([&] { resolve_max_tokens(b, 10, 100); });
+  CHECK(e.status == 400);
+  CHECK(e.param == "max_tokens");
+  CHECK(e.code == "context_length_exceeded");
+  CHECK(std::string(e.what()).find("you requested 101 tokens (10 in the prompt, 91 for the completion)") !=
+        std::string::npos);
+  ApiRequest c = parse_completion(json::parse(R"({"prompt": "abc", "max_tokens": 90})"), kLimits);
+  resolve_max_tokens(c, 10, 100);
+  CHECK(c.request.max_new_tokens == 90);
+  ApiRequest d = parse_completion(json::parse(R"({"prompt": "abc"})"), kLimits);
+  CHECK(error_of([&] { resolve_max_tokens(d, 100, 100); }).param == "prompt");
+}
+
+TEST_CASE("responses, chunks and SSE framing") {
+  Outcome o;
+  o.tokens = {5, 6, 7};
+  o.text = "line one\nline \"two\"";
+  o.finish_reason = "length";
+  o.prompt_tokens = 4;
+  o.metrics.steps = 2;
+  o.metrics.drafted = 4;
+  o.metrics.accepted = 1;
+  o.metrics.mean_accepted_length = 1.5;
+  o.metrics.drafted_at = {2, 2};
+  o.metrics.accepted_at = {1};
+  const json c = chat_response("chatcmpl-1", 100, "smol", o);
+  CHECK(c["object"] == "chat.completion");
+  CHECK(c["choices"][0]["message"]["content"] == o.text);
+  CHECK(c["choices"][0]["finish_reason"] == "length");
+  CHECK(c["usage"] == json{{"prompt_tokens", 4}, {"completion_tokens", 3}, {"total_tokens", 7}});
+  CHECK(c["speculative"]["acceptance_by_position"][0]["rate"] == doctest::Approx(0.5));
+  CHECK(c["speculative"]["acceptance_by_position"][1]["accepted"] == 0);
+  CHECK(completion_response("cmpl-1", 100, "smol", o)["choices"][0]["text"] == o.text);
+  const json g = generate_response("1", o);
+  CHECK(g["meta_info"]["spec_verify_ct"] == 2);
+  CHECK(g["meta_info"]["finish_reason"]["type"] == "length");
+  CHECK(g["output_ids"] == json{5, 6, 7});
+
+  const json first = chat_chunk("x", 1, "smol", "", true, "");
+  CHECK(first["choices"][0]["delta"] == json{{"role", "assistant"}, {"content", ""}});
+  CHECK(first["choices"][0]["finish_reason"].is_null());
+  const json last = chat_chunk("x", 1, "smol", "", false, "cancelled");
+  CHECK(last["choices"][0]["delta"] == json::object());
+  CHECK(last["choices"][0]["finish_reason"] == "abort");
+  CHECK(usage_chunk(Endpoint::Chat, "x", 1, "smol", o)["choices"] == json::array());
+
+  const std::string ev = sse_event(chat_chunk("x", 1, "smol", "a\nb\n\ndata: [DONE]\n\n", false, ""));
+  CHECK(ev.rfind("data: {", 0) == 0);
+  CHECK(ev.size() >= 2);
+  CHECK(ev.substr(ev.size() - 2) == "\n\n");
+  CHECK(ev.find('\n') == ev.size() - 2);  // one line: the text's newlines are escaped
+  CHECK(json::parse(ev.substr(6))["choices"][0]["delta"]["content"] == "a\nb\n\ndata: [DONE]\n\n");
+  CHECK(sse_done() == "data: [DONE]\n\n");
+  CHECK(sse_event(json{{"t", std::string("\xff", 1)}}).find("\xEF\xBF\xBD") !=
+        std::string::npos);  // bad UTF-8 replaced by U+FFFD
+}
+
+TEST_CASE("Prometheus text: families, labels, histograms") {
+  Exposition x;
+  x.counter("specactor:a_total", "a help\nline", 3);
+  x.gauge("specactor:b", "b", 0.25, {{"k", "v\"q\\\n"}});
+  x.family("specactor:c_total", "counter", "c");
+  x.sample("specactor:c_total", 1, {{"position", "0"}});
+  x.sample("specactor:c_total", 2, {{"position", "1"}});
+  Histogram h({0.1, 1, 0.5});  // bounds are sorted
+  for (double v : {0.05, 0.1, 0.3, 0.7, 5.0}) h.observe(v);
+  x.histogram("specactor:h_seconds", "h", h.snapshot());
+  CHECK(x.text() ==
+        "# HELP specactor:a_total a help\\nline\n"
+        "# TYPE specactor:a_total counter\n"
+        "specactor:a_total 3\n"
+        "# HELP specactor:b b\n"
+        "# TYPE specactor:b gauge\n"
+        "specactor:b{k=\"v\\\"q\\\\\\n\"} 0.25\n"
+        "# HELP specactor:c_total c\n"
+        "# TYPE specactor:c_total counter\n"
+        "specactor:c_total{position=\"0\"} 1\n"
+        "specactor:c_total{position=\"1\"} 2\n"
+        "# HELP specactor:h_seconds h\n"
+        "# TYPE specactor:h_seconds histogram\n"
+        "specactor:h_seconds_bucket{le=\"0.1\"} 2\n"
+        "specactor:h_seconds_bucket{le=\"0.5\"} 3\n"
+        "specactor:h_seconds_bucket{le=\"1\"} 4\n"
+        "specactor:h_seconds_bucket{le=\"+Inf\"} 5\n"
+        "specactor:h_seconds_sum 6.15\n"
+        "specactor:h_seconds_count 5\n");
+  CHECK(format_value(std::numeric_limits<double>::infinity()) == "+Inf");
+  CHECK(format_value(-std::numeric_limits<double>::infinity()) == "-Inf");
+  CHECK(format_value(std::numeric_limits<double>::quiet_NaN()) == "NaN");
+  CHECK(format_value(1e20) == "1e+20");
+}

@@ -1,0 +1,313 @@
+"""tools/serve_e2e.py — end-to-end checks of `specactor serve` (run by tools/serve-e2e).
+
+Starts the server on free loopback ports with the default model (plain, then NGRAM), waits for
+/health, and drives it with the real `openai` client and with curl: chat and completions, streaming
+and not, greedy outputs equal to `specactor generate`'s, the error cases, 64 concurrent streams, a
+client killed mid-stream, an API key, a full queue, SIGTERM with a request in flight. Prints a load
+summary of the 64 streams (aggregate tok/s, TTFT p50/p99, the server's peak memory). Exits non-zero
+on the first failed check, naming it.
+"""
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "build", "specactor")
+MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+NAME = os.path.basename(MODEL)
+CHAT_PROMPTS = ["What is the capital of France?", "Name three colors.", "Write one sentence about the sea."]
+TEXT_PROMPTS = ["The capital of France is", "Once upon a time, in a small village,"]
+FAILED = []
+
+
+def check(cond, what):
+    print(("  ok   " if cond else "  FAIL ") + what, flush=True)
+    if not cond:
+        FAILED.append(what)
+        raise SystemExit(f"serve-e2e: failed: {what}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method, url, body=None, headers=None, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read().decode()
+
+
+def metrics(base):
+    _, _, text = http("GET", base + "/metrics")
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+class Server:
+    def __init__(self, *flags):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="specactor-serve-", suffix=".log", delete=False)
+        cmd = [BIN, "serve", "--model-path", MODEL, "--host", "127.0.0.1", "--port", str(self.port), *flags]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"serve-e2e: the server exited with {self.proc.returncode}; log: {self.log.name}")
+            try:
+                status, _, _ = http("GET", self.base + "/health")
+                if status == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.1)
+        else:
+            raise SystemExit(f"serve-e2e: /health never answered 200; log: {self.log.name}")
+        self.client = openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=300)
+
+    def peak_rss_mib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self, expect_rc=0):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=120)
+        check(rc == expect_rc, f"SIGTERM: the server exits with {expect_rc} (got {rc})")
+
+
+def generate_cli(prompt, chat, max_new, extra=()):
+    cmd = [BIN, "generate", "--model-path", MODEL, "--log-level", "warn", "--prompt", prompt,
+           "--max-new-tokens", str(max_new), "--json", *extra]
+    if chat:
+        cmd.append("--chat")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["text"]
+
+
+def chat(srv, prompt, max_tokens=32, **kw):
+    return srv.client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}],
+                                              max_tokens=max_tokens, temperature=0, **kw)
+
+
+def chat_stream(srv, prompt, max_tokens=32):
+    text, usage, first = "", None, None
+    t0 = time.time()
+    stream = srv.client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}],
+                                                max_tokens=max_tokens, temperature=0, stream=True,
+                                                stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                if first is None:
+                    first = time.time() - t0
+                text += c.delta.content
+    return text, usage, first
+
+
+def outputs_match(srv, expected_chat, expected_text, label):
+    for p in CHAT_PROMPTS:
+        r = chat(srv, p)
+        check(r.choices[0].message.content == expected_chat[p], f"{label}: chat {p!r} equals specactor generate")
+        check(r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0, f"{label}: chat usage is filled")
+        text, usage, _ = chat_stream(srv, p)
+        check(text == expected_chat[p], f"{label}: streamed chat {p!r} equals specactor generate")
+        check(usage is not None and usage.completion_tokens == r.usage.completion_tokens,
+              f"{label}: stream_options.include_usage sends the usage")
+    for p in TEXT_PROMPTS:
+        r = srv.client.completions.create(model=NAME, prompt=p, max_tokens=32, temperature=0)
+        check(r.choices[0].text == expected_text[p], f"{label}: completion {p!r} equals specactor generate")
+        streamed = "".join(c.choices[0].text for c in srv.client.completions.create(
+            model=NAME, prompt=p, max_tokens=32, temperature=0, stream=True) if c.choices)
+        check(streamed == expected_text[p], f"{label}: streamed completion {p!r} equals specactor generate")
+
+
+def main():
+    if not os.path.exists(MODEL):
+        raise SystemExit("serve-e2e: the default model is missing (run tools/setup)")
+    print("serve-e2e: expected outputs from specactor generate", flush=True)
+    expected_chat = {p: generate_cli(p, True, 32) for p in CHAT_PROMPTS}
+    expected_text = {p: generate_cli(p, False, 32) for p in TEXT_PROMPTS}
+
+    print("serve-e2e: plain server", flush=True)
+    srv = Server("--max-body-bytes", "65536")
+    b = srv.base
+    outputs_match(srv, expected_chat, expected_text, "plain")
+    models = srv.client.models.list()
+    check([m.id for m in models.data] == [NAME], "GET /v1/models lists the served model")
+
+    # curl: the same requests as any HTTP client sends them.
+    body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": CHAT_PROMPTS[0]}], "max_tokens": 32})
+    out = subprocess.run(["curl", "-sS", b + "/v1/chat/completions", "-H", "Content-Type: application/json",
+                          "-d", body], check=True, capture_output=True, text=True).stdout
+    check(json.loads(out)["choices"][0]["message"]["content"] == expected_chat[CHAT_PROMPTS[0]], "curl: chat")
+    sse = subprocess.run(["curl", "-sSN", b + "/v1/completions", "-d",
+                          json.dumps({"prompt": TEXT_PROMPTS[0], "max_tokens": 32, "stream": True})],
+                         check=True, capture_output=True, text=True).stdout
+    events = [e for e in sse.split("\n\n") if e]
+    check(all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]",
+          "curl: SSE events are `data: ...` and end with [DONE]")
+    check("".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]) == expected_text[TEXT_PROMPTS[0]],
+          "curl: streamed completion text")
+    st, _, out = http("POST", b + "/generate", {"text": TEXT_PROMPTS[0], "sampling_params": {"max_new_tokens": 32}})
+    g = json.loads(out)
+    check(st == 200 and g["text"] == expected_text[TEXT_PROMPTS[0]] and g["meta_info"]["completion_tokens"] > 0,
+          "POST /generate (sglang form)")
+    st, _, out = http("POST", b + "/tokenize", {"prompt": "hello world"})
+    ids = json.loads(out)["tokens"]
+    st2, _, out2 = http("POST", b + "/detokenize", {"tokens": ids})
+    check(st == 200 and st2 == 200 and json.loads(out2)["prompt"] == "hello world", "tokenize / detokenize round trip")
+    st, _, out = http("GET", b + "/server_info")
+    info = json.loads(out)
+    check(st == 200 and info["target_hash_before_draft"] == info["target_hash_after_draft"]
+          and "settings" in info["target"], "GET /server_info shows the target snapshot and its hashes")
+
+    # Errors: OpenAI-shaped, naming the field.
+    def expect_error(status, body, param, what, raw=None, path="/v1/chat/completions"):
+        st, _, out = http("POST", b + path, body, raw=raw)
+        try:
+            err = json.loads(out)["error"]
+        except (ValueError, KeyError):
+            err = {}
+        check(st == status and (param is None or err.get("param") == param) and "message" in err,
+              f"error {status}: {what}")
+
+    msgs = [{"role": "user", "content": "hi"}]
+    expect_error(400, None, None, "malformed JSON", raw=b"{not json")
+    expect_error(400, {"model": NAME, "messages": msgs, "temperature": "hot"}, "temperature", "wrong type")
+    expect_error(400, {"model": NAME, "messages": msgs, "max_tokens": 10 ** 6}, "max_tokens", "beyond the context")
+    expect_error(400, {"model": NAME, "messages": msgs, "n": 2}, "n", "n = 2")
+    expect_error(400, {"model": NAME}, "messages", "no messages")
+    expect_error(404, {"model": "gpt-4", "messages": msgs}, "model", "unknown model")
+    expect_error(413, None, None, "body over --max-body-bytes", raw=b"{" + b" " * 100000 + b"}")
+    st, _, out = http("GET", b + "/no/such/route")
+    check(st == 404 and "error" in json.loads(out), "error 404: unknown route")
+    try:
+        srv.client.chat.completions.create(model="gpt-4", messages=msgs)
+        check(False, "openai client: unknown model raises NotFoundError")
+    except openai.NotFoundError:
+        check(True, "openai client: unknown model raises NotFoundError")
+
+    # 64 concurrent streams: all complete with the right text; /metrics counts them.
+    before = metrics(b)
+    results, lock = [], threading.Lock()
+
+    def one(i):
+        p = CHAT_PROMPTS[i % len(CHAT_PROMPTS)]
+        text, usage, ttft = chat_stream(srv, p)
+        with lock:
+            results.append((p, text, usage.completion_tokens if usage else 0, ttft))
+
+    t0 = time.time()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    wall = time.time() - t0
+    check(len(results) == 64, "64 concurrent streams all complete")
+    check(all(text == expected_chat[p] for p, text, _, _ in results), "64 concurrent streams: greedy texts correct")
+    after = metrics(b)
+    served = after['specactor:requests_total{endpoint="chat"}'] - before['specactor:requests_total{endpoint="chat"}']
+    check(served == 64, f"/metrics counts the 64 streams (got {served:.0f})")
+    tokens = sum(n for _, _, n, _ in results)
+    ttfts = sorted(t for _, _, _, t in results if t is not None)
+    p99 = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
+    load = (f"64 concurrent streams: {tokens} tokens in {wall:.1f} s = {tokens / wall:.1f} tok/s aggregate; "
+            f"TTFT p50 {statistics.median(ttfts) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms; "
+            f"server peak memory {srv.peak_rss_mib():.0f} MiB")
+
+    # A client killed mid-stream: its request is cancelled, the batch and the KV pages are freed.
+    curl = subprocess.Popen(["curl", "-sSN", b + "/v1/completions", "-d",
+                             json.dumps({"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True,
+                                         "stream": True})], stdout=subprocess.PIPE)
+    curl.stdout.read(200)
+    curl.kill()
+    curl.wait()
+    deadline, m = time.time() + 30, {}
+    while time.time() < deadline:
+        m = metrics(b)
+        if m["specactor:num_requests_running"] == 0 and m["specactor:kv_pages_used"] == 0:
+            break
+        time.sleep(0.1)
+    check(m.get("specactor:num_requests_running") == 0 and m.get("specactor:kv_pages_used") == 0,
+          "a client killed mid-stream leaves no running request and no KV pages used")
+    check(m.get("specactor:client_disconnects_total", 0) >= 1, "/metrics counts the disconnect")
+
+    # SIGTERM with a request in flight: it finishes, then the server exits 0.
+    done = {}
+
+    def long_request():
+        done["r"] = chat(srv, CHAT_PROMPTS[0], max_tokens=32)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.2)
+    srv.stop(0)
+    t.join(timeout=60)
+    check("r" in done and done["r"].choices[0].message.content == expected_chat[CHAT_PROMPTS[0]],
+          "SIGTERM: the request in flight finishes with its full answer")
+
+    print("serve-e2e: API key and a full queue", flush=True)
+    key_srv = Server("--api-key", "sekret", "--max-running-requests", "1", "--max-queued-requests", "0")
+    st, _, out = http("POST", key_srv.base + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    check(st == 401 and json.loads(out)["error"]["type"] == "authentication_error", "no API key: 401")
+    auth = {"Authorization": "Bearer sekret"}
+    st, _, _ = http("POST", key_srv.base + "/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers=auth)
+    check(st == 200, "the right API key: 200")
+    st, _, _ = http("GET", key_srv.base + "/health")
+    check(st == 200, "/health needs no key")
+    busy = threading.Thread(target=http, args=("POST", key_srv.base + "/v1/completions",
+                                               {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True},
+                                               auth))
+    busy.start()
+    time.sleep(0.5)
+    st, headers, out = http("POST", key_srv.base + "/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers=auth)
+    check(st == 503 and "Retry-After" in headers, "a full queue: 503 with Retry-After")
+    busy.join(timeout=120)
+    key_srv.stop(0)
+
+    print("serve-e2e: NGRAM server", flush=True)
+    spec = Server("--speculative-algorithm", "NGRAM")
+    outputs_match(spec, expected_chat, expected_text, "NGRAM")
+    r = spec.client.completions.create(model=NAME, prompt="1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3", max_tokens=24,
+                                       temperature=0)
+    sp = r.model_extra.get("speculative", {})
+    check(sp.get("drafted", 0) > 0, f"NGRAM: the response reports drafted tokens ({sp})")
+    m = metrics(spec.base)
+    check(m.get("specactor:spec_decode_num_draft_tokens_total", 0) > 0, "NGRAM: /metrics counts draft tokens")
+    spec.stop(0)
+
+    print("serve-e2e: " + load, flush=True)
+    print("serve-e2e: every check passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
