@@ -134,7 +134,21 @@ void check_ranges(const sched::GenerationRequest& r, const std::string& max_toke
   }
 }
 
-void read_common(const json& body, const ApiLimits& limits, ApiRequest& a) {
+// A prompt given as token ids (each in [0, 2^31)).
+std::vector<std::int32_t> token_ids(const json& arr, const std::string& name) {
+  std::vector<std::int32_t> ids;
+  for (std::size_t i = 0; i < arr.size(); ++i) {
+    const json& t = arr[i];
+    if (!t.is_number_integer() || t.get<std::int64_t>() < 0 ||
+        t.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
+      throw ApiError(400, name + "[" + std::to_string(i) + "]: expected a token id", name);
+    ids.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
+  }
+  return ids;
+}
+
+// The model the request names must be the one served (a 404 otherwise, as OpenAI answers).
+void check_model(const json& body, const ApiLimits& limits, ApiRequest& a) {
   if (auto m = get_string(body, "model")) {
     a.model = *m;
     if (!limits.model_name.empty() && a.model != limits.model_name)
@@ -143,6 +157,10 @@ void read_common(const json& body, const ApiLimits& limits, ApiRequest& a) {
                          limits.model_name + "')",
                      "model", "invalid_request_error", "model_not_found");
   }
+}
+
+void read_common(const json& body, const ApiLimits& limits, ApiRequest& a) {
+  check_model(body, limits, a);
   if (auto n = get_int(body, "n"); n && *n != 1) throw ApiError(400, "n: only n = 1 is supported", "n");
   if (get_bool(body, "logprobs", false) || field(body, "top_logprobs"))
     throw ApiError(400, "logprobs: not supported", "logprobs");
@@ -213,13 +231,7 @@ ApiRequest parse_completion(const json& body, const ApiLimits& limits) {
   } else if (p && p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
     r.prompt = (*p)[0].get<std::string>();
   } else if (p && p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
-    for (std::size_t i = 0; i < p->size(); ++i) {
-      const json& t = (*p)[i];
-      if (!t.is_number_integer() || t.get<std::int64_t>() < 0 ||
-          t.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
-        throw ApiError(400, "prompt[" + std::to_string(i) + "]: expected a token id", "prompt");
-      r.prompt_ids.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
-    }
+    r.prompt_ids = token_ids(*p, "prompt");
   } else {
     throw ApiError(400, "prompt: expected a string, an array of one string, or an array of token ids", "prompt");
   }
@@ -236,20 +248,12 @@ ApiRequest parse_generate(const json& body, const ApiLimits& limits) {
     r.prompt = *t;
   } else if (const json* ids = field(body, "input_ids")) {
     if (!ids->is_array() || ids->empty()) throw ApiError(400, "input_ids: expected a non-empty array", "input_ids");
-    for (std::size_t i = 0; i < ids->size(); ++i) {
-      const json& t = (*ids)[i];
-      if (!t.is_number_integer() || t.get<std::int64_t>() < 0 ||
-          t.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
-        throw ApiError(400, "input_ids[" + std::to_string(i) + "]: expected a token id", "input_ids");
-      r.prompt_ids.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
-    }
+    r.prompt_ids = token_ids(*ids, "input_ids");
   } else {
     throw ApiError(400, "text or input_ids: one is required", "text");
   }
   if (r.prompt.empty() && r.prompt_ids.empty()) throw ApiError(400, "text: is empty", "text");
-  if (auto m = get_string(body, "model"); m && !limits.model_name.empty() && *m != limits.model_name)
-    throw ApiError(404, "The model '" + config::printable(*m) + "' does not exist", "model", "invalid_request_error",
-                   "model_not_found");
+  check_model(body, limits, a);
   a.stream = get_bool(body, "stream", false);
   r.speculative = get_bool(body, "speculative", true);
   if (const json* sp = field(body, "sampling_params")) {
