@@ -73,19 +73,22 @@ class Server:
         self.log = tempfile.NamedTemporaryFile(prefix="specactor-serve-", suffix=".log", delete=False)
         cmd = [BIN, "serve", "--model-path", MODEL, "--host", "127.0.0.1", "--port", str(self.port), *flags]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 180
+        deadline, seen = time.time() + 180, []
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise SystemExit(f"serve-e2e: the server exited with {self.proc.returncode}; log: {self.log.name}")
             try:
                 status, _, _ = http("GET", self.base + "/health")
+                seen.append(status)
                 if status == 200:
                     break
             except (urllib.error.URLError, ConnectionError):
                 pass
-            time.sleep(0.1)
+            time.sleep(0.01)
         else:
             raise SystemExit(f"serve-e2e: /health never answered 200; log: {self.log.name}")
+        check(all(s == 503 for s in seen[:-1]),
+              f"/health answers 503 while the model loads, then 200 ({seen.count(503)} x 503 seen)")
         self.client = openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=300)
 
     def peak_rss_mib(self):
