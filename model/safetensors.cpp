@@ -30,6 +30,7 @@ bool dtype_info(const std::string& dt, std::uint32_t& ggml, std::uint32_t& size)
   if (dt == "I32") return ggml = 26, size = 4, true;
   if (dt == "I64") return ggml = 27, size = 8, true;
   if (dt == "F64") return ggml = 28, size = 8, true;
+  if (dt == "U8" || dt == "BOOL" || dt == "I8") return ggml = 24, size = 1, true;  // e.g. EAGLE3's t2d mask
   return false;
 }
 
@@ -85,7 +86,8 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
     t.name = name;
     std::uint32_t esize = 0;
     if (!info["dtype"].is_string() || !dtype_info(info["dtype"].get<std::string>(), t.ggml_type, esize))
-      fail(where + ": unsupported dtype " + info["dtype"].dump() + " (supported: F32, F16, BF16, I32, I64, F64)");
+      fail(where + ": unsupported dtype " + info["dtype"].dump() +
+           " (supported: F32, F16, BF16, I32, I64, F64, U8, I8, BOOL)");
     const json& shape = info["shape"];
     if (!shape.is_array() || shape.size() > 4) fail(where + ": shape must be an array of at most 4 dimensions");
     std::uint64_t n = 1;

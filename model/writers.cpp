@@ -3,6 +3,7 @@
 
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -282,6 +283,35 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     f.write(reinterpret_cast<const char*>(t.values.data()), static_cast<std::streamsize>(t.values.size() * 4));
   if (!d2t.empty()) f.write(reinterpret_cast<const char*>(d2t.data()), static_cast<std::streamsize>(d2t.size() * 8));
   if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+void write_safetensors_raw(const std::string& path, const std::vector<RawTensor>& tensors,
+                           const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  std::uint64_t off = 0;
+  for (const RawTensor& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
+    off += t.bytes.size();
+  }
+  nlohmann::json meta = nlohmann::json::object();
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  header["__metadata__"] = meta;
+  std::string h = header.dump();
+  while (h.size() % 8) h += ' ';
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    const std::uint64_t n = h.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(h.data(), static_cast<std::streamsize>(h.size()));
+    for (const RawTensor& t : tensors)
+      f.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
+    f.flush();
+    if (!f) throw std::runtime_error("cannot write " + tmp + " (disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + ec.message());
 }
 
 }  // namespace specactor::model

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -78,5 +79,16 @@ struct HfTensor {
 // `d2t`, when given, is added as the I64 tensor "d2t" (EAGLE3's draft-to-target offsets).
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, HfTensor>>& tensors,
                        const std::vector<std::int64_t>& d2t = {});
+
+// A tensor of any safetensors dtype ("F16", "I32", "U8", ...): shape and its little-endian bytes.
+struct RawTensor {
+  std::string name, dtype;
+  std::vector<std::uint64_t> shape;
+  std::vector<std::uint8_t> bytes;
+};
+// Writes `tensors` (in the given order) with `metadata` (string values) to `path` through a
+// temporary file renamed into place, so a reader never sees half a file. Throws std::runtime_error.
+void write_safetensors_raw(const std::string& path, const std::vector<RawTensor>& tensors,
+                           const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace specactor::model

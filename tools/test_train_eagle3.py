@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""The EAGLE-3 training pipeline end to end on a tiny target (CTest: train_eagle3_tiny).
+
+A 2-block cut of the default model (`specactor shrink`) stands in for the target:
+  make-data (3 shards; a second run resumes and changes nothing) -> train_eagle3.py for 40 steps
+  (the logged loss must fall) -> the export loads in specactor (`inspect --target`) and drafts
+  losslessly (`generate` with EAGLE3 equals plain greedy);
+and the bad inputs each give one clear error: a missing data folder, a corrupt shard, data made
+from another target, a make-data folder reused with another model.
+
+    .venv-train/bin/python tools/test_train_eagle3.py BUILD_DIR MODEL.gguf
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd, expect=0, **kw):
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if p.returncode != expect:
+        sys.exit(f"FAILED: {' '.join(cmd)}\nexit {p.returncode}, expected {expect}\nstdout:\n{p.stdout[-3000:]}\n"
+                 f"stderr:\n{p.stderr[-3000:]}")
+    return p
+
+
+def check(cond, what):
+    if not cond:
+        sys.exit(f"FAILED: {what}")
+    print(f"ok: {what}", flush=True)
+
+
+def main():
+    build, model = sys.argv[1], sys.argv[2]
+    spec = os.path.join(build, "specactor")
+    tmp = tempfile.mkdtemp(prefix="specactor-train-")
+    try:
+        tiny = os.path.join(tmp, "tiny.gguf")
+        run([spec, "shrink", model, "--layers", "2", "--out", tiny])
+        other = os.path.join(tmp, "other.gguf")
+        run([spec, "shrink", model, "--layers", "3", "--out", other])
+        prompts = os.path.join(tmp, "prompts.jsonl")
+        run([sys.executable, os.path.join(ROOT, "tools", "make_prompts.py"), "--out", prompts, "--count", "12"])
+        data = os.path.join(tmp, "data")
+        common = ["--prompts", prompts, "--out", data, "--max-new-tokens", "24", "--shard-samples", "5",
+                  "--model-path", tiny, "--threads", "2"]
+        run([spec, "make-data", *common])
+        manifest = json.load(open(os.path.join(data, "manifest.json")))
+        check(manifest["complete"] and len(manifest["shards"]) == 3, "make-data wrote 12 samples in 3 shards")
+        stamp = {f: os.path.getmtime(os.path.join(data, f)) for f in os.listdir(data) if f.startswith("shard-")}
+        again = run([spec, "make-data", *common])
+        check(all(os.path.getmtime(os.path.join(data, f)) == t for f, t in stamp.items()) and
+              "12 samples" in again.stdout, "a second make-data run resumes: nothing regenerated")
+        p = run([spec, "make-data", *common[:-4], "--model-path", other], expect=2)
+        check("another target" in p.stderr, "make-data refuses a folder made from another model: " +
+              p.stderr.strip().splitlines()[-1])
+
+        head = os.path.join(tmp, "head")
+        work = os.path.join(tmp, "work")
+        train = [sys.executable, os.path.join(ROOT, "tools", "train_eagle3.py"), "--data", data, "--out", head,
+                 "--work", work, "--draft-vocab", "512", "--batch-tokens", "256", "--max-steps", "40",
+                 "--epochs", "100", "--log-every", "5", "--lr", "2e-3", "--eval-share", "0", "--quiet"]
+        run(train)
+        hist = [h for h in json.load(open(os.path.join(work, "history.json"))) if "loss" in h]
+        first, last = hist[0]["loss"], min(h["loss"] for h in hist[-2:])
+        check(len(hist) >= 4 and last < 0.8 * first, f"the training loss falls ({first:.3f} -> {last:.3f})")
+        cfg = json.load(open(os.path.join(head, "config.json")))
+        check(cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512,
+              "config.json in the EAGLE-3 layout")
+        p = run([spec, "inspect", head, "--target", tiny])
+        check('"own_output_vocab": 512' in p.stdout and '"kind": "EAGLE3"' in p.stdout,
+              "specactor loads the exported head against the target")
+        gen = [spec, "generate", "--model-path", tiny, "--chat", "--prompt", "Tell me about honey bees.",
+               "--max-new-tokens", "24", "--json", "--threads", "2"]
+        plain = json.loads(run(gen).stdout)
+        drafted = json.loads(run(gen + ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+                                        head]).stdout)
+        check(plain["tokens"] == drafted["tokens"] and drafted["speculative"]["drafted"] > 0,
+              f"EAGLE3 with the trained head equals plain greedy (τ {drafted['speculative']['mean_accepted_length']:.2f})")
+
+        # Bad input: one clear error each.
+        p = run(train[:2] + ["--data", os.path.join(tmp, "missing"), "--out", head], expect=2)
+        check("manifest.json: not found" in p.stderr, "a missing data folder: " + p.stderr.strip())
+        bad = os.path.join(tmp, "bad")
+        shutil.copytree(data, bad)
+        shard = os.path.join(bad, "shard-00001.safetensors")
+        with open(shard, "r+b") as f:
+            f.truncate(os.path.getsize(shard) // 2)
+        p = run(train[:2] + ["--data", bad, "--out", head], expect=2)
+        check("shard-00001.safetensors: cannot read" in p.stderr, "a corrupt shard: " + p.stderr.strip())
+        mixed = os.path.join(tmp, "mixed")
+        shutil.copytree(data, mixed)
+        m = json.load(open(os.path.join(mixed, "manifest.json")))
+        m["target"]["fingerprint"] = "0000000000000000"
+        json.dump(m, open(os.path.join(mixed, "manifest.json"), "w"))
+        p = run(train[:2] + ["--data", mixed, "--out", head], expect=2)
+        check("made from another target" in p.stderr, "shards from another target: " + p.stderr.strip())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("train_eagle3_tiny: all checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,540 @@
+#!/usr/bin/env python3
+"""Trains an EAGLE-3 draft head on data written by `specactor make-data`, and exports it in the
+Hugging Face EAGLE-3 layout that specactor (and sglang) load.
+
+    .venv-train/bin/python tools/train_eagle3.py --data data/eagle3/run1 --out models/eagle3-smollm2 \
+        [--epochs 4] [--draft-vocab 8192] [--ttt-steps 3] [--lr 5e-4] [--resume]
+
+The model (matching model/head.cpp's EAGLE3 forward, row for row):
+  the pair at position p+1 is (token t[p+1], feature f[p]); f = fc([h_a; h_b; h_c]) (3H -> H) of the
+  three captured target layers at step 0, the head's own previous output afterwards;
+  x = f; a = attention([input_layernorm(embed(t)); hidden_norm(f)]) (2H inputs, RoPE neox);
+  x = x + o(a); x = x + mlp(post_attention_layernorm(x)); logits = lm_head(norm(x)) over the draft
+  vocabulary (d2t maps draft ids to target ids).
+Objective: training-time test over --ttt-steps steps. Step k at pair p consumes token t[p+1+k] and
+step k-1's output, attends to step 0's keys of pairs <= p plus its own chain (steps 1..k at p), and
+is scored by the soft cross-entropy against the target's next-token distribution at position p+1+k
+restricted to the draft vocabulary, weighted 0.8^k. Positions whose next token is not a response
+token, or whose target argmax is outside the draft vocabulary, are masked.
+
+Everything is float32 on the CPU (JAX from PyPI, pinned in tools/requirements-train.txt).
+"""
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+FORMAT = "specactor-eagle3-data"
+
+
+class DataError(Exception):
+    pass
+
+
+def fail(msg):
+    print(f"train_eagle3: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def load_safetensors(path, names=None):
+    from safetensors import safe_open
+
+    if not os.path.exists(path):
+        raise DataError(f"{path}: not found")
+    try:
+        out = {}
+        with safe_open(path, framework="numpy") as f:
+            meta = f.metadata() or {}
+            for k in f.keys() if names is None else names:
+                if k not in f.keys():
+                    raise DataError(f"{path}: missing tensor '{k}'")
+                out[k] = f.get_tensor(k)
+        return out, meta
+    except DataError:
+        raise
+    except Exception as e:  # a torn or corrupt file
+        raise DataError(f"{path}: cannot read ({e}); rerun `specactor make-data` with the same flags to rewrite it")
+
+
+class Dataset:
+    """All shards in memory: concatenated tokens and features, sample offsets."""
+
+    def __init__(self, folder, max_samples=0):
+        mpath = os.path.join(folder, "manifest.json")
+        if not os.path.exists(mpath):
+            raise DataError(f"{mpath}: not found (write the data with `specactor make-data --out {folder}` first)")
+        try:
+            with open(mpath) as f:
+                self.manifest = json.load(f)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{mpath}: not a JSON manifest ({e})")
+        m = self.manifest
+        if m.get("format") != FORMAT:
+            raise DataError(f"{mpath}: format is {m.get('format')!r}, expected {FORMAT!r}")
+        if not m.get("complete"):
+            raise DataError(f"{mpath}: the data is incomplete (rerun the same `specactor make-data` command)")
+        self.model = m["model"]
+        self.aux_layers = m["target"]["aux_layers"]
+        fp = m["target"]["fingerprint"]
+        H = self.model["hidden_size"]
+        tgt, tmeta = load_safetensors(os.path.join(folder, "target.safetensors"), ["embed", "lm_head", "output_norm"])
+        if tgt["embed"].shape != (self.model["vocab_size"], H):
+            raise DataError(f"{folder}/target.safetensors: embed is {tgt['embed'].shape}, the manifest says "
+                            f"({self.model['vocab_size']}, {H}) (a file from another model?)")
+        self.embed = tgt["embed"].astype(np.float32)
+        self.lm_head = tgt["lm_head"].astype(np.float32)
+        self.output_norm = tgt["output_norm"].astype(np.float32)
+        toks, mask, amax, aux, last, offs = [], [], [], [], [], [0]
+        n = 0
+        for sh in m["shards"]:
+            path = os.path.join(folder, sh["file"])
+            t, meta = load_safetensors(path)
+            if meta.get("format") != FORMAT or meta.get("target_fingerprint") != fp:
+                raise DataError(f"{path}: made from another target (fingerprint {meta.get('target_fingerprint')}, "
+                                f"the manifest's {fp}); use one folder per target")
+            if t["aux_hidden"].shape[1] != 3 * H or t["last_hidden"].shape[1] != H:
+                raise DataError(f"{path}: hidden states of width {t['aux_hidden'].shape[1]}/{t['last_hidden'].shape[1]},"
+                                f" expected {3 * H}/{H}")
+            o = t["offsets"]
+            if o[0] != 0 or o[-1] != len(t["tokens"]) or np.any(np.diff(o) <= 0):
+                raise DataError(f"{path}: offsets do not cover the tokens")
+            base = offs[-1]
+            toks.append(t["tokens"]); mask.append(t["loss_mask"]); amax.append(t["target_argmax"])
+            aux.append(t["aux_hidden"]); last.append(t["last_hidden"])
+            offs.extend((base + o[1:]).tolist())
+            n += len(o) - 1
+            if max_samples and n >= max_samples:
+                break
+        if n == 0:
+            raise DataError(f"{folder}: no samples")
+        self.tokens = np.concatenate(toks).astype(np.int32)
+        self.loss_mask = np.concatenate(mask).astype(np.uint8)
+        self.argmax = np.concatenate(amax).astype(np.int32)
+        self.aux = np.concatenate(aux)  # f16
+        self.last = np.concatenate(last)  # f16
+        self.offsets = np.array(offs, dtype=np.int64)
+        if max_samples:
+            self.offsets = self.offsets[: max_samples + 1]
+        if np.any(self.tokens < 0) or np.any(self.tokens >= self.model["vocab_size"]):
+            raise DataError(f"{folder}: token ids outside the vocabulary of {self.model['vocab_size']}")
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def sample(self, i):
+        a, b = self.offsets[i], self.offsets[i + 1]
+        return a, b
+
+
+def select_vocab(ds, size):
+    """The draft vocabulary: the most frequent next tokens at trained positions; d2t offsets, t2d mask."""
+    V = ds.model["vocab_size"]
+    size = min(size, V)
+    counts = np.bincount(ds.tokens[ds.loss_mask == 1], minlength=V).astype(np.float64)
+    counts += 1e-3 * np.bincount(ds.tokens, minlength=V)  # then tokens seen anywhere
+    order = np.argsort(-counts, kind="stable")[:size]
+    ids = np.sort(order)
+    covered = counts[ids].sum() / max(counts.sum(), 1)
+    d2t = (ids - np.arange(size)).astype(np.int64)
+    t2d = np.zeros(V, dtype=bool)
+    t2d[ids] = True
+    return ids.astype(np.int32), d2t, t2d, covered
+
+
+def batches(ds, indices, budget, rng, buckets):
+    """Groups samples of similar length into (B, T) batches of about `budget` tokens."""
+    lens = np.array([ds.offsets[i + 1] - ds.offsets[i] for i in indices])
+    order = np.array(indices)[np.argsort(lens + rng.random(len(lens)), kind="stable")]
+    out, cur, cur_t = [], [], 0
+    for i in order:
+        L = int(ds.offsets[i + 1] - ds.offsets[i])
+        T = next(b for b in buckets if b >= min(L, buckets[-1]))
+        if cur and (T != cur_t or (len(cur) + 1) * T > budget):
+            out.append((cur, cur_t))
+            cur = []
+        cur.append(i)
+        cur_t = T
+    if cur:
+        out.append((cur, cur_t))
+    rng.shuffle(out)
+    return out
+
+
+def make_batch(ds, ids, T):
+    B = len(ids)
+    H = ds.model["hidden_size"]
+    tok = np.zeros((B, T), np.int32)
+    lm = np.zeros((B, T), np.float32)
+    am = np.zeros((B, T), np.int32)
+    aux = np.zeros((B, T, 3 * H), np.float32)
+    last = np.zeros((B, T, H), np.float32)
+    valid = np.zeros((B, T), np.float32)
+    for r, i in enumerate(ids):
+        a, b = ds.offsets[i], ds.offsets[i + 1]
+        n = min(int(b - a), T)
+        tok[r, :n] = ds.tokens[a:a + n]
+        lm[r, :n] = ds.loss_mask[a:a + n]
+        am[r, :n] = ds.argmax[a:a + n]
+        aux[r, :n] = ds.aux[a:a + n]
+        last[r, :n] = ds.last[a:a + n]
+        valid[r, :n] = 1
+    return tok, lm, am, aux, last, valid
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+def init_params(key, cfg, lm_head_init, norm_init):
+    import jax
+    import jax.numpy as jnp
+
+    H, F, QD, KD, Vd = cfg["H"], cfg["F"], cfg["QD"], cfg["KD"], cfg["Vd"]
+    ks = jax.random.split(key, 8)
+
+    def lin(k, i, o):
+        return jax.random.normal(k, (i, o), jnp.float32) * (1.0 / math.sqrt(i))
+
+    return {
+        "fc": lin(ks[0], 3 * H, H),
+        "input_layernorm": jnp.ones((H,), jnp.float32),
+        "hidden_norm": jnp.ones((H,), jnp.float32),
+        "q": lin(ks[1], 2 * H, QD),
+        "k": lin(ks[2], 2 * H, KD),
+        "v": lin(ks[3], 2 * H, KD),
+        "o": lin(ks[4], QD, H) * 0.1,
+        "post_attention_layernorm": jnp.ones((H,), jnp.float32),
+        "gate": lin(ks[5], H, F),
+        "up": lin(ks[6], H, F),
+        "down": lin(ks[7], F, H) * 0.1,
+        "norm": jnp.asarray(norm_init),
+        "lm_head": jnp.asarray(lm_head_init),  # [H, Vd]
+    }
+
+
+def build_step_fns(cfg, ttt_steps, tx):
+    import jax
+    import jax.numpy as jnp
+
+    H, nh, nkv, hd, eps = cfg["H"], cfg["nh"], cfg["nkv"], cfg["hd"], cfg["eps"]
+    groups = nh // nkv
+    half = hd // 2
+    inv = cfg["rope_theta"] ** (-2.0 * np.arange(half) / hd)
+
+    def rms(x, w):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+    def rope(x, pos):  # x [B, T, h, hd], pos [T]
+        ang = pos[:, None].astype(jnp.float32) * inv[None, :].astype(jnp.float32)
+        c, s = jnp.cos(ang)[None, :, None, :], jnp.sin(ang)[None, :, None, :]
+        x0, x1 = x[..., :half], x[..., half:]
+        return jnp.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+
+    def loss_fn(p, embed, tgt_head, tgt_norm, batch):
+        tok, lm, am, aux, last, valid, in_vocab = batch
+        B, T = tok.shape
+        Tp = T - 1  # pairs p = 0 .. T-2
+        scale = 1.0 / math.sqrt(hd)
+        pos0 = jnp.arange(Tp) + 1
+        # The target's distribution over the draft vocabulary at every position.
+        tlog = rms(last, tgt_norm) @ tgt_head  # [B, T, Vd]
+        tprob = jax.lax.stop_gradient(jax.nn.softmax(tlog, axis=-1))
+        causal = jnp.tril(jnp.ones((Tp, Tp), bool))
+        x = aux[:, :-1] @ p["fc"]
+        K0 = V0 = None
+        chain_k, chain_v = [], []
+        total, stats = 0.0, []
+        for k in range(ttt_steps):
+            # step k at pair p: token t[p+1+k], position p+1+k, predicts t[p+2+k]
+            tk = jnp.concatenate([tok[:, 1 + k:], jnp.zeros((B, k), tok.dtype)], axis=1)[:, :Tp]
+            emb = embed[tk]
+            h_in = jnp.concatenate([rms(emb, p["input_layernorm"]), rms(x, p["hidden_norm"])], axis=-1)
+            q = (h_in @ p["q"]).reshape(B, Tp, nh, hd)
+            kk = (h_in @ p["k"]).reshape(B, Tp, nkv, hd)
+            vv = (h_in @ p["v"]).reshape(B, Tp, nkv, hd)
+            pos = pos0 + k
+            q, kk = rope(q, pos), rope(kk, pos)
+            kk = jnp.repeat(kk, groups, axis=2)
+            vv = jnp.repeat(vv, groups, axis=2)
+            if k == 0:
+                K0, V0 = kk, vv
+            else:
+                chain_k.append(kk)
+                chain_v.append(vv)
+            s0 = jnp.einsum("bqhd,bkhd->bhqk", q, K0) * scale
+            s0 = jnp.where(causal[None, None], s0, -1e30)
+            diag = [jnp.einsum("bqhd,bqhd->bhq", q, ck)[..., None] * scale for ck in chain_k]
+            s = jnp.concatenate([s0] + diag, axis=-1)
+            a = jax.nn.softmax(s, axis=-1)
+            att = jnp.einsum("bhqk,bkhd->bqhd", a[..., :Tp], V0)
+            for j, cv in enumerate(chain_v):
+                att = att + a[..., Tp + j].transpose(0, 2, 1)[..., None] * cv
+            x = x + att.reshape(B, Tp, nh * hd) @ p["o"]
+            hmid = rms(x, p["post_attention_layernorm"])
+            x = x + (jax.nn.silu(hmid @ p["gate"]) * (hmid @ p["up"])) @ p["down"]
+            logits = rms(x, p["norm"]) @ p["lm_head"]  # [B, Tp, Vd]
+            logp = jax.nn.log_softmax(logits, axis=-1)
+            # target at position p+1+k (predicting t[p+2+k])
+            tp = jnp.concatenate([tprob[:, 1 + k:], jnp.zeros((B, k, tprob.shape[-1]))], axis=1)[:, :Tp]
+            nxt_lm = jnp.concatenate([lm[:, 2 + k:], jnp.zeros((B, k + 1))], axis=1)[:, :Tp]
+            nxt_ok = jnp.concatenate([valid[:, 2 + k:], jnp.zeros((B, k + 1))], axis=1)[:, :Tp]
+            tam = jnp.concatenate([am[:, 1 + k:], jnp.zeros((B, k), am.dtype)], axis=1)[:, :Tp]
+            m = nxt_lm * nxt_ok * in_vocab[tam]
+            ce = -jnp.sum(tp * logp, axis=-1)
+            n = jnp.maximum(jnp.sum(m), 1.0)
+            total = total + (0.8 ** k) * jnp.sum(ce * m) / n
+            hit = (jnp.argmax(logits, axis=-1) == jnp.argmax(tp, axis=-1)).astype(jnp.float32)
+            stats.append((jnp.sum(hit * m), jnp.sum(m), jnp.sum(ce * m)))
+        return total, stats
+
+    def train_step(p, opt_state, embed, tgt_head, tgt_norm, batch):
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, embed, tgt_head, tgt_norm, batch)
+        updates, opt_state = tx.update(grads, opt_state, p)
+        import optax
+
+        p = optax.apply_updates(p, updates)
+        return p, opt_state, loss, stats
+
+    def eval_step(p, embed, tgt_head, tgt_norm, batch):
+        return loss_fn(p, embed, tgt_head, tgt_norm, batch)
+
+    return jax.jit(train_step), jax.jit(eval_step)
+
+
+# -------------------------------------------------------------------------------------------- export
+
+
+def export(params, cfg, ds, d2t, t2d, out):
+    from safetensors.numpy import save_file
+
+    os.makedirs(out, exist_ok=True)
+    m = ds.model
+    p = {k: np.asarray(v, dtype=np.float32) for k, v in params.items()}
+    f16 = lambda a: np.ascontiguousarray(a.astype(np.float16))
+    tensors = {
+        "fc.weight": f16(p["fc"].T),
+        "midlayer.input_layernorm.weight": f16(p["input_layernorm"]),
+        "midlayer.hidden_norm.weight": f16(p["hidden_norm"]),
+        "midlayer.self_attn.q_proj.weight": f16(p["q"].T),
+        "midlayer.self_attn.k_proj.weight": f16(p["k"].T),
+        "midlayer.self_attn.v_proj.weight": f16(p["v"].T),
+        "midlayer.self_attn.o_proj.weight": f16(p["o"].T),
+        "midlayer.post_attention_layernorm.weight": f16(p["post_attention_layernorm"]),
+        "midlayer.mlp.gate_proj.weight": f16(p["gate"].T),
+        "midlayer.mlp.up_proj.weight": f16(p["up"].T),
+        "midlayer.mlp.down_proj.weight": f16(p["down"].T),
+        "norm.weight": f16(p["norm"]),
+        "lm_head.weight": f16(p["lm_head"].T),
+        "d2t": np.ascontiguousarray(d2t.astype(np.int64)),
+        "t2d": np.ascontiguousarray(t2d.astype(bool)),
+    }
+    for k, v in tensors.items():
+        if v.dtype != bool and not np.all(np.isfinite(v.astype(np.float64))):
+            raise DataError(f"export: tensor {k} holds non-finite values (training diverged; lower --lr)")
+    save_file(tensors, os.path.join(out, "model.safetensors.tmp"), metadata={"format": "pt"})
+    os.replace(os.path.join(out, "model.safetensors.tmp"), os.path.join(out, "model.safetensors"))
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": m["hidden_size"],
+        "intermediate_size": m["intermediate_size"],
+        "num_attention_heads": m["num_attention_heads"],
+        "num_key_value_heads": m["num_key_value_heads"],
+        "head_dim": m["head_dim"],
+        "num_hidden_layers": 1,
+        "rms_norm_eps": m["rms_norm_eps"],
+        "rope_theta": m["rope_theta"],
+        "max_position_embeddings": m["max_position_embeddings"],
+        "vocab_size": m["vocab_size"],
+        "draft_vocab_size": int(len(d2t)),
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(ds.aux_layers)},
+        "specactor": {"target": ds.manifest["target"]["name"],
+                      "target_fingerprint": ds.manifest["target"]["fingerprint"],
+                      "trained_samples": len(ds)},
+    }
+    with open(os.path.join(out, "config.json.tmp"), "w") as f:
+        json.dump(config, f, indent=2)
+    os.replace(os.path.join(out, "config.json.tmp"), os.path.join(out, "config.json"))
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def main():
+    ap = argparse.ArgumentParser(description="train an EAGLE-3 head on `specactor make-data` output")
+    ap.add_argument("--data", required=True, help="the make-data folder")
+    ap.add_argument("--out", required=True, help="the head folder to write (config.json + model.safetensors)")
+    ap.add_argument("--work", default="", help="checkpoints and the loss log (default: OUT.work)")
+    ap.add_argument("--epochs", type=float, default=4)
+    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--ttt-steps", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--warmup", type=float, default=0.03, help="share of the steps spent warming up")
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--clip", type=float, default=0.5)
+    ap.add_argument("--batch-tokens", type=int, default=4096)
+    ap.add_argument("--max-len", type=int, default=384, help="longer samples are cut to this many tokens")
+    ap.add_argument("--eval-share", type=float, default=0.05)
+    ap.add_argument("--max-samples", type=int, default=0, help="use only the first N samples (0 = all)")
+    ap.add_argument("--max-steps", type=int, default=0, help="stop after N optimizer steps (0 = the epochs)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads for XLA (0 = all)")
+    ap.add_argument("--log-every", type=int, default=20, help="steps per loss-log entry (default 20)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    a = ap.parse_args()
+    for name, ok in [("--epochs", a.epochs > 0), ("--draft-vocab", a.draft_vocab >= 2), ("--ttt-steps", a.ttt_steps >= 1),
+                     ("--lr", a.lr > 0), ("--batch-tokens", a.batch_tokens >= 64), ("--max-len", a.max_len >= 8),
+                     ("--eval-share", 0 <= a.eval_share < 1), ("--warmup", 0 <= a.warmup < 1), ("--log-every", a.log_every >= 1)]:
+        if not ok:
+            fail(f"{name}: out of range")
+    if a.threads:
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + \
+            f" --xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={a.threads}"
+    work = a.work or (a.out.rstrip("/") + ".work")
+    try:
+        ds = Dataset(a.data, a.max_samples)
+    except DataError as e:
+        fail(str(e))
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from tqdm import tqdm
+
+    ids, d2t, t2d, covered = select_vocab(ds, a.draft_vocab)
+    m = ds.model
+    cfg = {"H": m["hidden_size"], "F": m["intermediate_size"], "nh": m["num_attention_heads"],
+           "nkv": m["num_key_value_heads"], "hd": m["head_dim"], "eps": m["rms_norm_eps"],
+           "rope_theta": m["rope_theta"], "Vd": len(ids)}
+    cfg["QD"], cfg["KD"] = cfg["nh"] * cfg["hd"], cfg["nkv"] * cfg["hd"]
+    n = len(ds)
+    rng = np.random.default_rng(a.seed)
+    perm = rng.permutation(n)
+    n_eval = int(round(n * a.eval_share)) if n > 1 and a.eval_share > 0 else 0
+    eval_idx, train_idx = sorted(perm[:n_eval].tolist()), sorted(perm[n_eval:].tolist())
+    buckets = [b for b in (64, 128, 192, 256, 320, 384, 512, 768, 1024) if b < a.max_len] + [a.max_len]
+    n_batches = len(batches(ds, train_idx, a.batch_tokens, np.random.default_rng(0), buckets))
+    total_steps = max(1, int(math.ceil(n_batches * a.epochs)))
+    if a.max_steps:
+        total_steps = min(total_steps, a.max_steps)
+    tot_tokens = int(ds.offsets[-1])
+    print(f"train_eagle3: {n} samples ({len(train_idx)} train, {len(eval_idx)} held out), {tot_tokens} tokens; "
+          f"draft vocabulary {len(ids)} covers {100 * covered:.1f}% of trained next tokens; "
+          f"{total_steps} steps of ~{a.batch_tokens} tokens; TTT steps {a.ttt_steps}", flush=True)
+
+    sched = optax.warmup_cosine_decay_schedule(0.0, a.lr, max(1, int(total_steps * a.warmup)), total_steps,
+                                               end_value=a.lr * 0.05)
+    tx = optax.chain(optax.clip_by_global_norm(a.clip), optax.adamw(sched, weight_decay=a.weight_decay))
+    embed = jnp.asarray(ds.embed)
+    tgt_head = jnp.asarray(ds.lm_head[ids].T)  # [H, Vd]
+    tgt_norm = jnp.asarray(ds.output_norm)
+    in_vocab = jnp.asarray(t2d.astype(np.float32))
+    params = init_params(jax.random.PRNGKey(a.seed), cfg, ds.lm_head[ids].T.copy(), ds.output_norm.copy())
+    opt_state = tx.init(params)
+    step, epoch_start, history = 0, 0, []
+    os.makedirs(work, exist_ok=True)
+    ckpt = os.path.join(work, "checkpoint.npz")
+    if a.resume and os.path.exists(ckpt):
+        try:
+            z = np.load(ckpt, allow_pickle=False)
+            leaves, treedef = jax.tree_util.tree_flatten((params, opt_state))
+            loaded = [z[f"l{i}"] for i in range(len(leaves))]
+            for i, (x, y) in enumerate(zip(leaves, loaded)):
+                if np.shape(x) != y.shape:
+                    raise DataError(f"leaf {i} has shape {y.shape}, expected {np.shape(x)} (other settings?)")
+            params, opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(v) for v in loaded])
+            step = int(z["step"])
+            if not np.array_equal(z["draft_ids"], ids):
+                raise DataError("its draft vocabulary differs from this data's (other --data or --draft-vocab?)")
+            history = json.loads(str(z["history"]))
+            print(f"train_eagle3: resumed from {ckpt} at step {step}", flush=True)
+        except (DataError, KeyError, ValueError, OSError) as e:
+            fail(f"{ckpt}: cannot resume ({e}); delete it or drop --resume")
+    elif a.resume:
+        print(f"train_eagle3: no checkpoint in {work}; starting fresh", flush=True)
+
+    def save():
+        leaves, _ = jax.tree_util.tree_flatten((params, opt_state))
+        tmp = ckpt + ".tmp.npz"
+        np.savez(tmp, step=step, draft_ids=ids, history=json.dumps(history),
+                 **{f"l{i}": np.asarray(x) for i, x in enumerate(leaves)})
+        os.replace(tmp, ckpt)
+
+    train_step, eval_step = build_step_fns(cfg, a.ttt_steps, tx)
+    stop = {"now": False}
+    signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+
+    def evaluate():
+        if not eval_idx:
+            return None
+        hits = np.zeros(a.ttt_steps); cnt = np.zeros(a.ttt_steps); ce = np.zeros(a.ttt_steps)
+        for bi, T in batches(ds, eval_idx, a.batch_tokens, np.random.default_rng(0), buckets):
+            tok, lm, am, aux, last, valid = make_batch(ds, bi, T)
+            _, stats = eval_step(params, embed, tgt_head, tgt_norm, (tok, lm, am, aux, last, valid, in_vocab))
+            for k, (h, c, e) in enumerate(stats):
+                hits[k] += float(h); cnt[k] += float(c); ce[k] += float(e)
+        acc = hits / np.maximum(cnt, 1)
+        # chain estimate: tokens per step = 1 + sum over depth of P(all accepted up to it)
+        tau = 1 + float(np.sum(np.cumprod(acc)))
+        return {"acc": acc.round(4).tolist(), "ce": (ce / np.maximum(cnt, 1)).round(4).tolist(), "tau_est": round(tau, 3)}
+
+    t0 = time.time()
+    epoch = step // max(1, n_batches)
+    bar = tqdm(total=total_steps, initial=step, disable=a.quiet, unit="step", dynamic_ncols=True)
+    run_loss, run_n = 0.0, 0
+    while step < total_steps and not stop["now"]:
+        erng = np.random.default_rng(a.seed * 1000 + epoch)
+        plan = batches(ds, train_idx, a.batch_tokens, erng, buckets)
+        skip = step - epoch * n_batches
+        for bi, T in plan[max(0, skip):]:
+            if step >= total_steps or stop["now"]:
+                break
+            tok, lm, am, aux, last, valid = make_batch(ds, bi, T)
+            params, opt_state, loss, _ = train_step(params, opt_state, embed, tgt_head, tgt_norm,
+                                                    (tok, lm, am, aux, last, valid, in_vocab))
+            step += 1
+            run_loss += float(loss); run_n += 1
+            if step % a.log_every == 0 or step == total_steps:
+                history.append({"step": step, "epoch": round(step / n_batches, 3), "loss": run_loss / run_n,
+                                "lr": float(sched(step)), "elapsed_s": round(time.time() - t0, 1)})
+                bar.set_postfix(loss=f"{run_loss / run_n:.3f}")
+                run_loss, run_n = 0.0, 0
+            bar.update(1)
+            if step % 200 == 0:
+                save()
+        epoch += 1
+        if not stop["now"]:
+            ev = evaluate()
+            if ev:
+                history.append({"step": step, "epoch": round(step / n_batches, 3), "eval": ev})
+                tqdm.write(f"epoch {epoch}: held-out acceptance by depth {ev['acc']}, τ estimate {ev['tau_est']}")
+            save()
+    bar.close()
+    save()
+    with open(os.path.join(work, "history.json"), "w") as f:
+        json.dump(history, f, indent=1)
+    if stop["now"]:
+        print(f"train_eagle3: interrupted at step {step}; rerun with --resume to continue", flush=True)
+        sys.exit(130)
+    try:
+        export(params, cfg, ds, d2t, t2d, a.out)
+    except DataError as e:
+        fail(str(e))
+    last = next((h["eval"] for h in reversed(history) if "eval" in h), None)
+    print(f"train_eagle3: wrote {a.out} after {step} steps in {time.time() - t0:.0f} s"
+          + (f"; held-out τ estimate {last['tau_est']}, acceptance by depth {last['acc']}" if last else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()
