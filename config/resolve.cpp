@@ -223,6 +223,17 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                       ": FROZEN_KV_MTP reads the target's whole KV cache, but with tensor parallelism each rank "
                       "holds only its own KV heads; use --tp-size 1 or another algorithm");
 
+  // EAGLE3 without a head: the one shipped for this model, if any.
+  if (s->speculative_algorithm == SpecAlgorithm::Eagle3 &&
+      (!s->speculative_draft_model_path || s->speculative_draft_model_path->empty())) {
+    if (model.shipped_eagle3_head.empty())
+      throw ConfigError("--speculative-draft-model-path: is required by --speculative-algorithm EAGLE3 for " +
+                        model_name +
+                        ": give the EAGLE3 head to load (a head ships only for SmolLM2-135M-Instruct, in heads/; "
+                        "tools/train_eagle3.py trains one)");
+    s = derive(s, "auto.shipped_head", {{"speculative_draft_model_path", model.shipped_eagle3_head}});
+  }
+
   // Speculative shape.
   if (s->speculative_algorithm != SpecAlgorithm::None) {
     const SpecShape dflt = auto_spec_shape(s->speculative_algorithm, model.llama_family);

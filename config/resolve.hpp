@@ -25,6 +25,9 @@ struct ModelFacts {
   bool llama_family = false;
   // Tensor parallelism splits these (0 = unknown: not checked here, the weight loader still is).
   std::int64_t num_heads = 0, num_kv_heads = 0, ffn_hidden_size = 0;
+  // An EAGLE-3 head shipped with specactor for this model (a folder), empty when none: the draft path
+  // of --speculative-algorithm EAGLE3 when the user gives none (override source "auto.shipped_head").
+  std::string shipped_eagle3_head;
 };
 
 // What resolution needs to know about this machine.

@@ -320,7 +320,9 @@ void validate(const ServerArgs& a) {
                           std::pair{"speculative_accept_threshold_acc", a.speculative_accept_threshold_acc}}) {
     if (!(v > 0.0 && v <= 1.0)) fail(field, "must be in (0, 1] (got " + std::to_string(v) + ")");
   }
-  if (spec && needs_draft_model(a) && (!a.speculative_draft_model_path || a.speculative_draft_model_path->empty())) {
+  // EAGLE3 may leave it out: resolution then takes the head shipped for the model (or says none ships).
+  if (spec && needs_draft_model(a) && a.speculative_algorithm != SpecAlgorithm::Eagle3 &&
+      (!a.speculative_draft_model_path || a.speculative_draft_model_path->empty())) {
     std::string what = a.speculative_algorithm == SpecAlgorithm::Standalone
                            ? "a draft model (or --speculative-draft-num-layers K for self-speculation)"
                            : "the " + algo + " head to load";

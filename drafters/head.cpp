@@ -49,7 +49,9 @@ class HeadDrafter final : public Drafter {
     const auto& tc = target_->config();
     std::vector<std::int32_t> hot;
     if (s->speculative_token_map) hot = model::read_token_map(*s->speculative_token_map, tc.vocab_size);
-    head_ = model::HeadWeights::load(*s->speculative_draft_model_path, kind, tc, hot, frozen, s->load_format);
+    // Fast precision: a head stored in float is quantized to Q8_0 once, so drafting takes the integer kernels.
+    head_ = model::HeadWeights::load(*s->speculative_draft_model_path, kind, tc, hot, frozen, s->load_format,
+                                     model::cpu_precision(*s) == k::Precision::Fast);
     runner_ = std::make_unique<model::HeadRunner>(head_, target_, model::cpu_precision(*s));
     const auto& hc = head_->config();
     draft_vocab_ = hc.draft_vocab() > 0 ? hc.draft_vocab() : tc.vocab_size;

@@ -12,6 +12,7 @@
 
 #include "config/input.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/quant.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
 #include "model/safetensors.hpp"
 
@@ -255,7 +256,7 @@ std::vector<std::int32_t> read_token_map(const std::string& path, std::int64_t v
 
 std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, HeadKind kind, const LlamaConfig& target,
                                                      const std::vector<std::int32_t>& hot_vocab, bool frozen_kv,
-                                                     config::LoadFormat format) {
+                                                     config::LoadFormat format, bool quantize_q8_0) {
   auto w = std::shared_ptr<HeadWeights>(new HeadWeights());
   HeadConfig& c = w->cfg_;
   c = read_config(path, &w->source_);
@@ -301,15 +302,28 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
   struct CheckedBinder {
     WeightBinder& b;
     const std::string& path;
+    bool quantize;
+    std::vector<std::vector<std::uint8_t>>& owned;
     bool has(const std::string& name) const { return b.has(name); }
     kernels::WeightMatrix matrix(const std::string& name, std::int64_t out, std::int64_t in) {
       kernels::WeightMatrix m = b.matrix(name, out, in);
+      const bool to_q8 =
+          quantize && (m.type == k::WeightType::F32 || m.type == k::WeightType::F16 || m.type == k::WeightType::BF16);
+      const std::size_t q8_row = k::row_bytes(k::WeightType::Q8_0, static_cast<std::size_t>(in));
+      std::vector<std::uint8_t> q8(to_q8 ? q8_row * static_cast<std::size_t>(out) : 0);
       std::vector<float> row(static_cast<std::size_t>(in));
       for (std::int64_t r = 0; r < out; ++r) {
         kernels::weight_row(m, r, row.data());
         check(name, row.data(), in);
+        if (to_q8) k::quantize_row_q8_0(row.data(), q8.data() + static_cast<std::size_t>(r) * q8_row, row.size());
       }
-      return m;
+      if (!to_q8) return m;
+      k::WeightMatrix qm{k::WeightType::Q8_0, out, in, q8.data(), q8_row, false};
+      std::vector<std::uint8_t> packed;
+      qm = k::pack_matrix(qm, packed);
+      owned.push_back(std::move(q8));
+      if (!packed.empty()) owned.push_back(std::move(packed));
+      return qm;
     }
     const float* vector(const std::string& name, std::int64_t n) {
       const float* v = b.vector(name, n);
@@ -322,7 +336,7 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
           throw GgufError(path + ": tensor '" + config::printable(name) + "' holds a non-finite value (" +
                           std::to_string(v[i]) + ")");
     }
-  } bind{binder, path};
+  } bind{binder, path, quantize_q8_0, w->owned_};
   const bool hf = c.format == "safetensors";
   const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
   const std::int64_t attn_in = c.kind == HeadKind::Eagle3 ? 2 * H : H;

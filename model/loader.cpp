@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "config/error.hpp"
@@ -29,6 +30,24 @@ config::RuntimeFacts runtime_facts() {
   return {probe.cuda_usable, probe.reason, cuda_forward_compiled(), probe.device_count};
 }
 
+std::string shipped_eagle3_head(const std::string& model_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string file = fs::path(model_path).filename().string();
+  const std::string name = file.substr(0, file.find('.')) + "-eagle3";
+  std::vector<fs::path> dirs;
+  if (const char* env = std::getenv("SPECACTOR_HEADS_DIR"); env && *env) dirs.emplace_back(env);
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) dirs.push_back(exe.parent_path().parent_path() / "heads");
+  dirs.push_back(fs::absolute(model_path, ec).parent_path().parent_path() / "heads");
+  for (const fs::path& d : dirs) {
+    const fs::path head = d / name;
+    if (fs::is_regular_file(head / "config.json", ec) && fs::is_regular_file(head / "model.safetensors", ec))
+      return fs::weakly_canonical(head, ec).string();
+  }
+  return "";
+}
+
 ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
   const config::Snapshot user = config::freeze(user_args);
   if (user->model_path.empty())
@@ -36,7 +55,10 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
         "--model-path is required (after tools/setup the default model is "
         "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   ModelInfo info = read_any_model_info(*user);
-  config::Snapshot target = config::resolve_target(user, info.facts(), runtime_facts());
+  config::ModelFacts facts = info.facts();
+  if (user->speculative_algorithm == config::SpecAlgorithm::Eagle3)
+    facts.shipped_eagle3_head = shipped_eagle3_head(user->model_path);
+  config::Snapshot target = config::resolve_target(user, facts, runtime_facts());
   return {std::move(target), std::move(info)};
 }
 

@@ -24,6 +24,12 @@ config::RuntimeFacts runtime_facts();
 
 // The one resolve sequence (engine, CLI, benchmarks): freeze the user's settings, require
 // --model-path, read the model's metadata, resolve the target snapshot against it and this machine.
+// The EAGLE-3 head shipped for `model_path`, or "" when none: the folder `<stem>-eagle3` (stem = the
+// model file's name up to its first '.') holding config.json and model.safetensors, looked up in
+// $SPECACTOR_HEADS_DIR, then heads/ beside the build folder of this executable (the checkout), then
+// heads/ beside the model's folder.
+std::string shipped_eagle3_head(const std::string& model_path);
+
 struct ResolvedTarget {
   config::Snapshot target;
   ModelInfo info;

@@ -221,6 +221,28 @@ TEST_CASE("automatic speculative shape") {
     CHECK(*s->speculative_eagle_topk == 1);
     CHECK(*s->speculative_num_draft_tokens == 4);
   }
+  SUBCASE("EAGLE3 without a head: the one shipped for the model, logged, else a clear error") {
+    ModelFacts f = llama_facts();
+    f.shipped_eagle3_head = "/repo/heads/m-eagle3";
+    const Snapshot user = freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3"}));
+    const Snapshot s = resolve_target(user, f, no_gpu());
+    CHECK(*s->speculative_draft_model_path == "/repo/heads/m-eagle3");
+    bool logged = false;
+    for (const auto& e : s->override_log)
+      logged = logged || (e.source == "auto.shipped_head" &&
+                          e.fields == json{{"speculative_draft_model_path", "/repo/heads/m-eagle3"}});
+    CHECK(logged);
+    CHECK(derive_draft(s, f)->model_path == "/repo/heads/m-eagle3");
+    CHECK(resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3",
+                                                   "--speculative-draft-model-path", "mine"})),
+                         f, no_gpu())
+              ->speculative_draft_model_path == std::optional<std::string>("mine"));
+    f.shipped_eagle3_head.clear();
+    CHECK_THROWS_WITH_AS(resolve_target(user, f, no_gpu()),
+                         doctest::Contains("--speculative-draft-model-path: is required by --speculative-algorithm "
+                                           "EAGLE3 for llama model m.gguf"),
+                         ConfigError);
+  }
   SUBCASE("other algorithms: 3/1/4") {
     auto s = resolved({"--speculative-algorithm", "NGRAM"});
     CHECK(*s->speculative_num_steps == 3);

@@ -58,6 +58,27 @@ TEST_CASE("dequantization matches the gguf package on random blocks of every for
   }
 }
 
+TEST_CASE("Q8_0 quantization: each value within half a step of its block scale, zeros stay zero") {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 0.3f);
+  std::vector<float> x(96), back(96);
+  for (auto& v : x) v = dist(rng);
+  for (int i = 32; i < 64; ++i) x[static_cast<std::size_t>(i)] = 0.0f;  // an all-zero block
+  x[70] = 5.0f;                                                         // an outlier sets its block's scale
+  std::vector<std::uint8_t> q(row_bytes(WeightType::Q8_0, x.size()));
+  quantize_row_q8_0(x.data(), q.data(), x.size());
+  dequantize_row(WeightType::Q8_0, q.data(), back.data(), back.size());
+  for (std::size_t b = 0; b < 3; ++b) {
+    float amax = 0.0f;
+    for (std::size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    const float step = amax / 127.0f;
+    for (std::size_t i = 0; i < 32; ++i)
+      CHECK(std::fabs(back[b * 32 + i] - x[b * 32 + i]) <= 0.5f * step * 1.01f + 1e-7f);
+  }
+  for (int i = 32; i < 64; ++i) CHECK(back[static_cast<std::size_t>(i)] == 0.0f);
+  CHECK(back[70] == doctest::Approx(5.0f).epsilon(1e-3));
+}
+
 TEST_CASE("f16 conversion: exact for every half value, round to nearest even") {
   for (std::uint32_t h = 0; h < 0x10000; ++h) {
     const float f = f16_to_f32(static_cast<std::uint16_t>(h));

@@ -367,6 +367,45 @@ def export(params, cfg, ds, d2t, t2d, out):
     os.replace(os.path.join(out, "config.json.tmp"), os.path.join(out, "config.json"))
 
 
+def write_chart(history, path):
+    """An SVG of the training loss per logged step and the held-out τ estimate per epoch (no plotting library)."""
+    pts = [(h["step"], h["loss"]) for h in history if "loss" in h]
+    ev = [(h["step"], h["eval"]["tau_est"]) for h in history if "eval" in h]
+    if not pts:
+        return
+    W, Hh, L, R, T, B = 720, 360, 60, 60, 30, 40
+    x1 = max(p[0] for p in pts)
+    lo, hi = min(p[1] for p in pts), max(p[1] for p in pts)
+    hi = lo + 1e-9 if hi <= lo else hi
+    tmax = max([t for _, t in ev] + [2.0])
+    X = lambda s: L + (W - L - R) * s / max(x1, 1)
+    Y = lambda v: T + (Hh - T - B) * (1 - (v - lo) / (hi - lo))
+    Yt = lambda t: T + (Hh - T - B) * (1 - (t - 1) / (tmax - 1))
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{Hh}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{W}" height="{Hh}" fill="white"/>',
+           f'<line x1="{L}" y1="{Hh - B}" x2="{W - R}" y2="{Hh - B}" stroke="black"/>',
+           f'<line x1="{L}" y1="{T}" x2="{L}" y2="{Hh - B}" stroke="black"/>',
+           f'<text x="{W / 2}" y="{Hh - 8}" text-anchor="middle">optimizer step</text>',
+           f'<text x="{L - 6}" y="{Y(hi) + 4}" text-anchor="end">{hi:.2f}</text>',
+           f'<text x="{L - 6}" y="{Y(lo) + 4}" text-anchor="end">{lo:.2f}</text>',
+           f'<text x="{L}" y="{T - 10}" fill="#1f77b4">training loss (TTT-weighted soft cross-entropy)</text>',
+           f'<text x="{W - R - 6}" y="{Hh - B - 6}" text-anchor="end">{x1}</text>',
+           '<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="' +
+           " ".join(f"{X(s):.1f},{Y(v):.1f}" for s, v in pts) + '"/>']
+    if ev:
+        out.append(f'<text x="{W - R + 6}" y="{Yt(tmax) + 4}" fill="#d62728">{tmax:.2f}</text>')
+        out.append(f'<text x="{W - R + 6}" y="{Yt(1) + 4}" fill="#d62728">1.00</text>')
+        out.append(f'<text x="{W - R}" y="{T - 10}" text-anchor="end" fill="#d62728">held-out τ estimate (chain of '
+                   f'the TTT depth)</text>')
+        out.append('<polyline fill="none" stroke="#d62728" stroke-width="1.5" points="' +
+                   " ".join(f"{X(s):.1f},{Yt(t):.1f}" for s, t in ev) + '"/>')
+        for s, t in ev:
+            out.append(f'<circle cx="{X(s):.1f}" cy="{Yt(t):.1f}" r="3" fill="#d62728"/>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -524,6 +563,7 @@ def main():
     save()
     with open(os.path.join(work, "history.json"), "w") as f:
         json.dump(history, f, indent=1)
+    write_chart(history, os.path.join(work, "loss.svg"))
     if stop["now"]:
         print(f"train_eagle3: interrupted at step {step}; rerun with --resume to continue", flush=True)
         sys.exit(130)

@@ -1,6 +1,8 @@
 // kernels/cpu/quant.cpp — scalar reference dequantization of every supported weight format.
 #include "kernels/cpu/quant.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -207,6 +209,22 @@ void dequant_q6_k(const std::uint8_t* b, float* y) {
 }
 
 }  // namespace
+
+void quantize_row_q8_0(const float* x, void* dst, std::size_t n) {
+  auto* out = static_cast<std::uint8_t*>(dst);
+  for (std::size_t b = 0; b < n / 32; ++b, x += 32, out += 34) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const std::uint16_t dh = f32_to_f16(amax / 127.0f);
+    const float d = f16_to_f32(dh);
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    std::memcpy(out, &dh, 2);
+    for (int i = 0; i < 32; ++i) {
+      const float q = std::nearbyint(x[i] * id);
+      out[2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(std::clamp(q, -127.0f, 127.0f)));
+    }
+  }
+}
 
 void dequantize_row(WeightType t, const void* src, float* out, std::size_t n) {
   const auto* p = static_cast<const std::uint8_t*>(src);

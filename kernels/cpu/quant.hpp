@@ -42,4 +42,9 @@ void q4k_scale_min(int j, const std::uint8_t* scales, std::uint8_t& sc, std::uin
 // Dequantizes n elements (a whole number of blocks) starting at `src` into out[n]. Scalar reference.
 void dequantize_row(WeightType t, const void* src, float* out, std::size_t n);
 
+// Quantizes n floats (a multiple of 32) to Q8_0 blocks at dst (row_bytes(Q8_0, n) bytes): per block
+// d = max|x| / 127 (stored as f16), q = round(x / d). Draft heads stored in float use it in the fast
+// precision, so their products take the integer path.
+void quantize_row_q8_0(const float* x, void* dst, std::size_t n);
+
 }  // namespace specactor::kernels

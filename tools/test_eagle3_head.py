@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""The shipped EAGLE-3 head on the shipped prompts (CTest: eagle3_head), greedy and deterministic:
+
+  `specactor bench --speculative-algorithm EAGLE3` with no draft path (so the shipped head is the
+  default, as the config's override log must say), one round, chain of 3 drafts; checks
+  - every output equals plain greedy decoding,
+  - τ on the chat prompts >= MIN_TAU (argv[3], default 2.0).
+Speeds are printed, never asserted.
+
+    python3 tools/test_eagle3_head.py BUILD_DIR MODEL.gguf [MIN_TAU]
+"""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    build, model = sys.argv[1], sys.argv[2]
+    min_tau = float(sys.argv[3]) if len(sys.argv) > 3 else 2.0
+    spec = os.path.join(build, "specactor")
+    cfg = subprocess.run([spec, "config", "--model-path", model, "--speculative-algorithm", "EAGLE3"],
+                         capture_output=True, text=True)
+    if cfg.returncode != 0:
+        sys.exit(f"FAILED: specactor config: {cfg.stderr.strip()}")
+    if "auto.shipped_head" not in cfg.stdout:
+        sys.exit("FAILED: the override log does not name auto.shipped_head:\n" + cfg.stdout[-2000:])
+    print("ok: --speculative-algorithm EAGLE3 alone resolves to the shipped head (override source auto.shipped_head)")
+    p = subprocess.run([spec, "bench", "--model-path", model, "--speculative-algorithm", "EAGLE3",
+                        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                        "--prompts", os.path.join(ROOT, "tools", "bench_prompts.jsonl"), "--max-new-tokens", "64",
+                        "--repeats", "1", "--json", "--threads", "2"], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"FAILED: specactor bench exited {p.returncode}: {p.stderr[-3000:]}")
+    j = json.loads(p.stdout)
+    s = j["settings"][0]
+    cats = s["by_category"]
+    for name, c in sorted(cats.items()):
+        print(f"{name}: τ {c['mean_tau']:.2f}, speedup {c['median_speedup']:.2f}x (timing, not checked)")
+    if not s["outputs_identical_to_plain"]:
+        sys.exit(f"FAILED: {s['mismatched_prompts']} outputs differ from plain greedy decoding")
+    print("ok: every output equals plain greedy decoding")
+    tau = cats["chat"]["mean_tau"]
+    if tau < min_tau:
+        sys.exit(f"FAILED: τ on the chat prompts is {tau:.2f}, expected at least {min_tau}")
+    print(f"ok: τ on the chat prompts {tau:.2f} >= {min_tau}")
+    print("eagle3_head: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
