@@ -97,7 +97,7 @@ std::vector<std::string> naive_bpe(const std::string& text, const std::map<std::
 
 TEST_CASE("tokenizer: text that is not well-formed UTF-8 is refused with the offending byte named") {
   const auto tok = bpe_tokenizer({});
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string("abc\xff"
                     "def"),
         std::string("\xf8\x88\x80\x80\x80"), std::string("\xc0\xaf"), std::string("\xed\xa0\x80"),

@@ -194,11 +194,11 @@ std::map<std::int64_t, Response> read_responses(const std::string& path) {
 // Phase 1: responses through the engine (continuous batching), appended as they finish.
 void generate_responses(const MakeDataOptions& o, const std::vector<PromptEntry>& prompts, const sc::ServerArgs& args,
                         const std::string& path, std::map<std::int64_t, Response>& have) {
-  std::vector<const PromptEntry*> todo;
+  std::vector<const PromptEntry*> pending;
   for (const auto& p : prompts)
-    if (!have.count(p.index)) todo.push_back(&p);
-  if (todo.empty()) return;
-  spdlog::info("make-data: generating {} responses ({} already in {})", todo.size(), have.size(), path);
+    if (!have.count(p.index)) pending.push_back(&p);
+  if (pending.empty()) return;
+  spdlog::info("make-data: generating {} responses ({} already in {})", pending.size(), have.size(), path);
   auto engine = sa::Engine::create(args);
   if (!engine->tokenizer()) throw sc::ConfigError("--skip-tokenizer-init: make-data needs the tokenizer");
   const std::int64_t window = o.concurrency > 0 ? o.concurrency : args.max_running_requests + 8;
@@ -208,7 +208,7 @@ void generate_responses(const MakeDataOptions& o, const std::vector<PromptEntry>
   std::int64_t in_flight = 0, done = static_cast<std::int64_t>(have.size()), tokens = 0, skipped = 0;
   std::string fatal, bad_prompt;
   Progress bar("generate", static_cast<std::int64_t>(prompts.size()), done);
-  for (const PromptEntry* p : todo) {
+  for (const PromptEntry* p : pending) {
     {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return in_flight < window || !fatal.empty(); });

@@ -59,6 +59,16 @@ def main():
         check("another target" in p.stderr, "make-data refuses a folder made from another model: " +
               p.stderr.strip().splitlines()[-1])
 
+        bad_prompts = os.path.join(tmp, "bad.jsonl")
+        with open(bad_prompts, "w") as f:
+            f.write('{"prompt": "fine"}\n{"prompt": 3}\n')
+        p = run([spec, "make-data", "--prompts", bad_prompts, "--out", os.path.join(tmp, "d2"), "--model-path", tiny],
+                expect=2)
+        check("bad.jsonl:2: expected a string" in p.stderr, "a malformed prompt line: " + p.stderr.strip())
+        p = run([spec, "make-data", "--prompts", prompts, "--out", os.path.join(tmp, "d3"), "--model-path", tiny,
+                 "--sampled-share", "1.5"], expect=2)
+        check("--sampled-share" in p.stderr, "an out-of-range flag: " + p.stderr.strip())
+
         head = os.path.join(tmp, "head")
         work = os.path.join(tmp, "work")
         train = [sys.executable, os.path.join(ROOT, "tools", "train_eagle3.py"), "--data", data, "--out", head,
