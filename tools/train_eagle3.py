@@ -3,7 +3,7 @@
 Hugging Face EAGLE-3 layout that specactor (and sglang) load.
 
     .venv-train/bin/python tools/train_eagle3.py --data data/eagle3/run1 --out models/eagle3-smollm2 \
-        [--epochs 4] [--draft-vocab 8192] [--ttt-steps 3] [--lr 5e-4] [--resume]
+        [--epochs 4] [--draft-vocab 8192] [--ttt-steps 3] [--lr 1.5e-3] [--batch-tokens 1024] [--resume]
 
 The model (matching model/head.cpp's EAGLE3 forward, row for row):
   the pair at position p+1 is (token t[p+1], feature f[p]); f = fc([h_a; h_b; h_c]) (3H -> H) of the
@@ -189,6 +189,31 @@ def make_batch(ds, ids, T):
     return tok, lm, am, aux, last, valid
 
 
+def chain_accepted(tok, lm, am, valid, preds, ids):
+    """Greedy chain acceptance as the engine counts it, on teacher-forced data: at pair p (committed
+    prefix ending with token t[p+1]) draft k is accepted when drafts 0..k-1 were, the head's choice
+    (a draft id, mapped to a target id) equals the target's argmax at position p+1+k, and the data's
+    next token is that argmax (so the teacher-forced input equals what the engine would feed; false
+    on sampled responses where the sample left the argmax). Returns (sum of accepted lengths, pairs):
+    pairs are those whose next token is a response token."""
+    B, T = tok.shape
+    Tp = T - 1
+    base = (lm[:, 2:] * valid[:, 2:] > 0)  # [B, T-2]: pair p = 0 .. T-3 predicts a response token
+    alive = base.copy()
+    total = np.zeros(base.shape)
+    for k, pred in enumerate(preds):
+        w = Tp - 1  # pairs with a defined next token at step 0
+        pos = np.arange(w) + 1 + k  # the position whose argmax draft k must equal
+        ok = np.zeros(base.shape, bool)
+        inb = pos < T - 1  # the token after pos exists
+        pk = pos[inb]
+        drafted = ids[pred[:, :w][:, inb]]
+        ok[:, inb] = (drafted == am[:, pk]) & (tok[:, pk + 1] == am[:, pk]) & (valid[:, pk + 1] > 0)
+        alive &= ok
+        total += alive
+    return float(total[base].sum()), float(base.sum())
+
+
 # --------------------------------------------------------------------------------------------- model
 
 
@@ -290,8 +315,9 @@ def build_step_fns(cfg, ttt_steps, tx):
             ce = -jnp.sum(tp * logp, axis=-1)
             n = jnp.maximum(jnp.sum(m), 1.0)
             total = total + (0.8 ** k) * jnp.sum(ce * m) / n
-            hit = (jnp.argmax(logits, axis=-1) == jnp.argmax(tp, axis=-1)).astype(jnp.float32)
-            stats.append((jnp.sum(hit * m), jnp.sum(m), jnp.sum(ce * m)))
+            pred = jnp.argmax(logits, axis=-1)
+            hit = (pred == jnp.argmax(tp, axis=-1)).astype(jnp.float32)
+            stats.append((jnp.sum(hit * m), jnp.sum(m), jnp.sum(ce * m), pred))
         return total, stats
 
     def train_step(p, opt_state, embed, tgt_head, tgt_norm, batch):
@@ -300,7 +326,7 @@ def build_step_fns(cfg, ttt_steps, tx):
         import optax
 
         p = optax.apply_updates(p, updates)
-        return p, opt_state, loss, stats
+        return p, opt_state, loss, [st[:3] for st in stats]
 
     def eval_step(p, embed, tgt_head, tgt_norm, batch):
         return loss_fn(p, embed, tgt_head, tgt_norm, batch)
@@ -417,11 +443,12 @@ def main():
     ap.add_argument("--epochs", type=float, default=4)
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--ttt-steps", type=int, default=3)
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--warmup", type=float, default=0.03, help="share of the steps spent warming up")
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--clip", type=float, default=0.5)
-    ap.add_argument("--batch-tokens", type=int, default=4096)
+    ap.add_argument("--batch-tokens", type=int, default=1024,
+                    help="tokens per optimizer step (small batches: more updates for the same compute)")
     ap.add_argument("--max-len", type=int, default=384, help="longer samples are cut to this many tokens")
     ap.add_argument("--eval-share", type=float, default=0.05)
     ap.add_argument("--max-samples", type=int, default=0, help="use only the first N samples (0 = all)")
@@ -512,20 +539,24 @@ def main():
 
     train_step, eval_step = build_step_fns(cfg, a.ttt_steps, tx)
     stop = {"now": False}
-    signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or `kill` of a run started in the background
+        signal.signal(sig, lambda *_: stop.update(now=True))
 
     def evaluate():
         if not eval_idx:
             return None
         hits = np.zeros(a.ttt_steps); cnt = np.zeros(a.ttt_steps); ce = np.zeros(a.ttt_steps)
+        chain_sum, chain_n = 0.0, 0.0
         for bi, T in batches(ds, eval_idx, a.batch_tokens, np.random.default_rng(0), buckets):
             tok, lm, am, aux, last, valid = make_batch(ds, bi, T)
             _, stats = eval_step(params, embed, tgt_head, tgt_norm, (tok, lm, am, aux, last, valid, in_vocab))
-            for k, (h, c, e) in enumerate(stats):
+            for k, (h, c, e, _) in enumerate(stats):
                 hits[k] += float(h); cnt[k] += float(c); ce[k] += float(e)
+            chain, n = chain_accepted(tok, lm, am, valid, [np.asarray(st[3]) for st in stats], ids)
+            chain_sum += chain; chain_n += n
         acc = hits / np.maximum(cnt, 1)
-        # chain estimate: tokens per step = 1 + sum over depth of P(all accepted up to it)
-        tau = 1 + float(np.sum(np.cumprod(acc)))
+        # tokens per verification of a greedy chain of --ttt-steps drafts: 1 + consecutive accepted drafts
+        tau = 1 + chain_sum / max(chain_n, 1)
         return {"acc": acc.round(4).tolist(), "ce": (ce / np.maximum(cnt, 1)).round(4).tolist(), "tau_est": round(tau, 3)}
 
     t0 = time.time()
