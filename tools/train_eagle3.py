@@ -561,7 +561,8 @@ def main():
 
     t0 = time.time()
     epoch = step // max(1, n_batches)
-    bar = tqdm(total=total_steps, initial=step, disable=a.quiet, unit="step", dynamic_ncols=True)
+    bar = tqdm(total=total_steps, initial=step, disable=a.quiet, unit="step", dynamic_ncols=True,
+               mininterval=0.1 if sys.stderr.isatty() else 30)  # a log file gets a line every 30 s
     run_loss, run_n = 0.0, 0
     while step < total_steps and not stop["now"]:
         erng = np.random.default_rng(a.seed * 1000 + epoch)
