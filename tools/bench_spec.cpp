@@ -200,7 +200,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     const auto a = user.speculative_algorithm;  // STANDALONE drafts chains only
     const bool tree_capable = a == sc::SpecAlgorithm::Ngram || a == sc::SpecAlgorithm::Eagle ||
                               a == sc::SpecAlgorithm::Eagle3 || a == sc::SpecAlgorithm::Mtp;
-    for (int steps : {2, 3, 4, 6, 8})
+    for (int steps : {1, 2, 3, 4, 6, 8})
       for (int topk : tree_capable ? std::vector<int>{1, 4} : std::vector<int>{1}) {
         const int n = topk == 1 ? steps + 1 : std::min(1 + steps * topk, 2 * steps + 4);
         Setting st;
