@@ -201,8 +201,8 @@ def chain_accepted(tok, lm, am, valid, preds, ids):
     base = (lm[:, 2:] * valid[:, 2:] > 0)  # [B, T-2]: pair p = 0 .. T-3 predicts a response token
     alive = base.copy()
     total = np.zeros(base.shape)
+    w = Tp - 1  # pairs with a defined next token at step 0
     for k, pred in enumerate(preds):
-        w = Tp - 1  # pairs with a defined next token at step 0
         pos = np.arange(w) + 1 + k  # the position whose argmax draft k must equal
         ok = np.zeros(base.shape, bool)
         inb = pos < T - 1  # the token after pos exists
