@@ -134,14 +134,20 @@ class Dataset:
         return a, b
 
 
-def select_vocab(ds, size):
-    """The draft vocabulary: the most frequent next tokens at trained positions; d2t offsets, t2d mask."""
+def select_vocab(ds, size, fixed=None):
+    """The draft vocabulary: the most frequent next tokens at trained positions (or `fixed`, a resumed
+    checkpoint's, so that data extended since keeps the head's vocabulary); d2t offsets, t2d mask."""
     V = ds.model["vocab_size"]
     size = min(size, V)
     counts = np.bincount(ds.tokens[ds.loss_mask == 1], minlength=V).astype(np.float64)
     counts += 1e-3 * np.bincount(ds.tokens, minlength=V)  # then tokens seen anywhere
-    order = np.argsort(-counts, kind="stable")[:size]
-    ids = np.sort(order)
+    if fixed is not None:
+        ids = np.sort(np.asarray(fixed, dtype=np.int64))
+        if len(ids) != size or len(np.unique(ids)) != size or ids[0] < 0 or ids[-1] >= V:
+            raise DataError(f"its draft vocabulary ({len(ids)} ids) does not fit --draft-vocab {size} and "
+                            f"this target's {V} tokens (another --draft-vocab or target?)")
+    else:
+        ids = np.sort(np.argsort(-counts, kind="stable")[:size])
     covered = counts[ids].sum() / max(counts.sum(), 1)
     d2t = (ids - np.arange(size)).astype(np.int64)
     t2d = np.zeros(V, dtype=bool)
@@ -478,7 +484,12 @@ def main():
     import optax
     from tqdm import tqdm
 
-    ids, d2t, t2d, covered = select_vocab(ds, a.draft_vocab)
+    ckpt = os.path.join(work, "checkpoint.npz")
+    try:
+        fixed = np.load(ckpt, allow_pickle=False)["draft_ids"] if a.resume and os.path.exists(ckpt) else None
+        ids, d2t, t2d, covered = select_vocab(ds, a.draft_vocab, fixed)
+    except (DataError, KeyError, ValueError, OSError) as e:
+        fail(f"{ckpt}: cannot resume ({e}); delete it or drop --resume")
     m = ds.model
     cfg = {"H": m["hidden_size"], "F": m["intermediate_size"], "nh": m["num_attention_heads"],
            "nkv": m["num_key_value_heads"], "hd": m["head_dim"], "eps": m["rms_norm_eps"],
@@ -510,7 +521,6 @@ def main():
     opt_state = tx.init(params)
     step, epoch_start, history = 0, 0, []
     os.makedirs(work, exist_ok=True)
-    ckpt = os.path.join(work, "checkpoint.npz")
     if a.resume and os.path.exists(ckpt):
         try:
             z = np.load(ckpt, allow_pickle=False)
@@ -521,8 +531,6 @@ def main():
                     raise DataError(f"leaf {i} has shape {y.shape}, expected {np.shape(x)} (other settings?)")
             params, opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(v) for v in loaded])
             step = int(z["step"])
-            if not np.array_equal(z["draft_ids"], ids):
-                raise DataError("its draft vocabulary differs from this data's (other --data or --draft-vocab?)")
             history = json.loads(str(z["history"]))
             print(f"train_eagle3: resumed from {ckpt} at step {step}", flush=True)
         except (DataError, KeyError, ValueError, OSError) as e:
