@@ -4,7 +4,8 @@
 A 2-block cut of the default model (`specactor shrink`) stands in for the target:
   make-data (3 shards; a second run resumes and changes nothing) -> train_eagle3.py for 40 steps
   (the logged loss must fall) -> the export loads in specactor (`inspect --target`) and drafts
-  losslessly (`generate` with EAGLE3 equals plain greedy);
+  losslessly (`generate` with EAGLE3 equals plain greedy) -> `--resume` on changed data keeps the
+  checkpoint's draft vocabulary; the held-out chain count equals a plain walk over the pairs;
 and the bad inputs each give one clear error: a missing data folder, a corrupt shard, data made
 from another target, a make-data folder reused with another model.
 
@@ -128,6 +129,25 @@ def main():
                                         head]).stdout)
         check(plain["tokens"] == drafted["tokens"] and drafted["speculative"]["drafted"] > 0,
               f"EAGLE3 with the trained head equals plain greedy (τ {drafted['speculative']['mean_accepted_length']:.2f})")
+
+        # --resume keeps the checkpoint's draft vocabulary when the data changed (here: fewer samples,
+        # whose own frequency vocabulary differs), so grown data can be trained on.
+        import numpy as np
+        from safetensors.numpy import load_file
+        sys.path.insert(0, os.path.join(ROOT, "tools"))
+        from train_eagle3 import Dataset, select_vocab
+        work2, head2 = os.path.join(tmp, "work2"), os.path.join(tmp, "head2")
+        shutil.copytree(work, work2)
+        resumed = train[:]
+        for flag, value in (("--work", work2), ("--out", head2), ("--max-steps", "44")):
+            resumed[resumed.index(flag) + 1] = value
+        p = run(resumed + ["--max-samples", "6", "--resume"])
+        own = select_vocab(Dataset(data, 6), 512)[0]
+        d2t_a, d2t_b = load_file(os.path.join(head, "model.safetensors"))["d2t"], \
+            load_file(os.path.join(head2, "model.safetensors"))["d2t"]
+        check("resumed from" in p.stdout and np.array_equal(d2t_a, d2t_b) and
+              not np.array_equal(own, np.arange(512) + d2t_a),
+              "--resume on changed data keeps the checkpoint's draft vocabulary")
 
         # Bad input: one clear error each.
         p = run(train[:2] + ["--data", os.path.join(tmp, "missing"), "--out", head], expect=2)
