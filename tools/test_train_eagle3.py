@@ -148,6 +148,11 @@ def main():
         check("resumed from" in p.stdout and np.array_equal(d2t_a, d2t_b) and
               not np.array_equal(own, np.arange(512) + d2t_a),
               "--resume on changed data keeps the checkpoint's draft vocabulary")
+        bad_vocab = resumed[:]
+        bad_vocab[bad_vocab.index("--draft-vocab") + 1] = "256"
+        p = run(bad_vocab + ["--resume"], expect=2)
+        check("does not fit --draft-vocab 256" in p.stderr, "a checkpoint whose vocabulary does not fit: " +
+              p.stderr.strip())
 
         # Bad input: one clear error each.
         p = run(train[:2] + ["--data", os.path.join(tmp, "missing"), "--out", head], expect=2)
