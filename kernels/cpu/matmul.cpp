@@ -1,9 +1,10 @@
 // kernels/cpu/matmul.cpp — quantized/float matrix products: scalar, AVX2 and AVX-512 twins that
 // perform one and the same arithmetic, so every path gives bit-identical results.
 //
-// Layout: Q8_0, Q4_0 and Q4_1 matrices are repacked once at load (pack_matrix) so that each row
-// holds its f16 scales first and its quants after them — [d[nc]] [m[nc] (Q4_1)] [qs[nc]] — and a
-// SIMD loop reads quants without gathering scales. Other types keep the ggml layout.
+// Layout: Q8_0, Q4_0 and Q4_1 matrices are repacked once at load (pack_matrix) into panels of 8 rows
+// (packed.hpp), the layout the fast precision's integer kernels stream; this precision gathers each
+// row out of its panel into [d[nc]] [m[nc] (Q4_1)] [qs[nc]] before its loop. Other types keep the
+// ggml layout.
 //
 // The canonical arithmetic for one output y = Σ_i W[o,i]·x[i] over 32-element chunks c
 // (lane l = 0..15 pairs elements l and 16+l of the chunk; acc[0], acc[1] alternate by chunk):
@@ -106,8 +107,11 @@ void matmul_rows_scalar(const WeightMatrix& w, std::int64_t o_begin, std::int64_
                         std::int64_t rows, float* y, std::int64_t y_stride) {
   const std::int64_t nc = w.in_dim / 32;
   float q[32], d[kMaxChunks], m[kMaxChunks];
+  thread_local std::vector<std::uint8_t> split;  // a packed row, gathered out of its panel
+  split.resize(w.row_stride);
   for (std::int64_t o = o_begin; o < o_end; ++o) {
-    const std::uint8_t* row = w.data + static_cast<std::size_t>(o) * w.row_stride;
+    const std::uint8_t* row =
+        is_packed(T) ? packed::split_row(w, o, split.data()) : w.data + static_cast<std::size_t>(o) * w.row_stride;
     PackedRow pr{};
     if constexpr (is_packed(T)) {
       row_scales(T, row, nc, d, m);
@@ -350,8 +354,11 @@ void matmul_rows_simd(const WeightMatrix& w, std::int64_t o_begin, std::int64_t 
                       std::int64_t rows, float* y, std::int64_t y_stride) {
   const std::int64_t nc = w.in_dim / 32, in = w.in_dim;
   float d[kMaxChunks], m[kMaxChunks];
+  thread_local std::vector<std::uint8_t> split;  // a packed row, gathered out of its panel
+  split.resize(w.row_stride);
   for (std::int64_t o = o_begin; o < o_end; ++o) {
-    const std::uint8_t* row = w.data + static_cast<std::size_t>(o) * w.row_stride;
+    const std::uint8_t* row =
+        is_packed(T) ? packed::split_row(w, o, split.data()) : w.data + static_cast<std::size_t>(o) * w.row_stride;
     PackedRow pr{};
     if constexpr (is_packed(T)) {
       row_scales_f16c(T, row, nc, d, m);
@@ -468,22 +475,23 @@ WeightMatrix pack_matrix(const WeightMatrix& src, std::vector<std::uint8_t>& sto
   if (src.in_dim % 32 != 0 || src.in_dim / 32 > kMaxChunks)
     throw std::invalid_argument("pack_matrix: rows of " + std::to_string(src.in_dim) + " elements are not supported");
   const std::int64_t nc = src.in_dim / 32;
-  const std::size_t bb = block_bytes(src.type), qb = static_cast<std::size_t>(quant_bytes(src.type));
-  storage.resize(static_cast<std::size_t>(src.out_dim) * src.row_stride);
-  for (std::int64_t o = 0; o < src.out_dim; ++o) {
-    const std::uint8_t* in = src.data + static_cast<std::size_t>(o) * src.row_stride;
-    std::uint8_t* out = storage.data() + static_cast<std::size_t>(o) * src.row_stride;
-    const PackedRow pr = packed_row(src.type, out, nc);
-    for (std::int64_t c = 0; c < nc; ++c) {
-      const std::uint8_t* b = in + c * bb;
-      std::memcpy(const_cast<std::uint8_t*>(pr.d) + 2 * c, b, 2);
-      if (src.type == WeightType::Q4_1) std::memcpy(const_cast<std::uint8_t*>(pr.m) + 2 * c, b + 2, 2);
-      std::memcpy(const_cast<std::uint8_t*>(pr.qs) + c * qb, b + bb - qb, qb);
-    }
-  }
+  const std::size_t bb = block_bytes(src.type);
+  const int qb = quant_bytes(src.type), sa = scale_arrays(src.type);
+  storage.assign(packed::packed_bytes(src.type, src.out_dim, src.in_dim), 0);  // padding rows stay zero
   WeightMatrix w = src;
   w.data = storage.data();
   w.packed = true;
+  for (std::int64_t o = 0; o < src.out_dim; ++o) {
+    const int r = static_cast<int>(o % packed::kPanel);
+    for (std::int64_t c = 0; c < nc; ++c) {
+      const std::uint8_t* b = src.data + static_cast<std::size_t>(o) * src.row_stride + c * bb;
+      auto* dst = const_cast<std::uint8_t*>(packed::panel_chunk(w, o / packed::kPanel, c));
+      std::memcpy(dst + 2 * r, b, 2);
+      if (sa == 2) std::memcpy(dst + 16 + 2 * r, b + 2, 2);
+      std::uint8_t* q = dst + packed::scale_bytes(src.type);
+      for (int i = 0; i < qb; ++i) q[packed::panel_quant_offset(i, r)] = b[2 * sa + i];
+    }
+  }
   return w;
 }
 
@@ -524,22 +532,15 @@ void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) 
 }
 
 void weight_row(const WeightMatrix& w, std::int64_t r, float* out) {
-  const std::uint8_t* row = w.data + static_cast<std::size_t>(r) * w.row_stride;
   if (!w.packed) {
-    dequantize_row(w.type, row, out, static_cast<std::size_t>(w.in_dim));
+    dequantize_row(w.type, w.data + static_cast<std::size_t>(r) * w.row_stride, out, static_cast<std::size_t>(w.in_dim));
     return;
   }
-  // Rebuild the ggml block from the packed pieces and dequantize it with the reference.
-  const std::int64_t nc = w.in_dim / 32;
-  const PackedRow pr = packed_row(w.type, row, nc);
-  const std::size_t bb = block_bytes(w.type), qb = static_cast<std::size_t>(quant_bytes(w.type));
-  std::uint8_t block[64];
-  for (std::int64_t c = 0; c < nc; ++c) {
-    std::memcpy(block, pr.d + 2 * c, 2);
-    if (w.type == WeightType::Q4_1) std::memcpy(block + 2, pr.m + 2 * c, 2);
-    std::memcpy(block + bb - qb, pr.qs + c * qb, qb);
-    dequantize_row(w.type, block, out + 32 * c, 32);
-  }
+  // The ggml blocks gathered out of the row's panel, dequantized by the reference.
+  thread_local std::vector<std::uint8_t> blocks;
+  blocks.resize(w.row_stride);
+  packed::ggml_row(w, r, blocks.data());
+  dequantize_row(w.type, blocks.data(), out, static_cast<std::size_t>(w.in_dim));
 }
 
 float dot8(const float* a, const float* b, std::int64_t n) {

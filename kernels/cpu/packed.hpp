@@ -1,5 +1,6 @@
-// kernels/cpu/packed.hpp — the packed row layout of Q8_0/Q4_0/Q4_1 matrices (see pack_matrix), shared
-// by the exact (matmul.cpp) and the integer (qmatmul.cpp) kernels. Internal to kernels/cpu.
+// kernels/cpu/packed.hpp — the packed layout of Q8_0/Q4_0/Q4_1 matrices (see pack_matrix), shared by
+// the exact (matmul.cpp) and the integer (qmatmul.cpp) kernels, and split_rows() for code that reads
+// whole rows (the CUDA upload).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/quant.hpp"
@@ -17,8 +19,27 @@ namespace specactor::kernels::packed {
 constexpr bool is_packed(WeightType t) {
   return t == WeightType::Q8_0 || t == WeightType::Q4_0 || t == WeightType::Q4_1;
 }
+// The packed layout: output rows in panels of 8 (the last panel zero padded), and per panel one
+// record per 32-element chunk c holding the chunk of all 8 rows:
+//   [d f16 × 8] [m f16 × 8 (Q4_1 only)] [quants: groups of 4 bytes, group g of row r at g·32 + r·4]
+// Quant byte i of a row's ggml block (Q8_0: 32 signed quants, element i; Q4_0/Q4_1: 16 bytes, low
+// nibble element i, high nibble element 16 + i) lies at (i/4)·32 + r·4 + i%4. One 32-byte load then
+// holds the same 4 (Q4: 4 + 4) elements of 8 rows, and a 4-byte activation broadcast multiplies all 8.
+constexpr std::int64_t kPanel = 8;
 constexpr int quant_bytes(WeightType t) { return t == WeightType::Q8_0 ? 32 : 16; }
 constexpr int scale_arrays(WeightType t) { return t == WeightType::Q4_1 ? 2 : 1; }
+constexpr std::int64_t panel_chunk_bytes(WeightType t) { return kPanel * (2 * scale_arrays(t) + quant_bytes(t)); }
+constexpr std::int64_t scale_bytes(WeightType t) { return kPanel * 2 * scale_arrays(t); }  // offset of the quants
+inline std::int64_t panel_count(std::int64_t out) { return (out + kPanel - 1) / kPanel; }
+inline std::size_t packed_bytes(WeightType t, std::int64_t out, std::int64_t in) {
+  return static_cast<std::size_t>(panel_count(out) * (in / 32) * panel_chunk_bytes(t));
+}
+inline std::size_t panel_quant_offset(int i, int r) { return static_cast<std::size_t>((i / 4) * 32 + r * 4 + i % 4); }
+// Chunk c of panel p of a packed matrix of nc chunks per row.
+inline const std::uint8_t* panel_chunk(const WeightMatrix& w, std::int64_t p, std::int64_t c) {
+  const std::int64_t nc = w.in_dim / 32;
+  return w.data + static_cast<std::size_t>((p * nc + c) * panel_chunk_bytes(w.type));
+}
 
 inline std::uint16_t load_u16(const std::uint8_t* p) {
   std::uint16_t v;
@@ -26,7 +47,23 @@ inline std::uint16_t load_u16(const std::uint8_t* p) {
   return v;
 }
 
-// A packed row of nc 32-element chunks: [d f16 × nc] [m f16 × nc (Q4_1 only)] [quants × nc].
+// Row o of a packed matrix as ggml blocks (the file's layout), into dst (row_stride bytes).
+inline void ggml_row(const WeightMatrix& w, std::int64_t o, std::uint8_t* dst) {
+  const std::int64_t nc = w.in_dim / 32, p = o / kPanel;
+  const int r = static_cast<int>(o % kPanel), qb = quant_bytes(w.type), sa = scale_arrays(w.type);
+  const std::int64_t bb = 2 * sa + qb;
+  for (std::int64_t c = 0; c < nc; ++c) {
+    const std::uint8_t* src = panel_chunk(w, p, c);
+    std::uint8_t* b = dst + c * bb;
+    std::memcpy(b, src + 2 * r, 2);
+    if (sa == 2) std::memcpy(b + 2, src + 16 + 2 * r, 2);
+    const std::uint8_t* q = src + scale_bytes(w.type);
+    for (int i = 0; i < qb; ++i) b[2 * sa + i] = q[panel_quant_offset(i, r)];
+  }
+}
+
+// A row of nc 32-element chunks split into arrays (the exact precision's kernels read this):
+// [d f16 × nc] [m f16 × nc (Q4_1 only)] [quants × nc].
 struct PackedRow {
   const std::uint8_t* d;   // f16[nc]
   const std::uint8_t* m;   // f16[nc] (Q4_1)
@@ -38,6 +75,32 @@ inline PackedRow packed_row(WeightType t, const std::uint8_t* row, std::int64_t 
   r.m = row + 2 * nc;
   r.qs = row + 2 * nc * scale_arrays(t);
   return r;
+}
+// Row o of a packed matrix in that split layout, into buf (row_stride bytes); returns buf.
+inline const std::uint8_t* split_row(const WeightMatrix& w, std::int64_t o, std::uint8_t* buf) {
+  const std::int64_t nc = w.in_dim / 32, p = o / kPanel;
+  const int r = static_cast<int>(o % kPanel), qb = quant_bytes(w.type);
+  const PackedRow pr = packed_row(w.type, buf, nc);
+  auto* d = const_cast<std::uint8_t*>(pr.d);
+  auto* m = const_cast<std::uint8_t*>(pr.m);
+  auto* qs = const_cast<std::uint8_t*>(pr.qs);
+  for (std::int64_t c = 0; c < nc; ++c) {
+    const std::uint8_t* src = panel_chunk(w, p, c);
+    std::memcpy(d + 2 * c, src + 2 * r, 2);
+    if (w.type == WeightType::Q4_1) std::memcpy(m + 2 * c, src + 16 + 2 * r, 2);
+    const std::uint8_t* q = src + scale_bytes(w.type);
+    for (int i = 0; i < qb; ++i) qs[c * qb + i] = q[panel_quant_offset(i, r)];
+  }
+  return buf;
+}
+
+// Every row of a matrix in the split layout (packed) or as it is (other types): what the CUDA
+// kernels read. A packed matrix is copied out into `storage`.
+inline const std::uint8_t* split_rows(const WeightMatrix& w, std::vector<std::uint8_t>& storage) {
+  if (!w.packed) return w.data;
+  storage.resize(static_cast<std::size_t>(w.out_dim) * w.row_stride);
+  for (std::int64_t o = 0; o < w.out_dim; ++o) split_row(w, o, storage.data() + static_cast<std::size_t>(o) * w.row_stride);
+  return storage.data();
 }
 
 // Checks the jobs of one matmul_many call (packed where the kernels need it, one input width, a

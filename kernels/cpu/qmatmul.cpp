@@ -7,22 +7,27 @@
 // 32-element chunk c,
 //   amax = max |x|,  d = amax / 127,  q[j] = nearbyint(x[j] · (127 / amax)) ∈ [−127, 127]  (0 when amax = 0),
 //   s = d · Σ q  (the scaled sum, for weight formats with a minimum).
-// Weights, decoded per output row into integer quants u (and a signed copy for signed formats) and
-// float scales: per chunk c a lane scale ws[c][l] (l = 0..7; lanes 0–3 cover elements 0–15, lanes 4–7
-// elements 16–31) and a minimum wm[c]:
-//   unsigned (U):  Q4_1  u = nibble, ws = d, wm = m;   Q4_0  u = nibble, ws = d, wm = −8·d;
-//                  Q4_K  u = nibble of sub-block c, ws = d·sc, wm = −(dmin·mn)
-//   signed (S):    Q8_0  w = q, ws = d;   Q6_K  w = q − 32, ws = d·sc16 (the scale of each 16-element half)
-// One output y = Σ_i W[o,i]·x[r,i]:
+// Packed weights (Q4_0, Q4_1, Q8_0; panels of 8 rows, see packed.hpp), one output y = Σ_i W[o,i]·x[r,i]:
+//   isum = Σ_{j<32} w[c][j]·q[r][c][j]   (int32, exact; w = nibble for Q4_0/Q4_1, the signed quant for Q8_0)
+//   acc  = fma(d[c] · d[r][c], float(isum), acc)                       for c = 0, 1, ..., nc−1
+//   mn   = fma(wm[c], s[r][c], mn)   (Q4_1: wm = m; Q4_0: wm = −8·d)   in the same order
+//   y = acc (Q8_0), y = acc + mn (Q4_0, Q4_1).
+// The SIMD kernels hold one chunk of 8 rows per register (lane = row) and broadcast 4 activation bytes
+// (AVX2: maddubs pairs summed in int16, which cannot overflow for nibbles, then madd; VNNI: dpbusd);
+// the weights are streamed once per call with a software prefetch ahead of the hardware's.
+// Other formats (Q4_K, Q6_K), decoded per output row into integer quants u (and a signed copy for
+// Q6_K) and float scales: per chunk c a lane scale ws[c][l] (l = 0..7; lanes 0–3 cover elements
+// 0–15, lanes 4–7 elements 16–31) and a minimum wm[c]:
+//   unsigned (U):  Q4_K  u = nibble of sub-block c, ws = d·sc, wm = −(dmin·mn)
+//   signed (S):    Q6_K  w = q − 32, ws = d·sc16 (the scale of each 16-element half)
 //   isum[l] = Σ_{j=4l..4l+3} w[c][j]·q[r][c][j]   (int32, exact)
 //   acc[l]  = fma(ws[c][l] · d[r][c], float(isum[l]), acc[l])          for c = 0, 1, ..., nc−1
 //   U only: mn[c mod 8] = fma(wm[c], s[r][c], mn[c mod 8])              for c = 0, 1, ... (zero padded to 8)
 //   y = H(acc) for S, y = H(acc ⊕ mn) for U (⊕: lane by lane), where H(a) = ((a0+a4)+(a2+a6)) +
 //   ((a1+a5)+(a3+a7)) in the order t[l] = a[l]+a[l+4]; t[l] = t[l]+t[l+2]; t[0]+t[1].
 // Every (row, output) runs these operations in this order whatever the number of rows in the call
-// and however threads split the outputs. Where the kernels run: Q4_0/Q4_1/Q8_0 on the SIMD paths read
-// the packed quants in place (direct kernels, groups of up to 4 activation rows); Q4_K/Q6_K and the
-// scalar twin go through a per-tile decode buffer (WTile).
+// and however threads split the outputs (in units of 8 output rows), on every path: a scalar twin
+// defines each, the AVX2 and VNNI paths perform the same operations (tested bit for bit).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -43,8 +48,6 @@ namespace {
 
 using packed::AlignedAllocator;
 using packed::load_u16;
-using packed::packed_row;
-using packed::PackedRow;
 
 template <class T>
 using AVec = std::vector<T, AlignedAllocator<T>>;
@@ -205,36 +208,17 @@ void decode_row_scalar(const WeightMatrix& w, std::int64_t o, WTile& t, int slot
   const std::int64_t nc = t.nc;
   const auto [row, u, sg, ws, wm] = slot_of(w, o, t, slot);
   for (std::int64_t c = 0; c < nc; ++c) {
-    if constexpr (T == WeightType::Q4_K) {
+    if constexpr (T == WeightType::Q4_K)
       decode_q4k_chunk(row, c, u + c * 32, ws + c * 8, wm + c);
-    } else if constexpr (T == WeightType::Q6_K) {
+    else
       decode_q6k_chunk(row, c, u + c * 32, sg + c * 32, ws + c * 8);
-    } else {
-      const PackedRow pr = packed_row(T, row, nc);
-      const float d = f16_to_f32(load_u16(pr.d + 2 * c));
-      set_scale(ws + c * 8, d, d);
-      if constexpr (T == WeightType::Q8_0) {
-        const auto* q = reinterpret_cast<const std::int8_t*>(pr.qs + c * 32);
-        for (int j = 0; j < 32; ++j) {
-          sg[c * 32 + j] = q[j];
-          u[c * 32 + j] = static_cast<std::uint8_t>(q[j] < 0 ? -q[j] : q[j]);
-        }
-      } else {  // Q4_0, Q4_1
-        const std::uint8_t* q = pr.qs + c * 16;
-        for (int j = 0; j < 16; ++j) {
-          u[c * 32 + j] = q[j] & 0xF;
-          u[c * 32 + 16 + j] = q[j] >> 4;
-        }
-        wm[c] = T == WeightType::Q4_1 ? f16_to_f32(load_u16(pr.m + 2 * c)) : -8.0f * d;
-      }
-    }
   }
 }
 
 #define SPECACTOR_QAVX2 __attribute__((target("avx2,fma,f16c")))
 
 // Q4_K with AVX2: the same bytes and floats as decode_row_scalar (exact f16 conversion, the same
-// products). (The packed formats never need a decode buffer on the SIMD paths: see direct_range.)
+// products).
 SPECACTOR_QAVX2 void decode_q4k_row_avx2(const WeightMatrix& w, std::int64_t o, WTile& t, int slot) {
   const std::int64_t nc = t.nc;
   const auto [row, u, sg, ws, wm] = slot_of(w, o, t, slot);
@@ -296,24 +280,63 @@ void apply_scalar(const WTile& wt, int no, const QRows& xq, float* y, std::int64
     }
 }
 
+// A panel of the packed formats, as panel() in qmatmul_tile.inc computes it: every activation row,
+// outputs o0 .. o0 + nvalid − 1.
+template <WeightType T>
+void panel_scalar(const std::uint8_t* pan, std::int64_t nc, const QRows& xq, float* y, std::int64_t y_stride,
+                  std::int64_t o0, int nvalid) {
+  constexpr bool Q8 = T == WeightType::Q8_0;
+  constexpr std::int64_t CB = packed::panel_chunk_bytes(T), SB = packed::scale_bytes(T);
+  for (std::int64_t r = 0; r < xq.rows; ++r)
+    for (int k = 0; k < nvalid; ++k) {
+      const std::int8_t* x = xq.qrow(r);
+      float acc = 0.0f, mn = 0.0f;
+      for (std::int64_t c = 0; c < nc; ++c) {
+        const std::uint8_t* b = pan + c * CB;
+        const std::uint8_t* q = b + SB;
+        int isum = 0;
+        if constexpr (Q8) {
+          for (int j = 0; j < 32; ++j)
+            isum += static_cast<int>(static_cast<std::int8_t>(q[packed::panel_quant_offset(j, k)])) * x[c * 32 + j];
+        } else {
+          for (int i = 0; i < 16; ++i) {
+            const int v = q[packed::panel_quant_offset(i, k)];
+            isum += (v & 0xF) * x[c * 32 + i] + (v >> 4) * x[c * 32 + 16 + i];
+          }
+        }
+        const float d = f16_to_f32(load_u16(b + 2 * k));
+        acc = std::fma(d * xq.drow(r)[c], static_cast<float>(isum), acc);
+        if constexpr (!Q8) {
+          const float wm = T == WeightType::Q4_1 ? f16_to_f32(load_u16(b + 16 + 2 * k)) : -8.0f * d;
+          mn = std::fma(wm, xq.srow(r)[c], mn);
+        }
+      }
+      y[r * y_stride + o0 + k] = Q8 ? acc : acc + mn;
+    }
+}
+
 }  // namespace
 
 // ---- the SIMD twins -----------------------------------------------------------------------------------
 
 namespace {
 #define QMM_NS avx2
+#define QMM_VNNI 0
 #define QMM_TARGET __attribute__((target("avx2,fma,f16c")))
 #define QMM_DOT4(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1))
 #include "kernels/cpu/qmatmul_tile.inc"
 #undef QMM_NS
+#undef QMM_VNNI
 #undef QMM_TARGET
 #undef QMM_DOT4
 
 #define QMM_NS vnni
+#define QMM_VNNI 1
 #define QMM_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 #define QMM_DOT4(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
 #include "kernels/cpu/qmatmul_tile.inc"
 #undef QMM_NS
+#undef QMM_VNNI
 #undef QMM_TARGET
 #undef QMM_DOT4
 
@@ -322,53 +345,57 @@ bool has_vnni() {  // the AVX-512 the exact path checks (F, BW, VL), plus VNNI
   return cpu_path_available(CpuPath::Avx512) && __builtin_cpu_supports("avx512vnni");
 }
 
-// NO weight rows × RT activation rows of a packed matrix: prep() (scale products, minimum sums),
-// then the direct kernel.
-template <WeightType T, int NO, int RT>
-void direct_tile(QPath path, const WeightMatrix& w, std::int64_t o0, const QRows& xq, std::int64_t r0, float* y,
-                 std::int64_t y_stride) {
-  thread_local AVec<float> sc, mn;
-  sc.resize(static_cast<std::size_t>(NO * RT * xq.ncp));
-  mn.resize(static_cast<std::size_t>(NO * RT * 8));
-  if (path == QPath::Vnni) {
-    vnni::prep<T, NO, RT>(w, o0, xq, r0, sc.data(), mn.data());
-    vnni::direct<T, NO, RT>(w, o0, sc.data(), mn.data(), xq, r0, y, y_stride);
-  } else {
-    avx2::prep<T, NO, RT>(w, o0, xq, r0, sc.data(), mn.data());
-    avx2::direct<T, NO, RT>(w, o0, sc.data(), mn.data(), xq, r0, y, y_stride);
-  }
+template <WeightType T, int RT>
+void panel_rows(QPath path, const std::uint8_t* pan, std::int64_t nc, const QRows& xq, std::int64_t r0, float* y,
+                std::int64_t y_stride, std::int64_t o0, int nvalid) {
+  if (path == QPath::Vnni)
+    vnni::panel<T, RT>(pan, nc, xq, r0, y, y_stride, o0, nvalid);
+  else
+    avx2::panel<T, RT>(pan, nc, xq, r0, y, y_stride, o0, nvalid);
 }
 
-template <WeightType T, int NO>
-void direct_rows(QPath path, int rt, const WeightMatrix& w, std::int64_t o0, const QRows& xq, std::int64_t r0, float* y,
-                 std::int64_t y_stride) {
-  switch (rt) {
-    case 1:
-      return direct_tile<T, NO, 1>(path, w, o0, xq, r0, y, y_stride);
-    case 2:
-      return direct_tile<T, NO, 2>(path, w, o0, xq, r0, y, y_stride);
-    case 3:
-      return direct_tile<T, NO, 3>(path, w, o0, xq, r0, y, y_stride);
-    default:
-      return direct_tile<T, NO, 4>(path, w, o0, xq, r0, y, y_stride);
-  }
+// Bytes of weights ahead of the panel being computed that are prefetched: the hardware prefetcher
+// alone stops at every 4 KiB page and leaves a core at a fraction of its share of the bandwidth
+// (measured: the 30 MB output head 3.6 → 1.2–2 ms at one activation row).
+constexpr std::size_t kPrefetchAhead = 2048;
+
+inline void prefetch_range(const std::uint8_t* a, const std::uint8_t* b) {
+  for (; a < b; a += 64) _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
 }
 
-// Output rows [ob, oe) of a packed matrix, straight from its quants (no tile buffer): groups of up
-// to 4 activation rows, 4 weight rows at a time for 1–2 rows, 2 for 3–4 (at most 8 accumulators in
-// registers); the nibbles are unpacked again per group (cheaper than a buffer).
+// Panels [pb, pe) of a packed matrix for every activation row (groups of up to 4 rows per pass over
+// a panel; the panel stays in L1 between passes).
 template <WeightType T>
-void direct_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_t oe, const QRows& xq, float* y,
-                  std::int64_t y_stride) {
-  for (std::int64_t o0 = ob; o0 < oe; o0 += kOut) {
-    const int no = static_cast<int>(std::min<std::int64_t>(kOut, oe - o0));
+void panel_range(QPath path, const WeightMatrix& w, std::int64_t pb, std::int64_t pe, const QRows& xq, float* y,
+                 std::int64_t y_stride) {
+  const std::int64_t nc = w.in_dim / 32;
+  const auto pbytes = static_cast<std::size_t>(nc * packed::panel_chunk_bytes(T));
+  const std::uint8_t* end = packed::panel_chunk(w, pe, 0);
+  if (path != QPath::Scalar) prefetch_range(packed::panel_chunk(w, pb, 0), std::min(end, packed::panel_chunk(w, pb, 0) + kPrefetchAhead));
+  for (std::int64_t p = pb; p < pe; ++p) {
+    const std::uint8_t* pan = packed::panel_chunk(w, p, 0);
+    const std::int64_t o0 = p * packed::kPanel;
+    const int nvalid = static_cast<int>(std::min<std::int64_t>(packed::kPanel, w.out_dim - o0));
+    if (path == QPath::Scalar) {
+      panel_scalar<T>(pan, nc, xq, y, y_stride, o0, nvalid);
+      continue;
+    }
+    prefetch_range(std::min(end, pan + kPrefetchAhead), std::min(end, pan + kPrefetchAhead + pbytes));
     for (std::int64_t r0 = 0; r0 < xq.rows; r0 += 4) {
-      const int rt = static_cast<int>(std::min<std::int64_t>(4, xq.rows - r0));
-      int k = 0;
-      if (rt <= 2)
-        for (; k + 4 <= no; k += 4) direct_rows<T, 4>(path, rt, w, o0 + k, xq, r0, y, y_stride);
-      for (; k + 2 <= no; k += 2) direct_rows<T, 2>(path, rt, w, o0 + k, xq, r0, y, y_stride);
-      for (; k < no; ++k) direct_rows<T, 1>(path, rt, w, o0 + k, xq, r0, y, y_stride);
+      switch (std::min<std::int64_t>(4, xq.rows - r0)) {
+        case 1:
+          panel_rows<T, 1>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+          break;
+        case 2:
+          panel_rows<T, 2>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+          break;
+        case 3:
+          panel_rows<T, 3>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+          break;
+        default:
+          panel_rows<T, 4>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+          break;
+      }
     }
   }
 }
@@ -378,12 +405,6 @@ using ApplyFn = void (*)(const WTile&, int, const QRows&, float*, std::int64_t);
 
 DecodeFn decode_for(QPath p, WeightType t) {
   switch (t) {
-    case WeightType::Q4_0:
-      return &decode_row_scalar<WeightType::Q4_0>;
-    case WeightType::Q4_1:
-      return &decode_row_scalar<WeightType::Q4_1>;
-    case WeightType::Q8_0:
-      return &decode_row_scalar<WeightType::Q8_0>;
     case WeightType::Q4_K:
       return p == QPath::Scalar ? &decode_row_scalar<WeightType::Q4_K> : &decode_q4k_row_avx2;
     case WeightType::Q6_K:
@@ -405,21 +426,22 @@ ApplyFn apply_for(QPath p, bool s) {
   return s ? &apply_scalar<true> : &apply_scalar<false>;
 }
 
-// Output rows [ob, oe) of one matrix for every quantized activation row.
-void qrows_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_t oe, const QRows& xq, float* y,
+// Units of kPanel output rows [ub, ue) of one matrix for every quantized activation row: panels of
+// a packed matrix, tiles of decoded rows otherwise.
+void units_range(QPath path, const WeightMatrix& w, std::int64_t ub, std::int64_t ue, const QRows& xq, float* y,
                  std::int64_t y_stride) {
-  if (path != QPath::Scalar) {  // the packed formats: straight from their quants, no tile buffer
-    switch (w.type) {
-      case WeightType::Q4_0:
-        return direct_range<WeightType::Q4_0>(path, w, ob, oe, xq, y, y_stride);
-      case WeightType::Q4_1:
-        return direct_range<WeightType::Q4_1>(path, w, ob, oe, xq, y, y_stride);
-      case WeightType::Q8_0:
-        return direct_range<WeightType::Q8_0>(path, w, ob, oe, xq, y, y_stride);
-      default:
-        break;
-    }
+  switch (w.type) {
+    case WeightType::Q4_0:
+      return panel_range<WeightType::Q4_0>(path, w, ub, ue, xq, y, y_stride);
+    case WeightType::Q4_1:
+      return panel_range<WeightType::Q4_1>(path, w, ub, ue, xq, y, y_stride);
+    case WeightType::Q8_0:
+      return panel_range<WeightType::Q8_0>(path, w, ub, ue, xq, y, y_stride);
+    default:
+      break;
   }
+  static_assert(packed::kPanel % kOut == 0, "a unit is whole tiles");
+  const std::int64_t ob = ub * packed::kPanel, oe = std::min(w.out_dim, ue * packed::kPanel);
   thread_local WTile tile;
   tile.shape(w.in_dim / 32);
   const DecodeFn decode = decode_for(path, w.type);
@@ -432,7 +454,9 @@ void qrows_range(QPath path, const WeightMatrix& w, std::int64_t ob, std::int64_
 }
 
 void qmatmul_many_path(QPath path, const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows) {
-  const std::int64_t total = packed::checked_total_rows(jobs, n_jobs, std::int64_t{1} << 30);
+  packed::checked_total_rows(jobs, n_jobs, std::int64_t{1} << 30);
+  std::int64_t total = 0;  // units of kPanel output rows, over all matrices
+  for (int j = 0; j < n_jobs; ++j) total += packed::panel_count(jobs[j].w->out_dim);
   thread_local QRows quantized;  // the caller's; the pool's threads reach it through these references
   const std::int64_t in = jobs[0].w->in_dim;
   quantize_shape(rows, in, quantized);
@@ -445,16 +469,14 @@ void qmatmul_many_path(QPath path, const MatmulJob* jobs, int n_jobs, const floa
     else
       quantize_blocks_avx2(x, in, xq, blocks * tid / nth, blocks * (tid + 1) / nth);
   });
-  // Equal contiguous ranges of the concatenated outputs, one per thread, on tile boundaries.
+  // Equal contiguous ranges of the concatenated units, one per thread.
   parallel_run([&](int tid, int nth) {
-    const std::int64_t tiles = (total + kOut - 1) / kOut;
-    const std::int64_t begin = std::min(total, tiles * tid / nth * kOut),
-                       end = std::min(total, tiles * (tid + 1) / nth * kOut);
+    const std::int64_t begin = total * tid / nth, end = total * (tid + 1) / nth;
     std::int64_t base = 0;
     for (int j = 0; j < n_jobs; ++j) {
-      const std::int64_t n = jobs[j].w->out_dim;
+      const std::int64_t n = packed::panel_count(jobs[j].w->out_dim);
       const std::int64_t b = std::max(begin, base), e = std::min(end, base + n);
-      if (b < e) qrows_range(path, *jobs[j].w, b - base, e - base, xq, jobs[j].y, n);
+      if (b < e) units_range(path, *jobs[j].w, b - base, e - base, xq, jobs[j].y, jobs[j].w->out_dim);
       base += n;
     }
   });

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/packed.hpp"
 #include "kernels/cuda/ops.cuh"
 
 namespace specactor::kernels::cuda {
@@ -85,7 +86,8 @@ struct DeviceModel::Impl {
           "CUDA forward: tensor " + name + " has ggml type " + std::to_string(static_cast<unsigned>(m.type)) +
           ", which the CUDA kernels do not compute (F32 F16 BF16 Q8_0 Q4_0 Q4_1); use --device cpu");
     auto* d = alloc<std::uint8_t>(matrix_bytes(m), name.c_str());
-    check(cudaMemcpy(d, m.data, matrix_bytes(m), cudaMemcpyHostToDevice), "upload weights");
+    std::vector<std::uint8_t> rows;  // packed panels → the split row layout the device kernels read
+    check(cudaMemcpy(d, packed::split_rows(m, rows), matrix_bytes(m), cudaMemcpyHostToDevice), "upload weights");
     weight_bytes += matrix_bytes(m);
     return {static_cast<std::uint32_t>(m.type), m.out_dim, m.in_dim, d, m.row_stride};
   }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/packed.hpp"
 #include "kernels/cuda/ops.cuh"
 
 namespace specactor::kernels::cuda {
@@ -433,7 +434,8 @@ bool computable_on_device(const WeightMatrix& w) {
 
 void embedding_rows_cuda(const WeightMatrix& w, const std::vector<std::int32_t>& tokens, float* out) {
   require_supported(w);
-  Buf<std::uint8_t> bytes(w.data, static_cast<std::size_t>(w.out_dim) * w.row_stride);
+  std::vector<std::uint8_t> split;  // packed panels → the split row layout the device kernels read
+  Buf<std::uint8_t> bytes(packed::split_rows(w, split), static_cast<std::size_t>(w.out_dim) * w.row_stride);
   Buf<int> tok(tokens.data(), tokens.size());
   Buf<float> y(tokens.size() * static_cast<std::size_t>(w.in_dim));
   detail::launch_embedding(device_view(w, bytes), tok.p, static_cast<long long>(tokens.size()), y.p, nullptr);
@@ -442,7 +444,8 @@ void embedding_rows_cuda(const WeightMatrix& w, const std::vector<std::int32_t>&
 
 void matmul_cuda(const WeightMatrix& w, const float* x, std::int64_t rows, float* y, bool gemm) {
   require_supported(w);
-  Buf<std::uint8_t> bytes(w.data, static_cast<std::size_t>(w.out_dim) * w.row_stride);
+  std::vector<std::uint8_t> split;  // packed panels → the split row layout the device kernels read
+  Buf<std::uint8_t> bytes(packed::split_rows(w, split), static_cast<std::size_t>(w.out_dim) * w.row_stride);
   Buf<float> dx(x, static_cast<std::size_t>(rows * w.in_dim)), dy(static_cast<std::size_t>(rows * w.out_dim));
   const detail::DMat m = device_view(w, bytes);
   if (gemm) {
