@@ -311,6 +311,7 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     k::rope_apply_cpu(q_.data(), T, NH, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
     k::rope_apply_cpu(k_.data(), T, NKV, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
     std::int64_t r0 = 0;
+    attn_jobs_.clear();
     for (std::size_t b = 0; b < batch.size(); ++b) {
       const ForwardSeq& s = batch[b];
       const auto n = static_cast<std::int64_t>(s.tokens.size());
@@ -320,10 +321,13 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
         std::memcpy(kv.v_row(l, *s.kv, old_len[b] + i), v_.data() + (r0 + i) * KD,
                     sizeof(float) * static_cast<std::size_t>(KD));
       }
-      k::attention_cpu(q_.data() + r0 * QD, n, NH, NKV, c.head_dim, kv.view(l, *s.kv), old_len[b],
-                       s.mask.empty() ? nullptr : s.mask.data(), scale, att_.data() + r0 * QD);
+      const k::PagedKvView view = kv.view(l, *s.kv);
+      attn_jobs_.push_back({q_.data() + r0 * QD, n, {view, 0, old_len[b]}, {view, old_len[b], n},
+                            s.mask.empty() ? nullptr : s.mask.data(), att_.data() + r0 * QD});
       r0 += n;
     }
+    // Every sequence's attention in one pass of the pool.
+    k::attention_many_cpu(attn_jobs_.data(), static_cast<int>(attn_jobs_.size()), NH, NKV, c.head_dim, scale);
     k::matmul(L.wo, att_.data(), T, tmp_.data(), precision_);
     if (comm) comm->all_reduce_sum(tmp_.data(), static_cast<std::size_t>(T * H));  // the heads' partial outputs
     for (std::int64_t i = 0; i < T * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];

@@ -18,6 +18,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/comm.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "model/gguf.hpp"
 #include "model/kv_cache.hpp"
 #include "model/model_info.hpp"
@@ -182,6 +183,7 @@ class LlamaRunner final : public ForwardRunner {
   std::shared_ptr<const LlamaWeights> w_;
   kernels::Precision precision_;
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, rope_cs_;
+  std::vector<kernels::AttentionJob> attn_jobs_;  // one per sequence, rebuilt per layer
   std::vector<std::int32_t> pos_;
 };
 

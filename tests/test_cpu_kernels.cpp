@@ -326,6 +326,56 @@ TEST_CASE("attention: a chain mask equals the causal default, a tree mask hides 
   CHECK(tree[1 * heads * hd] != tree2[1 * heads * hd]);  // node 1 does see itself
 }
 
+TEST_CASE("exp_approx: the AVX2 twin is bit-identical, within 3e-7 of exp, edges as documented") {
+  std::vector<float> x;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-90.0f, 90.0f);
+  for (int i = 0; i < 20000; ++i) x.push_back(u(rng));
+  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 0.34657359f, -0.34657359f, 88.0f, 88.0001f, -86.0f, -86.0001f, 1e-30f,
+                  -1e-30f, INFINITY, -INFINITY, NAN})
+    x.push_back(v);
+  std::vector<float> ys(x.size()), ya(x.size());
+  exp_approx_many(x.data(), static_cast<std::int64_t>(x.size()), ys.data(), false);
+  exp_approx_many(x.data(), static_cast<std::int64_t>(x.size()), ya.data(), true);
+  CHECK(std::memcmp(ys.data(), ya.data(), ys.size() * sizeof(float)) == 0);
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (!std::isnan(x[i])) CHECK(ys[i] == exp_approx(x[i]));
+    if (std::isnan(x[i])) {
+      CHECK(std::isnan(ys[i]));
+    } else if (x[i] > 88.0f) {
+      CHECK(ys[i] == INFINITY);
+    } else if (x[i] < -86.0f) {
+      CHECK(ys[i] == 0.0f);
+    } else {
+      const double ref = std::exp(static_cast<double>(x[i]));
+      worst = std::max(worst, std::abs(ys[i] - ref) / ref);
+    }
+  }
+  MESSAGE("exp_approx: worst relative error " << worst);
+  CHECK(worst < 3e-7);
+}
+
+TEST_CASE("attention: each query of a causal batch equals that query alone (grouped or per-head order)") {
+  const std::int64_t heads = 9, kvh = 3, hd = 64, page = 16, prefix = 37, n = 6;
+  specactor::model::KvCache kv(1, kvh, hd, page, 128);
+  specactor::model::KvCache::Seq seq;
+  kv.reserve(seq, prefix + n);
+  seq.length = prefix + n;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (std::int64_t s = 0; s < prefix + n; ++s)
+    for (std::int64_t i = 0; i < kvh * hd; ++i) kv.k_row(0, seq, s)[i] = d(rng), kv.v_row(0, seq, s)[i] = d(rng);
+  std::vector<float> q(static_cast<std::size_t>(n * heads * hd)), batch(q.size()), one(static_cast<std::size_t>(heads * hd));
+  for (auto& v : q) v = d(rng);
+  attention_cpu(q.data(), n, heads, kvh, hd, kv.view(0, seq), prefix, nullptr, 0.125f, batch.data());
+  for (std::int64_t i = 0; i < n; ++i) {
+    attention_cpu(q.data() + i * heads * hd, 1, heads, kvh, hd, kv.view(0, seq), prefix + i, nullptr, 0.125f,
+                  one.data());
+    CHECK(std::memcmp(one.data(), batch.data() + i * heads * hd, one.size() * sizeof(float)) == 0);
+  }
+}
+
 TEST_CASE("KV cache: pages come and go, exhaustion is an error that changes nothing") {
   specactor::model::KvCache kv(2, 1, 8, 4, 16);  // 4 pages of 4 slots
   specactor::model::KvCache::Seq a, b;

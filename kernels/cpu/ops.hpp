@@ -20,7 +20,14 @@ void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int6
 void rope_apply_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
                     const float* table, bool neox);
 
-// out[i] = silu(gate[i]) * up[i] for n values; out may alias gate.
+// exp(x) to ~1 ulp (Cephes' single-precision scheme: 0 below −86, +inf above 88, NaN stays NaN), one
+// definition for the scalar and AVX2 paths of the attention softmax and SiLU (bit-identical twins).
+float exp_approx(float x);
+// y[i] = exp_approx(x[i]); simd: the AVX2 twin where the CPU path allows it (for its tests).
+void exp_approx_many(const float* x, std::int64_t n, float* y, bool simd);
+
+// out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp_approx(−gate[i])) · up[i] for n values; out may
+// alias gate.
 void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n);
 
 // Softmax of n values in place (max-subtracted, float accumulation in index order).
@@ -60,5 +67,18 @@ struct KvSegment {
 void attention_segments_cpu(const float* q, std::int64_t n_q, std::int64_t n_heads, std::int64_t n_kv_heads,
                             std::int64_t head_dim, const KvSegment& prefix, const KvSegment& masked,
                             const std::uint64_t* mask, float scale, float* out);
+
+// Several sequences' attention in one call (one pass of the thread pool for a whole batch): job j's
+// n_q queries at q (rows of n_heads × head_dim) see its prefix and masked segments as in
+// attention_segments_cpu, and write out. Each (query, head) gets exactly the bits it would get alone.
+struct AttentionJob {
+  const float* q = nullptr;
+  std::int64_t n_q = 0;
+  KvSegment prefix, masked;
+  const std::uint64_t* mask = nullptr;
+  float* out = nullptr;
+};
+void attention_many_cpu(const AttentionJob* jobs, int n_jobs, std::int64_t n_heads, std::int64_t n_kv_heads,
+                        std::int64_t head_dim, float scale);
 
 }  // namespace specactor::kernels
