@@ -31,7 +31,7 @@ namespace {
 
 // Attention's arithmetic, one definition for the scalar loops and their AVX2 twins (bit-identical):
 //   dot:      8 lanes, acc[l] = fma(a[i], b[i], acc[l]) for i ≡ l (mod 8) in increasing i, then
-//             ((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))
+//             ((acc0+acc1) + (acc2+acc3)) + ((acc4+acc5) + (acc6+acc7))
 //   softmax:  s = dot·scale; m = max s; e = exp_approx(s − m); sum over 8 lanes (lane c mod 8, in c
 //             order) reduced like dot; p = e · (1/sum)
 //   output:   o[d] = fma(p[c], v[c][d], o[d]) in c order, from 0.
@@ -41,24 +41,50 @@ float dot_fma(const float* a, const float* b, std::int64_t n) {
   for (; i + 8 <= n; i += 8)
     for (int l = 0; l < 8; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
   for (; i < n; ++i) acc[i % 8] = std::fma(a[i], b[i], acc[i % 8]);
-  const float t0 = acc[0] + acc[4], t1 = acc[1] + acc[5], t2 = acc[2] + acc[6], t3 = acc[3] + acc[7];
-  return (t0 + t2) + (t1 + t3);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// H(a) = ((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7)), dot_fma's reduction.
 SPECACTOR_OPS_AVX2 inline float hsum8_avx2(__m256 acc) {
-  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // t0..t3
-  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                                      // t0+t2, t1+t3
-  return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+  const __m256 h = _mm256_hadd_ps(acc, acc);  // a0+a1, a2+a3 | a4+a5, a6+a7 (twice)
+  const __m256 h2 = _mm256_hadd_ps(h, h);     // (a0+a1)+(a2+a3) | (a4+a5)+(a6+a7)
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
 }
 
-// Four dot_fma() at once (independent chains, each in dot_fma's order). n: a multiple of 8.
-SPECACTOR_OPS_AVX2 void dot_fma_x4_avx2(const float* a, const float* const* b, std::int64_t n, float* out) {
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+// H of 8 accumulators at once: lane j of the result is H(a[j]).
+SPECACTOR_OPS_AVX2 inline __m256 reduce8_avx2(const __m256* a) {
+  const __m256 c0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 c1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(c0, c1, 0x20), _mm256_permute2f128_ps(c0, c1, 0x31));
+}
+
+// dot_fma of two queries with four keys each (8 chains; 6 loads per 8 fma). n: a multiple of 8.
+SPECACTOR_OPS_AVX2 void dot_fma_2x4_avx2(const float* q0, const float* q1, const float* const* k, std::int64_t n,
+                                         float* out0, float* out1) {
+  __m256 acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
   for (std::int64_t i = 0; i < n; i += 8) {
-    const __m256 av = _mm256_loadu_ps(a + i);
-    for (int k = 0; k < 4; ++k) acc[k] = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[k] + i), acc[k]);
+    const __m256 a0 = _mm256_loadu_ps(q0 + i), a1 = _mm256_loadu_ps(q1 + i);
+    for (int j = 0; j < 4; ++j) {
+      const __m256 kv = _mm256_loadu_ps(k[j] + i);
+      acc[j] = _mm256_fmadd_ps(a0, kv, acc[j]);
+      acc[4 + j] = _mm256_fmadd_ps(a1, kv, acc[4 + j]);
+    }
   }
-  for (int k = 0; k < 4; ++k) out[k] = hsum8_avx2(acc[k]);
+  alignas(32) float r[8];
+  _mm256_store_ps(r, reduce8_avx2(acc));
+  for (int j = 0; j < 4; ++j) out0[j] = r[j], out1[j] = r[4 + j];
+}
+
+// dot_fma of one query with eight keys. n: a multiple of 8.
+SPECACTOR_OPS_AVX2 void dot_fma_1x8_avx2(const float* q, const float* const* k, std::int64_t n, float* out) {
+  __m256 acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < n; i += 8) {
+    const __m256 a = _mm256_loadu_ps(q + i);
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(k[j] + i), acc[j]);
+  }
+  _mm256_storeu_ps(out, reduce8_avx2(acc));
 }
 
 SPECACTOR_OPS_AVX2 float dot_fma_avx2(const float* a, const float* b, std::int64_t n) {
@@ -335,14 +361,20 @@ void attention_many_cpu(const AttentionJob* jobs, int n_jobs, std::int64_t n_hea
           qv[g] = job.q + (i * n_heads + h0 + g) * head_dim;
           o[g] = job.out + (i * n_heads + h0 + g) * head_dim;
         }
-        // Scores, 4 keys at a time for every head of the item (the keys stay in L1 between heads).
-        std::int64_t c0 = 0;
-        if (simd)
-          for (; c0 + 4 <= n; c0 += 4)
-            for (std::int64_t g = 0; g < per_item; ++g) dot_fma_x4_avx2(qv[g], krow.data() + c0, head_dim, sc[g] + c0);
+        // Scores: pairs of heads against 4 keys at a time, a last odd head against 8 (the keys stay
+        // in L1 between the item's heads); the remaining keys one by one.
+        for (std::int64_t g = 0; g < per_item; g += 2) {
+          std::int64_t c0 = 0;
+          if (simd && g + 1 < per_item)
+            for (; c0 + 4 <= n; c0 += 4)
+              dot_fma_2x4_avx2(qv[g], qv[g + 1], krow.data() + c0, head_dim, sc[g] + c0, sc[g + 1] + c0);
+          else if (simd)
+            for (; c0 + 8 <= n; c0 += 8) dot_fma_1x8_avx2(qv[g], krow.data() + c0, head_dim, sc[g] + c0);
+          for (std::int64_t h = g; h < std::min(per_item, g + 2); ++h)
+            for (std::int64_t c = c0; c < n; ++c)
+              sc[h][c] = simd ? dot_fma_avx2(qv[h], krow[c], head_dim) : dot_fma(qv[h], krow[c], head_dim);
+        }
         for (std::int64_t g = 0; g < per_item; ++g) {
-          for (std::int64_t c = c0; c < n; ++c)
-            sc[g][c] = simd ? dot_fma_avx2(qv[g], krow[c], head_dim) : dot_fma(qv[g], krow[c], head_dim);
           for (std::int64_t c = 0; c < n; ++c) sc[g][c] = sc[g][c] * scale;
           if (simd)
             softmax_scores_avx2(sc[g], n);
