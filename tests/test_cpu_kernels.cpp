@@ -356,7 +356,7 @@ TEST_CASE("exp_approx: the AVX2 twin is bit-identical, within 3e-7 of exp, edges
   CHECK(worst < 3e-7);
 }
 
-TEST_CASE("attention: each query of a causal batch equals that query alone (grouped or per-head order)") {
+TEST_CASE("attention: each query of a causal or tree-masked batch equals that query alone (grouped or per-head order)") {
   const std::int64_t heads = 9, kvh = 3, hd = 64, page = 16, prefix = 37, n = 6;
   specactor::model::KvCache kv(1, kvh, hd, page, 128);
   specactor::model::KvCache::Seq seq;
@@ -372,6 +372,16 @@ TEST_CASE("attention: each query of a causal batch equals that query alone (grou
   for (std::int64_t i = 0; i < n; ++i) {
     attention_cpu(q.data() + i * heads * hd, 1, heads, kvh, hd, kv.view(0, seq), prefix + i, nullptr, 0.125f,
                   one.data());
+    CHECK(std::memcmp(one.data(), batch.data() + i * heads * hd, one.size() * sizeof(float)) == 0);
+  }
+  // A tree mask (node 0 the root; 1, 2 children of 0; 3 of 2; 4 of 1; 5 of 3): the batch against
+  // each node alone with its own mask row.
+  const std::vector<std::uint64_t> tree = {0b1, 0b11, 0b101, 0b1101, 0b10011, 0b101101};
+  const specactor::kernels::KvSegment pre{kv.view(0, seq), 0, prefix}, news{kv.view(0, seq), prefix, n};
+  attention_segments_cpu(q.data(), n, heads, kvh, hd, pre, news, tree.data(), 0.125f, batch.data());
+  for (std::int64_t i = 0; i < n; ++i) {
+    attention_segments_cpu(q.data() + i * heads * hd, 1, heads, kvh, hd, pre, news, &tree[static_cast<std::size_t>(i)],
+                           0.125f, one.data());
     CHECK(std::memcmp(one.data(), batch.data() + i * heads * hd, one.size() * sizeof(float)) == 0);
   }
 }

@@ -104,26 +104,27 @@ SPECACTOR_OPS_AVX2 void weighted_sum64_avx2(float* o, const float* p, const floa
   for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + 8 * j, acc[j]);
 }
 
-// weighted_sum64_avx2 for G heads that share the value rows (grouped-query attention): each value
-// row is loaded once for all G, in passes over W of the 64 elements; per element the same fma chain.
-template <int G>
-SPECACTOR_OPS_AVX2 void weighted_sum64_group_avx2(float* const* o, const float* const* p, const float* const* v,
-                                                  std::int64_t n) {
-  constexpr int W = G <= 3 ? 32 : 16;  // G · W / 8 accumulators in registers
+// For the H heads of one query row: acc[h][0..64) = fma(p[h][t], v[idx[t]][·], acc[h]) for t in
+// [t0, t1), in t order (acc in memory between calls: the key blocks of attention_run).
+template <int H>
+SPECACTOR_OPS_AVX2 void accumulate64_avx2(float* acc, const float* const* p, const std::int32_t* idx, std::int64_t t0,
+                                          std::int64_t t1, const float* const* v) {
+  constexpr int W = H <= 2 ? 32 : (H <= 4 ? 16 : 8);  // H · W / 8 accumulators in registers
   for (int d0 = 0; d0 < 64; d0 += W) {
-    __m256 acc[G][W / 8];
-    for (int g = 0; g < G; ++g)
-      for (int j = 0; j < W / 8; ++j) acc[g][j] = _mm256_setzero_ps();
-    for (std::int64_t c = 0; c < n; ++c) {
+    __m256 a[H][W / 8];
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < W / 8; ++j) a[h][j] = _mm256_loadu_ps(acc + h * 64 + d0 + 8 * j);
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const float* vr = v[idx[t]] + d0;
       __m256 vv[W / 8];
-      for (int j = 0; j < W / 8; ++j) vv[j] = _mm256_loadu_ps(v[c] + d0 + 8 * j);
-      for (int g = 0; g < G; ++g) {
-        const __m256 pv = _mm256_set1_ps(p[g][c]);
-        for (int j = 0; j < W / 8; ++j) acc[g][j] = _mm256_fmadd_ps(pv, vv[j], acc[g][j]);
+      for (int j = 0; j < W / 8; ++j) vv[j] = _mm256_loadu_ps(vr + 8 * j);
+      for (int h = 0; h < H; ++h) {
+        const __m256 pv = _mm256_set1_ps(p[h][t]);
+        for (int j = 0; j < W / 8; ++j) a[h][j] = _mm256_fmadd_ps(pv, vv[j], a[h][j]);
       }
     }
-    for (int g = 0; g < G; ++g)
-      for (int j = 0; j < W / 8; ++j) _mm256_storeu_ps(o[g] + d0 + 8 * j, acc[g][j]);
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < W / 8; ++j) _mm256_storeu_ps(acc + h * 64 + d0 + 8 * j, a[h][j]);
   }
 }
 
@@ -294,113 +295,217 @@ void softmax_cpu(float* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+namespace {
+
+// The thread-local buffers of attention_run.
+struct RunScratch {
+  std::vector<const float*> krow, vrow;
+  std::vector<std::int64_t> slot;  // masked slot of each union entry (−1: a prefix slot)
+  std::vector<std::int32_t> vis;   // per row: its visible union entries, in order
+  std::vector<std::int64_t> nvis;
+  std::vector<float> s, p, acc;
+};
+
+constexpr std::int64_t kRunRows = 16;   // rows of one run at most (bounds the score buffers)
+constexpr std::int64_t kKeyBlock = 64;  // keys per block: 16 KiB of K or V rows stay in L1
+
+// Rows [ia, ib) of one job and H consecutive heads from h0 (one KV head's group, or one head) with
+// head_dim 64 on the AVX2 path: every key and value row is read from memory once for the whole run
+// (blocks of kKeyBlock keys serve every row and head while they are in L1). Per (row, head) the
+// operations are those of the one-query loop: dot_fma per visible key in order, × scale,
+// softmax_scores, then o = fma(p, v, o) over the visible keys in order.
+template <int H>
+SPECACTOR_OPS_AVX2 void attention_run(const AttentionJob& job, std::int64_t n_heads, std::int64_t group,
+                                      std::int64_t h0, std::int64_t ia, std::int64_t ib, float scale, RunScratch& w) {
+  constexpr std::int64_t D = 64;
+  const std::int64_t kvh = h0 / group, R = ib - ia, Q = R * H;
+  const std::int64_t lag = job.masked.count - job.n_q;
+  auto visible = [&](std::int64_t i, std::int64_t m) {
+    return job.mask ? ((job.mask[i] >> m) & 1u) != 0 : m <= i + lag;
+  };
+  // The union of the rows' visible slots, in slot order.
+  const std::int64_t cap = job.prefix.count + job.masked.count;
+  w.krow.resize(static_cast<std::size_t>(cap));
+  w.vrow.resize(static_cast<std::size_t>(cap));
+  w.slot.resize(static_cast<std::size_t>(cap));
+  std::int64_t n = 0;
+  auto walk = [&](const KvSegment& seg, bool masked_seg) {
+    const PagedKvView& v = seg.view;
+    std::int64_t page = seg.first / v.page_size, off = seg.first % v.page_size;
+    for (std::int64_t m = 0; m < seg.count; ++m) {
+      bool any = !masked_seg;
+      for (std::int64_t i = ia; i < ib && !any; ++i) any = visible(i, m);
+      if (any) {
+        const std::int64_t at = v.pages[page] * v.page_stride + off * v.row + kvh * D;
+        w.krow[static_cast<std::size_t>(n)] = v.k + at;
+        w.vrow[static_cast<std::size_t>(n)] = v.v + at;
+        w.slot[static_cast<std::size_t>(n++)] = masked_seg ? m : -1;
+      }
+      if (++off == v.page_size) off = 0, ++page;
+    }
+  };
+  walk(job.prefix, false);
+  walk(job.masked, true);
+  w.vis.resize(static_cast<std::size_t>(R * n));
+  w.nvis.resize(static_cast<std::size_t>(R));
+  for (std::int64_t r = 0; r < R; ++r) {
+    std::int64_t c = 0;
+    for (std::int64_t u = 0; u < n; ++u)
+      if (w.slot[static_cast<std::size_t>(u)] < 0 || visible(ia + r, w.slot[static_cast<std::size_t>(u)]))
+        w.vis[static_cast<std::size_t>(r * n + c++)] = static_cast<std::int32_t>(u);
+    w.nvis[static_cast<std::size_t>(r)] = c;
+  }
+  // Scores of every query (row, head) with every union key, key block by key block.
+  w.s.resize(static_cast<std::size_t>(Q * n + 8));
+  w.p.resize(w.s.size());
+  const float* qv[2 * kRunRows * 8];
+  for (std::int64_t r = 0; r < R; ++r)
+    for (std::int64_t h = 0; h < H; ++h) qv[r * H + h] = job.q + ((ia + r) * n_heads + h0 + h) * D;
+  for (std::int64_t ub = 0; ub < n; ub += kKeyBlock) {
+    const std::int64_t ue = std::min(n, ub + kKeyBlock);
+    for (std::int64_t qi = 0; qi < Q; qi += 2) {
+      float* s0 = w.s.data() + qi * n;
+      std::int64_t c = ub;
+      if (qi + 1 < Q) {
+        float* s1 = s0 + n;
+        for (; c + 4 <= ue; c += 4) dot_fma_2x4_avx2(qv[qi], qv[qi + 1], w.krow.data() + c, D, s0 + c, s1 + c);
+        for (std::int64_t t = c; t < ue; ++t) s1[t] = dot_fma_avx2(qv[qi + 1], w.krow[static_cast<std::size_t>(t)], D);
+      } else {
+        for (; c + 8 <= ue; c += 8) dot_fma_1x8_avx2(qv[qi], w.krow.data() + c, D, s0 + c);
+      }
+      for (; c < ue; ++c) s0[c] = dot_fma_avx2(qv[qi], w.krow[static_cast<std::size_t>(c)], D);
+    }
+  }
+  // Each query's visible scores, in order, × scale, softmax.
+  for (std::int64_t r = 0; r < R; ++r) {
+    const std::int32_t* vis = w.vis.data() + r * n;
+    const std::int64_t nv = w.nvis[static_cast<std::size_t>(r)];
+    for (std::int64_t h = 0; h < H; ++h) {
+      const float* sq = w.s.data() + (r * H + h) * n;
+      float* pq = w.p.data() + (r * H + h) * n;
+      for (std::int64_t t = 0; t < nv; ++t) pq[t] = sq[vis[t]] * scale;
+      softmax_scores_avx2(pq, nv);
+    }
+  }
+  // Weighted sums, key block by key block (each row's accumulators kept between blocks).
+  w.acc.assign(static_cast<std::size_t>(Q * D), 0.0f);
+  std::int64_t cursor[kRunRows] = {};
+  for (std::int64_t ub = 0; ub < n; ub += kKeyBlock) {
+    const std::int64_t ue = std::min(n, ub + kKeyBlock);
+    for (std::int64_t r = 0; r < R; ++r) {
+      const std::int32_t* vis = w.vis.data() + r * n;
+      const std::int64_t nv = w.nvis[static_cast<std::size_t>(r)];
+      const std::int64_t t0 = cursor[r];
+      std::int64_t t1 = t0;
+      while (t1 < nv && vis[t1] < ue) ++t1;
+      cursor[r] = t1;
+      if (t1 == t0) continue;
+      const float* pr[H];
+      for (std::int64_t h = 0; h < H; ++h) pr[h] = w.p.data() + (r * H + h) * n;
+      accumulate64_avx2<H>(w.acc.data() + r * H * D, pr, vis, t0, t1, w.vrow.data());
+    }
+  }
+  for (std::int64_t r = 0; r < R; ++r)
+    for (std::int64_t h = 0; h < H; ++h)
+      std::memcpy(job.out + ((ia + r) * n_heads + h0 + h) * D, w.acc.data() + (r * H + h) * D, sizeof(float) * D);
+}
+
+// The one-query loop that defines the arithmetic (any head_dim; AVX2 or scalar twins).
+void attention_one(const AttentionJob& job, std::int64_t n_heads, std::int64_t group, std::int64_t head_dim,
+                   std::int64_t h, std::int64_t i, float scale, bool simd, RunScratch& w) {
+  const std::int64_t kvh = h / group, lag = job.masked.count - job.n_q;
+  const std::int64_t cap = job.prefix.count + job.masked.count;
+  w.krow.resize(static_cast<std::size_t>(cap));
+  w.vrow.resize(static_cast<std::size_t>(cap));
+  w.s.resize(static_cast<std::size_t>(cap + 8));
+  std::int64_t n = 0;
+  auto walk = [&](const KvSegment& seg, auto&& vis) {
+    const PagedKvView& v = seg.view;
+    std::int64_t page = seg.first / v.page_size, off = seg.first % v.page_size;
+    for (std::int64_t m = 0; m < seg.count; ++m) {
+      if (vis(m)) {
+        const std::int64_t at = v.pages[page] * v.page_stride + off * v.row + kvh * head_dim;
+        w.krow[static_cast<std::size_t>(n)] = v.k + at;
+        w.vrow[static_cast<std::size_t>(n++)] = v.v + at;
+      }
+      if (++off == v.page_size) off = 0, ++page;
+    }
+  };
+  walk(job.prefix, [](std::int64_t) { return true; });
+  walk(job.masked, [&](std::int64_t m) { return job.mask ? ((job.mask[i] >> m) & 1u) != 0 : m <= i + lag; });
+  const float* qv = job.q + (i * n_heads + h) * head_dim;
+  float* sc = w.s.data();
+  std::int64_t c = 0;
+  if (simd)
+    for (; c + 8 <= n; c += 8) dot_fma_1x8_avx2(qv, w.krow.data() + c, head_dim, sc + c);
+  for (; c < n; ++c) sc[c] = simd ? dot_fma_avx2(qv, w.krow[static_cast<std::size_t>(c)], head_dim)
+                                  : dot_fma(qv, w.krow[static_cast<std::size_t>(c)], head_dim);
+  for (std::int64_t t = 0; t < n; ++t) sc[t] = sc[t] * scale;
+  if (simd)
+    softmax_scores_avx2(sc, n);
+  else
+    softmax_scores(sc, n);
+  float* o = job.out + (i * n_heads + h) * head_dim;
+  if (simd && head_dim == 64) {
+    weighted_sum64_avx2(o, sc, w.vrow.data(), n);
+    return;
+  }
+  for (std::int64_t d = 0; d < head_dim; ++d) o[d] = 0.0f;
+  for (std::int64_t t = 0; t < n; ++t) {
+    if (simd)
+      axpy_avx2(o, sc[t], w.vrow[static_cast<std::size_t>(t)], head_dim);
+    else
+      for (std::int64_t d = 0; d < head_dim; ++d) o[d] = std::fma(sc[t], w.vrow[static_cast<std::size_t>(t)][d], o[d]);
+  }
+}
+
+}  // namespace
+
 void attention_many_cpu(const AttentionJob* jobs, int n_jobs, std::int64_t n_heads, std::int64_t n_kv_heads,
                         std::int64_t head_dim, float scale) {
   const std::int64_t group = n_heads / n_kv_heads;
-  std::int64_t queries = 0, work = 0, max_ctx = 0;
+  std::int64_t queries = 0, work = 0;
   for (int j = 0; j < n_jobs; ++j) {
-    const std::int64_t n_ctx = jobs[j].prefix.count + jobs[j].masked.count;
     queries += jobs[j].n_q;
-    work += jobs[j].n_q * n_heads * n_ctx * head_dim;
-    max_ctx = std::max(max_ctx, n_ctx);
+    work += jobs[j].n_q * n_heads * (jobs[j].prefix.count + jobs[j].masked.count) * head_dim;
   }
   // Small problems (a decode step over a short context) are not worth waking the other threads.
   const bool parallel = work >= (1 << 16);
   const bool simd = head_dim % 8 == 0 && cpu_path() != CpuPath::Scalar;
+  const bool runs = simd && head_dim == 64;
   const int nth_max = parallel ? ComputePool::instance().threads() : 1;
-  // Work items: (query, KV head) with the group's query heads together (keys and values read once
-  // for all of them) when there are enough of them for every thread; (query, head) otherwise.
-  // Either way every (query, head) runs the same operations, so the result depends neither on this
-  // choice nor on the other sequences in the call.
-  const bool grouped = simd && group <= 8 && queries * n_kv_heads >= 2 * nth_max;
-  const std::int64_t per_item = grouped ? group : 1, items_per_query = n_heads / per_item;
+  // Work items: (head group, query row) per job, in that order; a head group is a KV head's query
+  // heads when that leaves every thread enough items, else one head. A thread's consecutive rows of
+  // one head group form runs (attention_run) that read each key and value once. Every (query, head)
+  // runs the same operations whatever the grouping, the runs and the other sequences in the call.
+  const std::int64_t hp = runs && group <= 8 && queries * n_kv_heads >= 2 * nth_max ? group : 1;
+  const std::int64_t n_hg = n_heads / hp;
   auto share = [&](int tid, int nth) {
-    thread_local std::vector<float> score;
-    thread_local std::vector<const float*> krow, vrow;
-    const std::size_t stride = static_cast<std::size_t>(max_ctx) + 8;
-    score.resize(stride * static_cast<std::size_t>(per_item));
-    krow.resize(static_cast<std::size_t>(max_ctx));
-    vrow.resize(static_cast<std::size_t>(max_ctx));
-    const std::int64_t total = queries * items_per_query;
+    thread_local RunScratch w;
+    const std::int64_t total = queries * n_hg;
     const std::int64_t begin = total * tid / nth, end = total * (tid + 1) / nth;
-    std::int64_t base = 0;  // first item of job j
-    for (int j = 0; j < n_jobs && base < end; base += jobs[j].n_q * items_per_query, ++j) {
+    std::int64_t base = 0;
+    for (int j = 0; j < n_jobs && base < end; base += jobs[j].n_q * n_hg, ++j) {
       const AttentionJob& job = jobs[j];
-      const std::int64_t lo = std::max(begin, base), hi = std::min(end, base + job.n_q * items_per_query);
-      const std::int64_t lag = job.masked.count - job.n_q;  // causal default: query i sees masked slots j <= i + lag
-      std::int64_t listed_i = -1, listed_kvh = -1, n = 0;
-      for (std::int64_t item = lo - base; item < hi - base; ++item) {
-        const std::int64_t ih = item * per_item;
-        const std::int64_t i = ih / n_heads, h0 = ih % n_heads, kvh = h0 / group;
-        if (i != listed_i || kvh != listed_kvh) {
-          // Visible slots in order: every prefix slot, then the masked slots this query may see (the
-          // heads of one group share the list). Pages are walked, not divided into.
-          listed_i = i;
-          listed_kvh = kvh;
-          n = 0;
-          auto walk = [&](const KvSegment& seg, auto&& visible) {
-            const PagedKvView& v = seg.view;
-            std::int64_t page = seg.first / v.page_size, off = seg.first % v.page_size;
-            for (std::int64_t m = 0; m < seg.count; ++m) {
-              if (visible(m)) {
-                const std::int64_t at = v.pages[page] * v.page_stride + off * v.row + kvh * head_dim;
-                krow[static_cast<std::size_t>(n)] = v.k + at;
-                vrow[static_cast<std::size_t>(n++)] = v.v + at;
-              }
-              if (++off == v.page_size) off = 0, ++page;
-            }
-          };
-          walk(job.prefix, [](std::int64_t) { return true; });
-          walk(job.masked, [&](std::int64_t m) { return job.mask ? ((job.mask[i] >> m) & 1u) != 0 : m <= i + lag; });
-        }
-        float* sc[8];
-        const float* qv[8];
-        float* o[8];
-        for (std::int64_t g = 0; g < per_item; ++g) {
-          sc[g] = score.data() + stride * static_cast<std::size_t>(g);
-          qv[g] = job.q + (i * n_heads + h0 + g) * head_dim;
-          o[g] = job.out + (i * n_heads + h0 + g) * head_dim;
-        }
-        // Scores: pairs of heads against 4 keys at a time, a last odd head against 8 (the keys stay
-        // in L1 between the item's heads); the remaining keys one by one.
-        for (std::int64_t g = 0; g < per_item; g += 2) {
-          std::int64_t c0 = 0;
-          if (simd && g + 1 < per_item)
-            for (; c0 + 4 <= n; c0 += 4)
-              dot_fma_2x4_avx2(qv[g], qv[g + 1], krow.data() + c0, head_dim, sc[g] + c0, sc[g + 1] + c0);
-          else if (simd)
-            for (; c0 + 8 <= n; c0 += 8) dot_fma_1x8_avx2(qv[g], krow.data() + c0, head_dim, sc[g] + c0);
-          for (std::int64_t h = g; h < std::min(per_item, g + 2); ++h)
-            for (std::int64_t c = c0; c < n; ++c)
-              sc[h][c] = simd ? dot_fma_avx2(qv[h], krow[c], head_dim) : dot_fma(qv[h], krow[c], head_dim);
-        }
-        for (std::int64_t g = 0; g < per_item; ++g) {
-          for (std::int64_t c = 0; c < n; ++c) sc[g][c] = sc[g][c] * scale;
-          if (simd)
-            softmax_scores_avx2(sc[g], n);
-          else
-            softmax_scores(sc[g], n);
-        }
-        if (simd && head_dim == 64) {
-          switch (per_item) {
-            case 1: weighted_sum64_avx2(o[0], sc[0], vrow.data(), n); break;
-            case 2: weighted_sum64_group_avx2<2>(o, sc, vrow.data(), n); break;
-            case 3: weighted_sum64_group_avx2<3>(o, sc, vrow.data(), n); break;
-            case 4: weighted_sum64_group_avx2<4>(o, sc, vrow.data(), n); break;
-            default:
-              for (std::int64_t g = 0; g < per_item; ++g) weighted_sum64_avx2(o[g], sc[g], vrow.data(), n);
+      const std::int64_t lo = std::max(begin, base) - base, hi = std::min(end, base + job.n_q * n_hg) - base;
+      for (std::int64_t t = lo; t < hi;) {
+        const std::int64_t hg = t / job.n_q, ia = t % job.n_q;
+        const std::int64_t ib = std::min({job.n_q, ia + (hi - t), ia + kRunRows});
+        if (runs) {
+          switch (hp) {
+            case 1: attention_run<1>(job, n_heads, group, hg, ia, ib, scale, w); break;
+            case 2: attention_run<2>(job, n_heads, group, hg * 2, ia, ib, scale, w); break;
+            case 3: attention_run<3>(job, n_heads, group, hg * 3, ia, ib, scale, w); break;
+            case 4: attention_run<4>(job, n_heads, group, hg * 4, ia, ib, scale, w); break;
+            case 5: attention_run<5>(job, n_heads, group, hg * 5, ia, ib, scale, w); break;
+            case 6: attention_run<6>(job, n_heads, group, hg * 6, ia, ib, scale, w); break;
+            case 7: attention_run<7>(job, n_heads, group, hg * 7, ia, ib, scale, w); break;
+            default: attention_run<8>(job, n_heads, group, hg * 8, ia, ib, scale, w); break;
           }
-          continue;
+        } else {
+          for (std::int64_t i = ia; i < ib; ++i) attention_one(job, n_heads, group, head_dim, hg, i, scale, simd, w);
         }
-        for (std::int64_t g = 0; g < per_item; ++g) {
-          for (std::int64_t d = 0; d < head_dim; ++d) o[g][d] = 0.0f;
-          for (std::int64_t c = 0; c < n; ++c) {
-            if (simd)
-              axpy_avx2(o[g], sc[g][c], vrow[c], head_dim);
-            else
-              for (std::int64_t d = 0; d < head_dim; ++d) o[g][d] = std::fma(sc[g][c], vrow[c][d], o[g][d]);
-          }
-        }
+        t += ib - ia;
       }
     }
   };
