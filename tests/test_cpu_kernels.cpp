@@ -295,18 +295,30 @@ TEST_CASE("RoPE: both layouts rotate the right pairs by the right angles") {
   CHECK(same == x);
 }
 
+// One layer's KV cache holding `slots` random rows, and n · heads · hd random queries.
+struct RandomAttention {
+  specactor::model::KvCache kv;
+  specactor::model::KvCache::Seq seq;
+  std::vector<float> q;
+  RandomAttention(std::int64_t heads, std::int64_t kvh, std::int64_t hd, std::int64_t page, std::int64_t cap,
+                  std::int64_t slots, std::int64_t n, std::uint32_t seed)
+      : kv(1, kvh, hd, page, cap), q(static_cast<std::size_t>(n * heads * hd)) {
+    kv.reserve(seq, slots);
+    seq.length = slots;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (std::int64_t s = 0; s < slots; ++s)
+      for (std::int64_t i = 0; i < kvh * hd; ++i) kv.k_row(0, seq, s)[i] = d(rng), kv.v_row(0, seq, s)[i] = d(rng);
+    for (auto& v : q) v = d(rng);
+  }
+};
+
 TEST_CASE("attention: a chain mask equals the causal default, a tree mask hides siblings") {
   const std::int64_t heads = 4, kvh = 2, hd = 16, page = 4, prefix = 5, n = 4;
-  specactor::model::KvCache kv(1, kvh, hd, page, 64);
-  specactor::model::KvCache::Seq seq;
-  kv.reserve(seq, prefix + n);
-  seq.length = prefix + n;
-  std::mt19937 rng(9);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  for (std::int64_t s = 0; s < prefix + n; ++s)
-    for (std::int64_t i = 0; i < kvh * hd; ++i) kv.k_row(0, seq, s)[i] = d(rng), kv.v_row(0, seq, s)[i] = d(rng);
-  std::vector<float> q(static_cast<std::size_t>(n * heads * hd));
-  for (auto& v : q) v = d(rng);
+  RandomAttention a(heads, kvh, hd, page, 64, prefix + n, n, 9);
+  auto& kv = a.kv;
+  auto& seq = a.seq;
+  const std::vector<float>& q = a.q;
   std::vector<float> causal(q.size()), chain(q.size()), tree(q.size());
   attention_cpu(q.data(), n, heads, kvh, hd, kv.view(0, seq), prefix, nullptr, 0.25f, causal.data());
   const std::vector<std::uint64_t> chain_mask = {0b1, 0b11, 0b111, 0b1111};
@@ -358,16 +370,11 @@ TEST_CASE("exp_approx: the AVX2 twin is bit-identical, within 3e-7 of exp, edges
 
 TEST_CASE("attention: each query of a causal or tree-masked batch equals that query alone (grouped or per-head order)") {
   const std::int64_t heads = 9, kvh = 3, hd = 64, page = 16, prefix = 37, n = 6;
-  specactor::model::KvCache kv(1, kvh, hd, page, 128);
-  specactor::model::KvCache::Seq seq;
-  kv.reserve(seq, prefix + n);
-  seq.length = prefix + n;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  for (std::int64_t s = 0; s < prefix + n; ++s)
-    for (std::int64_t i = 0; i < kvh * hd; ++i) kv.k_row(0, seq, s)[i] = d(rng), kv.v_row(0, seq, s)[i] = d(rng);
-  std::vector<float> q(static_cast<std::size_t>(n * heads * hd)), batch(q.size()), one(static_cast<std::size_t>(heads * hd));
-  for (auto& v : q) v = d(rng);
+  RandomAttention a(heads, kvh, hd, page, 128, prefix + n, n, 11);
+  auto& kv = a.kv;
+  auto& seq = a.seq;
+  const std::vector<float>& q = a.q;
+  std::vector<float> batch(q.size()), one(static_cast<std::size_t>(heads * hd));
   attention_cpu(q.data(), n, heads, kvh, hd, kv.view(0, seq), prefix, nullptr, 0.125f, batch.data());
   for (std::int64_t i = 0; i < n; ++i) {
     attention_cpu(q.data() + i * heads * hd, 1, heads, kvh, hd, kv.view(0, seq), prefix + i, nullptr, 0.125f,
