@@ -322,8 +322,12 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
                     sizeof(float) * static_cast<std::size_t>(KD));
       }
       const k::PagedKvView view = kv.view(l, *s.kv);
-      attn_jobs_.push_back({q_.data() + r0 * QD, n, {view, 0, old_len[b]}, {view, old_len[b], n},
-                            s.mask.empty() ? nullptr : s.mask.data(), att_.data() + r0 * QD});
+      attn_jobs_.push_back({q_.data() + r0 * QD,
+                            n,
+                            {view, 0, old_len[b]},
+                            {view, old_len[b], n},
+                            s.mask.empty() ? nullptr : s.mask.data(),
+                            att_.data() + r0 * QD});
       r0 += n;
     }
     // Every sequence's attention in one pass of the pool.

@@ -368,7 +368,8 @@ TEST_CASE("exp_approx: the AVX2 twin is bit-identical, within 3e-7 of exp, edges
   CHECK(worst < 3e-7);
 }
 
-TEST_CASE("attention: each query of a causal or tree-masked batch equals that query alone (grouped or per-head order)") {
+TEST_CASE(
+    "attention: each query of a causal or tree-masked batch equals that query alone (grouped or per-head order)") {
   const std::int64_t heads = 9, kvh = 3, hd = 64, page = 16, prefix = 37, n = 6;
   RandomAttention a(heads, kvh, hd, page, 128, prefix + n, n, 11);
   auto& kv = a.kv;

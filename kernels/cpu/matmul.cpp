@@ -533,7 +533,8 @@ void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) 
 
 void weight_row(const WeightMatrix& w, std::int64_t r, float* out) {
   if (!w.packed) {
-    dequantize_row(w.type, w.data + static_cast<std::size_t>(r) * w.row_stride, out, static_cast<std::size_t>(w.in_dim));
+    dequantize_row(w.type, w.data + static_cast<std::size_t>(r) * w.row_stride, out,
+                   static_cast<std::size_t>(w.in_dim));
     return;
   }
   // The ggml blocks gathered out of the row's panel, dequantized by the reference.

@@ -137,7 +137,8 @@ SPECACTOR_OPS_AVX2 void axpy_avx2(float* o, float p, const float* v, std::int64_
 
 // exp_approx (see ops.hpp) over 8 lanes: the scalar operations, lane by lane.
 SPECACTOR_OPS_AVX2 __m256 exp_approx_avx2(__m256 x) {
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kExpLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kExpLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(kExpLn2Hi), x);
   r = _mm256_fmadd_ps(n, _mm256_set1_ps(kExpLn2Lo), r);
   __m256 p = _mm256_set1_ps(kExpP[0]);
@@ -410,6 +411,11 @@ SPECACTOR_OPS_AVX2 void attention_run(const AttentionJob& job, std::int64_t n_he
       std::memcpy(job.out + ((ia + r) * n_heads + h0 + h) * D, w.acc.data() + (r * H + h) * D, sizeof(float) * D);
 }
 
+using RunFn = void (*)(const AttentionJob&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float,
+                       RunScratch&);
+constexpr RunFn kRuns[8] = {&attention_run<1>, &attention_run<2>, &attention_run<3>, &attention_run<4>,
+                            &attention_run<5>, &attention_run<6>, &attention_run<7>, &attention_run<8>};
+
 // The one-query loop that defines the arithmetic (any head_dim; AVX2 or scalar twins).
 void attention_one(const AttentionJob& job, std::int64_t n_heads, std::int64_t group, std::int64_t head_dim,
                    std::int64_t h, std::int64_t i, float scale, bool simd, RunScratch& w) {
@@ -438,8 +444,9 @@ void attention_one(const AttentionJob& job, std::int64_t n_heads, std::int64_t g
   std::int64_t c = 0;
   if (simd)
     for (; c + 8 <= n; c += 8) dot_fma_1x8_avx2(qv, w.krow.data() + c, head_dim, sc + c);
-  for (; c < n; ++c) sc[c] = simd ? dot_fma_avx2(qv, w.krow[static_cast<std::size_t>(c)], head_dim)
-                                  : dot_fma(qv, w.krow[static_cast<std::size_t>(c)], head_dim);
+  for (; c < n; ++c)
+    sc[c] = simd ? dot_fma_avx2(qv, w.krow[static_cast<std::size_t>(c)], head_dim)
+                 : dot_fma(qv, w.krow[static_cast<std::size_t>(c)], head_dim);
   for (std::int64_t t = 0; t < n; ++t) sc[t] = sc[t] * scale;
   if (simd)
     softmax_scores_avx2(sc, n);
@@ -492,16 +499,7 @@ void attention_many_cpu(const AttentionJob* jobs, int n_jobs, std::int64_t n_hea
         const std::int64_t hg = t / job.n_q, ia = t % job.n_q;
         const std::int64_t ib = std::min({job.n_q, ia + (hi - t), ia + kRunRows});
         if (runs) {
-          switch (hp) {
-            case 1: attention_run<1>(job, n_heads, group, hg, ia, ib, scale, w); break;
-            case 2: attention_run<2>(job, n_heads, group, hg * 2, ia, ib, scale, w); break;
-            case 3: attention_run<3>(job, n_heads, group, hg * 3, ia, ib, scale, w); break;
-            case 4: attention_run<4>(job, n_heads, group, hg * 4, ia, ib, scale, w); break;
-            case 5: attention_run<5>(job, n_heads, group, hg * 5, ia, ib, scale, w); break;
-            case 6: attention_run<6>(job, n_heads, group, hg * 6, ia, ib, scale, w); break;
-            case 7: attention_run<7>(job, n_heads, group, hg * 7, ia, ib, scale, w); break;
-            default: attention_run<8>(job, n_heads, group, hg * 8, ia, ib, scale, w); break;
-          }
+          kRuns[hp - 1](job, n_heads, group, hg * hp, ia, ib, scale, w);
         } else {
           for (std::int64_t i = ia; i < ib; ++i) attention_one(job, n_heads, group, head_dim, hg, i, scale, simd, w);
         }

@@ -99,7 +99,8 @@ inline const std::uint8_t* split_row(const WeightMatrix& w, std::int64_t o, std:
 inline const std::uint8_t* split_rows(const WeightMatrix& w, std::vector<std::uint8_t>& storage) {
   if (!w.packed) return w.data;
   storage.resize(static_cast<std::size_t>(w.out_dim) * w.row_stride);
-  for (std::int64_t o = 0; o < w.out_dim; ++o) split_row(w, o, storage.data() + static_cast<std::size_t>(o) * w.row_stride);
+  for (std::int64_t o = 0; o < w.out_dim; ++o)
+    split_row(w, o, storage.data() + static_cast<std::size_t>(o) * w.row_stride);
   return storage.data();
 }
 

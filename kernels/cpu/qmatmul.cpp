@@ -371,7 +371,8 @@ void panel_range(QPath path, const WeightMatrix& w, std::int64_t pb, std::int64_
   const std::int64_t nc = w.in_dim / 32;
   const auto pbytes = static_cast<std::size_t>(nc * packed::panel_chunk_bytes(T));
   const std::uint8_t* end = packed::panel_chunk(w, pe, 0);
-  if (path != QPath::Scalar) prefetch_range(packed::panel_chunk(w, pb, 0), std::min(end, packed::panel_chunk(w, pb, 0) + kPrefetchAhead));
+  if (path != QPath::Scalar)
+    prefetch_range(packed::panel_chunk(w, pb, 0), std::min(end, packed::panel_chunk(w, pb, 0) + kPrefetchAhead));
   for (std::int64_t p = pb; p < pe; ++p) {
     const std::uint8_t* pan = packed::panel_chunk(w, p, 0);
     const std::int64_t o0 = p * packed::kPanel;
