@@ -34,6 +34,7 @@ namespace {
 using Self = scheduler_actor::stateful_pointer<SchedulerState>;
 
 void tick(Self self);
+void fail_target(Self self, const std::string& error, caf::error reason);
 
 void run_step(Self self, sched::StepPlan plan) {
   auto& st = self->state;
@@ -55,6 +56,12 @@ void run_step(Self self, sched::StepPlan plan) {
             const std::string msg = "target step failed: " + self->system().render(err);
             spdlog::error("{}", msg);
             p.step_failed(plan, msg);
+            // A step bounced off a stopped target worker: the worker is gone, whether or not its down
+            // message has arrived yet (that message only refines the reason, below).
+            const bool receiver_down = err.category() == caf::atom("system") &&
+                                       err.code() == static_cast<std::uint8_t>(caf::sec::request_receiver_down);
+            if (receiver_down && p.target_error().empty())
+              fail_target(self, "target worker failed: " + self->system().render(err), err);
             tick(self);
           });
 }
@@ -208,6 +215,10 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
       if (dm.reason == caf::exit_reason::user_shutdown || dm.reason == caf::exit_reason::normal) return;
       const std::string error = "target worker failed: " + self->system().render(dm.reason);
       spdlog::error("{}", error);
+      if (!s.policy->target_error().empty()) {  // already failed by a bounced step: report the real reason
+        s.policy->metrics().target_error = error;
+        return;
+      }
       fail_target(self, error, internal_error(error));
     }
   });
