@@ -298,6 +298,26 @@ void softmax_cpu(float* x, std::int64_t n) {
 
 namespace {
 
+// The slots m of a segment (in order) for which keep(m) holds, as row pointers at column `col` of
+// their K and V pages, appended to krow/vrow from index n; calls mark(m, index) for each. Pages are walked,
+// not divided into. Returns the new n.
+template <class Keep, class Mark>
+std::int64_t list_slots(const KvSegment& seg, std::int64_t col, Keep&& keep, Mark&& mark, const float** krow,
+                        const float** vrow, std::int64_t n) {
+  const PagedKvView& v = seg.view;
+  std::int64_t page = seg.first / v.page_size, off = seg.first % v.page_size;
+  for (std::int64_t m = 0; m < seg.count; ++m) {
+    if (keep(m)) {
+      const std::int64_t at = v.pages[page] * v.page_stride + off * v.row + col;
+      krow[n] = v.k + at;
+      vrow[n] = v.v + at;
+      mark(m, n++);
+    }
+    if (++off == v.page_size) off = 0, ++page;
+  }
+  return n;
+}
+
 // The thread-local buffers of attention_run.
 struct RunScratch {
   std::vector<const float*> krow, vrow;
@@ -330,23 +350,17 @@ SPECACTOR_OPS_AVX2 void attention_run(const AttentionJob& job, std::int64_t n_he
   w.vrow.resize(static_cast<std::size_t>(cap));
   w.slot.resize(static_cast<std::size_t>(cap));
   std::int64_t n = 0;
-  auto walk = [&](const KvSegment& seg, bool masked_seg) {
-    const PagedKvView& v = seg.view;
-    std::int64_t page = seg.first / v.page_size, off = seg.first % v.page_size;
-    for (std::int64_t m = 0; m < seg.count; ++m) {
-      bool any = !masked_seg;
-      for (std::int64_t i = ia; i < ib && !any; ++i) any = visible(i, m);
-      if (any) {
-        const std::int64_t at = v.pages[page] * v.page_stride + off * v.row + kvh * D;
-        w.krow[static_cast<std::size_t>(n)] = v.k + at;
-        w.vrow[static_cast<std::size_t>(n)] = v.v + at;
-        w.slot[static_cast<std::size_t>(n++)] = masked_seg ? m : -1;
-      }
-      if (++off == v.page_size) off = 0, ++page;
-    }
+  auto any_row = [&](std::int64_t m) {
+    for (std::int64_t i = ia; i < ib; ++i)
+      if (visible(i, m)) return true;
+    return false;
   };
-  walk(job.prefix, false);
-  walk(job.masked, true);
+  n = list_slots(
+      job.prefix, kvh * D, [](std::int64_t) { return true; },
+      [&](std::int64_t, std::int64_t u) { w.slot[static_cast<std::size_t>(u)] = -1; }, w.krow.data(), w.vrow.data(), n);
+  n = list_slots(
+      job.masked, kvh * D, any_row, [&](std::int64_t m, std::int64_t u) { w.slot[static_cast<std::size_t>(u)] = m; },
+      w.krow.data(), w.vrow.data(), n);
   w.vis.resize(static_cast<std::size_t>(R * n));
   w.nvis.resize(static_cast<std::size_t>(R));
   for (std::int64_t r = 0; r < R; ++r) {
@@ -424,21 +438,13 @@ void attention_one(const AttentionJob& job, std::int64_t n_heads, std::int64_t g
   w.krow.resize(static_cast<std::size_t>(cap));
   w.vrow.resize(static_cast<std::size_t>(cap));
   w.s.resize(static_cast<std::size_t>(cap + 8));
-  std::int64_t n = 0;
-  auto walk = [&](const KvSegment& seg, auto&& vis) {
-    const PagedKvView& v = seg.view;
-    std::int64_t page = seg.first / v.page_size, off = seg.first % v.page_size;
-    for (std::int64_t m = 0; m < seg.count; ++m) {
-      if (vis(m)) {
-        const std::int64_t at = v.pages[page] * v.page_stride + off * v.row + kvh * head_dim;
-        w.krow[static_cast<std::size_t>(n)] = v.k + at;
-        w.vrow[static_cast<std::size_t>(n++)] = v.v + at;
-      }
-      if (++off == v.page_size) off = 0, ++page;
-    }
-  };
-  walk(job.prefix, [](std::int64_t) { return true; });
-  walk(job.masked, [&](std::int64_t m) { return job.mask ? ((job.mask[i] >> m) & 1u) != 0 : m <= i + lag; });
+  auto none = [](std::int64_t, std::int64_t) {};
+  std::int64_t n = list_slots(
+      job.prefix, kvh * head_dim, [](std::int64_t) { return true; }, none, w.krow.data(), w.vrow.data(), 0);
+  n = list_slots(
+      job.masked, kvh * head_dim,
+      [&](std::int64_t m) { return job.mask ? ((job.mask[i] >> m) & 1u) != 0 : m <= i + lag; }, none, w.krow.data(),
+      w.vrow.data(), n);
   const float* qv = job.q + (i * n_heads + h) * head_dim;
   float* sc = w.s.data();
   std::int64_t c = 0;
