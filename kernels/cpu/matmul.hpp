@@ -21,12 +21,12 @@ struct WeightMatrix {
   std::int64_t in_dim = 0;   // elements per row (input features)
   const std::uint8_t* data = nullptr;
   std::size_t row_stride = 0;  // bytes between rows (= row_bytes(type, in_dim))
-  bool packed = false;         // Q8_0/Q4_0/Q4_1 rows in the packed layout (see pack_matrix)
+  bool packed = false;         // Q8_0/Q4_0/Q4_1 in 8-row panels (see pack_matrix, packed.hpp)
 };
 
-// Q8_0, Q4_0 and Q4_1 rows are repacked (same size: scales first, then quants) so SIMD loops need
-// no gathers; matmul() requires it. Other types are returned as they are. `storage` receives the
-// packed bytes and must outlive the returned view.
+// Q8_0, Q4_0 and Q4_1 matrices are repacked into panels of 8 rows (kernels/cpu/packed.hpp; the same
+// bytes, the last panel zero padded) for the integer kernels; matmul() requires it. Other types are
+// returned as they are. `storage` receives the packed bytes and must outlive the returned view.
 WeightMatrix pack_matrix(const WeightMatrix& src, std::vector<std::uint8_t>& storage);
 
 enum class CpuPath { Scalar, Avx2, Avx512 };

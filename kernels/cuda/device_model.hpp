@@ -21,8 +21,9 @@
 
 namespace specactor::kernels::cuda {
 
-// Weight matrices come as the CPU side holds them (kernels/cpu/matmul.hpp: ggml type codes, Q8_0/
-// Q4_0/Q4_1 rows packed as [d[nc]] [m[nc] (Q4_1)] [quants]) and are uploaded byte for byte.
+// Weight matrices come as the CPU side holds them (kernels/cpu/matmul.hpp: ggml type codes; Q8_0/
+// Q4_0/Q4_1 in 8-row panels, which the upload copies back to rows [d[nc]] [m[nc] (Q4_1)] [quants],
+// kernels/cpu/packed.hpp: split_rows); other types are uploaded byte for byte.
 // Whether the CUDA kernels compute this matrix: F32, F16, BF16, and packed Q8_0/Q4_0/Q4_1.
 bool computable_on_device(const WeightMatrix& w);
 
