@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/packed.hpp"
 #include "kernels/cpu/quant.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/kv_cache.hpp"
@@ -167,6 +168,43 @@ std::vector<double> quantized_activations(const std::vector<float>& x) {
     for (std::size_t j = 0; j < 32; ++j) out[b + j] = static_cast<double>(d) * std::nearbyint(x[b + j] * id);
   }
   return out;
+}
+
+TEST_CASE("packed panels: every row comes back out as the file's blocks and as the split row layout") {
+  // split_rows() is what the CUDA upload sends; weight_row() what embeddings and heads read.
+  for (WeightType t : {WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1})
+    for (const std::int64_t out : {8, 37})
+      for (const std::int64_t in : {64, 256}) {
+        CAPTURE(static_cast<int>(t));
+        CAPTURE(out);
+        CAPTURE(in);
+        const std::size_t rb = row_bytes(t, static_cast<std::size_t>(in));
+        const auto bytes = random_weights(t, out, in, 41 + static_cast<std::uint32_t>(out + in));
+        std::vector<std::uint8_t> packed, split;
+        const WeightMatrix w = pack_matrix({t, out, in, bytes.data(), rb}, packed);
+        REQUIRE(w.packed);
+        CHECK(packed.size() == static_cast<std::size_t>((out + 7) / 8 * 8) * rb);  // the last panel padded
+        const std::uint8_t* rows = specactor::kernels::packed::split_rows(w, split);
+        const std::int64_t nc = in / 32;
+        const int sa = t == WeightType::Q4_1 ? 2 : 1, qb = t == WeightType::Q8_0 ? 32 : 16;
+        const std::size_t bb = block_bytes(t);
+        bool same = true;
+        std::vector<float> a(static_cast<std::size_t>(in)), b(a.size());
+        for (std::int64_t o = 0; o < out; ++o) {
+          const std::uint8_t* g = bytes.data() + static_cast<std::size_t>(o) * rb;  // ggml blocks
+          const std::uint8_t* r = rows + static_cast<std::size_t>(o) * rb;          // [d × nc][m × nc][quants]
+          for (std::int64_t c = 0; c < nc; ++c) {
+            same = same && std::memcmp(r + 2 * c, g + c * bb, 2) == 0;
+            if (sa == 2) same = same && std::memcmp(r + 2 * nc + 2 * c, g + c * bb + 2, 2) == 0;
+            same =
+                same && std::memcmp(r + 2 * sa * nc + c * qb, g + c * bb + 2 * sa, static_cast<std::size_t>(qb)) == 0;
+          }
+          weight_row(w, o, a.data());
+          dequantize_row(t, g, b.data(), b.size());
+          same = same && a == b;
+        }
+        CHECK(same);
+      }
 }
 
 const WeightType kIntegerTypes[] = {WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1, WeightType::Q4_K,
