@@ -151,6 +151,12 @@ SPECACTOR_OPS_AVX2 __m256 exp_approx_avx2(__m256 x) {
   return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
+// The softmax's sum of its 8 lanes: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)).
+inline float lane_sum(const float* lane) {
+  const float t0 = lane[0] + lane[4], t1 = lane[1] + lane[5], t2 = lane[2] + lane[6], t3 = lane[3] + lane[7];
+  return (t0 + t2) + (t1 + t3);
+}
+
 // The softmax of attention over n scores (in place): exp_approx(s − max), the 8-lane sum, × 1/sum.
 void softmax_scores(float* s, std::int64_t n) {
   float mx = -INFINITY;
@@ -160,8 +166,7 @@ void softmax_scores(float* s, std::int64_t n) {
     s[c] = exp_approx(s[c] - mx);
     lane[c % 8] = lane[c % 8] + s[c];
   }
-  const float t0 = lane[0] + lane[4], t1 = lane[1] + lane[5], t2 = lane[2] + lane[6], t3 = lane[3] + lane[7];
-  const float inv = 1.0f / ((t0 + t2) + (t1 + t3));
+  const float inv = 1.0f / lane_sum(lane);
   for (std::int64_t c = 0; c < n; ++c) s[c] = s[c] * inv;
 }
 
@@ -187,8 +192,7 @@ SPECACTOR_OPS_AVX2 void softmax_scores_avx2(float* s, std::int64_t n) {
     s[c] = exp_approx(s[c] - mx);
     lane[c % 8] = lane[c % 8] + s[c];
   }
-  const float t0 = lane[0] + lane[4], t1 = lane[1] + lane[5], t2 = lane[2] + lane[6], t3 = lane[3] + lane[7];
-  const __m256 inv = _mm256_set1_ps(1.0f / ((t0 + t2) + (t1 + t3)));
+  const __m256 inv = _mm256_set1_ps(1.0f / lane_sum(lane));
   std::int64_t c = 0;
   for (; c < n8; c += 8) _mm256_storeu_ps(s + c, _mm256_mul_ps(_mm256_loadu_ps(s + c), inv));
   for (; c < n; ++c) s[c] = s[c] * _mm256_cvtss_f32(inv);

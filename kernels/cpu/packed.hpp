@@ -47,19 +47,26 @@ inline std::uint16_t load_u16(const std::uint8_t* p) {
   return v;
 }
 
-// Row o of a packed matrix as ggml blocks (the file's layout), into dst (row_stride bytes).
-inline void ggml_row(const WeightMatrix& w, std::int64_t o, std::uint8_t* dst) {
+// Row o of a packed matrix gathered out of its panel: chunk c's d (f16) to d + c·step, its m (Q4_1)
+// to m + c·step, its quant bytes to q + c·qstep.
+inline void gather_row(const WeightMatrix& w, std::int64_t o, std::uint8_t* d, std::uint8_t* m, std::int64_t step,
+                       std::uint8_t* q, std::int64_t qstep) {
   const std::int64_t nc = w.in_dim / 32, p = o / kPanel;
-  const int r = static_cast<int>(o % kPanel), qb = quant_bytes(w.type), sa = scale_arrays(w.type);
-  const std::int64_t bb = 2 * sa + qb;
+  const int r = static_cast<int>(o % kPanel), qb = quant_bytes(w.type);
   for (std::int64_t c = 0; c < nc; ++c) {
     const std::uint8_t* src = panel_chunk(w, p, c);
-    std::uint8_t* b = dst + c * bb;
-    std::memcpy(b, src + 2 * r, 2);
-    if (sa == 2) std::memcpy(b + 2, src + 16 + 2 * r, 2);
-    const std::uint8_t* q = src + scale_bytes(w.type);
-    for (int i = 0; i < qb; ++i) b[2 * sa + i] = q[panel_quant_offset(i, r)];
+    std::memcpy(d + c * step, src + 2 * r, 2);
+    if (w.type == WeightType::Q4_1) std::memcpy(m + c * step, src + 16 + 2 * r, 2);
+    const std::uint8_t* qs = src + scale_bytes(w.type);
+    for (int i = 0; i < qb; ++i) q[c * qstep + i] = qs[panel_quant_offset(i, r)];
   }
+}
+
+// Row o of a packed matrix as ggml blocks (the file's layout), into dst (row_stride bytes).
+inline void ggml_row(const WeightMatrix& w, std::int64_t o, std::uint8_t* dst) {
+  const int sa = scale_arrays(w.type);
+  const std::int64_t bb = 2 * sa + quant_bytes(w.type);
+  gather_row(w, o, dst, dst + 2, bb, dst + 2 * sa, bb);
 }
 
 // A row of nc 32-element chunks split into arrays (the exact precision's kernels read this):
@@ -78,19 +85,8 @@ inline PackedRow packed_row(WeightType t, const std::uint8_t* row, std::int64_t 
 }
 // Row o of a packed matrix in that split layout, into buf (row_stride bytes); returns buf.
 inline const std::uint8_t* split_row(const WeightMatrix& w, std::int64_t o, std::uint8_t* buf) {
-  const std::int64_t nc = w.in_dim / 32, p = o / kPanel;
-  const int r = static_cast<int>(o % kPanel), qb = quant_bytes(w.type);
-  const PackedRow pr = packed_row(w.type, buf, nc);
-  auto* d = const_cast<std::uint8_t*>(pr.d);
-  auto* m = const_cast<std::uint8_t*>(pr.m);
-  auto* qs = const_cast<std::uint8_t*>(pr.qs);
-  for (std::int64_t c = 0; c < nc; ++c) {
-    const std::uint8_t* src = panel_chunk(w, p, c);
-    std::memcpy(d + 2 * c, src + 2 * r, 2);
-    if (w.type == WeightType::Q4_1) std::memcpy(m + 2 * c, src + 16 + 2 * r, 2);
-    const std::uint8_t* q = src + scale_bytes(w.type);
-    for (int i = 0; i < qb; ++i) qs[c * qb + i] = q[panel_quant_offset(i, r)];
-  }
+  const std::int64_t nc = w.in_dim / 32;
+  gather_row(w, o, buf, buf + 2 * nc, 2, buf + 2 * nc * scale_arrays(w.type), quant_bytes(w.type));
   return buf;
 }
 
