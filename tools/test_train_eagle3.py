@@ -35,6 +35,43 @@ def check(cond, what):
     print(f"ok: {what}", flush=True)
 
 
+def check_split():
+    """The held-out split depends on each sample alone: extending or reordering the data keeps every
+    old sample on its side, and the share is about the one asked for."""
+    import numpy as np
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from train_eagle3 import held_out_split
+
+    class Fake:
+        def __init__(self, samples):
+            self.tokens = np.concatenate(samples).astype(np.int32)
+            self.offsets = np.cumsum([0] + [len(x) for x in samples])
+
+        def __len__(self):
+            return len(self.offsets) - 1
+
+        def sample(self, i):
+            return self.offsets[i], self.offsets[i + 1]
+
+    rng = np.random.default_rng(3)
+    samples = [rng.integers(0, 1000, rng.integers(5, 40)) for _ in range(3000)]
+    key = lambda x: tuple(x.tolist())
+    ev, tr = held_out_split(Fake(samples[:1800]), 0.05)
+    check(sorted(ev + tr) == list(range(1800)) and 0.03 < len(ev) / 1800 < 0.07,
+          f"held-out split covers every sample once, {len(ev)} of 1800 held out")
+    held = {key(samples[i]) for i in ev}
+    ev2, _ = held_out_split(Fake(samples), 0.05)
+    check({key(samples[i]) for i in ev2 if i < 1800} == held, "extended data keeps the old samples' held-out side")
+    order = rng.permutation(3000)
+    ev3, _ = held_out_split(Fake([samples[i] for i in order]), 0.05)
+    check({key(samples[order[i]]) for i in ev3} == {key(samples[i]) for i in ev2},
+          "reordered data keeps every sample's side")
+    ev4, _ = held_out_split(Fake(samples[:1800]), 0.05, seed=1)
+    check({key(samples[i]) for i in ev4} != held, "another --seed draws another split")
+    check(held_out_split(Fake(samples[:2]), 0.9)[1] != [] and held_out_split(Fake(samples[:2]), 0.01)[0] != [],
+          "two samples: one on each side whatever the share")
+
+
 def check_chain_metric():
     """train_eagle3.chain_accepted (vectorised) against a plain walk over every pair, on random data."""
     import numpy as np
@@ -73,6 +110,7 @@ def check_chain_metric():
 
 def main():
     build, model = sys.argv[1], sys.argv[2]
+    check_split()
     check_chain_metric()
     spec = os.path.join(build, "specactor")
     tmp = tempfile.mkdtemp(prefix="specactor-train-")

@@ -155,6 +155,28 @@ def select_vocab(ds, size, fixed=None):
     return ids.astype(np.int32), d2t, t2d, covered
 
 
+def held_out_split(ds, share, seed=0):
+    """(held-out indices, training indices). A sample is held out when a hash of its tokens (and the
+    seed) falls below `share`: membership depends on the sample alone, so data extended later (or
+    reordered) keeps every old sample on its side and a resumed checkpoint never sees held-out text.
+    Identical samples land together. At least one sample is held out when share > 0 and n > 1."""
+    import hashlib
+    n = len(ds)
+    if share <= 0 or n < 2:
+        return [], list(range(n))
+    keys = np.empty(n)
+    for i in range(n):
+        a, b = ds.sample(i)
+        h = hashlib.blake2b(ds.tokens[a:b].astype("<i4").tobytes(), digest_size=8, key=str(seed).encode())
+        keys[i] = int.from_bytes(h.digest(), "little") / 2.0 ** 64
+    held = keys < share
+    if not held.any():
+        held[int(np.argmin(keys))] = True
+    if held.all():
+        held[int(np.argmax(keys))] = False
+    return np.flatnonzero(held).tolist(), np.flatnonzero(~held).tolist()
+
+
 def batches(ds, indices, budget, rng, buckets):
     """Groups samples of similar length into (B, T) batches of about `budget` tokens."""
     lens = np.array([ds.offsets[i + 1] - ds.offsets[i] for i in indices])
@@ -456,7 +478,8 @@ def main():
     ap.add_argument("--batch-tokens", type=int, default=1024,
                     help="tokens per optimizer step (small batches: more updates for the same compute)")
     ap.add_argument("--max-len", type=int, default=384, help="longer samples are cut to this many tokens")
-    ap.add_argument("--eval-share", type=float, default=0.05)
+    ap.add_argument("--eval-share", type=float, default=0.05,
+                    help="share of samples held out, chosen by a hash of each sample (stable when data grows)")
     ap.add_argument("--max-samples", type=int, default=0, help="use only the first N samples (0 = all)")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after N optimizer steps (0 = the epochs)")
     ap.add_argument("--seed", type=int, default=0)
@@ -496,10 +519,7 @@ def main():
            "rope_theta": m["rope_theta"], "Vd": len(ids)}
     cfg["QD"], cfg["KD"] = cfg["nh"] * cfg["hd"], cfg["nkv"] * cfg["hd"]
     n = len(ds)
-    rng = np.random.default_rng(a.seed)
-    perm = rng.permutation(n)
-    n_eval = int(round(n * a.eval_share)) if n > 1 and a.eval_share > 0 else 0
-    eval_idx, train_idx = sorted(perm[:n_eval].tolist()), sorted(perm[n_eval:].tolist())
+    eval_idx, train_idx = held_out_split(ds, a.eval_share, a.seed)
     buckets = [b for b in (64, 128, 192, 256, 320, 384, 512, 768, 1024) if b < a.max_len] + [a.max_len]
     n_batches = len(batches(ds, train_idx, a.batch_tokens, np.random.default_rng(0), buckets))
     total_steps = max(1, int(math.ceil(n_batches * a.epochs)))
