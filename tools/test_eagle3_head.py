@@ -21,6 +21,8 @@ def main():
     build, model = sys.argv[1], sys.argv[2]
     min_tau = float(sys.argv[3]) if len(sys.argv) > 3 else 2.0
     spec = os.path.join(build, "specactor")
+    if not os.path.isfile(model):
+        sys.exit(f"test_eagle3_head: error: the model {model} is missing (run tools/setup)")
     cfg = subprocess.run([spec, "config", "--model-path", model, "--speculative-algorithm", "EAGLE3"],
                          capture_output=True, text=True)
     if cfg.returncode != 0:
