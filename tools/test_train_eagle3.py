@@ -5,7 +5,8 @@ A 2-block cut of the default model (`specactor shrink`) stands in for the target
   make-data (3 shards; a second run resumes and changes nothing) -> train_eagle3.py for 40 steps
   (the logged loss must fall) -> the export loads in specactor (`inspect --target`) and drafts
   losslessly (`generate` with EAGLE3 equals plain greedy) -> `--resume` on changed data keeps the
-  checkpoint's draft vocabulary; the held-out chain count equals a plain walk over the pairs;
+  checkpoint's draft vocabulary; the held-out chain count equals a plain walk over the pairs; the
+  held-out split depends on each sample alone (data extended or reordered keeps every side);
 and the bad inputs each give one clear error: a missing data folder, a corrupt shard, data made
 from another target, a make-data folder reused with another model.
 
