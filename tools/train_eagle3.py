@@ -20,6 +20,7 @@ token, or whose target argmax is outside the draft vocabulary, are masked.
 Everything is float32 on the CPU (JAX from PyPI, pinned in tools/requirements-train.txt).
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -160,7 +161,6 @@ def held_out_split(ds, share, seed=0):
     seed) falls below `share`: membership depends on the sample alone, so data extended later (or
     reordered) keeps every old sample on its side and a resumed checkpoint never sees held-out text.
     Identical samples land together. At least one sample is held out when share > 0 and n > 1."""
-    import hashlib
     n = len(ds)
     if share <= 0 or n < 2:
         return [], list(range(n))
