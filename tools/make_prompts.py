@@ -145,6 +145,171 @@ PASSAGE_TEMPLATES = [
     "children build things, break them, and explain to each other what they learned.",
 ]
 
+# The second, more varied part (`--part varied`): everyday questions in many phrasings, advice,
+# concepts from computing and science, short poems about scenes, simple facts, letters and plans.
+# A head trained on the first part alone accepted 0.65 of its first drafts on prompts like its
+# training prompts but 0.40-0.46 on the benchmark's: the first part's 28 templates over 85 topics
+# are too narrow a distribution.
+COMPUTING_CONCEPTS = [
+    "a linked list", "recursion", "an API", "a compiler", "a CPU cache", "TCP", "public-key encryption",
+    "version control with git", "a binary tree", "a database index", "a race condition", "garbage collection",
+    "an operating system kernel", "a virtual machine", "DNS", "HTTP", "a REST API", "a neural network",
+    "gradient descent", "overfitting", "a hash function", "big-O notation", "a queue", "a stack",
+    "a mutex", "a thread", "a process", "an interpreter", "unit testing", "a regular expression",
+    "JSON", "a pointer", "a closure", "object-oriented programming", "functional programming",
+    "a sorting algorithm", "a graph", "Dijkstra's algorithm", "a load balancer", "a container",
+    "a firewall", "two-factor authentication", "a spreadsheet formula", "a URL", "bandwidth",
+    "latency", "an SSD", "RAM", "a GPU", "Unicode", "a checksum", "a cookie in a web browser",
+]
+OTHER_CONCEPTS = [
+    "supply and demand", "opportunity cost", "a mortgage", "an index fund", "gravity", "friction",
+    "an atom", "a chemical reaction", "evaporation", "a food chain", "natural selection", "a virus",
+    "a gene", "the greenhouse effect", "an eclipse", "a light year", "momentum", "energy conservation",
+    "a fraction", "a prime number", "probability", "an average", "a percentage", "a right triangle",
+    "the Pythagorean theorem", "a metaphor", "a thesis statement", "the scientific method", "a hypothesis",
+    "a budget", "a credit score", "a contract", "a vaccine trial", "a placebo", "an ecosystem",
+]
+ACTIVITIES = [
+    "staying productive at home", "learning to cook", "saving money", "sleeping better", "starting to run",
+    "writing a good essay", "preparing for an exam", "making new friends", "keeping a plant alive",
+    "reading more books", "learning to play the guitar", "staying calm before a presentation",
+    "organizing a small closet", "planning a trip on a budget", "drinking more water", "waking up early",
+    "learning to code", "taking better notes", "writing a cover letter", "keeping a journal",
+    "reducing screen time", "eating more vegetables", "training a puppy", "painting with watercolors",
+    "studying a foreign language", "working in a team", "giving feedback", "handling stress at work",
+    "cleaning the kitchen quickly", "remembering names", "speaking up in meetings", "moving to a new city",
+    "starting a small business", "riding a bike in traffic", "taking care of a cat", "baking cookies",
+    "keeping a tidy desk", "staying motivated to exercise", "writing clean code", "debugging a program",
+    "learning math as an adult", "choosing a laptop", "packing for a weekend trip", "hosting a dinner party",
+    "making a good first impression", "avoiding procrastination", "studying with friends", "growing tomatoes",
+    "practicing mindfulness", "writing a short story", "staying safe online", "teaching a child to read",
+]
+SCENES = [
+    "the first snow of winter", "a rainy afternoon", "the sea at dawn", "a quiet library", "a city at night",
+    "a mountain lake", "spring flowers", "a cup of hot tea", "an old oak tree", "a thunderstorm",
+    "a summer evening", "the full moon", "a busy train station", "a cat sleeping in the sun", "falling rain",
+    "a lighthouse", "a desert at noon", "a forest path", "a birthday party", "the smell of fresh bread",
+    "a frozen pond", "a garden in summer", "the last day of school", "a long road trip", "morning fog",
+    "a river in spring", "the stars over a campfire", "a snowman", "a windy beach", "the sound of the ocean",
+]
+STYLES = ["a haiku", "a short poem", "a limerick", "a four-line rhyme", "two sentences of vivid description",
+          "a short story of three sentences", "a riddle"]
+COUNTRIES = [
+    "Japan", "Brazil", "Canada", "Kenya", "Norway", "Italy", "Egypt", "India", "Mexico", "Australia",
+    "Germany", "Spain", "Peru", "Vietnam", "Greece", "Sweden", "Argentina", "Morocco", "Portugal",
+    "Thailand", "Ireland", "Poland", "Chile", "Turkey", "New Zealand", "South Korea", "Ghana", "Austria",
+]
+ANIMALS = ["an octopus", "an elephant", "a penguin", "a honey bee", "a dolphin", "an owl", "a spider",
+           "a giraffe", "a shark", "a bat", "a frog", "a camel", "a kangaroo", "a snail", "a hummingbird"]
+SUFFIXES = ["", "", "", " Keep it short.", " Answer in one or two sentences.", " Be concise.",
+            " Use simple words.", " Use a list.", " Explain your reasoning."]
+CONCEPT_TEMPLATES = [
+    "What is {c}?", "Explain {c} in simple terms.", "Can you explain {c} to someone new to the subject?",
+    "What is {c} and why does it matter?", "Give an everyday analogy for {c}.",
+    "Describe {c} to a beginner, with one example.", "What problem does {c} solve?",
+    "How would a teacher explain {c} in a first lesson?", "I keep hearing about {c}. What is it?",
+    "Explain {c} in three sentences.", "What are the most common mistakes people make with {c}?",
+]
+ACTIVITY_TEMPLATES = [
+    "Give me three tips for {a}.", "Give me five tips for {a}.", "What is the best way to get started with {a}?",
+    "I want to get better at {a}. Where should I begin?", "What are common mistakes when {a}?",
+    "Make a simple one-week plan for {a}.", "Why do people find {a} hard, and what helps?",
+    "Give me two pieces of advice about {a}.", "What habits help with {a}?",
+    "Write a short checklist for {a}.",
+]
+FACT_TEMPLATES = [
+    "What is the capital of {x}?", "What language do people speak in {x}?", "Name a famous landmark in {x}.",
+    "What is {x} known for?", "What currency is used in {x}?", "Tell me one interesting fact about {x}.",
+]
+ANIMAL_TEMPLATES = [
+    "How does {x} find food?", "Where does {x} live?", "Tell me a surprising fact about {x}.",
+    "How long does {x} live?", "Describe {x} in two sentences.",
+]
+WRITING_TASKS = [
+    "Write a short thank-you note to a neighbour who watered my plants.",
+    "Write a polite email asking my manager for a day off next Friday.",
+    "Write a short birthday message for a friend who loves hiking.",
+    "Write a two-sentence apology for arriving late to a meeting.",
+    "Write a short invitation to a picnic in the park on Saturday.",
+    "Write a short message congratulating a colleague on a promotion.",
+    "Write a brief review of a fictional coffee shop.",
+    "Write a short welcome message for new members of a book club.",
+    "Write a motivational sentence for someone starting a new job.",
+    "Write a short note reminding my roommate to take out the trash.",
+    "Write a friendly reply declining an invitation to a party.",
+    "Write a short speech to open a school science fair.",
+    "Write a one-paragraph story about a robot that learns to paint.",
+    "Write a short joke about computers.",
+    "Write a slogan for a bakery.",
+    "Write a short description of a sunny kitchen.",
+    "Suggest three names for a pet goldfish.",
+    "Suggest a simple dinner I can cook in twenty minutes.",
+    "Suggest five fun activities for a rainy weekend.",
+    "Suggest three books for someone who likes science.",
+    "What should I pack for a day at the beach?",
+    "How do I boil an egg?",
+    "How many minutes are there in a day?",
+    "Why is the sky blue?",
+    "Why do leaves change color in the fall?",
+    "How do airplanes stay in the air?",
+    "What causes rainbows?",
+    "Why do we have seasons?",
+    "What is the difference between weather and climate?",
+    "What is the difference between a virus and a bacterium?",
+    "What is the difference between a list and a tuple in Python?",
+    "What is the difference between RAM and storage?",
+    "Is it better to study in the morning or at night?",
+    "How can I tell if an egg is fresh?",
+    "What does a good breakfast look like?",
+    "How do I write a good to-do list?",
+    "What are the planets in our solar system?",
+    "Who invented the telephone?",
+    "How does a refrigerator keep food cold?",
+    "How do I convert kilometers to miles?",
+]
+
+MORE_ACTIVITIES = [
+    "learning to swim", "writing a resume", "negotiating a salary", "running a meeting", "buying a used car",
+    "making coffee at home", "learning to draw", "caring for houseplants in winter", "sticking to a budget",
+    "cooking rice", "planning a wedding on a budget", "studying for a driving test", "getting over jet lag",
+    "learning to touch type", "making a podcast", "shooting better phone photos", "keeping bees",
+    "starting a vegetable garden", "reading faster", "writing a poem", "learning chess openings",
+    "teaching a class for the first time", "volunteering at a shelter", "moving house", "decluttering",
+    "asking for help at work", "preparing for a job interview", "taking a gap year", "hiking safely",
+    "cycling to work", "making bread by hand", "learning a musical instrument as an adult",
+    "getting a good night's sleep before an exam", "keeping in touch with old friends", "meal prepping",
+    "writing documentation for code", "reviewing a pull request", "learning SQL", "setting goals",
+    "working from a cafe", "managing email", "speaking to a large audience",
+]
+PAIRS = [
+    ("a cat", "a dog"), ("tea", "coffee"), ("Python", "JavaScript"), ("a laptop", "a desktop"),
+    ("renting", "buying a home"), ("walking", "running"), ("a lake", "a sea"), ("weather", "climate"),
+    ("a list", "a dictionary"), ("HTTP", "HTTPS"), ("a virus", "a bacterium"), ("a star", "a planet"),
+    ("a crocodile", "an alligator"), ("baking soda", "baking powder"), ("a debit card", "a credit card"),
+    ("a comet", "an asteroid"), ("speed", "velocity"), ("mass", "weight"), ("a compiler", "an interpreter"),
+    ("RAM", "a hard disk"), ("a process", "a thread"), ("an ocean", "a sea"), ("fruit", "vegetables"),
+    ("stocks", "bonds"), ("a poem", "a song"), ("a novel", "a short story"), ("TCP", "UDP"),
+    ("git merge", "git rebase"), ("a monkey", "an ape"), ("a butterfly", "a moth"), ("summer", "winter"),
+]
+PAIR_TEMPLATES = [
+    "What is the difference between {x} and {y}?", "Compare {x} and {y} in a few sentences.",
+    "Which is better for a beginner, {x} or {y}?", "Give one similarity and one difference between {x} and {y}.",
+]
+THINGS = ["fruits", "vegetables", "musical instruments", "board games", "programming languages", "rivers in Europe",
+          "famous painters", "sports played with a ball", "animals that live in the ocean", "breakfast foods",
+          "ways to save energy at home", "kinds of clouds", "renewable energy sources", "kitchen tools",
+          "birds", "planets", "healthy snacks", "jobs that work outdoors", "things to do in a park",
+          "reasons to learn history", "uses of a smartphone", "inventions of the 20th century",
+          "classic novels", "types of bridges", "ways to reduce waste", "desserts", "team sports", "spices"]
+THING_TEMPLATES = ["Name five {x}.", "List three {x} and say one thing about each.", "What are some {x}?",
+                   "Give me a list of {x}."]
+CHAT_EXTRA_TEMPLATES = [
+    "Tell me about {t}.", "What is {t}? Answer in a short paragraph.", "Why do people care about {t}?",
+    "Give me a simple explanation of {t}.", "What is the most important thing to know about {t}?",
+    "Write a short introduction to {t} for a school newsletter.", "How has {t} changed over time?",
+    "What are two myths about {t}?", "Explain {t} like I am a beginner.",
+]
+
 
 def readme_paragraphs(root):
     path = os.path.join(root, "README.md")
@@ -186,11 +351,56 @@ def build(root, seed):
     return prompts
 
 
+def build_varied(seed):
+    """The second part: each family's prompts with a random suffix, capped per family for balance."""
+    rng = random.Random(seed + 1000)
+    out = []
+    sfx = lambda: rng.choice(SUFFIXES)
+    for c in COMPUTING_CONCEPTS + OTHER_CONCEPTS:
+        for tpl in rng.sample(CONCEPT_TEMPLATES, 7):
+            out.append(("chat", tpl.format(c=c) + sfx()))
+    for t in TOPICS:  # the first part's topics in new phrasings
+        for tpl in rng.sample(CHAT_EXTRA_TEMPLATES, 5):
+            out.append(("chat", tpl.format(t=t) + sfx()))
+    for x, y in PAIRS:
+        for tpl in rng.sample(PAIR_TEMPLATES, 3):
+            out.append(("chat", tpl.format(x=x, y=y) + sfx()))
+    for x in THINGS:
+        for tpl in rng.sample(THING_TEMPLATES, 3):
+            out.append(("chat", tpl.format(x=x)))
+    for a in ACTIVITIES + MORE_ACTIVITIES:
+        for tpl in rng.sample(ACTIVITY_TEMPLATES, 7):
+            out.append(("chat", tpl.format(a=a) + sfx()))
+    for s in SCENES:
+        for style in rng.sample(STYLES, 6):
+            out.append(("chat", f"Write {style} about {s}."))
+    for x in COUNTRIES:
+        for tpl in rng.sample(FACT_TEMPLATES, 6):
+            out.append(("chat", tpl.format(x=x) + sfx()))
+    for x in ANIMALS:
+        for tpl in rng.sample(ANIMAL_TEMPLATES, 5):
+            out.append(("chat", tpl.format(x=x) + sfx()))
+    for w in WRITING_TASKS:
+        out.append(("chat", w))
+        out.append(("chat", w + rng.choice([" Keep it short.", " Make it cheerful.", " Use simple words."])))
+    for c in COMPUTING_CONCEPTS:
+        out.append(("code", f"Show a short {rng.choice(LANGUAGES)} example of {c}."))
+    for lang in LANGUAGES:
+        for task in rng.sample(CODE_TASKS, 12):
+            out.append(("code", f"Write {task} in {lang}. Keep the code short." if rng.random() < 0.5 else
+                        f"Please write {task} using {lang}, with a usage example."))
+    rng.shuffle(out)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="the JSON-lines file to write")
     ap.add_argument("--count", type=int, default=0, help="keep the first N prompts of the shuffled set (0 = all)")
     ap.add_argument("--seed", type=int, default=1, help="the shuffle's seed (default 1)")
+    ap.add_argument("--part", choices=["all", "base", "varied"], default="all",
+                    help="base: the first set (topics x templates, code, passages); varied: the second, more "
+                         "varied set; all (default): base, then varied")
     args = ap.parse_args()
     if args.count < 0:
         sys.exit("make_prompts: error: --count must be >= 0")
@@ -201,22 +411,26 @@ def main():
         for line in f:
             if line.strip():
                 held_out.add(" ".join(json.loads(line)["prompt"].lower().split()))
-    kept = []
-    for cat, text in build(root, args.seed):
-        norm = " ".join(text.lower().split())
-        if any(h in norm or norm in h for h in held_out):
-            continue
-        kept.append((cat, text))
+    kept = []  # (id, category, text) over base then varied, so a prompt's id is the same in every part
+    seen = set()
+    for part, items in (("base", build(root, args.seed)), ("varied", build_varied(args.seed))):
+        for cat, text in items:
+            norm = " ".join(text.lower().split())
+            if norm in seen or any(h in norm or norm in h for h in held_out):
+                continue  # a repeat (a varied prompt equal to a base one) or a benchmark prompt
+            seen.add(norm)
+            if args.part in ("all", part):
+                kept.append((f"{cat}-{len(seen) - 1:05d}", cat, text))
     if args.count:
         kept = kept[: args.count]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tmp = args.out + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        for i, (cat, text) in enumerate(kept):
-            f.write(json.dumps({"id": f"{cat}-{i:05d}", "category": cat, "prompt": text}) + "\n")
+        for pid, cat, text in kept:
+            f.write(json.dumps({"id": pid, "category": cat, "prompt": text}) + "\n")
     os.replace(tmp, args.out)
     counts = {}
-    for cat, _ in kept:
+    for _, cat, _ in kept:
         counts[cat] = counts.get(cat, 0) + 1
     print(f"make_prompts: {len(kept)} prompts ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}) -> {args.out}")
 

@@ -5,7 +5,8 @@ A 2-block cut of the default model (`specactor shrink`) stands in for the target
   make-data (3 shards; a second run resumes and changes nothing) -> train_eagle3.py for 40 steps
   (the logged loss must fall) -> the export loads in specactor (`inspect --target`) and drafts
   losslessly (`generate` with EAGLE3 equals plain greedy) -> `--resume` on changed data keeps the
-  checkpoint's draft vocabulary; the held-out chain count equals a plain walk over the pairs; the
+  checkpoint's draft vocabulary; two data folders train as one and --init-from fine-tunes from another
+  run's weights; the held-out chain count equals a plain walk over the pairs; the
   held-out split depends on each sample alone (data extended or reordered keeps every side);
 and the bad inputs each give one clear error: a missing data folder, a corrupt shard, data made
 from another target, a make-data folder reused with another model.
@@ -193,6 +194,24 @@ def main():
         check("does not fit --draft-vocab 256" in p.stderr, "a checkpoint whose vocabulary does not fit: " +
               p.stderr.strip())
 
+        # Several data folders train as one; --init-from starts from another run's weights and draft
+        # vocabulary with a fresh optimizer (fine-tuning on new data).
+        check(len(Dataset([data, data])) == 2 * len(Dataset(data)), "two data folders load as one data set")
+        work3, head3 = os.path.join(tmp, "work3"), os.path.join(tmp, "head3")
+        tuned = train[:]
+        for flag, value in (("--work", work3), ("--out", head3), ("--max-steps", "4"), ("--lr", "1e-5")):
+            tuned[tuned.index(flag) + 1] = value
+        tuned[tuned.index("--data") + 1:tuned.index("--data") + 2] = [data, data]
+        p = run(tuned + ["--init-from", os.path.join(work, "checkpoint.npz")])
+        hist3 = [h for h in json.load(open(os.path.join(work3, "history.json"))) if "loss" in h]
+        check("weights from" in p.stdout and hist3[-1]["step"] == 4 and
+              np.array_equal(load_file(os.path.join(head3, "model.safetensors"))["d2t"], d2t_a) and
+              hist3[0]["loss"] < 0.9 * first,
+              f"--init-from on two folders: 4 fresh steps from the trained weights (loss {hist3[0]['loss']:.3f}, "
+              f"a fresh head's {first:.3f}), the same draft vocabulary")
+        p = run(tuned + ["--init-from", os.path.join(tmp, "nothing.npz")], expect=2)
+        check("--init-from" in p.stderr and "not found" in p.stderr, "a missing --init-from: " + p.stderr.strip())
+
         # Bad input: one clear error each.
         p = run(train[:2] + ["--data", os.path.join(tmp, "missing"), "--out", head], expect=2)
         check("manifest.json: not found" in p.stderr, "a missing data folder: " + p.stderr.strip())
@@ -210,6 +229,9 @@ def main():
         json.dump(m, open(os.path.join(mixed, "manifest.json"), "w"))
         p = run(train[:2] + ["--data", mixed, "--out", head], expect=2)
         check("made from another target" in p.stderr, "shards from another target: " + p.stderr.strip())
+        p = run(train[:2] + ["--data", data, mixed, "--out", head], expect=2)
+        check("made from another target or capture layers" in p.stderr,
+              "two data folders of different targets: " + p.stderr.strip())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("train_eagle3_tiny: all checks passed")

@@ -68,54 +68,53 @@ def load_safetensors(path, names=None):
 class Dataset:
     """All shards in memory: concatenated tokens and features, sample offsets."""
 
-    def __init__(self, folder, max_samples=0):
-        mpath = os.path.join(folder, "manifest.json")
-        if not os.path.exists(mpath):
-            raise DataError(f"{mpath}: not found (write the data with `specactor make-data --out {folder}` first)")
-        try:
-            with open(mpath) as f:
-                self.manifest = json.load(f)
-        except (OSError, ValueError) as e:
-            raise DataError(f"{mpath}: not a JSON manifest ({e})")
-        m = self.manifest
-        if m.get("format") != FORMAT:
-            raise DataError(f"{mpath}: format is {m.get('format')!r}, expected {FORMAT!r}")
-        if not m.get("complete"):
-            raise DataError(f"{mpath}: the data is incomplete (rerun the same `specactor make-data` command)")
-        self.model = m["model"]
-        self.aux_layers = m["target"]["aux_layers"]
-        fp = m["target"]["fingerprint"]
-        H = self.model["hidden_size"]
-        tgt, tmeta = load_safetensors(os.path.join(folder, "target.safetensors"), ["embed", "lm_head", "output_norm"])
-        if tgt["embed"].shape != (self.model["vocab_size"], H):
-            raise DataError(f"{folder}/target.safetensors: embed is {tgt['embed'].shape}, the manifest says "
-                            f"({self.model['vocab_size']}, {H}) (a file from another model?)")
-        self.embed = tgt["embed"].astype(np.float32)
-        self.lm_head = tgt["lm_head"].astype(np.float32)
-        self.output_norm = tgt["output_norm"].astype(np.float32)
+    def __init__(self, folders, max_samples=0):
+        if isinstance(folders, str):
+            folders = [folders]
         toks, mask, amax, aux, last, offs = [], [], [], [], [], [0]
         n = 0
-        for sh in m["shards"]:
-            path = os.path.join(folder, sh["file"])
-            t, meta = load_safetensors(path)
-            if meta.get("format") != FORMAT or meta.get("target_fingerprint") != fp:
-                raise DataError(f"{path}: made from another target (fingerprint {meta.get('target_fingerprint')}, "
-                                f"the manifest's {fp}); use one folder per target")
-            if t["aux_hidden"].shape[1] != 3 * H or t["last_hidden"].shape[1] != H:
-                raise DataError(f"{path}: hidden states of width {t['aux_hidden'].shape[1]}/{t['last_hidden'].shape[1]},"
-                                f" expected {3 * H}/{H}")
-            o = t["offsets"]
-            if o[0] != 0 or o[-1] != len(t["tokens"]) or np.any(np.diff(o) <= 0):
-                raise DataError(f"{path}: offsets do not cover the tokens")
-            base = offs[-1]
-            toks.append(t["tokens"]); mask.append(t["loss_mask"]); amax.append(t["target_argmax"])
-            aux.append(t["aux_hidden"]); last.append(t["last_hidden"])
-            offs.extend((base + o[1:]).tolist())
-            n += len(o) - 1
-            if max_samples and n >= max_samples:
-                break
+        self.manifest = None
+        for folder in folders:
+            m = self._manifest(folder)
+            if self.manifest is None:
+                self.manifest, self.model, self.aux_layers = m, m["model"], m["target"]["aux_layers"]
+                H = self.model["hidden_size"]
+                tgt, _ = load_safetensors(os.path.join(folder, "target.safetensors"), ["embed", "lm_head", "output_norm"])
+                if tgt["embed"].shape != (self.model["vocab_size"], H):
+                    raise DataError(f"{folder}/target.safetensors: embed is {tgt['embed'].shape}, the manifest says "
+                                    f"({self.model['vocab_size']}, {H}) (a file from another model?)")
+                self.embed = tgt["embed"].astype(np.float32)
+                self.lm_head = tgt["lm_head"].astype(np.float32)
+                self.output_norm = tgt["output_norm"].astype(np.float32)
+            elif m["target"]["fingerprint"] != self.manifest["target"]["fingerprint"] or \
+                    m["target"]["aux_layers"] != self.aux_layers:
+                raise DataError(f"{folder}: made from another target or capture layers than {folders[0]} (target "
+                                f"{m['target']['fingerprint']} layers {m['target']['aux_layers']} vs "
+                                f"{self.manifest['target']['fingerprint']} layers {self.aux_layers}); "
+                                f"train on one target's data")
+            fp = m["target"]["fingerprint"]
+            H = self.model["hidden_size"]
+            for sh in m["shards"]:
+                if max_samples and n >= max_samples:
+                    break
+                path = os.path.join(folder, sh["file"])
+                t, meta = load_safetensors(path)
+                if meta.get("format") != FORMAT or meta.get("target_fingerprint") != fp:
+                    raise DataError(f"{path}: made from another target (fingerprint {meta.get('target_fingerprint')}, "
+                                    f"the manifest's {fp}); use one folder per target")
+                if t["aux_hidden"].shape[1] != 3 * H or t["last_hidden"].shape[1] != H:
+                    raise DataError(f"{path}: hidden states of width {t['aux_hidden'].shape[1]}/"
+                                    f"{t['last_hidden'].shape[1]}, expected {3 * H}/{H}")
+                o = t["offsets"]
+                if o[0] != 0 or o[-1] != len(t["tokens"]) or np.any(np.diff(o) <= 0):
+                    raise DataError(f"{path}: offsets do not cover the tokens")
+                base = offs[-1]
+                toks.append(t["tokens"]); mask.append(t["loss_mask"]); amax.append(t["target_argmax"])
+                aux.append(t["aux_hidden"]); last.append(t["last_hidden"])
+                offs.extend((base + o[1:]).tolist())
+                n += len(o) - 1
         if n == 0:
-            raise DataError(f"{folder}: no samples")
+            raise DataError(f"{', '.join(folders)}: no samples")
         self.tokens = np.concatenate(toks).astype(np.int32)
         self.loss_mask = np.concatenate(mask).astype(np.uint8)
         self.argmax = np.concatenate(amax).astype(np.int32)
@@ -125,7 +124,24 @@ class Dataset:
         if max_samples:
             self.offsets = self.offsets[: max_samples + 1]
         if np.any(self.tokens < 0) or np.any(self.tokens >= self.model["vocab_size"]):
-            raise DataError(f"{folder}: token ids outside the vocabulary of {self.model['vocab_size']}")
+            raise DataError(f"{', '.join(folders)}: token ids outside the vocabulary of {self.model['vocab_size']}")
+
+    @staticmethod
+    def _manifest(folder):
+        mpath = os.path.join(folder, "manifest.json")
+        if not os.path.exists(mpath):
+            raise DataError(f"{mpath}: not found (write the data with `specactor make-data --out {folder}` first)")
+        try:
+            with open(mpath) as f:
+                m = json.load(f)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{mpath}: not a JSON manifest ({e})")
+        if not isinstance(m, dict) or m.get("format") != FORMAT:
+            raise DataError(f"{mpath}: format is {m.get('format') if isinstance(m, dict) else None!r}, "
+                            f"expected {FORMAT!r}")
+        if not m.get("complete"):
+            raise DataError(f"{mpath}: the data is incomplete (rerun the same `specactor make-data` command)")
+        return m
 
     def __len__(self):
         return len(self.offsets) - 1
@@ -465,7 +481,7 @@ def write_chart(history, path):
 
 def main():
     ap = argparse.ArgumentParser(description="train an EAGLE-3 head on `specactor make-data` output")
-    ap.add_argument("--data", required=True, help="the make-data folder")
+    ap.add_argument("--data", required=True, nargs="+", help="the make-data folder(s), of one target")
     ap.add_argument("--out", required=True, help="the head folder to write (config.json + model.safetensors)")
     ap.add_argument("--work", default="", help="checkpoints and the loss log (default: OUT.work)")
     ap.add_argument("--epochs", type=float, default=4)
@@ -484,6 +500,10 @@ def main():
     ap.add_argument("--max-steps", type=int, default=0, help="stop after N optimizer steps (0 = the epochs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
+    ap.add_argument("--init-from", default="",
+                    help="start from the weights (and draft vocabulary) of another run's checkpoint.npz, with a "
+                         "fresh optimizer and schedule: fine-tuning on new data (a --resume checkpoint in --work "
+                         "wins, so an interrupted run continues)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for XLA (0 = all)")
     ap.add_argument("--log-every", type=int, default=20, help="steps per loss-log entry (default 20)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -508,11 +528,16 @@ def main():
     from tqdm import tqdm
 
     ckpt = os.path.join(work, "checkpoint.npz")
+    resuming = a.resume and os.path.exists(ckpt)
+    init = a.init_from if a.init_from and not resuming else ""
+    if init and not os.path.exists(init):
+        fail(f"--init-from {init}: not found (a checkpoint.npz from another run's --work folder)")
+    src_ckpt = ckpt if resuming else init
     try:
-        fixed = np.load(ckpt, allow_pickle=False)["draft_ids"] if a.resume and os.path.exists(ckpt) else None
+        fixed = np.load(src_ckpt, allow_pickle=False)["draft_ids"] if src_ckpt else None
         ids, d2t, t2d, covered = select_vocab(ds, a.draft_vocab, fixed)
     except (DataError, KeyError, ValueError, OSError) as e:
-        fail(f"{ckpt}: cannot resume ({e}); delete it or drop --resume")
+        fail(f"{src_ckpt}: cannot start from it ({e})" + ("; delete it or drop --resume" if resuming else ""))
     m = ds.model
     cfg = {"H": m["hidden_size"], "F": m["intermediate_size"], "nh": m["num_attention_heads"],
            "nkv": m["num_key_value_heads"], "hd": m["head_dim"], "eps": m["rms_norm_eps"],
@@ -541,20 +566,27 @@ def main():
     opt_state = tx.init(params)
     step, epoch_start, history = 0, 0, []
     os.makedirs(work, exist_ok=True)
-    if a.resume and os.path.exists(ckpt):
+    if src_ckpt:
         try:
-            z = np.load(ckpt, allow_pickle=False)
-            leaves, treedef = jax.tree_util.tree_flatten((params, opt_state))
-            loaded = [z[f"l{i}"] for i in range(len(leaves))]
+            z = np.load(src_ckpt, allow_pickle=False)
+            state = (params, opt_state) if resuming else params  # --init-from: the weights only
+            leaves, treedef = jax.tree_util.tree_flatten(state)
+            loaded = [z[f"l{i}"] for i in range(len(leaves))]  # params' leaves come first in either
             for i, (x, y) in enumerate(zip(leaves, loaded)):
                 if np.shape(x) != y.shape:
                     raise DataError(f"leaf {i} has shape {y.shape}, expected {np.shape(x)} (other settings?)")
-            params, opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(v) for v in loaded])
-            step = int(z["step"])
-            history = json.loads(str(z["history"]))
-            print(f"train_eagle3: resumed from {ckpt} at step {step}", flush=True)
+            state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(v) for v in loaded])
+            if resuming:
+                params, opt_state = state
+                step = int(z["step"])
+                history = json.loads(str(z["history"]))
+                print(f"train_eagle3: resumed from {ckpt} at step {step}", flush=True)
+            else:
+                params = state
+                print(f"train_eagle3: weights from {init} (step {int(z['step'])} there); a fresh optimizer",
+                      flush=True)
         except (DataError, KeyError, ValueError, OSError) as e:
-            fail(f"{ckpt}: cannot resume ({e}); delete it or drop --resume")
+            fail(f"{src_ckpt}: cannot start from it ({e})" + ("; delete it or drop --resume" if resuming else ""))
     elif a.resume:
         print(f"train_eagle3: no checkpoint in {work}; starting fresh", flush=True)
 
