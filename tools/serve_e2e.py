@@ -101,7 +101,9 @@ class Server:
     def stop(self, expect_rc=0):
         self.proc.send_signal(signal.SIGTERM)
         rc = self.proc.wait(timeout=120)
-        check(rc == expect_rc, f"SIGTERM: the server exits with {expect_rc} (got {rc})")
+        self.log.close()
+        check(rc == expect_rc, f"SIGTERM: the server exits with {expect_rc} (got {rc}; log: {self.log.name})")
+        os.unlink(self.log.name)  # kept only when something failed
 
 
 def generate_cli(prompt, chat, max_new, extra=()):
