@@ -224,6 +224,7 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                       "holds only its own KV heads; use --tp-size 1 or another algorithm");
 
   // EAGLE3 without a head: the one shipped for this model, if any.
+  bool shipped_head = false;
   if (s->speculative_algorithm == SpecAlgorithm::Eagle3 &&
       (!s->speculative_draft_model_path || s->speculative_draft_model_path->empty())) {
     if (model.shipped_eagle3_head.empty())
@@ -232,11 +233,15 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                         ": give the EAGLE3 head to load (a head ships only for SmolLM2-135M-Instruct, in heads/; "
                         "tools/train_eagle3.py trains one)");
     s = derive(s, "auto.shipped_head", {{"speculative_draft_model_path", model.shipped_eagle3_head}});
+    shipped_head = true;
   }
 
   // Speculative shape.
   if (s->speculative_algorithm != SpecAlgorithm::None) {
-    const SpecShape dflt = auto_spec_shape(s->speculative_algorithm, model.llama_family);
+    // The shipped head's default is the shape measured fastest for it over the benchmark prompts
+    // (README "The shipped head"): one draft per step; sglang's 5/4/8 tree is for large heads.
+    const SpecShape dflt =
+        shipped_head ? SpecShape{1, 1, 2} : auto_spec_shape(s->speculative_algorithm, model.llama_family);
     const bool none_given = !s->speculative_num_steps && !s->speculative_eagle_topk && !s->speculative_num_draft_tokens;
     const std::int64_t steps = s->speculative_num_steps.value_or(dflt.num_steps);
     const std::int64_t topk = s->speculative_eagle_topk.value_or(none_given ? dflt.eagle_topk : 1);

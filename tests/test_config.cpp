@@ -28,7 +28,7 @@ std::string error_of(std::vector<std::string> argv) {
   return "";
 }
 
-ModelFacts llama_facts(std::int64_t ctx = 4096) { return {"llama", ctx, 49152, 576, 30, true}; }
+ModelFacts llama_facts(std::int64_t ctx = 4096) { return {"llama", ctx, 49152, 576, 30, true, {}}; }
 RuntimeFacts no_gpu() { return {false, "no driver"}; }
 
 std::string write_temp(const std::string& name, const std::string& text) {
@@ -233,6 +233,16 @@ TEST_CASE("automatic speculative shape") {
                           e.fields == json{{"speculative_draft_model_path", "/repo/heads/m-eagle3"}});
     CHECK(logged);
     CHECK(derive_draft(s, f)->model_path == "/repo/heads/m-eagle3");
+    // The shipped head's own default shape (one draft), unless the user gives one.
+    CHECK(*s->speculative_num_steps == 1);
+    CHECK(*s->speculative_eagle_topk == 1);
+    CHECK(*s->speculative_num_draft_tokens == 2);
+    const Snapshot shaped =
+        resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3",
+                                                 "--speculative-num-steps", "3"})),
+                       f, no_gpu());
+    CHECK(*shaped->speculative_num_steps == 3);
+    CHECK(*shaped->speculative_num_draft_tokens == 4);
     CHECK(resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3",
                                                    "--speculative-draft-model-path", "mine"})),
                          f, no_gpu())
