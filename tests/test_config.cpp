@@ -28,7 +28,16 @@ std::string error_of(std::vector<std::string> argv) {
   return "";
 }
 
-ModelFacts llama_facts(std::int64_t ctx = 4096) { return {"llama", ctx, 49152, 576, 30, true, {}}; }
+ModelFacts llama_facts(std::int64_t ctx = 4096) {
+  ModelFacts f;
+  f.architecture = "llama";
+  f.context_length = ctx;
+  f.vocab_size = 49152;
+  f.hidden_size = 576;
+  f.num_layers = 30;
+  f.llama_family = true;
+  return f;
+}
 RuntimeFacts no_gpu() { return {false, "no driver"}; }
 
 std::string write_temp(const std::string& name, const std::string& text) {
