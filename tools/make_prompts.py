@@ -310,6 +310,119 @@ CHAT_EXTRA_TEMPLATES = [
     "What are two myths about {t}?", "Explain {t} like I am a beginner.",
 ]
 
+# The third part (`--part more`): families the first two lack — how-to steps, explanations for a
+# named audience, word meanings, people and books, small arithmetic, stories with a character and
+# an event, recommendations, questions with a situation given first, and code how-to questions.
+HOWTO_TASKS = [
+    "change a flat bicycle tire", "make a cup of green tea", "set up a Python virtual environment",
+    "back up the photos on my phone", "reset a home Wi-Fi router", "iron a shirt", "clean a laptop keyboard",
+    "write a unit test", "install a new app on a laptop", "plant a tree", "make a paper airplane",
+    "sew a button back on", "make pancakes", "cook pasta", "jump-start a car", "write a thank-you card",
+    "prepare for a long flight", "fold a fitted sheet", "remove a coffee stain", "create a strong password",
+    "read a nutrition label", "start a compost bin", "make a budget spreadsheet", "tie a tie",
+    "clean a cast iron pan", "measure the area of a room", "take a screenshot on a computer",
+    "learn the multiplication table", "make a simple website", "write a recipe card", "frame a picture",
+    "wash a wool sweater", "fix a squeaky door", "brew coffee with a French press", "build a campfire safely",
+    "choose a ripe avocado", "start a conversation with a stranger", "write a limerick", "learn to juggle",
+    "memorize a short speech", "pack a lunch for school", "care for a sourdough starter",
+    "organize files on a computer", "prepare a presentation", "calm down after an argument",
+    "make a cheap healthy dinner", "set up a fish tank", "find a good book to read", "write a commit message",
+    "rename many files at once", "use a command line terminal", "learn keyboard shortcuts",
+]
+HOWTO_TEMPLATES = [
+    "How do I {t}?", "What are the steps to {t}?", "Walk me through how to {t}.",
+    "I have never tried to {t}. How should I do it?", "What is the easiest way to {t}?",
+    "Explain how to {t} in a few steps.",
+]
+AUDIENCES = ["a ten-year-old", "my grandmother", "a high school student", "a new employee",
+             "someone who has never used a computer", "a friend over coffee", "a university student"]
+MORE_CONCEPTS = [
+    "photosynthesis", "inflation", "the water cycle", "electric current", "DNA", "plate tectonics",
+    "compound interest", "machine learning", "encryption", "climate change", "a solar panel", "a black hole",
+    "democracy", "the internet", "a vaccine", "the immune system", "a volcano", "the moon's phases",
+    "a battery", "magnetism", "sound waves", "a recession", "taxes", "a loan", "a calendar year",
+    "cloud computing", "a search engine", "a password manager", "open source software", "a blog",
+    "an election", "the stock market", "a museum", "a library card", "a time zone", "the metric system",
+    "a map scale", "a thermometer", "a microscope", "a telescope", "erosion", "tides", "a hurricane",
+]
+EXPLAIN_TEMPLATES = [
+    "Explain {c} to {a}.", "How would you explain {c} to {a}?", "Describe {c} so that {a} understands it.",
+]
+WORDS = [
+    "serendipity", "ephemeral", "resilient", "meticulous", "ambiguous", "nostalgia", "pragmatic",
+    "candid", "diligent", "eloquent", "frugal", "gregarious", "humble", "inevitable", "jubilant",
+    "lucid", "mundane", "novice", "obsolete", "persevere", "quaint", "reluctant", "skeptical",
+    "tedious", "vivid", "whimsical", "zealous", "benevolent", "concise", "abundant", "curious",
+    "generous", "hesitant", "optimistic", "patient", "rigorous", "subtle", "tranquil", "versatile",
+]
+WORD_TEMPLATES = [
+    "What does the word '{w}' mean?", "Use the word '{w}' in a sentence.", "Give a synonym and an antonym for '{w}'.",
+    "Define '{w}' and give an example.",
+]
+PEOPLE = [
+    "Marie Curie", "Albert Einstein", "Isaac Newton", "Ada Lovelace", "Leonardo da Vinci", "William Shakespeare",
+    "Charles Darwin", "Galileo Galilei", "Nelson Mandela", "Mahatma Gandhi", "Alan Turing", "Frida Kahlo",
+    "Wolfgang Amadeus Mozart", "Jane Austen", "Nikola Tesla", "Rosalind Franklin", "Cleopatra",
+    "Martin Luther King Jr.", "Grace Hopper", "Ludwig van Beethoven", "Pablo Picasso", "Florence Nightingale",
+    "Thomas Edison", "Amelia Earhart", "Confucius", "Aristotle", "Vincent van Gogh", "Katherine Johnson",
+]
+PERSON_TEMPLATES = ["Who was {p}?", "What is {p} famous for?", "Tell me three facts about {p}.",
+                    "Why is {p} important in history?"]
+BOOKS = [
+    "Romeo and Juliet", "Cinderella", "The Hobbit", "Pride and Prejudice", "Little Red Riding Hood",
+    "The Tortoise and the Hare", "Moby-Dick", "Alice in Wonderland", "Treasure Island", "Hamlet",
+    "The Three Little Pigs", "Robinson Crusoe", "The Little Prince", "Frankenstein", "Peter Pan",
+    "The Ugly Duckling", "Jack and the Beanstalk", "Don Quixote", "The Odyssey", "Snow White",
+]
+BOOK_TEMPLATES = ["Summarize the story of {b}.", "What is the main lesson of {b}?", "Who are the main characters in {b}?"]
+CHARACTERS = ["a shy dragon", "a curious robot", "an old fisherman", "a lost puppy", "a young wizard",
+              "a brave mouse", "a tired astronaut", "a kind baker", "a talking tree", "a clever fox",
+              "a girl who loves maps", "a retired teacher", "a tiny snail", "a forgetful inventor"]
+EVENTS = ["finds a secret door", "makes a new friend", "gets lost in a big city", "wins a contest",
+          "learns to fly", "discovers a hidden garden", "has to solve a mystery", "goes to the moon",
+          "loses a favorite hat", "helps a stranger", "starts a new school", "opens a small shop"]
+MATH_TEMPLATES = [
+    "If I have {a} apples and give away {b}, how many are left?", "What is {a} plus {b}?",
+    "What is {a} times {b}?", "A book costs {a} dollars. How much do {b} books cost?",
+    "If a train travels {a} kilometers per hour for {b} hours, how far does it go?",
+    "What is {a} percent of 200?",
+]
+RECOMMEND = [
+    ("three", "movies", "a family evening"), ("five", "snacks", "a long hike"), ("three", "hobbies", "a quiet person"),
+    ("four", "apps", "learning a language"), ("three", "games", "a group of children"),
+    ("five", "gifts", "a coworker who likes tea"), ("three", "exercises", "someone who sits all day"),
+    ("four", "houseplants", "a dark apartment"), ("three", "podcast topics", "a science fan"),
+    ("five", "meals", "a busy week"), ("three", "tools", "a new programmer"), ("four", "books", "a teenager"),
+    ("three", "destinations", "a winter holiday"), ("five", "questions", "a job interview"),
+    ("three", "songs", "a road trip"), ("four", "habits", "a healthier morning"),
+]
+SITUATIONS = [
+    ("I am a student with very little money.", ["How can I eat healthy?", "How can I save for a trip?",
+                                                 "What can I do for fun on weekends?"]),
+    ("I just moved to a new country.", ["How can I make friends?", "How do I learn the language faster?",
+                                        "What should I do in my first week?"]),
+    ("I work from home and feel lonely.", ["What can I do about it?", "How can I stay motivated?",
+                                           "How should I plan my day?"]),
+    ("My code keeps crashing with a null pointer error.", ["What should I check first?",
+                                                             "How do I find the cause?"]),
+    ("I have a job interview tomorrow.", ["How should I prepare tonight?", "What should I wear?",
+                                          "What questions should I ask them?"]),
+    ("I want to start running but I get tired quickly.", ["How should I begin?", "How often should I run?"]),
+    ("My team missed a deadline.", ["How do I tell my manager?", "How can we avoid this next time?"]),
+    ("I am learning to cook.", ["What should I make first?", "Which kitchen tools do I need?"]),
+    ("My plants keep dying.", ["What am I doing wrong?", "Which plants are easy to keep?"]),
+    ("I can't fall asleep at night.", ["What can I try?", "Should I stop drinking coffee?"]),
+    ("I have to give a talk to fifty people.", ["How do I handle nerves?", "How long should I practice?"]),
+    ("I want to learn programming.", ["Which language should I start with?", "How many hours a week should I study?"]),
+]
+CODE_HOWTO = [
+    "read a text file line by line", "sort a list of numbers", "parse a JSON string", "make an HTTP request",
+    "handle an error", "write a loop that counts to ten", "reverse a list", "find the largest number in a list",
+    "remove duplicates from a list", "format a date", "check if a file exists", "split a string by commas",
+    "define a class with two fields", "read input from the user", "write a function with a default argument",
+    "convert a string to an integer", "join a list of strings", "measure how long a function takes",
+]
+
 
 def readme_paragraphs(root):
     path = os.path.join(root, "README.md")
@@ -393,14 +506,59 @@ def build_varied(seed):
     return out
 
 
+def build_more(seed):
+    """The third part: new families (see the lists above), each with a random suffix where it fits."""
+    rng = random.Random(seed + 2000)
+    out = []
+    sfx = lambda: rng.choice(SUFFIXES)
+    for t in HOWTO_TASKS:
+        for tpl in HOWTO_TEMPLATES:
+            out.append(("chat", tpl.format(t=t) + sfx()))
+    for c in MORE_CONCEPTS:
+        for a in rng.sample(AUDIENCES, 3):
+            out.append(("chat", rng.choice(EXPLAIN_TEMPLATES).format(c=c, a=a)))
+        for tpl in rng.sample(CONCEPT_TEMPLATES, 6):
+            out.append(("chat", tpl.format(c=c) + sfx()))
+    for w in WORDS:
+        for tpl in WORD_TEMPLATES:
+            out.append(("chat", tpl.format(w=w)))
+    for p in PEOPLE:
+        for tpl in PERSON_TEMPLATES:
+            out.append(("chat", tpl.format(p=p) + sfx()))
+    for b in BOOKS:
+        for tpl in BOOK_TEMPLATES:
+            out.append(("chat", tpl.format(b=b) + sfx()))
+    for ch in CHARACTERS:
+        for ev in rng.sample(EVENTS, 8):
+            out.append(("chat", f"Write a short story about {ch} who {ev}." +
+                        rng.choice(["", " Keep it under 100 words.", " Give it a happy ending.", " Use simple words."])))
+    for _ in range(120):
+        tpl = rng.choice(MATH_TEMPLATES)
+        out.append(("chat", tpl.format(a=rng.randint(2, 40), b=rng.randint(2, 12))))
+    for n, things, who in RECOMMEND:
+        out.append(("chat", f"Recommend {n} {things} for {who}."))
+        out.append(("chat", f"What are {n} good {things} for {who}?" + sfx()))
+    for situation, questions in SITUATIONS:
+        for q in questions:
+            out.append(("chat", f"{situation} {q}"))
+            out.append(("chat", f"{situation} {q}" + rng.choice([" Keep it short.", " Give me a list.", " Be specific."])))
+    for task in CODE_HOWTO:
+        for lang in LANGUAGES:
+            out.append(("code", rng.choice([f"How do I {task} in {lang}?", f"Show me how to {task} in {lang}.",
+                                            f"In {lang}, what is the simplest way to {task}?"])))
+    rng.shuffle(out)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="the JSON-lines file to write")
     ap.add_argument("--count", type=int, default=0, help="keep the first N prompts of the shuffled set (0 = all)")
     ap.add_argument("--seed", type=int, default=1, help="the shuffle's seed (default 1)")
-    ap.add_argument("--part", choices=["all", "base", "varied"], default="all",
+    ap.add_argument("--part", choices=["all", "base", "varied", "more"], default="all",
                     help="base: the first set (topics x templates, code, passages); varied: the second, more "
-                         "varied set; all (default): base, then varied")
+                         "varied set; more: the third (how-to, audiences, words, people, stories, situations); "
+                         "all (default): base, then varied, then more")
     args = ap.parse_args()
     if args.count < 0:
         sys.exit("make_prompts: error: --count must be >= 0")
@@ -411,9 +569,10 @@ def main():
         for line in f:
             if line.strip():
                 held_out.add(" ".join(json.loads(line)["prompt"].lower().split()))
-    kept = []  # (id, category, text) over base then varied, so a prompt's id is the same in every part
+    kept = []  # (id, category, text) over base, varied, more: a prompt's id is the same in every part
     seen = set()
-    for part, items in (("base", build(root, args.seed)), ("varied", build_varied(args.seed))):
+    parts = (("base", build(root, args.seed)), ("varied", build_varied(args.seed)), ("more", build_more(args.seed)))
+    for part, items in parts:
         for cat, text in items:
             norm = " ".join(text.lower().split())
             if norm in seen or any(h in norm or norm in h for h in held_out):

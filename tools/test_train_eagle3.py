@@ -6,7 +6,8 @@ A 2-block cut of the default model (`specactor shrink`) stands in for the target
   (the logged loss must fall) -> the export loads in specactor (`inspect --target`) and drafts
   losslessly (`generate` with EAGLE3 equals plain greedy) -> `--resume` on changed data keeps the
   checkpoint's draft vocabulary; two data folders train as one and --init-from fine-tunes from another
-  run's weights; the held-out chain count equals a plain walk over the pairs; the
+  run's weights (keeping its draft vocabulary, or with --new-vocab choosing one on the data and carrying
+  the shared tokens' output rows over); the held-out chain count equals a plain walk over the pairs; the
   held-out split depends on each sample alone (data extended or reordered keeps every side);
 and the bad inputs each give one clear error: a missing data folder, a corrupt shard, data made
 from another target, a make-data folder reused with another model.
@@ -211,6 +212,28 @@ def main():
               f"a fresh head's {first:.3f}), the same draft vocabulary")
         p = run(tuned + ["--init-from", os.path.join(tmp, "nothing.npz")], expect=2)
         check("--init-from" in p.stderr and "not found" in p.stderr, "a missing --init-from: " + p.stderr.strip())
+        # --new-vocab: a vocabulary chosen on the data (here a larger one); the output rows of tokens
+        # in both vocabularies carry over, the others start from the target's output head.
+        work4, head4 = os.path.join(tmp, "work4"), os.path.join(tmp, "head4")
+        revocab = tuned[:]
+        for flag, value in (("--work", work4), ("--out", head4), ("--draft-vocab", "768")):
+            revocab[revocab.index(flag) + 1] = value
+        p = run(revocab + ["--init-from", os.path.join(work, "checkpoint.npz"), "--new-vocab"])
+        w_old, w_new = load_file(os.path.join(head, "model.safetensors")), load_file(os.path.join(head4, "model.safetensors"))
+        target_head = load_file(os.path.join(data, "target.safetensors"))["lm_head"].astype(np.float32)
+        ids_old, ids_new = np.arange(512) + w_old["d2t"], np.arange(768) + w_new["d2t"]
+        where_old = {int(t): j for j, t in enumerate(ids_old)}
+        shared = [(i, where_old[int(t)]) for i, t in enumerate(ids_new) if int(t) in where_old]
+        fresh = [i for i, t in enumerate(ids_new) if int(t) not in where_old]
+        near = lambda x, y: np.allclose(x.astype(np.float32), y.astype(np.float32), atol=2e-3)
+        rows_kept = all(near(w_new["lm_head.weight"][i], w_old["lm_head.weight"][j]) for i, j in shared)
+        rows_fresh = all(near(w_new["lm_head.weight"][i], target_head[ids_new[i]]) for i in fresh)
+        check(f"{len(shared)} of its 768 tokens carry" in p.stdout and len(shared) == 512 and len(fresh) == 256 and
+              rows_kept and rows_fresh and w_new["t2d"].sum() == 768,
+              f"--init-from --new-vocab: a 768-token vocabulary, {len(shared)} output rows carried over, "
+              f"{len(fresh)} from the target's output head")
+        p = run(train + ["--new-vocab"], expect=2)
+        check("--new-vocab: needs --init-from" in p.stderr, "--new-vocab alone: " + p.stderr.strip())
 
         # Bad input: one clear error each.
         p = run(train[:2] + ["--data", os.path.join(tmp, "missing"), "--out", head], expect=2)

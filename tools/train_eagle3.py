@@ -504,6 +504,10 @@ def main():
                     help="start from the weights (and draft vocabulary) of another run's checkpoint.npz, with a "
                          "fresh optimizer and schedule: fine-tuning on new data (a --resume checkpoint in --work "
                          "wins, so an interrupted run continues)")
+    ap.add_argument("--new-vocab", action="store_true",
+                    help="with --init-from: choose the draft vocabulary (--draft-vocab tokens) on this data instead "
+                         "of keeping the checkpoint's; output rows of tokens in both carry over, new tokens' rows "
+                         "start from the target's output head as in a fresh head")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for XLA (0 = all)")
     ap.add_argument("--log-every", type=int, default=20, help="steps per loss-log entry (default 20)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -532,9 +536,14 @@ def main():
     init = a.init_from if a.init_from and not resuming else ""
     if init and not os.path.exists(init):
         fail(f"--init-from {init}: not found (a checkpoint.npz from another run's --work folder)")
+    if a.new_vocab and not a.init_from:
+        fail("--new-vocab: needs --init-from (a fresh run always chooses its vocabulary on the data)")
     src_ckpt = ckpt if resuming else init
+    old_ids = None  # --new-vocab: the checkpoint's draft vocabulary, remapped below
     try:
         fixed = np.load(src_ckpt, allow_pickle=False)["draft_ids"] if src_ckpt else None
+        if init and a.new_vocab:
+            old_ids, fixed = np.asarray(fixed, dtype=np.int64), None
         ids, d2t, t2d, covered = select_vocab(ds, a.draft_vocab, fixed)
     except (DataError, KeyError, ValueError, OSError) as e:
         fail(f"{src_ckpt}: cannot start from it ({e})" + ("; delete it or drop --resume" if resuming else ""))
@@ -572,6 +581,20 @@ def main():
             state = (params, opt_state) if resuming else params  # --init-from: the weights only
             leaves, treedef = jax.tree_util.tree_flatten(state)
             loaded = [z[f"l{i}"] for i in range(len(leaves))]  # params' leaves come first in either
+            if old_ids is not None:  # --new-vocab: the output head's columns follow their tokens
+                lm_at = [k for k in sorted(params)].index("lm_head")  # a dict flattens in key order
+                old_lm = loaded[lm_at]
+                if old_lm.shape != (cfg["H"], len(old_ids)):
+                    raise DataError(f"its output head has shape {old_lm.shape}, expected ({cfg['H']}, "
+                                    f"{len(old_ids)}) (another target?)")
+                new_lm = np.asarray(params["lm_head"]).copy()
+                pos = {int(t): j for j, t in enumerate(old_ids)}
+                kept = [(i, pos[int(t)]) for i, t in enumerate(ids) if int(t) in pos]
+                if kept:
+                    new_lm[:, [i for i, _ in kept]] = old_lm[:, [j for _, j in kept]]
+                loaded[lm_at] = new_lm
+                print(f"train_eagle3: new draft vocabulary; {len(kept)} of its {len(ids)} tokens carry their "
+                      f"trained output rows over from the checkpoint's {len(old_ids)}", flush=True)
             for i, (x, y) in enumerate(zip(leaves, loaded)):
                 if np.shape(x) != y.shape:
                     raise DataError(f"leaf {i} has shape {y.shape}, expected {np.shape(x)} (other settings?)")
