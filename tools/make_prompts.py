@@ -5,7 +5,8 @@ Three kinds, mixed in a fixed shuffled order so that `--limit N` downstream take
   chat     topics x question/task templates
   code     programming tasks x languages
   grounded rewrite / summarise / extract / continue tasks over passages: paragraphs of the
-           project's own documentation (README.md) and short passages composed from templates
+           project's own documentation (tools/prompt_passages.txt, frozen from README.md) and
+           short passages composed from templates
 
 Prompts equal to or containing one of the benchmark prompts (tools/bench_prompts.jsonl) are left
 out, so the benchmark stays held out. Output: JSON lines {"id", "category", "prompt"}.
@@ -16,7 +17,6 @@ import argparse
 import json
 import os
 import random
-import re
 import sys
 
 TOPICS = [
@@ -424,23 +424,14 @@ CODE_HOWTO = [
 ]
 
 
-def readme_paragraphs(root):
-    path = os.path.join(root, "README.md")
+def shipped_passages(root):
+    """tools/prompt_passages.txt: one passage per line (lines starting with '#' are comments)."""
+    path = os.path.join(root, "tools", "prompt_passages.txt")
     try:
-        text = open(path, encoding="utf-8").read()
-    except OSError:
-        return []
-    text = re.sub(r"```.*?```", "", text, flags=re.S)
-    out = []
-    for para in re.split(r"\n\s*\n", text):
-        para = " ".join(line.strip() for line in para.splitlines())
-        if para.startswith(("#", "|", "-", "*", ">")) or "`" in para:
-            continue
-        words = para.split()
-        if 25 <= len(words) <= 120:
-            out.append(para)
-    return out
-
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as e:
+        sys.exit(f"make_prompts: error: {path}: cannot read ({e.strerror})")
+    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
 
 def build(root, seed):
     rng = random.Random(seed)
@@ -453,7 +444,7 @@ def build(root, seed):
             prompts.append(("code", rng.choice(CODE_TEMPLATES).format(task=task, lang=lang)))
     for task in SQL_TASKS:
         prompts.append(("code", f"Write a SQL query that {task}."))
-    passages = readme_paragraphs(root)
+    passages = shipped_passages(root)
     for n in NAMES:
         for tpl in PASSAGE_TEMPLATES:
             passages.append(tpl.format(n=n, j=rng.choice(JOBS), pl=rng.choice(PLACES)))
