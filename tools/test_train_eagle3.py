@@ -7,7 +7,8 @@ A 2-block cut of the default model (`specactor shrink`) stands in for the target
   losslessly (`generate` with EAGLE3 equals plain greedy) -> `--resume` on changed data keeps the
   checkpoint's draft vocabulary; two data folders train as one and --init-from fine-tunes from another
   run's weights (keeping its draft vocabulary, or with --new-vocab choosing one on the data and carrying
-  the shared tokens' output rows over); the held-out chain count equals a plain walk over the pairs; the
+  the shared tokens' output rows over); --intermediate-size widens the head's MLP (exported, loaded,
+  lossless); the held-out chain count equals a plain walk over the pairs; the
   held-out split depends on each sample alone (data extended or reordered keeps every side);
 and the bad inputs each give one clear error: a missing data folder, a corrupt shard, data made
 from another target, a make-data folder reused with another model.
@@ -234,6 +235,22 @@ def main():
               f"{len(fresh)} from the target's output head")
         p = run(train + ["--new-vocab"], expect=2)
         check("--new-vocab: needs --init-from" in p.stderr, "--new-vocab alone: " + p.stderr.strip())
+        # --intermediate-size: a head whose MLP is wider than the target's; it exports, loads and drafts.
+        work5, head5 = os.path.join(tmp, "work5"), os.path.join(tmp, "head5")
+        wide = train[:]
+        for flag, value in (("--work", work5), ("--out", head5), ("--max-steps", "4")):
+            wide[wide.index(flag) + 1] = value
+        run(wide + ["--intermediate-size", "2048"])
+        w5 = load_file(os.path.join(head5, "model.safetensors"))
+        p = run([spec, "inspect", head5, "--target", tiny])
+        drafted5 = json.loads(run(gen + ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+                                         head5]).stdout)
+        check(json.load(open(os.path.join(head5, "config.json")))["intermediate_size"] == 2048 and
+              w5["midlayer.mlp.up_proj.weight"].shape == (2048, 576) and p.returncode == 0 and
+              drafted5["tokens"] == plain["tokens"],
+              "--intermediate-size 2048: exported, loaded by specactor, lossless")
+        p = run(wide + ["--intermediate-size", "-1"], expect=2)
+        check("--intermediate-size: out of range" in p.stderr, "a negative --intermediate-size: " + p.stderr.strip())
 
         # Bad input: one clear error each.
         p = run(train[:2] + ["--data", os.path.join(tmp, "missing"), "--out", head], expect=2)

@@ -414,7 +414,7 @@ def export(params, cfg, ds, d2t, t2d, out):
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
         "hidden_size": m["hidden_size"],
-        "intermediate_size": m["intermediate_size"],
+        "intermediate_size": int(cfg["F"]),
         "num_attention_heads": m["num_attention_heads"],
         "num_key_value_heads": m["num_key_value_heads"],
         "head_dim": m["head_dim"],
@@ -487,6 +487,8 @@ def main():
     ap.add_argument("--epochs", type=float, default=4)
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--ttt-steps", type=int, default=3)
+    ap.add_argument("--intermediate-size", type=int, default=0,
+                    help="the head's MLP width (default 0: the target's intermediate_size)")
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--warmup", type=float, default=0.03, help="share of the steps spent warming up")
     ap.add_argument("--weight-decay", type=float, default=0.01)
@@ -513,6 +515,7 @@ def main():
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     a = ap.parse_args()
     for name, ok in [("--epochs", a.epochs > 0), ("--draft-vocab", a.draft_vocab >= 2), ("--ttt-steps", a.ttt_steps >= 1),
+                     ("--intermediate-size", a.intermediate_size >= 0),
                      ("--lr", a.lr > 0), ("--batch-tokens", a.batch_tokens >= 64), ("--max-len", a.max_len >= 8),
                      ("--eval-share", 0 <= a.eval_share < 1), ("--warmup", 0 <= a.warmup < 1), ("--log-every", a.log_every >= 1)]:
         if not ok:
@@ -548,7 +551,7 @@ def main():
     except (DataError, KeyError, ValueError, OSError) as e:
         fail(f"{src_ckpt}: cannot start from it ({e})" + ("; delete it or drop --resume" if resuming else ""))
     m = ds.model
-    cfg = {"H": m["hidden_size"], "F": m["intermediate_size"], "nh": m["num_attention_heads"],
+    cfg = {"H": m["hidden_size"], "F": a.intermediate_size or m["intermediate_size"], "nh": m["num_attention_heads"],
            "nkv": m["num_key_value_heads"], "hd": m["head_dim"], "eps": m["rms_norm_eps"],
            "rope_theta": m["rope_theta"], "Vd": len(ids)}
     cfg["QD"], cfg["KD"] = cfg["nh"] * cfg["hd"], cfg["nkv"] * cfg["hd"]
