@@ -215,8 +215,10 @@ const WeightType kIntegerTypes[] = {WeightType::Q8_0, WeightType::Q4_0, WeightTy
 TEST_CASE("fast matmul: scalar, AVX2 and VNNI paths are bit-identical and compute the integer dot product") {
   std::mt19937 rng(7);
   std::normal_distribution<float> d(0.0f, 1.0f);
-  for (const std::int64_t in : {256, 768}) {
-    const std::int64_t out = 37, rows = 11;
+  // Row counts that exercise every pass width of the kernels (AVX2: up to 4 rows, VNNI: up to 8).
+  for (const auto& [in, rows] :
+       {std::pair<std::int64_t, std::int64_t>{256, 11}, {768, 11}, {256, 5}, {512, 7}, {256, 14}}) {
+    const std::int64_t out = 37;
     std::vector<float> x(static_cast<std::size_t>(rows * in));
     for (auto& v : x) v = d(rng);
     x[5] = 0;

@@ -57,9 +57,12 @@ constexpr int kOut = 4;  // weight rows decoded together (one tile)
 // Activation rows quantized once per call.
 struct QRows {
   std::int64_t rows = 0, nc = 0, ncp = 0;  // ncp: nc rounded up to 8 (d and s are zero padded)
-  AVec<std::int8_t> q;                     // rows × nc × 32
+  AVec<std::int8_t> q;                     // nc × rows × 32: block (r, c) at (c·rows + r)·32 (chunk-major,
+                                           // so the kernels reach chunk c of every row from one pointer)
   AVec<float> d, s;                        // rows × ncp
-  const std::int8_t* qrow(std::int64_t r) const { return q.data() + r * nc * 32; }
+  AVec<std::int32_t> b128;                 // rows × ncp: 128 · Σ q of each block (the VNNI Q8_0 kernel's bias)
+  const std::int8_t* qblock(std::int64_t r, std::int64_t c) const { return q.data() + (c * rows + r) * 32; }
+  const std::int32_t* brow(std::int64_t r) const { return b128.data() + r * ncp; }
   const float* drow(std::int64_t r) const { return d.data() + r * ncp; }
   const float* srow(std::int64_t r) const { return s.data() + r * ncp; }
 };
@@ -71,6 +74,7 @@ void quantize_shape(std::int64_t rows, std::int64_t in, QRows& out) {
   out.q.resize(static_cast<std::size_t>(rows * out.nc * 32));
   out.d.assign(static_cast<std::size_t>(rows * out.ncp), 0.0f);
   out.s.assign(out.d.size(), 0.0f);
+  out.b128.assign(out.d.size(), 0);
 }
 
 // Blocks [b0, b1) of the rows × nc blocks (threads quantize disjoint ranges).
@@ -81,7 +85,7 @@ void quantize_blocks(const float* x, std::int64_t in, QRows& out, std::int64_t b
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
     const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    std::int8_t* q = out.q.data() + b * 32;
+    std::int8_t* q = out.q.data() + (c * out.rows + r) * 32;
     int sum = 0;
     for (int j = 0; j < 32; ++j) {
       const float f = std::nearbyint(v[j] * id);
@@ -91,6 +95,7 @@ void quantize_blocks(const float* x, std::int64_t in, QRows& out, std::int64_t b
     }
     out.d[static_cast<std::size_t>(r * out.ncp + c)] = d;
     out.s[static_cast<std::size_t>(r * out.ncp + c)] = d * static_cast<float>(sum);
+    out.b128[static_cast<std::size_t>(r * out.ncp + c)] = 128 * sum;
   }
 }
 
@@ -129,9 +134,10 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_blocks_avx2(const float* 
     const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
     const __m256i p8 =
         _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + b * 32), p8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + (c * out.rows + r) * 32), p8);
     out.d[static_cast<std::size_t>(r * out.ncp + c)] = d;
     out.s[static_cast<std::size_t>(r * out.ncp + c)] = d * static_cast<float>(sum);
+    out.b128[static_cast<std::size_t>(r * out.ncp + c)] = 128 * sum;
   }
 }
 
@@ -254,9 +260,9 @@ void apply_scalar(const WTile& wt, int no, const QRows& xq, float* y, std::int64
   const std::int64_t nc = wt.nc, ncp = wt.ncp;
   for (std::int64_t r = 0; r < xq.rows; ++r)
     for (int o = 0; o < no; ++o) {
-      const std::int8_t* x = xq.qrow(r);
       float acc[8] = {};
       for (std::int64_t c = 0; c < nc; ++c) {
+        const std::int8_t* x = xq.qblock(r, c);
         const std::int64_t k = o * nc + c;
         const float xd = xq.drow(r)[c];
         for (int l = 0; l < 8; ++l) {
@@ -264,7 +270,7 @@ void apply_scalar(const WTile& wt, int no, const QRows& xq, float* y, std::int64
           for (int j = 4 * l; j < 4 * l + 4; ++j) {
             const int wv = S ? static_cast<int>(wt.sg[static_cast<std::size_t>(k * 32 + j)])
                              : static_cast<int>(wt.u[static_cast<std::size_t>(k * 32 + j)]);
-            isum += wv * x[c * 32 + j];
+            isum += wv * x[j];
           }
           acc[l] = std::fma(wt.ws[static_cast<std::size_t>(k * 8 + l)] * xd, static_cast<float>(isum), acc[l]);
         }
@@ -289,19 +295,19 @@ void panel_scalar(const std::uint8_t* pan, std::int64_t nc, const QRows& xq, flo
   constexpr std::int64_t CB = packed::panel_chunk_bytes(T), SB = packed::scale_bytes(T);
   for (std::int64_t r = 0; r < xq.rows; ++r)
     for (int k = 0; k < nvalid; ++k) {
-      const std::int8_t* x = xq.qrow(r);
       float acc = 0.0f, mn = 0.0f;
       for (std::int64_t c = 0; c < nc; ++c) {
+        const std::int8_t* x = xq.qblock(r, c);
         const std::uint8_t* b = pan + c * CB;
         const std::uint8_t* q = b + SB;
         int isum = 0;
         if constexpr (Q8) {
           for (int j = 0; j < 32; ++j)
-            isum += static_cast<int>(static_cast<std::int8_t>(q[packed::panel_quant_offset(j, k)])) * x[c * 32 + j];
+            isum += static_cast<int>(static_cast<std::int8_t>(q[packed::panel_quant_offset(j, k)])) * x[j];
         } else {
           for (int i = 0; i < 16; ++i) {
             const int v = q[packed::panel_quant_offset(i, k)];
-            isum += (v & 0xF) * x[c * 32 + i] + (v >> 4) * x[c * 32 + 16 + i];
+            isum += (v & 0xF) * x[i] + (v >> 4) * x[16 + i];
           }
         }
         const float d = f16_to_f32(load_u16(b + 2 * k));
@@ -339,6 +345,7 @@ namespace {
 #undef QMM_VNNI
 #undef QMM_TARGET
 #undef QMM_DOT4
+#undef QMM_DPB
 
 bool has_vnni() {  // the AVX-512 the exact path checks (F, BW, VL), plus VNNI
   __builtin_cpu_init();
@@ -348,10 +355,37 @@ bool has_vnni() {  // the AVX-512 the exact path checks (F, BW, VL), plus VNNI
 template <WeightType T, int RT>
 void panel_rows(QPath path, const std::uint8_t* pan, std::int64_t nc, const QRows& xq, std::int64_t r0, float* y,
                 std::int64_t y_stride, std::int64_t o0, int nvalid) {
-  if (path == QPath::Vnni)
-    vnni::panel<T, RT>(pan, nc, xq, r0, y, y_stride, o0, nvalid);
-  else
-    avx2::panel<T, RT>(pan, nc, xq, r0, y, y_stride, o0, nvalid);
+  if constexpr (RT <= 4) {
+    if (path == QPath::Avx2) return avx2::panel<T, RT>(pan, nc, xq, r0, y, y_stride, o0, nvalid);
+  }
+  vnni::panel<T, RT>(pan, nc, xq, r0, y, y_stride, o0, nvalid);
+}
+
+// Activation rows per pass over a panel: the VNNI kernel has 32 vector registers (8 rows), AVX2 16.
+constexpr std::int64_t rows_per_pass(QPath path) { return path == QPath::Vnni ? 8 : 4; }
+
+// One pass over a panel for rows [r0, r0 + rt), rt ≤ rows_per_pass(path).
+template <WeightType T>
+void panel_pass(QPath path, const std::uint8_t* pan, std::int64_t nc, const QRows& xq, std::int64_t r0, int rt,
+                float* y, std::int64_t y_stride, std::int64_t o0, int nvalid) {
+  switch (rt) {
+    case 1:
+      return panel_rows<T, 1>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+    case 2:
+      return panel_rows<T, 2>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+    case 3:
+      return panel_rows<T, 3>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+    case 4:
+      return panel_rows<T, 4>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+    case 5:
+      return panel_rows<T, 5>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+    case 6:
+      return panel_rows<T, 6>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+    case 7:
+      return panel_rows<T, 7>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+    default:
+      return panel_rows<T, 8>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+  }
 }
 
 // Bytes of weights ahead of the panel being computed that are prefetched: the hardware prefetcher
@@ -363,8 +397,8 @@ inline void prefetch_range(const std::uint8_t* a, const std::uint8_t* b) {
   for (; a < b; a += 64) _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
 }
 
-// Panels [pb, pe) of a packed matrix for every activation row (groups of up to 4 rows per pass over
-// a panel; the panel stays in L1 between passes).
+// Panels [pb, pe) of a packed matrix for every activation row (groups of rows_per_pass rows per pass
+// over a panel; the panel stays in L1 between passes).
 template <WeightType T>
 void panel_range(QPath path, const WeightMatrix& w, std::int64_t pb, std::int64_t pe, const QRows& xq, float* y,
                  std::int64_t y_stride) {
@@ -382,22 +416,9 @@ void panel_range(QPath path, const WeightMatrix& w, std::int64_t pb, std::int64_
       continue;
     }
     prefetch_range(std::min(end, pan + kPrefetchAhead), std::min(end, pan + kPrefetchAhead + pbytes));
-    for (std::int64_t r0 = 0; r0 < xq.rows; r0 += 4) {
-      switch (std::min<std::int64_t>(4, xq.rows - r0)) {
-        case 1:
-          panel_rows<T, 1>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-          break;
-        case 2:
-          panel_rows<T, 2>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-          break;
-        case 3:
-          panel_rows<T, 3>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-          break;
-        default:
-          panel_rows<T, 4>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-          break;
-      }
-    }
+    const std::int64_t per = rows_per_pass(path);
+    for (std::int64_t r0 = 0; r0 < xq.rows; r0 += per)
+      panel_pass<T>(path, pan, nc, xq, r0, static_cast<int>(std::min(per, xq.rows - r0)), y, y_stride, o0, nvalid);
   }
 }
 
