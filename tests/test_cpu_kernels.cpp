@@ -215,9 +215,10 @@ const WeightType kIntegerTypes[] = {WeightType::Q8_0, WeightType::Q4_0, WeightTy
 TEST_CASE("fast matmul: scalar, AVX2 and VNNI paths are bit-identical and compute the integer dot product") {
   std::mt19937 rng(7);
   std::normal_distribution<float> d(0.0f, 1.0f);
-  // Row counts that exercise every pass width of the kernels (AVX2: up to 4 rows, VNNI: up to 8).
+  // Row counts that exercise every pass width of the kernels (AVX2: up to 4 rows, VNNI: up to 8) and
+  // both ways of quantizing the activations (per thread up to 16 rows, shared above).
   for (const auto& [in, rows] :
-       {std::pair<std::int64_t, std::int64_t>{256, 11}, {768, 11}, {256, 5}, {512, 7}, {256, 14}}) {
+       {std::pair<std::int64_t, std::int64_t>{256, 11}, {768, 11}, {256, 5}, {512, 7}, {256, 14}, {256, 20}}) {
     const std::int64_t out = 37;
     std::vector<float> x(static_cast<std::size_t>(rows * in));
     for (auto& v : x) v = d(rng);
@@ -281,7 +282,7 @@ TEST_CASE("fast matmul: a row's result does not depend on how many rows or matri
     std::vector<std::uint8_t> packed;
     const WeightMatrix w =
         pack_matrix({t, out, width, bytes.data(), row_bytes(t, static_cast<std::size_t>(width))}, packed);
-    for (std::int64_t rows : {1, 2, 3, 4, 5, 8, 13, 16}) {
+    for (std::int64_t rows : {1, 2, 3, 4, 5, 8, 13, 16, 17, 30}) {  // ≤ 16 rows: quantized per thread
       std::vector<float> x(static_cast<std::size_t>(rows * width));
       for (auto& v : x) v = d(rng);
       std::vector<float> batch(static_cast<std::size_t>(rows * out)), single(static_cast<std::size_t>(out));

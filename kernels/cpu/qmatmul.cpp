@@ -475,24 +475,24 @@ void units_range(QPath path, const WeightMatrix& w, std::int64_t ub, std::int64_
   }
 }
 
+// Up to this many activation rows, every thread quantizes all of them into its own buffer (a few
+// microseconds at most) and the products start at once: one pool job per call instead of two.
+constexpr std::int64_t kLocalQuantRows = 16;
+
+void quantize_range(QPath path, const float* x, std::int64_t in, QRows& xq, std::int64_t b0, std::int64_t b1) {
+  if (path == QPath::Scalar)
+    quantize_blocks(x, in, xq, b0, b1);
+  else
+    quantize_blocks_avx2(x, in, xq, b0, b1);
+}
+
 void qmatmul_many_path(QPath path, const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows) {
   packed::checked_total_rows(jobs, n_jobs, std::int64_t{1} << 30);
   std::int64_t total = 0;  // units of kPanel output rows, over all matrices
   for (int j = 0; j < n_jobs; ++j) total += packed::panel_count(jobs[j].w->out_dim);
-  thread_local QRows quantized;  // the caller's; the pool's threads reach it through these references
   const std::int64_t in = jobs[0].w->in_dim;
-  quantize_shape(rows, in, quantized);
-  QRows& xq = quantized;
-  // The activation blocks are quantized once (every thread a share), then shared by every matrix.
-  parallel_run([&](int tid, int nth) {
-    const std::int64_t blocks = rows * xq.nc;
-    if (path == QPath::Scalar)
-      quantize_blocks(x, in, xq, blocks * tid / nth, blocks * (tid + 1) / nth);
-    else
-      quantize_blocks_avx2(x, in, xq, blocks * tid / nth, blocks * (tid + 1) / nth);
-  });
   // Equal contiguous ranges of the concatenated units, one per thread.
-  parallel_run([&](int tid, int nth) {
+  auto products = [&](const QRows& xq, int tid, int nth) {
     const std::int64_t begin = total * tid / nth, end = total * (tid + 1) / nth;
     std::int64_t base = 0;
     for (int j = 0; j < n_jobs; ++j) {
@@ -501,7 +501,25 @@ void qmatmul_many_path(QPath path, const MatmulJob* jobs, int n_jobs, const floa
       if (b < e) units_range(path, *jobs[j].w, b - base, e - base, xq, jobs[j].y, jobs[j].w->out_dim);
       base += n;
     }
+  };
+  if (rows <= kLocalQuantRows) {  // the same bytes in every thread's buffer
+    parallel_run([&](int tid, int nth) {
+      thread_local QRows local;
+      quantize_shape(rows, in, local);
+      quantize_range(path, x, in, local, 0, rows * local.nc);
+      products(local, tid, nth);
+    });
+    return;
+  }
+  thread_local QRows quantized;  // the caller's; the pool's threads reach it through these references
+  quantize_shape(rows, in, quantized);
+  QRows& xq = quantized;
+  // The activation blocks are quantized once (every thread a share), then shared by every matrix.
+  parallel_run([&](int tid, int nth) {
+    const std::int64_t blocks = rows * xq.nc;
+    quantize_range(path, x, in, xq, blocks * tid / nth, blocks * (tid + 1) / nth);
   });
+  parallel_run([&](int tid, int nth) { products(xq, tid, nth); });
 }
 
 }  // namespace
