@@ -365,6 +365,14 @@ SPECACTOR_OPS_AVX2 void attention_run(const AttentionJob& job, std::int64_t n_he
   n = list_slots(
       job.masked, kvh * D, any_row, [&](std::int64_t m, std::int64_t u) { w.slot[static_cast<std::size_t>(u)] = m; },
       w.krow.data(), w.vrow.data(), n);
+  // Every key and value row of the run requested into L2 at once: the rows are scattered over pages
+  // and (after the weights have streamed through) come from memory, where one row at a time waits on
+  // the latency of each.
+  for (std::int64_t u = 0; u < n; ++u)
+    for (std::int64_t b = 0; b < D * 4; b += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(w.krow[static_cast<std::size_t>(u)]) + b, _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(w.vrow[static_cast<std::size_t>(u)]) + b, _MM_HINT_T1);
+    }
   w.vis.resize(static_cast<std::size_t>(R * n));
   w.nvis.resize(static_cast<std::size_t>(R));
   for (std::int64_t r = 0; r < R; ++r) {
