@@ -31,11 +31,13 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/matmul.hpp"
@@ -364,28 +366,16 @@ void panel_rows(QPath path, const std::uint8_t* pan, std::int64_t nc, const QRow
 // Activation rows per pass over a panel: the VNNI kernel has 32 vector registers (8 rows), AVX2 16.
 constexpr std::int64_t rows_per_pass(QPath path) { return path == QPath::Vnni ? 8 : 4; }
 
-// One pass over a panel for rows [r0, r0 + rt), rt ≤ rows_per_pass(path).
+// One pass over a panel for rows [r0, r0 + rt), rt ≤ rows_per_pass(path): panel_rows<T, rt>.
+template <WeightType T, std::size_t... R>
+constexpr auto pass_table(std::index_sequence<R...>) {
+  return std::array{&panel_rows<T, static_cast<int>(R) + 1>...};
+}
 template <WeightType T>
 void panel_pass(QPath path, const std::uint8_t* pan, std::int64_t nc, const QRows& xq, std::int64_t r0, int rt,
                 float* y, std::int64_t y_stride, std::int64_t o0, int nvalid) {
-  switch (rt) {
-    case 1:
-      return panel_rows<T, 1>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-    case 2:
-      return panel_rows<T, 2>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-    case 3:
-      return panel_rows<T, 3>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-    case 4:
-      return panel_rows<T, 4>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-    case 5:
-      return panel_rows<T, 5>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-    case 6:
-      return panel_rows<T, 6>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-    case 7:
-      return panel_rows<T, 7>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-    default:
-      return panel_rows<T, 8>(path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
-  }
+  static constexpr auto kPasses = pass_table<T>(std::make_index_sequence<8>{});
+  kPasses[static_cast<std::size_t>(rt - 1)](path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
 }
 
 // Bytes of weights ahead of the panel being computed that are prefetched: the hardware prefetcher
