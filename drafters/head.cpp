@@ -191,10 +191,8 @@ class HeadDrafter final : public Drafter {
 
   void store(model::KvCache& cache, const model::KvCache::Seq& seq, std::int64_t first, std::int64_t cnt) {
     const std::int64_t row = runner_->kv_row();
-    for (std::int64_t i = 0; i < cnt; ++i) {
-      std::copy(runner_->k_rows() + i * row, runner_->k_rows() + (i + 1) * row, cache.k_row(0, seq, first + i));
-      std::copy(runner_->v_rows() + i * row, runner_->v_rows() + (i + 1) * row, cache.v_row(0, seq, first + i));
-    }
+    for (std::int64_t i = 0; i < cnt; ++i)
+      cache.write(0, seq, first + i, runner_->k_rows() + i * row, runner_->v_rows() + i * row);
   }
 
   // Top-k tree expansion (SPEC-KERNELS §1-2). `forward(nodes to run, their parent features)` runs one

@@ -11,7 +11,7 @@ namespace specactor::model {
 
 KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t page_size,
                  std::int64_t max_total_tokens, bool host_storage)
-    : n_layers_(n_layers), row_(n_kv_heads * head_dim), page_size_(page_size) {
+    : n_layers_(n_layers), row_(n_kv_heads * head_dim), head_dim_(head_dim), page_size_(page_size) {
   if (n_layers <= 0 || row_ <= 0 || page_size <= 0 || max_total_tokens < page_size)
     throw std::invalid_argument("KvCache: bad shape (layers " + std::to_string(n_layers) + ", row " +
                                 std::to_string(row_) + ", page " + std::to_string(page_size) + ", tokens " +
@@ -64,14 +64,27 @@ void KvCache::truncate(Seq& seq, std::int64_t new_len) {
   seq.length = new_len;
 }
 
-float* KvCache::k_row(std::int64_t layer, const Seq& seq, std::int64_t slot) {
-  return k_.get() + layer * layer_stride_ + seq.pages[static_cast<std::size_t>(slot / page_size_)] * page_stride_ +
-         (slot % page_size_) * row_;
+std::int64_t KvCache::slot_offset(std::int64_t layer, const Seq& seq, std::int64_t slot) const {
+  return layer * layer_stride_ + seq.pages[static_cast<std::size_t>(slot / page_size_)] * page_stride_ +
+         (slot % page_size_) * head_dim_;
 }
 
-float* KvCache::v_row(std::int64_t layer, const Seq& seq, std::int64_t slot) {
-  return v_.get() + layer * layer_stride_ + seq.pages[static_cast<std::size_t>(slot / page_size_)] * page_stride_ +
-         (slot % page_size_) * row_;
+void KvCache::write(std::int64_t layer, const Seq& seq, std::int64_t slot, const float* k, const float* v) {
+  const std::int64_t at = slot_offset(layer, seq, slot), hs = page_size_ * head_dim_;
+  const auto bytes = static_cast<std::size_t>(head_dim_) * sizeof(float);
+  for (std::int64_t h = 0; h * head_dim_ < row_; ++h) {
+    std::memcpy(k_.get() + at + h * hs, k + h * head_dim_, bytes);
+    std::memcpy(v_.get() + at + h * hs, v + h * head_dim_, bytes);
+  }
+}
+
+void KvCache::read(std::int64_t layer, const Seq& seq, std::int64_t slot, float* k, float* v) const {
+  const std::int64_t at = slot_offset(layer, seq, slot), hs = page_size_ * head_dim_;
+  const auto bytes = static_cast<std::size_t>(head_dim_) * sizeof(float);
+  for (std::int64_t h = 0; h * head_dim_ < row_; ++h) {
+    std::memcpy(k + h * head_dim_, k_.get() + at + h * hs, bytes);
+    std::memcpy(v + h * head_dim_, v_.get() + at + h * hs, bytes);
+  }
 }
 
 kernels::PagedKvView KvCache::view(std::int64_t layer, const Seq& seq) const {
@@ -80,14 +93,20 @@ kernels::PagedKvView KvCache::view(std::int64_t layer, const Seq& seq) const {
           seq.pages.data(),
           page_size_,
           page_stride_,
-          row_};
+          head_dim_,
+          page_size_ * head_dim_};
 }
 
 void KvCache::copy_slot(const Seq& seq, std::int64_t from, std::int64_t to) {
   if (from == to) return;
+  const std::int64_t hs = page_size_ * head_dim_;
+  const auto bytes = static_cast<std::size_t>(head_dim_) * sizeof(float);
   for (std::int64_t l = 0; l < n_layers_; ++l) {
-    std::memcpy(k_row(l, seq, to), k_row(l, seq, from), static_cast<std::size_t>(row_) * sizeof(float));
-    std::memcpy(v_row(l, seq, to), v_row(l, seq, from), static_cast<std::size_t>(row_) * sizeof(float));
+    const std::int64_t a = slot_offset(l, seq, to), b = slot_offset(l, seq, from);
+    for (std::int64_t h = 0; h * head_dim_ < row_; ++h) {
+      std::memcpy(k_.get() + a + h * hs, k_.get() + b + h * hs, bytes);
+      std::memcpy(v_.get() + a + h * hs, v_.get() + b + h * hs, bytes);
+    }
   }
 }
 

@@ -1,8 +1,9 @@
 // model/kv_cache.hpp — the paged KV cache: one pool of pages per model, a page table per sequence.
 //
-// Storage: K and V each hold [layer][page][slot][kv_heads × head_dim] floats. A sequence's token at
-// storage slot s lives in page pages[s / page_size], row s % page_size. Pages are taken from a free
-// list on demand and returned on truncate/release; nothing is allocated per token.
+// Storage: K and V each hold [layer][page][kv_head][slot][head_dim] floats. A sequence's token at
+// storage slot s lives in page pages[s / page_size], row s % page_size of each head's block, so one
+// head's keys (and values) of a page are contiguous and attention streams them. Pages are taken from
+// a free list on demand and returned on truncate/release; nothing is allocated per token.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +35,7 @@ class KvCache {
   };
 
   // host_storage false: page tables only (the rows live elsewhere, e.g. in a CUDA runner's device
-  // pool); k_row/v_row/view/copy_slot must not be used then.
+  // pool); write/read/view/copy_slot must not be used then.
   KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t page_size,
           std::int64_t max_total_tokens, bool host_storage = true);
   bool has_host_storage() const { return k_ != nullptr; }
@@ -53,14 +54,17 @@ class KvCache {
   void truncate(Seq& seq, std::int64_t new_len);
   void release(Seq& seq) { truncate(seq, 0); }
 
-  float* k_row(std::int64_t layer, const Seq& seq, std::int64_t slot);
-  float* v_row(std::int64_t layer, const Seq& seq, std::int64_t slot);
+  // Stores the K and V rows (n_kv_heads × head_dim floats each, heads side by side) of one slot.
+  void write(std::int64_t layer, const Seq& seq, std::int64_t slot, const float* k, const float* v);
+  // Reads them back in the same form.
+  void read(std::int64_t layer, const Seq& seq, std::int64_t slot, float* k, float* v) const;
   kernels::PagedKvView view(std::int64_t layer, const Seq& seq) const;
   // Copies the K and V rows of slot `from` to slot `to` in every layer (accepted-path compaction).
   void copy_slot(const Seq& seq, std::int64_t from, std::int64_t to);
 
  private:
-  std::int64_t n_layers_, row_, page_size_, n_pages_, page_stride_, layer_stride_;
+  std::int64_t slot_offset(std::int64_t layer, const Seq& seq, std::int64_t slot) const;  // head 0
+  std::int64_t n_layers_, row_, head_dim_, page_size_, n_pages_, page_stride_, layer_stride_;
   std::unique_ptr<float[]> k_, v_;
   std::vector<std::int32_t> free_;
 };

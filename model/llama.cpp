@@ -315,12 +315,8 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     for (std::size_t b = 0; b < batch.size(); ++b) {
       const ForwardSeq& s = batch[b];
       const auto n = static_cast<std::int64_t>(s.tokens.size());
-      for (std::int64_t i = 0; i < n; ++i) {
-        std::memcpy(kv.k_row(l, *s.kv, old_len[b] + i), k_.data() + (r0 + i) * KD,
-                    sizeof(float) * static_cast<std::size_t>(KD));
-        std::memcpy(kv.v_row(l, *s.kv, old_len[b] + i), v_.data() + (r0 + i) * KD,
-                    sizeof(float) * static_cast<std::size_t>(KD));
-      }
+      for (std::int64_t i = 0; i < n; ++i)
+        kv.write(l, *s.kv, old_len[b] + i, k_.data() + (r0 + i) * KD, v_.data() + (r0 + i) * KD);
       const k::PagedKvView view = kv.view(l, *s.kv);
       attn_jobs_.push_back({q_.data() + r0 * QD,
                             n,

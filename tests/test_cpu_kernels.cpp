@@ -348,8 +348,11 @@ struct RandomAttention {
     seq.length = slots;
     std::mt19937 rng(seed);
     std::normal_distribution<float> d(0.0f, 1.0f);
-    for (std::int64_t s = 0; s < slots; ++s)
-      for (std::int64_t i = 0; i < kvh * hd; ++i) kv.k_row(0, seq, s)[i] = d(rng), kv.v_row(0, seq, s)[i] = d(rng);
+    std::vector<float> kr(static_cast<std::size_t>(kvh * hd)), vr(kr.size());
+    for (std::int64_t s = 0; s < slots; ++s) {
+      for (std::size_t i = 0; i < kr.size(); ++i) kr[i] = d(rng), vr[i] = d(rng);
+      kv.write(0, seq, s, kr.data(), vr.data());
+    }
     for (auto& v : q) v = d(rng);
   }
 };
@@ -369,7 +372,10 @@ TEST_CASE("attention: a chain mask equals the causal default, a tree mask hides 
   // that sees only (prefix, 0, 2, 3) — i.e. the same as when node 1's K/V were anything else.
   const std::vector<std::uint64_t> tree_mask = {0b1, 0b11, 0b101, 0b1101};
   attention_cpu(q.data(), n, heads, kvh, hd, kv.view(0, seq), prefix, tree_mask.data(), 0.25f, tree.data());
-  for (std::int64_t i = 0; i < kvh * hd; ++i) kv.k_row(0, seq, prefix + 1)[i] += 100.0f;
+  std::vector<float> kr(static_cast<std::size_t>(kvh * hd)), vr(kr.size());
+  kv.read(0, seq, prefix + 1, kr.data(), vr.data());
+  for (float& x : kr) x += 100.0f;
+  kv.write(0, seq, prefix + 1, kr.data(), vr.data());
   std::vector<float> tree2(q.size());
   attention_cpu(q.data(), n, heads, kvh, hd, kv.view(0, seq), prefix, tree_mask.data(), 0.25f, tree2.data());
   for (std::int64_t i = 0; i < heads * hd; ++i) {
@@ -433,6 +439,35 @@ TEST_CASE(
                            0.125f, one.data());
     CHECK(std::memcmp(one.data(), batch.data() + i * heads * hd, one.size() * sizeof(float)) == 0);
   }
+}
+
+TEST_CASE("attention: the KV cache's per-head pages and rows with the heads side by side give the same bits") {
+  const std::int64_t heads = 9, kvh = 3, hd = 64, page = 16, prefix = 45, n = 5;
+  RandomAttention a(heads, kvh, hd, page, 128, prefix + n, n, 13);
+  // The same slots as plain rows (one page holding them all, heads side by side: the head drafters'
+  // scratch layout), read back through the cache.
+  const std::int64_t slots = prefix + n, row = kvh * hd;
+  std::vector<float> k_rows(static_cast<std::size_t>(slots * row)), v_rows(k_rows.size());
+  for (std::int64_t s = 0; s < slots; ++s) a.kv.read(0, a.seq, s, k_rows.data() + s * row, v_rows.data() + s * row);
+  const std::int32_t page0 = 0;
+  const specactor::kernels::PagedKvView rows{k_rows.data(), v_rows.data(), &page0, slots, slots * row, row};
+  const specactor::kernels::PagedKvView cache = a.kv.view(0, a.seq);
+  CHECK(cache.head_stride == page * hd);  // the cache keeps a head's slots of a page together
+  for (std::int64_t nq : {std::int64_t{1}, n}) {
+    const std::int64_t pre = slots - nq;
+    std::vector<float> x(static_cast<std::size_t>(nq * heads * hd)), y(x.size());
+    attention_cpu(a.q.data(), nq, heads, kvh, hd, cache, pre, nullptr, 0.125f, x.data());
+    attention_cpu(a.q.data(), nq, heads, kvh, hd, rows, pre, nullptr, 0.125f, y.data());
+    CHECK(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+  }
+  // write/read round trip, and copy_slot moves every head of a slot.
+  std::vector<float> k1(static_cast<std::size_t>(row)), v1(k1.size()), k2(k1.size()), v2(k1.size());
+  a.kv.copy_slot(a.seq, 3, 20);
+  a.kv.read(0, a.seq, 3, k1.data(), v1.data());
+  a.kv.read(0, a.seq, 20, k2.data(), v2.data());
+  CHECK(k1 == k2);
+  CHECK(v1 == v2);
+  CHECK(std::equal(k1.begin(), k1.end(), k_rows.begin() + 3 * row));
 }
 
 TEST_CASE("KV cache: pages come and go, exhaustion is an error that changes nothing") {

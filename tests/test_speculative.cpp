@@ -236,14 +236,14 @@ TEST_CASE("EAGLE head plumbing: the first draft is the target's own prediction f
     // The K and V rows of every committed slot in every layer.
     auto committed_k = [&](const specactor::model::KvCache::Seq& seq) {
       std::vector<float> out;
-      for (std::int64_t l = 0; l < target.config.n_layers; ++l) {
-        const auto v = kvp->view(l, seq);
+      const auto row = static_cast<std::size_t>(target.config.n_kv_heads * target.config.head_dim);
+      std::vector<float> k(row), v(row);
+      for (std::int64_t l = 0; l < target.config.n_layers; ++l)
         for (std::int64_t slot = 0; slot < seq.length; ++slot) {
-          const std::int64_t at = seq.pages[static_cast<std::size_t>(slot / 16)] * v.page_stride + (slot % 16) * v.row;
-          out.insert(out.end(), v.k + at, v.k + at + v.row);
-          out.insert(out.end(), v.v + at, v.v + at + v.row);
+          kvp->read(l, seq, slot, k.data(), v.data());
+          out.insert(out.end(), k.begin(), k.end());
+          out.insert(out.end(), v.begin(), v.end());
         }
-      }
       return out;
     };
     for (int trial = 0; trial < 4; ++trial) {

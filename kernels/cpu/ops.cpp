@@ -360,19 +360,22 @@ SPECACTOR_OPS_AVX2 void attention_run(const AttentionJob& job, std::int64_t n_he
     return false;
   };
   n = list_slots(
-      job.prefix, kvh * D, [](std::int64_t) { return true; },
+      job.prefix, kvh * kv_head_stride(job.prefix.view, D), [](std::int64_t) { return true; },
       [&](std::int64_t, std::int64_t u) { w.slot[static_cast<std::size_t>(u)] = -1; }, w.krow.data(), w.vrow.data(), n);
   n = list_slots(
-      job.masked, kvh * D, any_row, [&](std::int64_t m, std::int64_t u) { w.slot[static_cast<std::size_t>(u)] = m; },
-      w.krow.data(), w.vrow.data(), n);
-  // Every key and value row of the run requested into L2 at once: the rows are scattered over pages
-  // and (after the weights have streamed through) come from memory, where one row at a time waits on
-  // the latency of each.
-  for (std::int64_t u = 0; u < n; ++u)
-    for (std::int64_t b = 0; b < D * 4; b += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(w.krow[static_cast<std::size_t>(u)]) + b, _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(w.vrow[static_cast<std::size_t>(u)]) + b, _MM_HINT_T1);
-    }
+      job.masked, kvh * kv_head_stride(job.masked.view, D), any_row,
+      [&](std::int64_t m, std::int64_t u) { w.slot[static_cast<std::size_t>(u)] = m; }, w.krow.data(), w.vrow.data(),
+      n);
+  // The rows come from memory (the weights have streamed through the caches since), a page at a
+  // time: the key rows of the next block are requested while a block is computed (values likewise
+  // in the weighted sums below).
+  auto prefetch_rows = [&](const std::vector<const float*>& rows, std::int64_t from) {
+    const std::int64_t to = std::min(n, from + kKeyBlock);
+    for (std::int64_t u = from; u < to; ++u)
+      for (std::int64_t b = 0; b < D * 4; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(rows[static_cast<std::size_t>(u)]) + b, _MM_HINT_T0);
+  };
+  prefetch_rows(w.krow, 0);
   w.vis.resize(static_cast<std::size_t>(R * n));
   w.nvis.resize(static_cast<std::size_t>(R));
   for (std::int64_t r = 0; r < R; ++r) {
@@ -390,6 +393,7 @@ SPECACTOR_OPS_AVX2 void attention_run(const AttentionJob& job, std::int64_t n_he
     for (std::int64_t h = 0; h < H; ++h) qv[r * H + h] = job.q + ((ia + r) * n_heads + h0 + h) * D;
   for (std::int64_t ub = 0; ub < n; ub += kKeyBlock) {
     const std::int64_t ue = std::min(n, ub + kKeyBlock);
+    prefetch_rows(ue < n ? w.krow : w.vrow, ue < n ? ue : 0);
     for (std::int64_t qi = 0; qi < Q; qi += 2) {
       float* s0 = w.s.data() + qi * n;
       std::int64_t c = ub;
@@ -419,6 +423,7 @@ SPECACTOR_OPS_AVX2 void attention_run(const AttentionJob& job, std::int64_t n_he
   std::int64_t cursor[kRunRows] = {};
   for (std::int64_t ub = 0; ub < n; ub += kKeyBlock) {
     const std::int64_t ue = std::min(n, ub + kKeyBlock);
+    prefetch_rows(w.vrow, ue);
     for (std::int64_t r = 0; r < R; ++r) {
       const std::int32_t* vis = w.vis.data() + r * n;
       const std::int64_t nv = w.nvis[static_cast<std::size_t>(r)];
@@ -452,9 +457,10 @@ void attention_one(const AttentionJob& job, std::int64_t n_heads, std::int64_t g
   w.s.resize(static_cast<std::size_t>(cap + 8));
   auto none = [](std::int64_t, std::int64_t) {};
   std::int64_t n = list_slots(
-      job.prefix, kvh * head_dim, [](std::int64_t) { return true; }, none, w.krow.data(), w.vrow.data(), 0);
+      job.prefix, kvh * kv_head_stride(job.prefix.view, head_dim), [](std::int64_t) { return true; }, none,
+      w.krow.data(), w.vrow.data(), 0);
   n = list_slots(
-      job.masked, kvh * head_dim,
+      job.masked, kvh * kv_head_stride(job.masked.view, head_dim),
       [&](std::int64_t m) { return job.mask ? ((job.mask[i] >> m) & 1u) != 0 : m <= i + lag; }, none, w.krow.data(),
       w.vrow.data(), n);
   const float* qv = job.q + (i * n_heads + h) * head_dim;
@@ -501,8 +507,9 @@ void attention_many_cpu(const AttentionJob* jobs, int n_jobs, std::int64_t n_hea
   const int nth_max = parallel ? ComputePool::instance().threads() : 1;
   // Work items: (head group, query row) per job, in that order; a head group is a KV head's query
   // heads when that leaves every thread enough items, else one head. A thread's consecutive rows of
-  // one head group form runs (attention_run) that read each key and value once. Every (query, head)
-  // runs the same operations whatever the grouping, the runs and the other sequences in the call.
+  // one head group form runs (attention_run) that read each key and value once; for a job of one
+  // query, a thread's consecutive heads of one KV head do. Every (query, head) runs the same
+  // operations whatever the grouping, the runs and the other sequences in the call.
   const std::int64_t hp = runs && group <= 8 && queries * n_kv_heads >= 2 * nth_max ? group : 1;
   const std::int64_t n_hg = n_heads / hp;
   auto share = [&](int tid, int nth) {
@@ -516,6 +523,14 @@ void attention_many_cpu(const AttentionJob* jobs, int n_jobs, std::int64_t n_hea
       for (std::int64_t t = lo; t < hi;) {
         const std::int64_t hg = t / job.n_q, ia = t % job.n_q;
         const std::int64_t ib = std::min({job.n_q, ia + (hi - t), ia + kRunRows});
+        if (runs && hp == 1 && job.n_q == 1 && group <= 8) {
+          // One query (a decode step): this thread's consecutive heads of one KV head form one run,
+          // so a KV head's keys and values are read once per thread, not once per query head.
+          const std::int64_t g_end = std::min((hg / group + 1) * group, hg + (hi - t));
+          kRuns[g_end - hg - 1](job, n_heads, group, hg, 0, 1, scale, w);
+          t += g_end - hg;
+          continue;
+        }
         if (runs) {
           kRuns[hp - 1](job, n_heads, group, hg * hp, ia, ib, scale, w);
         } else {

@@ -34,15 +34,27 @@ void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n
 void softmax_cpu(float* x, std::int64_t n);
 
 // The KV cache of one sequence in one layer, as plain memory: slot s lives in page pages[s / page_size]
-// at row s % page_size; a row holds n_kv_heads × head_dim floats for K (and the same for V).
+// at row s % page_size. KV head h of slot s (head_dim floats, K and the same for V) starts at
+//   pages[s / page_size] · page_stride + (s % page_size) · row + h · head_stride
+// where head_stride 0 means head_dim (the heads of a slot side by side, as the head drafters' scratch
+// rows are). The KV cache keeps each head's slots of a page contiguous instead (row = head_dim,
+// head_stride = page_size · head_dim), so attention streams a head's keys and values.
 struct PagedKvView {
   const float* k = nullptr;  // layer base of the K pool
   const float* v = nullptr;  // layer base of the V pool
   const std::int32_t* pages = nullptr;
   std::int64_t page_size = 0;
-  std::int64_t page_stride = 0;  // floats per page (page_size × row)
-  std::int64_t row = 0;          // floats per slot (n_kv_heads × head_dim)
+  std::int64_t page_stride = 0;  // floats per page
+  std::int64_t row = 0;          // floats between consecutive slots of a page
+  std::int64_t head_stride = 0;  // floats between consecutive KV heads of a slot (0: head_dim)
 };
+inline std::int64_t kv_head_stride(const PagedKvView& v, std::int64_t head_dim) {
+  return v.head_stride > 0 ? v.head_stride : head_dim;
+}
+// Offset of KV head h of slot s in a view's pools.
+inline std::int64_t kv_offset(const PagedKvView& v, std::int64_t s, std::int64_t h, std::int64_t head_dim) {
+  return v.pages[s / v.page_size] * v.page_stride + (s % v.page_size) * v.row + h * kv_head_stride(v, head_dim);
+}
 
 // Attention of n_q new queries of one sequence. q, out: (n_q, n_heads, head_dim). Keys/values: slots
 // [0, n_prefix + n_q) of `kv`; the new tokens occupy slots n_prefix + j. Query i sees every prefix
