@@ -366,16 +366,6 @@ SPECACTOR_OPS_AVX2 void attention_run(const AttentionJob& job, std::int64_t n_he
       job.masked, kvh * kv_head_stride(job.masked.view, D), any_row,
       [&](std::int64_t m, std::int64_t u) { w.slot[static_cast<std::size_t>(u)] = m; }, w.krow.data(), w.vrow.data(),
       n);
-  // The rows come from memory (the weights have streamed through the caches since), a page at a
-  // time: the key rows of the next block are requested while a block is computed (values likewise
-  // in the weighted sums below).
-  auto prefetch_rows = [&](const std::vector<const float*>& rows, std::int64_t from) {
-    const std::int64_t to = std::min(n, from + kKeyBlock);
-    for (std::int64_t u = from; u < to; ++u)
-      for (std::int64_t b = 0; b < D * 4; b += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(rows[static_cast<std::size_t>(u)]) + b, _MM_HINT_T0);
-  };
-  prefetch_rows(w.krow, 0);
   w.vis.resize(static_cast<std::size_t>(R * n));
   w.nvis.resize(static_cast<std::size_t>(R));
   for (std::int64_t r = 0; r < R; ++r) {
@@ -393,7 +383,6 @@ SPECACTOR_OPS_AVX2 void attention_run(const AttentionJob& job, std::int64_t n_he
     for (std::int64_t h = 0; h < H; ++h) qv[r * H + h] = job.q + ((ia + r) * n_heads + h0 + h) * D;
   for (std::int64_t ub = 0; ub < n; ub += kKeyBlock) {
     const std::int64_t ue = std::min(n, ub + kKeyBlock);
-    prefetch_rows(ue < n ? w.krow : w.vrow, ue < n ? ue : 0);
     for (std::int64_t qi = 0; qi < Q; qi += 2) {
       float* s0 = w.s.data() + qi * n;
       std::int64_t c = ub;
@@ -423,7 +412,6 @@ SPECACTOR_OPS_AVX2 void attention_run(const AttentionJob& job, std::int64_t n_he
   std::int64_t cursor[kRunRows] = {};
   for (std::int64_t ub = 0; ub < n; ub += kKeyBlock) {
     const std::int64_t ue = std::min(n, ub + kKeyBlock);
-    prefetch_rows(w.vrow, ue);
     for (std::int64_t r = 0; r < R; ++r) {
       const std::int32_t* vis = w.vis.data() + r * n;
       const std::int64_t nv = w.nvis[static_cast<std::size_t>(r)];
