@@ -85,22 +85,28 @@ std::int64_t KvCache::slot_offset(std::int64_t layer, const Seq& seq, std::int64
          (slot % page_size_) * head_dim_;
 }
 
+template <class Copy>
+void KvCache::each_head(Copy&& copy) const {
+  const std::int64_t hs = page_size_ * head_dim_;  // between one KV head's block of a page and the next
+  for (std::int64_t h = 0; h * head_dim_ < row_; ++h) copy(h * hs, h * head_dim_);
+}
+
 void KvCache::write(std::int64_t layer, const Seq& seq, std::int64_t slot, const float* k, const float* v) {
-  const std::int64_t at = slot_offset(layer, seq, slot), hs = page_size_ * head_dim_;
+  const std::int64_t at = slot_offset(layer, seq, slot);
   const auto bytes = static_cast<std::size_t>(head_dim_) * sizeof(float);
-  for (std::int64_t h = 0; h * head_dim_ < row_; ++h) {
-    std::memcpy(k_.get() + at + h * hs, k + h * head_dim_, bytes);
-    std::memcpy(v_.get() + at + h * hs, v + h * head_dim_, bytes);
-  }
+  each_head([&](std::int64_t pool, std::int64_t row) {
+    std::memcpy(k_.get() + at + pool, k + row, bytes);
+    std::memcpy(v_.get() + at + pool, v + row, bytes);
+  });
 }
 
 void KvCache::read(std::int64_t layer, const Seq& seq, std::int64_t slot, float* k, float* v) const {
-  const std::int64_t at = slot_offset(layer, seq, slot), hs = page_size_ * head_dim_;
+  const std::int64_t at = slot_offset(layer, seq, slot);
   const auto bytes = static_cast<std::size_t>(head_dim_) * sizeof(float);
-  for (std::int64_t h = 0; h * head_dim_ < row_; ++h) {
-    std::memcpy(k + h * head_dim_, k_.get() + at + h * hs, bytes);
-    std::memcpy(v + h * head_dim_, v_.get() + at + h * hs, bytes);
-  }
+  each_head([&](std::int64_t pool, std::int64_t row) {
+    std::memcpy(k + row, k_.get() + at + pool, bytes);
+    std::memcpy(v + row, v_.get() + at + pool, bytes);
+  });
 }
 
 kernels::PagedKvView KvCache::view(std::int64_t layer, const Seq& seq) const {
@@ -115,14 +121,13 @@ kernels::PagedKvView KvCache::view(std::int64_t layer, const Seq& seq) const {
 
 void KvCache::copy_slot(const Seq& seq, std::int64_t from, std::int64_t to) {
   if (from == to) return;
-  const std::int64_t hs = page_size_ * head_dim_;
   const auto bytes = static_cast<std::size_t>(head_dim_) * sizeof(float);
   for (std::int64_t l = 0; l < n_layers_; ++l) {
     const std::int64_t a = slot_offset(l, seq, to), b = slot_offset(l, seq, from);
-    for (std::int64_t h = 0; h * head_dim_ < row_; ++h) {
-      std::memcpy(k_.get() + a + h * hs, k_.get() + b + h * hs, bytes);
-      std::memcpy(v_.get() + a + h * hs, v_.get() + b + h * hs, bytes);
-    }
+    each_head([&](std::int64_t pool, std::int64_t) {
+      std::memcpy(k_.get() + a + pool, k_.get() + b + pool, bytes);
+      std::memcpy(v_.get() + a + pool, v_.get() + b + pool, bytes);
+    });
   }
 }
 

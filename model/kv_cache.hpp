@@ -64,6 +64,9 @@ class KvCache {
 
  private:
   std::int64_t slot_offset(std::int64_t layer, const Seq& seq, std::int64_t slot) const;  // head 0
+  // copy(offset of KV head h from head 0 in the pool, offset of its head_dim floats in a row), per head.
+  template <class Copy>
+  void each_head(Copy&& copy) const;
   std::int64_t n_layers_, row_, head_dim_, page_size_, n_pages_, page_stride_, layer_stride_;
   std::unique_ptr<float[]> k_, v_;
   std::vector<std::int32_t> free_;

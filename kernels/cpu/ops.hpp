@@ -51,10 +51,6 @@ struct PagedKvView {
 inline std::int64_t kv_head_stride(const PagedKvView& v, std::int64_t head_dim) {
   return v.head_stride > 0 ? v.head_stride : head_dim;
 }
-// Offset of KV head h of slot s in a view's pools.
-inline std::int64_t kv_offset(const PagedKvView& v, std::int64_t s, std::int64_t h, std::int64_t head_dim) {
-  return v.pages[s / v.page_size] * v.page_stride + (s % v.page_size) * v.row + h * kv_head_stride(v, head_dim);
-}
 
 // Attention of n_q new queries of one sequence. q, out: (n_q, n_heads, head_dim). Keys/values: slots
 // [0, n_prefix + n_q) of `kv`; the new tokens occupy slots n_prefix + j. Query i sees every prefix
