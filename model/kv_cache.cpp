@@ -1,6 +1,5 @@
 #include "model/kv_cache.hpp"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,19 +8,6 @@
 #include "config/error.hpp"
 
 namespace specactor::model {
-
-namespace {
-// Asks the kernel to back the 2 MiB-aligned interior of a fresh (untouched) allocation with huge
-// pages where transparent huge pages are enabled for madvise: attention walks a sequence's pages of
-// every layer per step, and with 4 KiB pages nearly every one of its runs misses the TLB. Advice
-// only: nothing changes where the kernel declines.
-void huge_pages(void* p, std::size_t bytes) {
-  constexpr std::uintptr_t kHuge = std::uintptr_t{1} << 21;
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  const std::uintptr_t b = (a + kHuge - 1) & ~(kHuge - 1), e = (a + bytes) & ~(kHuge - 1);
-  if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
-}
-}  // namespace
 
 KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t page_size,
                  std::int64_t max_total_tokens, bool host_storage)
@@ -50,8 +36,6 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
       // Not value-initialised: pages become resident only when written.
       k_ = std::make_unique_for_overwrite<float[]>(n);
       v_ = std::make_unique_for_overwrite<float[]>(n);
-      huge_pages(k_.get(), n * sizeof(float));
-      huge_pages(v_.get(), n * sizeof(float));
     } catch (const std::bad_alloc&) {
       refuse("which could not be allocated");
     }
