@@ -3,11 +3,13 @@
 // RoPE, attention masks, sampling, and the paged KV cache.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -532,6 +534,65 @@ TEST_CASE("sampling: greedy, top-k, top-p, min-p, temperature, seeds") {
   const int draws = 200000;
   for (int i = 0; i < draws; ++i) counts[static_cast<std::size_t>(sample_from_probs(p, r.uniform()))]++;
   for (int i = 0; i < 5; ++i) CHECK(counts[i] / double(draws) == doctest::Approx(p[i]).epsilon(0.03));
+}
+
+// The kept set and probabilities from sorting the whole vocabulary (the obvious way), against
+// sampling_probs, which sorts only the ids that can be kept.
+TEST_CASE("sampling: top-p / min-p over a large vocabulary equal a full sort (ties, flat and peaked logits)") {
+  auto reference = [](const std::vector<float>& l, const SamplingParams& p) {
+    const auto n = static_cast<std::int32_t>(l.size());
+    std::vector<std::int32_t> ids(l.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    std::sort(ids.begin(), ids.end(),
+              [&](std::int32_t a, std::int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    std::vector<double> w(l.size());
+    double sum = 0;
+    for (std::int32_t i = 0; i < n; ++i) sum += (w[i] = std::exp((l[ids[i]] - l[ids[0]]) / double(p.temperature)));
+    std::size_t keep = l.size();
+    double acc = 0;
+    if (p.top_p < 1.0f)
+      for (std::size_t i = 0; i < keep; ++i)
+        if ((acc += w[i] / sum) >= p.top_p) keep = i + 1;
+    if (p.min_p > 0.0f) {
+      std::size_t k = 1;
+      while (k < keep && w[k] >= p.min_p * w[0]) ++k;
+      keep = k;
+    }
+    double kept = 0;
+    for (std::size_t i = 0; i < keep; ++i) kept += w[i];
+    std::vector<double> out(l.size(), 0.0);
+    for (std::size_t i = 0; i < keep; ++i) out[static_cast<std::size_t>(ids[i])] = w[i] / kept;
+    return out;
+  };
+  Rng rng(11);
+  for (int trial = 0; trial < 24; ++trial) {
+    const std::int64_t n = 5000 + 1000 * (trial % 3);
+    const double scale = trial % 4 == 0 ? 0.05 : trial % 4 == 1 ? 1.0 : trial % 4 == 2 ? 4.0 : 12.0;
+    std::vector<float> l(static_cast<std::size_t>(n));
+    for (auto& v : l) v = static_cast<float>(scale * (rng.uniform() * 2 - 1));
+    for (int t = 0; t < 40; ++t) l[rng.next() % l.size()] = l[rng.next() % l.size()];  // ties
+    if (trial % 2 == 1) l[rng.next() % l.size()] = 10.0f;  // one peak over a sea of tiny weights with real mass
+    const SamplingParams params[] = {{0.7f, 0, 0.9f},        {1.0f, 0, 0.99f},       {1.5f, 0, 0.5f},
+                                     {1.0f, 0, 1.0f, 0.05f}, {0.8f, 0, 0.95f, 0.2f}, {2.0f, 0, 0.999f}};
+    for (const auto& p : params) {
+      CAPTURE(trial);
+      CAPTURE(p.temperature);
+      CAPTURE(p.top_p);
+      CAPTURE(p.min_p);
+      std::vector<float> got;
+      sampling_probs(l.data(), n, p, got);
+      const auto want = reference(l, p);
+      int support_got = 0, support_want = 0, mismatched = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        support_got += got[static_cast<std::size_t>(i)] > 0;
+        support_want += want[static_cast<std::size_t>(i)] > 0;
+        mismatched += std::abs(got[static_cast<std::size_t>(i)] - want[static_cast<std::size_t>(i)]) >
+                      1e-6 * want[static_cast<std::size_t>(i)] + 1e-12;
+      }
+      CHECK(support_got == support_want);
+      CHECK(mismatched == 0);
+    }
+  }
 }
 
 // ---- tensor parallelism on the CPU communicator ----

@@ -47,24 +47,55 @@ void sampling_probs(const float* logits, std::int64_t n, const SamplingParams& p
     probs[static_cast<std::size_t>(argmax(logits, n))] = 1.0f;
     return;
   }
-  // Candidates sorted by logit (descending, ties by id) — only as many as top-k needs.
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
-  std::iota(ids.begin(), ids.end(), 0);
+  // The kept set is a prefix of the ids ordered by logit (descending, ties by id).
   auto by_logit = [&](std::int32_t a, std::int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
-  std::size_t keep = ids.size();
-  if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < keep) {
-    keep = static_cast<std::size_t>(p.top_k);
-    std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(keep), ids.end(), by_logit);
-  } else {
-    std::sort(ids.begin(), ids.end(), by_logit);
-  }
   const double inv_t = 1.0 / p.temperature;
-  const double mx = logits[ids[0]];
-  std::vector<double> w(keep);
-  double sum = 0.0;
-  for (std::size_t i = 0; i < keep; ++i) sum += (w[i] = std::exp((logits[ids[i]] - mx) * inv_t));
+  std::vector<std::int32_t> ids;
+  std::vector<double> w;  // w[i]: the weight of ids[i]
+  double sum = 0.0;       // the softmax denominator over every candidate (all n without top-k)
+  if (p.top_k > 0 && p.top_k < n) {
+    ids.resize(static_cast<std::size_t>(n));
+    std::iota(ids.begin(), ids.end(), 0);
+    const auto keep = static_cast<std::size_t>(p.top_k);
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(keep), ids.end(), by_logit);
+    ids.resize(keep);
+    const double mx = logits[ids[0]];
+    w.resize(keep);
+    for (std::size_t i = 0; i < keep; ++i) sum += (w[i] = std::exp((logits[ids[i]] - mx) * inv_t));
+  } else {
+    // No sort of the whole vocabulary: every weight once, then only the ids that can be kept, sorted.
+    const double mx = logits[argmax(logits, n)];
+    std::vector<double> all(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) sum += (all[static_cast<std::size_t>(i)] = std::exp((logits[i] - mx) * inv_t));
+    if (p.top_p >= 1.0f && p.min_p <= 0.0f) {  // everything is kept: no order needed
+      for (std::int64_t i = 0; i < n; ++i)
+        probs[static_cast<std::size_t>(i)] = static_cast<float>(all[static_cast<std::size_t>(i)] / sum);
+      return;
+    }
+    // Candidates are the ids whose weight reaches a floor (the top weight is exp(0) = 1), a prefix of
+    // the order: with min-p, its own floor (what min-p keeps; the top-p prefix is cut to it anyway);
+    // for top-p alone, one low enough that the candidates' mass reaches top_p, lowered until it does.
+    const bool min_p_floor = p.min_p > 0.0f;
+    double floor = min_p_floor ? static_cast<double>(p.min_p) : 1e-4;
+    for (;;) {
+      ids.clear();
+      double mass = 0.0;
+      for (std::int64_t i = 0; i < n; ++i)
+        if (all[static_cast<std::size_t>(i)] >= floor) {
+          ids.push_back(static_cast<std::int32_t>(i));
+          mass += all[static_cast<std::size_t>(i)];
+        }
+      // A margin over top_p: the prefix scan below sums in another order. Floor 0 takes everything.
+      if (min_p_floor || floor == 0.0 || mass / sum >= static_cast<double>(p.top_p) + 1e-9) break;
+      floor = floor > 1e-30 ? floor * 1e-4 : 0.0;
+    }
+    std::sort(ids.begin(), ids.end(), by_logit);
+    w.resize(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) w[i] = all[static_cast<std::size_t>(ids[i])];
+  }
+  std::size_t keep = ids.size();
   // top-p: smallest prefix whose mass reaches top_p.
   if (p.top_p < 1.0f) {
     double acc = 0.0;
