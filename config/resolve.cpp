@@ -248,6 +248,17 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     std::int64_t tokens =
         s->speculative_num_draft_tokens.value_or(std::min<std::int64_t>(dflt.num_draft_tokens, 1 + steps * topk));
     if (topk == 1) tokens = steps + 1;  // a chain verifies exactly its steps plus the root
+    // A head drafter tracks a proposal's nodes in a 64-bit attention mask: the root plus steps × topk.
+    const auto a = s->speculative_algorithm;
+    const bool head = a == SpecAlgorithm::Eagle || a == SpecAlgorithm::Eagle3 || a == SpecAlgorithm::Mtp ||
+                      a == SpecAlgorithm::FrozenKvMtp;
+    if (head && 1 + steps * topk > 64)
+      throw ConfigError("--speculative-num-steps × --speculative-eagle-topk: " + std::string(to_string(a)) +
+                        " drafts at most 63 nodes per step (1 + steps × topk <= 64), got " + std::to_string(steps) +
+                        " × " + std::to_string(topk) +
+                        (s->speculative_num_steps && s->speculative_eagle_topk
+                             ? std::string()
+                             : std::string(" (with the default for the flag not given)")));
     json f = json::object();
     if (!s->speculative_num_steps) f["speculative_num_steps"] = steps;
     if (!s->speculative_eagle_topk) f["speculative_eagle_topk"] = topk;

@@ -282,6 +282,21 @@ TEST_CASE("automatic speculative shape") {
     CHECK(*s->speculative_eagle_topk == 2);
     CHECK(*s->speculative_num_draft_tokens == 6);
   }
+  SUBCASE("a head drafter's 64-node limit is a config error, given or with a default") {
+    CHECK_THROWS_WITH_AS(resolved({"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "h",
+                                   "--speculative-num-steps", "8", "--speculative-eagle-topk", "8"}),
+                         doctest::Contains("1 + steps × topk <= 64), got 8 × 8"), ConfigError);
+    CHECK_THROWS_WITH_AS(resolved({"--speculative-algorithm", "MTP", "--speculative-draft-model-path", "h",
+                                   "--speculative-num-steps", "64"},
+                                  false),
+                         doctest::Contains("with the default for the flag not given"), ConfigError);
+    auto ok = resolved({"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "h",
+                        "--speculative-num-steps", "7", "--speculative-eagle-topk", "9"});
+    CHECK(*ok->speculative_num_steps == 7);
+    auto ngram = resolved({"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "8",
+                           "--speculative-eagle-topk", "8"});  // not a head drafter: no such limit
+    CHECK(*ngram->speculative_eagle_topk == 8);
+  }
 }
 
 TEST_CASE("load-time resolution: context length, KV budget, device") {
