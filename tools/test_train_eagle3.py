@@ -8,7 +8,7 @@ A 2-block cut of the default model (`specactor shrink`) stands in for the target
   checkpoint's draft vocabulary; two data folders train as one and --init-from fine-tunes from another
   run's weights (keeping its draft vocabulary, or with --new-vocab choosing one on the data and carrying
   the shared tokens' output rows over); --intermediate-size widens the head's MLP (exported, loaded,
-  lossless); the held-out chain count equals a plain walk over the pairs; the
+  lossless); --init-from an exported head folder grows its MLP with silent new units; the held-out chain count equals a plain walk over the pairs; the
   held-out split depends on each sample alone (data extended or reordered keeps every side);
 and the bad inputs each give one clear error: a missing data folder, a corrupt shard, data made
 from another target, a make-data folder reused with another model.
@@ -251,6 +251,27 @@ def main():
               "--intermediate-size 2048: exported, loaded by specactor, lossless")
         p = run(wide + ["--intermediate-size", "-1"], expect=2)
         check("--intermediate-size: out of range" in p.stderr, "a negative --intermediate-size: " + p.stderr.strip())
+        # --init-from an exported head folder (as the shipped head is) with a wider MLP: the same function
+        # to start with (the new units' down rows are zero), so the loss starts where the checkpoint's does.
+        work6, head6 = os.path.join(tmp, "work6"), os.path.join(tmp, "head6")
+        grown = tuned[:]
+        for flag, value in (("--work", work6), ("--out", head6)):
+            grown[grown.index(flag) + 1] = value
+        p = run(grown + ["--init-from", head, "--intermediate-size", "2048"])
+        hist6 = [h for h in json.load(open(os.path.join(work6, "history.json"))) if "loss" in h]
+        w6 = load_file(os.path.join(head6, "model.safetensors"))
+        down6 = w6["midlayer.mlp.down_proj.weight"].astype(np.float32)  # [H, F]
+        check("MLP grown from 1536 to 2048" in p.stdout and np.array_equal(w6["d2t"], d2t_a) and
+              down6.shape == (576, 2048) and np.abs(down6[:, 1536:]).max() < 5e-3 and
+              abs(hist6[0]["loss"] - hist3[0]["loss"]) < 0.02 * hist3[0]["loss"],
+              f"--init-from a head folder, MLP 1536 -> 2048: loss {hist6[0]['loss']:.3f} against "
+              f"{hist3[0]['loss']:.3f} from the checkpoint, the new units start silent, the same vocabulary")
+        p = run(grown + ["--init-from", head6, "--intermediate-size", "1024"], expect=2)
+        check("wider than --intermediate-size 1024" in p.stderr, "--init-from a wider head: " + p.stderr.strip())
+        os.remove(os.path.join(head6, "config.json"))
+        p = run(grown + ["--init-from", head6], expect=2)
+        check("expected config.json and model.safetensors" in p.stderr, "--init-from a folder without a config: " +
+              p.stderr.strip())
 
         # Bad input: one clear error each.
         p = run(train[:2] + ["--data", os.path.join(tmp, "missing"), "--out", head], expect=2)

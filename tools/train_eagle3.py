@@ -288,6 +288,11 @@ def init_params(key, cfg, lm_head_init, norm_init):
     }
 
 
+# The parameters in the order a dict of them flattens (sorted keys): the checkpoint's leaf order.
+PARAM_NAMES = sorted(["fc", "input_layernorm", "hidden_norm", "q", "k", "v", "o", "post_attention_layernorm", "gate",
+                      "up", "down", "norm", "lm_head"])
+
+
 def build_step_fns(cfg, ttt_steps, tx):
     import jax
     import jax.numpy as jnp
@@ -376,6 +381,62 @@ def build_step_fns(cfg, ttt_steps, tx):
         return loss_fn(p, embed, tgt_head, tgt_norm, batch)
 
     return jax.jit(train_step), jax.jit(eval_step)
+
+
+def read_head_folder(path, ds):
+    """An exported head (config.json + model.safetensors, as `export` writes and specactor ships) as
+    trainer parameters {name: [in, out] float32} and its draft vocabulary (target ids)."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    cpath, spath = os.path.join(folder, "config.json"), os.path.join(folder, "model.safetensors")
+    if not os.path.exists(cpath) or not os.path.exists(spath):
+        raise DataError(f"{folder}: expected config.json and model.safetensors (an EAGLE-3 head folder)")
+    try:
+        with open(cpath) as f:
+            c = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{cpath}: not a JSON config ({e})")
+    if "LlamaForCausalLMEagle3" not in (c.get("architectures") or []):
+        raise DataError(f"{cpath}: architectures {c.get('architectures')}, expected LlamaForCausalLMEagle3")
+    m = ds.model
+    for key in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads"):
+        if c.get(key) != m[key]:
+            raise DataError(f"{cpath}: {key} {c.get(key)}, this data's target has {m[key]} (a head for another model)")
+    layers = (c.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if layers is not None and list(layers) != list(ds.aux_layers):
+        raise DataError(f"{cpath}: captures layers {layers}, this data captured {ds.aux_layers} "
+                        f"(make the data with `make-data --aux-layers {','.join(map(str, layers))}`)")
+    names = {"fc": "fc.weight", "input_layernorm": "midlayer.input_layernorm.weight",
+             "hidden_norm": "midlayer.hidden_norm.weight", "q": "midlayer.self_attn.q_proj.weight",
+             "k": "midlayer.self_attn.k_proj.weight", "v": "midlayer.self_attn.v_proj.weight",
+             "o": "midlayer.self_attn.o_proj.weight",
+             "post_attention_layernorm": "midlayer.post_attention_layernorm.weight",
+             "gate": "midlayer.mlp.gate_proj.weight", "up": "midlayer.mlp.up_proj.weight",
+             "down": "midlayer.mlp.down_proj.weight", "norm": "norm.weight", "lm_head": "lm_head.weight"}
+    t, _ = load_safetensors(spath, list(names.values()) + ["d2t"])
+    params = {k: (t[v].astype(np.float32).T if t[v].ndim == 2 else t[v].astype(np.float32)) for k, v in names.items()}
+    d2t = np.asarray(t["d2t"], dtype=np.int64)
+    ids = np.arange(len(d2t), dtype=np.int64) + d2t
+    if np.any(np.diff(ids) <= 0) or ids[0] < 0 or ids[-1] >= m["vocab_size"]:
+        raise DataError(f"{spath}: d2t does not map the draft ids to increasing target ids")
+    return params, ids
+
+
+def grow_mlp(src, F, seed):
+    """A wider MLP that computes the same function: the new gate/up columns start random, the new
+    down rows zero (so they add nothing until trained)."""
+    have = src["gate"].shape[1]
+    if have == F:
+        return src
+    if have > F:
+        raise DataError(f"its MLP is {have} wide, wider than --intermediate-size {F} (give {have} or more)")
+    rng = np.random.default_rng(seed)
+    H = src["gate"].shape[0]
+    out = dict(src)
+    for k in ("gate", "up"):
+        extra = rng.standard_normal((H, F - have)).astype(np.float32) / math.sqrt(H)
+        out[k] = np.concatenate([src[k], extra], axis=1)
+    out["down"] = np.concatenate([src["down"], np.zeros((F - have, H), np.float32)], axis=0)
+    return out
 
 
 # -------------------------------------------------------------------------------------------- export
@@ -488,7 +549,7 @@ def main():
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--ttt-steps", type=int, default=3)
     ap.add_argument("--intermediate-size", type=int, default=0,
-                    help="the head's MLP width (default 0: the target's intermediate_size)")
+                    help="the head's MLP width (default 0: --init-from's, else the target's intermediate_size)")
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--warmup", type=float, default=0.03, help="share of the steps spent warming up")
     ap.add_argument("--weight-decay", type=float, default=0.01)
@@ -503,9 +564,11 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
     ap.add_argument("--init-from", default="",
-                    help="start from the weights (and draft vocabulary) of another run's checkpoint.npz, with a "
+                    help="start from the weights (and draft vocabulary) of another run's checkpoint.npz or of an "
+                         "exported head folder (config.json + model.safetensors, e.g. the shipped one), with a "
                          "fresh optimizer and schedule: fine-tuning on new data (a --resume checkpoint in --work "
-                         "wins, so an interrupted run continues)")
+                         "wins, so an interrupted run continues); a wider --intermediate-size grows its MLP "
+                         "(new units start silent)")
     ap.add_argument("--new-vocab", action="store_true",
                     help="with --init-from: choose the draft vocabulary (--draft-vocab tokens) on this data instead "
                          "of keeping the checkpoint's; output rows of tokens in both carry over, new tokens' rows "
@@ -538,20 +601,39 @@ def main():
     resuming = a.resume and os.path.exists(ckpt)
     init = a.init_from if a.init_from and not resuming else ""
     if init and not os.path.exists(init):
-        fail(f"--init-from {init}: not found (a checkpoint.npz from another run's --work folder)")
+        fail(f"--init-from {init}: not found (a checkpoint.npz from another run's --work folder, or a head folder)")
     if a.new_vocab and not a.init_from:
         fail("--new-vocab: needs --init-from (a fresh run always chooses its vocabulary on the data)")
     src_ckpt = ckpt if resuming else init
+    init_head = None  # --init-from a head folder: (params, draft ids)
+    if init and (os.path.isdir(init) or init.endswith(".safetensors")):
+        try:
+            init_head = read_head_folder(init, ds)
+        except DataError as e:
+            fail(f"--init-from: {e}")
     old_ids = None  # --new-vocab: the checkpoint's draft vocabulary, remapped below
     try:
-        fixed = np.load(src_ckpt, allow_pickle=False)["draft_ids"] if src_ckpt else None
+        if init_head is not None:
+            fixed = init_head[1]
+        else:
+            fixed = np.load(src_ckpt, allow_pickle=False)["draft_ids"] if src_ckpt else None
         if init and a.new_vocab:
             old_ids, fixed = np.asarray(fixed, dtype=np.int64), None
         ids, d2t, t2d, covered = select_vocab(ds, a.draft_vocab, fixed)
     except (DataError, KeyError, ValueError, OSError) as e:
         fail(f"{src_ckpt}: cannot start from it ({e})" + ("; delete it or drop --resume" if resuming else ""))
     m = ds.model
-    cfg = {"H": m["hidden_size"], "F": a.intermediate_size or m["intermediate_size"], "nh": m["num_attention_heads"],
+    init_F = None  # the MLP width of --init-from's weights
+    if init_head is not None:
+        init_F = init_head[0]["gate"].shape[1]
+    elif init:
+        try:
+            with np.load(init, allow_pickle=False) as z:
+                init_F = z[f"l{PARAM_NAMES.index('gate')}"].shape[1]
+        except (KeyError, ValueError, OSError, IndexError) as e:
+            fail(f"{init}: cannot start from it ({e})")
+    cfg = {"H": m["hidden_size"], "F": a.intermediate_size or init_F or m["intermediate_size"],
+           "nh": m["num_attention_heads"],
            "nkv": m["num_key_value_heads"], "hd": m["head_dim"], "eps": m["rms_norm_eps"],
            "rope_theta": m["rope_theta"], "Vd": len(ids)}
     cfg["QD"], cfg["KD"] = cfg["nh"] * cfg["hd"], cfg["nkv"] * cfg["hd"]
@@ -580,12 +662,21 @@ def main():
     os.makedirs(work, exist_ok=True)
     if src_ckpt:
         try:
-            z = np.load(src_ckpt, allow_pickle=False)
+            z = np.load(src_ckpt, allow_pickle=False) if init_head is None else None
             state = (params, opt_state) if resuming else params  # --init-from: the weights only
             leaves, treedef = jax.tree_util.tree_flatten(state)
-            loaded = [z[f"l{i}"] for i in range(len(leaves))]  # params' leaves come first in either
+            if init_head is not None:  # a dict flattens in key order
+                loaded = [init_head[0][k] for k in PARAM_NAMES]
+            else:
+                loaded = [z[f"l{i}"] for i in range(len(leaves))]  # params' leaves come first in either
+            if init:  # a wider MLP than the source's
+                grown = grow_mlp(dict(zip(PARAM_NAMES, loaded)), cfg["F"], a.seed)
+                if grown["gate"].shape[1] != loaded[PARAM_NAMES.index("gate")].shape[1]:
+                    print(f"train_eagle3: MLP grown from {loaded[PARAM_NAMES.index('gate')].shape[1]} to "
+                          f"{cfg['F']} units (the new ones start silent)", flush=True)
+                loaded = [grown[k] for k in PARAM_NAMES]
             if old_ids is not None:  # --new-vocab: the output head's columns follow their tokens
-                lm_at = [k for k in sorted(params)].index("lm_head")  # a dict flattens in key order
+                lm_at = PARAM_NAMES.index("lm_head")
                 old_lm = loaded[lm_at]
                 if old_lm.shape != (cfg["H"], len(old_ids)):
                     raise DataError(f"its output head has shape {old_lm.shape}, expected ({cfg['H']}, "
@@ -609,8 +700,8 @@ def main():
                 print(f"train_eagle3: resumed from {ckpt} at step {step}", flush=True)
             else:
                 params = state
-                print(f"train_eagle3: weights from {init} (step {int(z['step'])} there); a fresh optimizer",
-                      flush=True)
+                print(f"train_eagle3: weights from {init}" + (f" (step {int(z['step'])} there)" if z is not None else "")
+                      + "; a fresh optimizer", flush=True)
         except (DataError, KeyError, ValueError, OSError) as e:
             fail(f"{src_ckpt}: cannot start from it ({e})" + ("; delete it or drop --resume" if resuming else ""))
     elif a.resume:
