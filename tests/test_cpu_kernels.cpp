@@ -16,6 +16,7 @@
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/packed.hpp"
+#include "kernels/cpu/pool.hpp"
 #include "kernels/cpu/quant.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/kv_cache.hpp"
@@ -470,6 +471,44 @@ TEST_CASE("attention: the KV cache's per-head pages and rows with the heads side
   CHECK(k1 == k2);
   CHECK(v1 == v2);
   CHECK(std::equal(k1.begin(), k1.end(), k_rows.begin() + 3 * row));
+}
+
+TEST_CASE("attention: a batch of sequences of different lengths gives the same bits at 1, 2, 3 threads and alone") {
+  // The threads' shares follow each item's keys, so where the split falls depends on the lengths;
+  // every (query, head) must still compute the same bits as in a call of its own.
+  const std::int64_t heads = 9, kvh = 3, hd = 64, page = 16;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{700, 1}, {20, 1},   {300, 4}, {5, 1},
+                                                                     {160, 1}, {1000, 1}, {33, 3}};  // (keys, queries)
+  std::vector<RandomAttention> seqs;
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    seqs.emplace_back(heads, kvh, hd, page, 1024, shapes[i].first, shapes[i].second,
+                      static_cast<std::uint32_t>(50 + i));
+  auto run = [&](int threads) {
+    specactor::kernels::ComputePool::instance().set_threads(threads);
+    std::vector<std::vector<float>> outs;
+    std::vector<specactor::kernels::AttentionJob> jobs;
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const auto [keys, nq] = shapes[i];
+      outs.emplace_back(static_cast<std::size_t>(nq * heads * hd));
+      const auto view = seqs[i].kv.view(0, seqs[i].seq);
+      jobs.push_back({seqs[i].q.data(), nq, {view, 0, keys - nq}, {view, keys - nq, nq}, nullptr, nullptr});
+    }
+    for (std::size_t i = 0; i < jobs.size(); ++i) jobs[i].out = outs[i].data();
+    specactor::kernels::attention_many_cpu(jobs.data(), static_cast<int>(jobs.size()), heads, kvh, hd, 0.125f);
+    return outs;
+  };
+  const int before = specactor::kernels::ComputePool::instance().threads();
+  const auto one = run(1), two = run(2), three = run(3);
+  specactor::kernels::ComputePool::instance().set_threads(before);
+  CHECK(one == two);
+  CHECK(one == three);
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const auto [keys, nq] = shapes[i];
+    std::vector<float> alone(static_cast<std::size_t>(nq * heads * hd));
+    attention_cpu(seqs[i].q.data(), nq, heads, kvh, hd, seqs[i].kv.view(0, seqs[i].seq), keys - nq, nullptr, 0.125f,
+                  alone.data());
+    CHECK(alone == two[i]);
+  }
 }
 
 TEST_CASE("KV cache: pages come and go, exhaustion is an error that changes nothing") {

@@ -500,10 +500,27 @@ void attention_many_cpu(const AttentionJob* jobs, int n_jobs, std::int64_t n_hea
   // operations whatever the grouping, the runs and the other sequences in the call.
   const std::int64_t hp = runs && group <= 8 && queries * n_kv_heads >= 2 * nth_max ? group : 1;
   const std::int64_t n_hg = n_heads / hp;
+  // The split follows each item's cost (its keys, plus a fixed share), not the item count: a decode
+  // batch's sequences differ in length, and an even count left one thread most of the keys.
+  auto item_cost = [&](const AttentionJob& job) { return job.prefix.count + job.masked.count + 16; };
+  std::int64_t total_cost = 0;
+  for (int j = 0; j < n_jobs; ++j) total_cost += jobs[j].n_q * n_hg * item_cost(jobs[j]);
+  // The first item of thread `tid`'s share: where the running cost reaches total_cost × tid / nth.
+  auto boundary = [&](int tid, int nth) {
+    if (tid >= nth) return queries * n_hg;
+    const std::int64_t target = total_cost * tid / nth;
+    std::int64_t cost = 0, base = 0;
+    for (int j = 0; j < n_jobs; ++j) {
+      const std::int64_t items = jobs[j].n_q * n_hg, c = item_cost(jobs[j]);
+      if (cost + items * c > target) return base + (target - cost + c / 2) / c;
+      cost += items * c;
+      base += items;
+    }
+    return base;
+  };
   auto share = [&](int tid, int nth) {
     thread_local RunScratch w;
-    const std::int64_t total = queries * n_hg;
-    const std::int64_t begin = total * tid / nth, end = total * (tid + 1) / nth;
+    const std::int64_t begin = boundary(tid, nth), end = boundary(tid + 1, nth);
     std::int64_t base = 0;
     for (int j = 0; j < n_jobs && base < end; base += jobs[j].n_q * n_hg, ++j) {
       const AttentionJob& job = jobs[j];
