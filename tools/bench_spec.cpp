@@ -106,6 +106,10 @@ void run_prompts(const std::vector<std::string>& args, const std::vector<Prompt>
       for (bool speculative : {false, true}) {
         r.speculative = speculative;
         const sa::GenerationResult g = engine->generate(r);
+        if (!g.error.empty() && g.invalid_request)  // the prompt's fault: name it
+          throw specactor::config::ConfigError("--prompts: prompt " + std::to_string(i + 1) + " ('" +
+                                               specactor::config::printable(prompts[i].text.substr(0, 40)) +
+                                               "'): " + g.error);
         if (!g.error.empty()) throw std::runtime_error("bench: " + g.error);
         Run& best = speculative ? spec[i] : plain[i];
         if (k == 0 || g.metrics.decode_tokens_per_s > best.tps)
@@ -221,6 +225,10 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     args.insert(args.end(), s.flags.begin(), s.flags.end());
     spdlog::info("bench: {} {} on {} prompts, plain and speculative alternating", algo, s.label, prompts.size());
     run_setting(args, prompts, max_new, repeats, s);
+    // A drafter that went down leaves the engine decoding without drafts: not a measurement.
+    if (!s.metrics.draft_error.empty())
+      throw std::runtime_error("bench: " + algo + " " + s.label + ": the drafter went down (" + s.metrics.draft_error +
+                               "), so the speculative runs decoded without drafts; nothing to report");
   }
 
   // Per category for the chosen (or best) setting.
