@@ -45,6 +45,14 @@ def fail(msg):
 # ---------------------------------------------------------------------------------------------- data
 
 
+def read_json(path, what):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: not a JSON {what} ({e})")
+
+
 def load_safetensors(path, names=None):
     from safetensors import safe_open
 
@@ -131,11 +139,7 @@ class Dataset:
         mpath = os.path.join(folder, "manifest.json")
         if not os.path.exists(mpath):
             raise DataError(f"{mpath}: not found (write the data with `specactor make-data --out {folder}` first)")
-        try:
-            with open(mpath) as f:
-                m = json.load(f)
-        except (OSError, ValueError) as e:
-            raise DataError(f"{mpath}: not a JSON manifest ({e})")
+        m = read_json(mpath, "manifest")
         if not isinstance(m, dict) or m.get("format") != FORMAT:
             raise DataError(f"{mpath}: format is {m.get('format') if isinstance(m, dict) else None!r}, "
                             f"expected {FORMAT!r}")
@@ -390,11 +394,7 @@ def read_head_folder(path, ds):
     cpath, spath = os.path.join(folder, "config.json"), os.path.join(folder, "model.safetensors")
     if not os.path.exists(cpath) or not os.path.exists(spath):
         raise DataError(f"{folder}: expected config.json and model.safetensors (an EAGLE-3 head folder)")
-    try:
-        with open(cpath) as f:
-            c = json.load(f)
-    except (OSError, ValueError) as e:
-        raise DataError(f"{cpath}: not a JSON config ({e})")
+    c = read_json(cpath, "config")
     if "LlamaForCausalLMEagle3" not in (c.get("architectures") or []):
         raise DataError(f"{cpath}: architectures {c.get('architectures')}, expected LlamaForCausalLMEagle3")
     m = ds.model
