@@ -252,10 +252,11 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     const auto a = s->speculative_algorithm;
     const bool head = a == SpecAlgorithm::Eagle || a == SpecAlgorithm::Eagle3 || a == SpecAlgorithm::Mtp ||
                       a == SpecAlgorithm::FrozenKvMtp;
-    if (head && 1 + steps * topk > 64)
+    if (head && 1 + steps * topk > kMaxHeadDraftNodes)
       throw ConfigError("--speculative-num-steps × --speculative-eagle-topk: " + std::string(to_string(a)) +
-                        " drafts at most 63 nodes per step (1 + steps × topk <= 64), got " + std::to_string(steps) +
-                        " × " + std::to_string(topk) +
+                        " drafts at most " + std::to_string(kMaxHeadDraftNodes - 1) +
+                        " nodes per step (1 + steps × topk <= " + std::to_string(kMaxHeadDraftNodes) + "), got " +
+                        std::to_string(steps) + " × " + std::to_string(topk) +
                         (s->speculative_num_steps && s->speculative_eagle_topk
                              ? std::string()
                              : std::string(" (with the default for the flag not given)")));

@@ -21,6 +21,9 @@ namespace specactor::config {
 // A verification tree holds at most this many tokens, the root included: the tree attention mask
 // is one 64-bit word per row (validation, scheduler, target worker and forward all use it).
 constexpr std::int64_t kMaxTreeTokens = 64;
+// A head drafter's proposal holds at most this many nodes, the root included (1 + steps × topk): the
+// head's own attention mask is one 64-bit word per node (resolution refuses larger shapes).
+constexpr std::int64_t kMaxHeadDraftNodes = 64;
 // The longest context a sequence may have (2^30 tokens: beyond any model here, far from int64 overflow
 // in token and page arithmetic).
 constexpr std::int64_t kMaxContextLength = std::int64_t{1} << 30;

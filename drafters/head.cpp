@@ -145,7 +145,7 @@ class HeadDrafter final : public Drafter {
     steps_ = static_cast<std::int32_t>(s->speculative_num_steps.value_or(3));
     topk_ = static_cast<std::int32_t>(std::max<std::int64_t>(1, s->speculative_eagle_topk.value_or(1)));
     n_tokens_ = static_cast<std::int32_t>(s->speculative_num_draft_tokens.value_or(steps_ + 1));
-    if (static_cast<std::int64_t>(steps_) * topk_ + 1 > 64)
+    if (static_cast<std::int64_t>(steps_) * topk_ + 1 > config::kMaxHeadDraftNodes)  // resolution refuses it first
       throw std::runtime_error(
           "--speculative-num-steps × --speculative-eagle-topk must stay under 64 draft nodes (got " +
           std::to_string(steps_) + " × " + std::to_string(topk_) + ")");
