@@ -238,10 +238,10 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
 
   // Speculative shape.
   if (s->speculative_algorithm != SpecAlgorithm::None) {
-    // The shipped head's default is the shape measured fastest for it over the benchmark prompts
-    // (README "The shipped head"): one draft per step; sglang's 5/4/8 tree is for large heads.
+    // The shipped head's default is the shape measured fastest for it (kShippedHead); sglang's 5/4/8
+    // tree is for large heads.
     const SpecShape dflt =
-        shipped_head ? SpecShape{1, 1, 2} : auto_spec_shape(s->speculative_algorithm, model.llama_family);
+        shipped_head ? kShippedHead.shape : auto_spec_shape(s->speculative_algorithm, model.llama_family);
     const bool none_given = !s->speculative_num_steps && !s->speculative_eagle_topk && !s->speculative_num_draft_tokens;
     const std::int64_t steps = s->speculative_num_steps.value_or(dflt.num_steps);
     const std::int64_t topk = s->speculative_eagle_topk.value_or(none_given ? dflt.eagle_topk : 1);
@@ -250,8 +250,7 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     if (topk == 1) tokens = steps + 1;  // a chain verifies exactly its steps plus the root
     // A head drafter tracks a proposal's nodes in a 64-bit attention mask: the root plus steps × topk.
     const auto a = s->speculative_algorithm;
-    const bool head = a == SpecAlgorithm::Eagle || a == SpecAlgorithm::Eagle3 || a == SpecAlgorithm::Mtp ||
-                      a == SpecAlgorithm::FrozenKvMtp;
+    const bool head = is_head_drafter(a);
     if (head && 1 + steps * topk > kMaxHeadDraftNodes)
       throw ConfigError("--speculative-num-steps × --speculative-eagle-topk: " + std::string(to_string(a)) +
                         " drafts at most " + std::to_string(kMaxHeadDraftNodes - 1) +
@@ -265,6 +264,10 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     if (!s->speculative_eagle_topk) f["speculative_eagle_topk"] = topk;
     if (!s->speculative_num_draft_tokens || *s->speculative_num_draft_tokens != tokens)
       f["speculative_num_draft_tokens"] = tokens;
+    // Head drafters: the shipped head's measured path-probability floor, else none (sglang's behaviour).
+    if (head && !s->speculative_draft_p_min) f["speculative_draft_p_min"] = shipped_head ? kShippedHead.p_min : 0.0;
+    if (head && s->speculative_draft_quantization == "auto")
+      f["speculative_draft_quantization"] = shipped_head ? kShippedHead.quantization : "q8_0";
     s = derive(s, "auto.speculative", f);
   }
   return s;

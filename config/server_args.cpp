@@ -140,6 +140,7 @@ const std::vector<std::pair<std::string_view, std::vector<std::string_view>>>& c
       {"dtype", {"auto", "float32", "float16", "bfloat16"}},
       {"kv_cache_dtype", {"auto", "float32", "float16", "bfloat16"}},
       {"speculative_draft_kv_cache_dtype", {"auto", "float32", "float16", "bfloat16"}},
+      {"speculative_draft_quantization", {"auto", "q8_0", "q4_1", "none"}},
       {"attention_backend", {"auto", "cpu", "cuda"}},
       {"prefill_attention_backend", {"auto", "cpu", "cuda"}},
       {"decode_attention_backend", {"auto", "cpu", "cuda"}},
@@ -236,6 +237,11 @@ SpecShape auto_spec_shape(SpecAlgorithm algo, bool llama_family_target) {
   return {3, 1, 4};
 }
 
+bool is_head_drafter(SpecAlgorithm a) {
+  return a == SpecAlgorithm::Eagle || a == SpecAlgorithm::Eagle3 || a == SpecAlgorithm::Mtp ||
+         a == SpecAlgorithm::FrozenKvMtp;
+}
+
 bool needs_draft_model(const ServerArgs& a) {
   switch (a.speculative_algorithm) {
     case SpecAlgorithm::Eagle:
@@ -298,6 +304,7 @@ void validate(const ServerArgs& a) {
     for (auto [field, set] : {std::pair{"speculative_num_steps", a.speculative_num_steps.has_value()},
                               std::pair{"speculative_eagle_topk", a.speculative_eagle_topk.has_value()},
                               std::pair{"speculative_num_draft_tokens", a.speculative_num_draft_tokens.has_value()},
+                              std::pair{"speculative_draft_p_min", a.speculative_draft_p_min.has_value()},
                               std::pair{"speculative_draft_model_path", a.speculative_draft_model_path.has_value()},
                               std::pair{"speculative_draft_num_layers", a.speculative_draft_num_layers.has_value()}}) {
       if (set) fail(field, "is set but --speculative-algorithm is NONE; choose an algorithm or drop the flag");
@@ -315,6 +322,16 @@ void validate(const ServerArgs& a) {
                std::to_string(*a.speculative_num_draft_tokens) + " with --speculative-num-steps " +
                std::to_string(*a.speculative_num_steps) + " and --speculative-eagle-topk " +
                std::to_string(*a.speculative_eagle_topk) + ")");
+  }
+  if (a.speculative_draft_quantization != "auto" && spec && !is_head_drafter(a.speculative_algorithm))
+    fail("speculative_draft_quantization",
+         "only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got " + algo + ")");
+  if (a.speculative_draft_p_min) {
+    const double p = *a.speculative_draft_p_min;
+    if (!(p >= 0.0 && p < 1.0)) fail("speculative_draft_p_min", "must be in [0, 1) (got " + std::to_string(p) + ")");
+    if (spec && !is_head_drafter(a.speculative_algorithm))
+      fail("speculative_draft_p_min",
+           "only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got " + algo + ")");
   }
   for (auto [field, v] : {std::pair{"speculative_accept_threshold_single", a.speculative_accept_threshold_single},
                           std::pair{"speculative_accept_threshold_acc", a.speculative_accept_threshold_acc}}) {

@@ -77,6 +77,7 @@ std::string_view to_string(E value) {
 }
 
 using OptInt = std::optional<std::int64_t>;
+using OptDouble = std::optional<double>;
 using OptString = std::optional<std::string>;
 using OptLoadFormat = std::optional<LoadFormat>;
 
@@ -115,11 +116,13 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(OptInt,        speculative_num_steps,      {},        "draft steps per speculative step (tree depth); unset = automatic") \
   X(OptInt,        speculative_eagle_topk,     {},        "branches kept per draft step; 1 = chain; unset = automatic") \
   X(OptInt,        speculative_num_draft_tokens, {},      "tree nodes verified per step, root included; unset = automatic") \
+  X(OptDouble,     speculative_draft_p_min,    {},        "head drafters: propose only draft tokens whose path probability under the head (the product of its probabilities from the root) reaches this, and stop drafting when no branch does; 0 = the full shape; unset = automatic (0, or the shipped head's measured value)") \
   X(double,        speculative_accept_threshold_single, 1.0, "accept a draft token whose target probability reaches this; < 1 is lossy") \
   X(double,        speculative_accept_threshold_acc, 1.0, "divide the accumulated acceptance probability by this; < 1 is lossy") \
   X(OptString,     speculative_token_map,      {},        "hot-vocabulary file (FR-Spec): the draft's output head keeps only these token ids") \
   X(OptString,     speculative_draft_attention_backend, {}, "attention kernels of the draft; unset = the target's") \
   X(OptString,     speculative_draft_kv_cache_dtype, {},  "KV cache element type of the draft; unset = the target's") \
+  X(std::string,   speculative_draft_quantization, "auto", "head drafters in the fast precision: the integer format float head weights are quantized to at load, q8_0|q4_1|none (none = keep them in float); auto = q8_0, or the shipped head's measured choice") \
   X(bool,          speculative_use_rejection_sampling, false, "chain rejection sampling with the draft's probabilities (topk = 1 drafters that sample)") \
   X(OptInt,        speculative_draft_num_layers, {},      "STANDALONE self-speculation: run only the target's first K layers as the draft") \
   X(std::int64_t,  speculative_ngram_min_match_window_size, 1, "NGRAM: shortest suffix matched against the context") \
@@ -187,5 +190,8 @@ SpecShape auto_spec_shape(SpecAlgorithm algo, bool llama_family_target);
 
 // Does this algorithm load a draft model/head from --speculative-draft-model-path?
 bool needs_draft_model(const ServerArgs& args);
+
+// Is this algorithm one of the head drafters (EAGLE, EAGLE3, MTP, FROZEN_KV_MTP)?
+bool is_head_drafter(SpecAlgorithm algo);
 
 }  // namespace specactor::config

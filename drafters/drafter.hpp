@@ -54,6 +54,9 @@ struct DraftTree {
   // Drafters that sample (chain rejection sampling, --speculative-use-rejection-sampling): the
   // distribution each chain token was drawn from, tokens.size() × vocab. Empty for deterministic drafts.
   std::vector<float> probs;
+  // Head drafters: each token's path probability under the head (the product of its probabilities
+  // from the root down to the token). Empty when the drafter has none.
+  std::vector<float> scores;
   static DraftTree chain(std::vector<std::int32_t> tokens);
 };
 

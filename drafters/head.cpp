@@ -12,7 +12,9 @@
 //   FROZEN_KV_MTP: no KV pool. The root pair and the draft nodes attend into the target's committed
 //     KV of its last layer (a read-only view of its pages) and to scratch rows for this proposal.
 // Trees follow SPEC-KERNELS §1-2: top-k expansion per step by path score, then the best
-// speculative_num_draft_tokens - 1 candidates.
+// speculative_num_draft_tokens - 1 candidates — of those whose path score (the product of the head's
+// probabilities from the root) reaches --speculative-draft-p-min; drafting stops at the first depth
+// where no frontier node does (llama.cpp's --draft-p-min, on the path rather than the step).
 #include "model/head.hpp"
 
 #include <algorithm>
@@ -49,9 +51,14 @@ class HeadDrafter final : public Drafter {
     const auto& tc = target_->config();
     std::vector<std::int32_t> hot;
     if (s->speculative_token_map) hot = model::read_token_map(*s->speculative_token_map, tc.vocab_size);
-    // Fast precision: a head stored in float is quantized to Q8_0 once, so drafting takes the integer kernels.
-    head_ = model::HeadWeights::load(*s->speculative_draft_model_path, kind, tc, hot, frozen, s->load_format,
-                                     model::cpu_precision(*s) == k::Precision::Fast);
+    // Fast precision: a head stored in float is quantized once (--speculative-draft-quantization, Q8_0
+    // unless resolution chose otherwise), so drafting takes the integer kernels.
+    const std::string& q = s->speculative_draft_quantization;
+    const k::WeightType quantize_to = model::cpu_precision(*s) != k::Precision::Fast || q == "none" ? k::WeightType::F32
+                                      : q == "q4_1" ? k::WeightType::Q4_1
+                                                    : k::WeightType::Q8_0;
+    head_ =
+        model::HeadWeights::load(*s->speculative_draft_model_path, kind, tc, hot, frozen, s->load_format, quantize_to);
     runner_ = std::make_unique<model::HeadRunner>(head_, target_, model::cpu_precision(*s));
     const auto& hc = head_->config();
     draft_vocab_ = hc.draft_vocab() > 0 ? hc.draft_vocab() : tc.vocab_size;
@@ -145,6 +152,7 @@ class HeadDrafter final : public Drafter {
     steps_ = static_cast<std::int32_t>(s->speculative_num_steps.value_or(3));
     topk_ = static_cast<std::int32_t>(std::max<std::int64_t>(1, s->speculative_eagle_topk.value_or(1)));
     n_tokens_ = static_cast<std::int32_t>(s->speculative_num_draft_tokens.value_or(steps_ + 1));
+    p_min_ = static_cast<float>(s->speculative_draft_p_min.value_or(0.0));
     if (static_cast<std::int64_t>(steps_) * topk_ + 1 > config::kMaxHeadDraftNodes)  // resolution refuses it first
       throw std::runtime_error(
           "--speculative-num-steps × --speculative-eagle-topk must stay under 64 draft nodes (got " +
@@ -223,6 +231,8 @@ class HeadDrafter final : public Drafter {
       parent_hidden.insert(parent_hidden.end(), root_hidden.begin(), root_hidden.end());
     std::vector<int> parent_node(frontier.size(), root_node);
     for (std::int32_t step = 1; step < depth; ++step) {
+      // A child's path probability is at most its parent's: below the floor, no deeper node can count.
+      if (*std::max_element(frontier_scores.begin(), frontier_scores.end()) < p_min_) break;
       const auto nf = static_cast<std::int64_t>(frontier.size());
       std::vector<std::int32_t> toks(static_cast<std::size_t>(nf)), pos(static_cast<std::size_t>(nf));
       for (std::int64_t j = 0; j < nf; ++j) {
@@ -257,8 +267,14 @@ class HeadDrafter final : public Drafter {
       parent_hidden = std::move(next_hidden);
       parent_node = std::move(next_node);
     }
-    const std::int32_t want =
-        std::min<std::int32_t>({max_nodes, n_tokens_ - 1, static_cast<std::int32_t>(cand_parent.size())});
+    // The best candidates by path probability, only those reaching the floor (--speculative-draft-p-min):
+    // as the best are taken first, limiting their number to the candidates at or above it is enough.
+    std::vector<float> all_scores;
+    for (const auto& v : score_list) all_scores.insert(all_scores.end(), v.begin(), v.end());
+    const auto confident = static_cast<std::int32_t>(
+        std::count_if(all_scores.begin(), all_scores.end(), [&](float sc) { return sc >= p_min_; }));
+    const std::int32_t want = std::min<std::int32_t>({max_nodes, n_tokens_ - 1, confident});
+    if (want <= 0) return {};  // not even the first draft is likely: the target decodes plainly
     const k::Organized o = k::organize_draft_results_cpu(score_list, token_list, parents_list, want + 1);
     DraftTree t;
     std::map<std::int32_t, std::int32_t> index;  // candidate id -> index in t
@@ -275,6 +291,7 @@ class HeadDrafter final : public Drafter {
       index[c] = static_cast<std::int32_t>(t.tokens.size());
       t.tokens.push_back(runner_->to_target(all_tokens[static_cast<std::size_t>(c)]));
       t.parents.push_back(pi);
+      t.scores.push_back(all_scores[static_cast<std::size_t>(c)]);
     }
     return t;
   }
@@ -363,6 +380,7 @@ class HeadDrafter final : public Drafter {
   std::int64_t draft_vocab_ = 0, page_size_ = 0, max_tokens_ = 0;
   int layers_ = 1;
   std::int32_t steps_ = 3, topk_ = 1, n_tokens_ = 4;
+  float p_min_ = 0.0f;  // --speculative-draft-p-min
   std::map<std::uint64_t, State> states_;
 };
 

@@ -256,7 +256,9 @@ std::vector<std::int32_t> read_token_map(const std::string& path, std::int64_t v
 
 std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, HeadKind kind, const LlamaConfig& target,
                                                      const std::vector<std::int32_t>& hot_vocab, bool frozen_kv,
-                                                     config::LoadFormat format, bool quantize_q8_0) {
+                                                     config::LoadFormat format, k::WeightType quantize_to) {
+  if (quantize_to != k::WeightType::F32 && quantize_to != k::WeightType::Q8_0 && quantize_to != k::WeightType::Q4_1)
+    throw std::invalid_argument("HeadWeights::load: heads are quantized to Q8_0 or Q4_1 only");
   auto w = std::shared_ptr<HeadWeights>(new HeadWeights());
   HeadConfig& c = w->cfg_;
   c = read_config(path, &w->source_);
@@ -302,26 +304,27 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
   struct CheckedBinder {
     WeightBinder& b;
     const std::string& path;
-    bool quantize;
+    k::WeightType quantize_to;
     std::vector<std::vector<std::uint8_t>>& owned;
     bool has(const std::string& name) const { return b.has(name); }
     kernels::WeightMatrix matrix(const std::string& name, std::int64_t out, std::int64_t in) {
       kernels::WeightMatrix m = b.matrix(name, out, in);
-      const bool to_q8 =
-          quantize && (m.type == k::WeightType::F32 || m.type == k::WeightType::F16 || m.type == k::WeightType::BF16);
-      const std::size_t q8_row = k::row_bytes(k::WeightType::Q8_0, static_cast<std::size_t>(in));
-      std::vector<std::uint8_t> q8(to_q8 ? q8_row * static_cast<std::size_t>(out) : 0);
+      const bool to_q = quantize_to != k::WeightType::F32 &&
+                        (m.type == k::WeightType::F32 || m.type == k::WeightType::F16 || m.type == k::WeightType::BF16);
+      const std::size_t q_row = k::row_bytes(quantize_to, static_cast<std::size_t>(in));
+      std::vector<std::uint8_t> q(to_q ? q_row * static_cast<std::size_t>(out) : 0);
       std::vector<float> row(static_cast<std::size_t>(in));
+      const auto quantize_row = quantize_to == k::WeightType::Q4_1 ? &k::quantize_row_q4_1 : &k::quantize_row_q8_0;
       for (std::int64_t r = 0; r < out; ++r) {
         kernels::weight_row(m, r, row.data());
         check(name, row.data(), in);
-        if (to_q8) k::quantize_row_q8_0(row.data(), q8.data() + static_cast<std::size_t>(r) * q8_row, row.size());
+        if (to_q) quantize_row(row.data(), q.data() + static_cast<std::size_t>(r) * q_row, row.size());
       }
-      if (!to_q8) return m;
-      k::WeightMatrix qm{k::WeightType::Q8_0, out, in, q8.data(), q8_row, false};
+      if (!to_q) return m;
+      k::WeightMatrix qm{quantize_to, out, in, q.data(), q_row, false};
       std::vector<std::uint8_t> packed;
       qm = k::pack_matrix(qm, packed);
-      owned.push_back(std::move(q8));
+      owned.push_back(std::move(q));
       if (!packed.empty()) owned.push_back(std::move(packed));
       return qm;
     }
@@ -336,7 +339,7 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
           throw GgufError(path + ": tensor '" + config::printable(name) + "' holds a non-finite value (" +
                           std::to_string(v[i]) + ")");
     }
-  } bind{binder, path, quantize_q8_0, w->owned_};
+  } bind{binder, path, quantize_to, w->owned_};
   const bool hf = c.format == "safetensors";
   const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
   const std::int64_t attn_in = c.kind == HeadKind::Eagle3 ? 2 * H : H;

@@ -73,11 +73,13 @@ class HeadWeights {
   // mismatch is a GgufError naming the file and both values. `frozen_kv`: the head attends into the
   // target's KV, so its attention shapes must equal the target's. `hot_vocab`: target ids the draft
   // output head keeps (FR-Spec); empty = all.
-  // `quantize_q8_0`: float matrices (F32/F16/BF16) are quantized to Q8_0 at load, so the fast
-  // precision's integer kernels compute them (drafts only: the target's output never depends on it).
+  // `quantize_to` Q8_0 or Q4_1: float matrices (F32/F16/BF16) are quantized to it at load, so the fast
+  // precision's integer kernels compute them (drafts only: the target's output never depends on it);
+  // F32 (the default) keeps them as stored.
   static std::shared_ptr<const HeadWeights> load(const std::string& path, HeadKind kind, const LlamaConfig& target,
                                                  const std::vector<std::int32_t>& hot_vocab, bool frozen_kv,
-                                                 config::LoadFormat format, bool quantize_q8_0 = false);
+                                                 config::LoadFormat format,
+                                                 kernels::WeightType quantize_to = kernels::WeightType::F32);
   const HeadConfig& config() const { return cfg_; }
   const std::vector<HeadLayerWeights>& layers() const { return layers_; }
   // The draft output matrix (own head, the hot rows of it, or of the target's), null = the target's.

@@ -180,6 +180,20 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
        "--speculative-accept-threshold-single: must be in (0, 1] (got 0.000000)"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-token-map", "hot.txt"},
        "--speculative-token-map: only applies to EAGLE and EAGLE3 drafters (got NGRAM)"},
+      {{"--speculative-algorithm", "EAGLE3", "--speculative-draft-p-min", "1"},
+       "--speculative-draft-p-min: must be in [0, 1) (got 1.000000)"},
+      {{"--speculative-algorithm", "EAGLE3", "--speculative-draft-p-min", "-0.1"},
+       "--speculative-draft-p-min: must be in [0, 1) (got -0.100000)"},
+      {{"--speculative-draft-p-min", "0.2"},
+       "--speculative-draft-p-min: is set but --speculative-algorithm is NONE; choose an algorithm or drop the flag"},
+      {{"--speculative-algorithm", "NGRAM", "--speculative-draft-p-min", "0.2"},
+       "--speculative-draft-p-min: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got NGRAM)"},
+      {{"--speculative-algorithm", "EAGLE3", "--speculative-draft-quantization", "q2_k"},
+       "--speculative-draft-quantization: expected one of auto|q8_0|q4_1|none, got 'q2_k'"},
+      {{"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "4",
+        "--speculative-draft-quantization", "q4_1"},
+       "--speculative-draft-quantization: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got "
+       "STANDALONE)"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-use-rejection-sampling", "--speculative-eagle-topk", "2"},
        "--speculative-use-rejection-sampling: needs a chain draft (--speculative-eagle-topk 1, got 2)"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-ngram-min-match-window-size", "5",
@@ -242,16 +256,34 @@ TEST_CASE("automatic speculative shape") {
                           e.fields == json{{"speculative_draft_model_path", "/repo/heads/m-eagle3"}});
     CHECK(logged);
     CHECK(derive_draft(s, f)->model_path == "/repo/heads/m-eagle3");
-    // The shipped head's own default shape (one draft), unless the user gives one.
-    CHECK(*s->speculative_num_steps == 1);
-    CHECK(*s->speculative_eagle_topk == 1);
-    CHECK(*s->speculative_num_draft_tokens == 2);
+    // The shipped head's own defaults (shape, path-probability floor, quantization), unless the user gives
+    // them; all in the log, and in the draft's snapshot, which the drafter reads.
+    CHECK(*s->speculative_num_steps == kShippedHead.shape.num_steps);
+    CHECK(*s->speculative_eagle_topk == kShippedHead.shape.eagle_topk);
+    CHECK(*s->speculative_num_draft_tokens == kShippedHead.shape.num_draft_tokens);
+    CHECK(*s->speculative_draft_p_min == kShippedHead.p_min);
+    CHECK(s->speculative_draft_quantization == kShippedHead.quantization);
+    CHECK(s->override_log.back().source == "auto.speculative");
+    CHECK(s->override_log.back().fields["speculative_draft_p_min"] == kShippedHead.p_min);
+    CHECK(s->override_log.back().fields["speculative_draft_quantization"] == kShippedHead.quantization);
+    CHECK(*derive_draft(s, f)->speculative_draft_p_min == kShippedHead.p_min);
     const Snapshot shaped =
         resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3",
-                                                 "--speculative-num-steps", "3"})),
+                                                 "--speculative-num-steps", "3", "--speculative-draft-p-min", "0.35",
+                                                 "--speculative-draft-quantization", "none"})),
                        f, no_gpu());
     CHECK(*shaped->speculative_num_steps == 3);
     CHECK(*shaped->speculative_num_draft_tokens == 4);
+    CHECK(*shaped->speculative_draft_p_min == 0.35);
+    CHECK(shaped->speculative_draft_quantization == "none");
+    CHECK_FALSE(shaped->override_log.back().fields.contains("speculative_draft_p_min"));
+    // A head given by path: no floor and Q8_0 unless asked, whatever the shipped head's defaults.
+    const Snapshot other =
+        resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3",
+                                                 "--speculative-draft-model-path", "mine"})),
+                       f, no_gpu());
+    CHECK(*other->speculative_draft_p_min == 0.0);
+    CHECK(other->speculative_draft_quantization == "q8_0");
     CHECK(resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3",
                                                    "--speculative-draft-model-path", "mine"})),
                          f, no_gpu())
@@ -267,6 +299,8 @@ TEST_CASE("automatic speculative shape") {
     CHECK(*s->speculative_num_steps == 3);
     CHECK(*s->speculative_eagle_topk == 1);
     CHECK(*s->speculative_num_draft_tokens == 4);
+    CHECK_FALSE(s->speculative_draft_p_min.has_value());  // head drafters' settings stay unset
+    CHECK(s->speculative_draft_quantization == "auto");
   }
   SUBCASE("topk = 1 forces draft tokens = steps + 1") {
     auto s = resolved({"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "6", "--speculative-eagle-topk",

@@ -83,6 +83,28 @@ TEST_CASE("Q8_0 quantization: each value within half a step of its block scale, 
   CHECK(back[70] == doctest::Approx(5.0f).epsilon(1e-3));
 }
 
+TEST_CASE("Q4_1 quantization: within half a step of each block's range, exact on the grid and for constants") {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.1f, 0.3f);
+  std::vector<float> x(128), back(128);
+  for (auto& v : x) v = dist(rng);
+  x[40] = -4.0f;                                                         // an outlier widens its block
+  for (int i = 64; i < 96; ++i) x[static_cast<std::size_t>(i)] = 0.25f;  // a constant block
+  for (int i = 96; i < 128; ++i) x[static_cast<std::size_t>(i)] = -1.0f + 0.25f * static_cast<float>((i * 7) % 16);
+  std::vector<std::uint8_t> q(row_bytes(WeightType::Q4_1, x.size()));
+  quantize_row_q4_1(x.data(), q.data(), x.size());
+  dequantize_row(WeightType::Q4_1, q.data(), back.data(), back.size());
+  for (std::size_t b = 0; b < 2; ++b) {
+    const auto [lo, hi] =
+        std::minmax_element(x.begin() + static_cast<long>(b * 32), x.begin() + static_cast<long>(b * 32 + 32));
+    const float step = (*hi - *lo) / 15.0f;
+    // Half a step, plus the f16 rounding of the stored minimum and step (relative 2^-11 each, ×15 levels).
+    const float tol = 0.5f * step + 16.0f * step / 2048.0f + std::fabs(*lo) / 2048.0f + 1e-7f;
+    for (std::size_t i = 0; i < 32; ++i) CHECK(std::fabs(back[b * 32 + i] - x[b * 32 + i]) <= tol);
+  }
+  for (std::size_t i = 64; i < 128; ++i) CHECK(back[i] == x[i]);  // the constant and the grid block: exact
+}
+
 TEST_CASE("f16 conversion: exact for every half value, round to nearest even") {
   for (std::uint32_t h = 0; h < 0x10000; ++h) {
     const float f = f16_to_f32(static_cast<std::uint16_t>(h));

@@ -163,6 +163,11 @@ std::unique_ptr<Heads> random_heads(const std::string& model, const std::string&
                 cfg("MTP", mtp_hf, "1", "1", "2"),           // one layer
                 cfg("MTP", mtp2, "2", "2", "4"),             // two layers, one runner each
                 cfg("FROZEN_KV_MTP", mtp2, "3", "2", "5")};  // no KV of its own
+  // A path-probability floor and the head quantized to Q4_1 (on the tiny model: 26 of the 720 drafts
+  // the identity tree makes without a floor are proposed, and every one is accepted).
+  auto floored = cfg("EAGLE", eagle_id, "3", "3", "7");
+  floored.insert(floored.end(), {"--speculative-draft-p-min", "0.02", "--speculative-draft-quantization", "q4_1"});
+  h->configs.push_back(floored);
   return h;
 }
 
@@ -271,6 +276,83 @@ TEST_CASE("EAGLE head plumbing: the first draft is the target's own prediction f
     }
   }
   fs::remove_all(dir);
+}
+
+TEST_CASE("head drafters: --speculative-draft-p-min proposes exactly the nodes whose path probability reaches it") {
+  const std::string p = write_tiny_model("pmin");
+  const std::string head = p + ".eagle3.gguf";
+  specactor::config::ServerArgs a;
+  a.model_path = p;
+  const auto target = specactor::model::load_model(a);
+  specactor::model::HeadSpec spec;
+  spec.kind = specactor::model::HeadKind::Eagle3;
+  spec.seed = 4;
+  specactor::model::write_random_head(target.info, spec, head);
+  specactor::config::ServerArgs d = a;
+  d.speculative_algorithm = specactor::config::SpecAlgorithm::Eagle3;
+  d.speculative_draft_model_path = head;
+  d.speculative_num_steps = 3;
+  d.speculative_eagle_topk = 3;
+  d.speculative_num_draft_tokens = 8;
+  d.speculative_draft_p_min = 0.0;
+  d.max_total_tokens = 1024;
+  auto kvp = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
+                                                         target.config.head_dim, 16, 1024);
+  auto drafter = find_drafter(specactor::config::freeze(d))(
+      specactor::config::freeze(d), DraftContext{target.info, target.tokenizer, target.weights, kvp});
+  std::vector<int> layers;
+  for (auto l : drafter->needs().hidden_layers) layers.push_back(l);
+  specactor::model::LlamaRunner runner(target.weights, 1);
+  std::vector<std::int32_t> toks;
+  for (int k = 0; k < 20; ++k) toks.push_back((k * 11 + 4) % 90 + 3);
+  specactor::model::KvCache::Seq seq;
+  std::vector<specactor::model::ForwardSeq> b(1);
+  b[0].kv = &seq;
+  b[0].tokens.assign(toks.begin(), toks.end() - 1);
+  b[0].logit_rows = {static_cast<std::int32_t>(b[0].tokens.size()) - 1};
+  specactor::model::ForwardResult out;
+  runner.forward(b, *kvp, out, layers);
+  std::vector<float> hidden;  // the captured layers concatenated per row, as the target worker sends them
+  const auto H = static_cast<std::size_t>(target.config.hidden);
+  for (std::size_t r = 0; r < b[0].tokens.size(); ++r)
+    for (const auto& l : out.hidden)
+      hidden.insert(hidden.end(), l.begin() + static_cast<long>(r * H), l.begin() + static_cast<long>((r + 1) * H));
+  const std::vector<std::int32_t> no_pages;
+  drafter->observe(1, TargetFeatures{hidden, 0, no_pages, 0});
+  const DraftTree full = drafter->propose(1, toks, 7, 3);
+  REQUIRE(full.tokens.size() == 7);
+  REQUIRE(full.scores.size() == 7);
+  for (std::size_t i = 0; i < 7; ++i) {
+    CHECK(full.scores[i] > 0.0f);
+    CHECK(full.scores[i] <= 1.0f);
+    if (full.parents[i] >= 0) CHECK(full.scores[i] <= full.scores[static_cast<std::size_t>(full.parents[i])]);
+  }
+  // A floor between the scores: the proposal is the full one's nodes at or above it, same order and parents.
+  std::vector<float> sorted = full.scores;
+  std::sort(sorted.begin(), sorted.end());
+  REQUIRE(sorted[3] > sorted[2]);
+  const float floor = 0.5f * (sorted[2] + sorted[3]);
+  d.speculative_draft_p_min = floor;
+  drafter->reconfigure(specactor::config::freeze(d));
+  const DraftTree cut = drafter->propose(1, toks, 7, 3);
+  std::vector<std::int32_t> want_tokens, want_parents, index(7, -1);
+  for (std::size_t i = 0; i < 7; ++i) {
+    if (full.scores[i] < floor) continue;
+    index[i] = static_cast<std::int32_t>(want_tokens.size());
+    want_tokens.push_back(full.tokens[i]);
+    want_parents.push_back(full.parents[i] < 0 ? -1 : index[static_cast<std::size_t>(full.parents[i])]);
+  }
+  CHECK(want_tokens.size() == 4);
+  CHECK(cut.tokens == want_tokens);
+  CHECK(cut.parents == want_parents);
+  // Above every path probability: no draft at all (the target decodes plainly).
+  d.speculative_draft_p_min = std::min(0.999, static_cast<double>(sorted.back()) * 1.01);
+  drafter->reconfigure(specactor::config::freeze(d));
+  CHECK(drafter->propose(1, toks, 7, 3).tokens.empty());
+  drafter->release(1);
+  kvp->release(seq);
+  fs::remove(head);
+  fs::remove(p);
 }
 
 TEST_CASE("default model: every head-free drafter is lossless on the shipped prompts (single and 8 concurrent)") {

@@ -226,6 +226,23 @@ void quantize_row_q8_0(const float* x, void* dst, std::size_t n) {
   }
 }
 
+void quantize_row_q4_1(const float* x, void* dst, std::size_t n) {
+  auto* out = static_cast<std::uint8_t*>(dst);
+  for (std::size_t b = 0; b < n / 32; ++b, x += 32, out += 20) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < 32; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+    const std::uint16_t dh = f32_to_f16((hi - lo) / 15.0f), mh = f32_to_f16(lo);
+    const float d = f16_to_f32(dh), m = f16_to_f32(mh);
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    std::memcpy(out, &dh, 2);
+    std::memcpy(out + 2, &mh, 2);
+    auto level = [&](float v) {
+      return static_cast<std::uint8_t>(std::clamp(std::nearbyint((v - m) * id), 0.0f, 15.0f));
+    };
+    for (int j = 0; j < 16; ++j) out[4 + j] = static_cast<std::uint8_t>(level(x[j]) | (level(x[j + 16]) << 4));
+  }
+}
+
 void dequantize_row(WeightType t, const void* src, float* out, std::size_t n) {
   const auto* p = static_cast<const std::uint8_t*>(src);
   const std::size_t be = block_elems(t), bb = block_bytes(t);

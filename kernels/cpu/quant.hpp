@@ -47,4 +47,8 @@ void dequantize_row(WeightType t, const void* src, float* out, std::size_t n);
 // precision, so their products take the integer path.
 void quantize_row_q8_0(const float* x, void* dst, std::size_t n);
 
+// Quantizes n floats (a multiple of 32) to Q4_1 blocks at dst (row_bytes(Q4_1, n) bytes): per block
+// m = min x (f16), d = (max x − m) / 15 (f16), q = round((x − m) / d) clamped to [0, 15].
+void quantize_row_q4_1(const float* x, void* dst, std::size_t n);
+
 }  // namespace specactor::kernels
