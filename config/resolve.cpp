@@ -264,8 +264,10 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     if (!s->speculative_eagle_topk) f["speculative_eagle_topk"] = topk;
     if (!s->speculative_num_draft_tokens || *s->speculative_num_draft_tokens != tokens)
       f["speculative_num_draft_tokens"] = tokens;
-    // Head drafters: the shipped head's measured path-probability floor, else none (sglang's behaviour).
-    if (head && !s->speculative_draft_p_min) f["speculative_draft_p_min"] = shipped_head ? kShippedHead.p_min : 0.0;
+    // Head drafters: the shipped head's floor goes with its default shape (it was measured with it);
+    // otherwise none (sglang's behaviour: the shape is drafted whole).
+    if (head && !s->speculative_draft_p_min)
+      f["speculative_draft_p_min"] = shipped_head && none_given ? kShippedHead.p_min : 0.0;
     if (head && s->speculative_draft_quantization == "auto")
       f["speculative_draft_quantization"] = shipped_head ? kShippedHead.quantization : "q8_0";
     s = derive(s, "auto.speculative", f);

@@ -48,14 +48,15 @@ void apply_config_file(ServerArgs& args, const std::string& path);
 
 // The shipped EAGLE-3 head's defaults, the setting measured fastest for it on the benchmark prompts
 // (README "The shipped head"), taken when resolution picks that head (auto.shipped_head): the shape
-// when no shape flag is given, the path-probability floor and the load-time quantization when their
-// flags are not given. Other head drafters get sglang's shapes, no floor and Q8_0.
+// and its path-probability floor when no shape flag (and no --speculative-draft-p-min) is given, the
+// load-time quantization unless --speculative-draft-quantization is. Other head drafters get sglang's
+// shapes, no floor and Q8_0.
 struct ShippedHeadDefaults {
   SpecShape shape;
   double p_min;
   const char* quantization;
 };
-inline constexpr ShippedHeadDefaults kShippedHead{{1, 1, 2}, 0.0, "q8_0"};
+inline constexpr ShippedHeadDefaults kShippedHead{{3, 2, 5}, 0.15, "q4_1"};
 
 // Load-time resolution of the target's snapshot: context length from the model (a larger user value
 // is an error unless allowed), KV budget, device, automatic speculative shape. Each decision is a

@@ -277,6 +277,12 @@ TEST_CASE("automatic speculative shape") {
     CHECK(*shaped->speculative_draft_p_min == 0.35);
     CHECK(shaped->speculative_draft_quantization == "none");
     CHECK_FALSE(shaped->override_log.back().fields.contains("speculative_draft_p_min"));
+    // A shape flag alone: no floor (it went with the default shape), the quantization stays the head's.
+    const Snapshot chain = resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm",
+                                                                    "EAGLE3", "--speculative-eagle-topk", "1"})),
+                                          f, no_gpu());
+    CHECK(*chain->speculative_draft_p_min == 0.0);
+    CHECK(chain->speculative_draft_quantization == kShippedHead.quantization);
     // A head given by path: no floor and Q8_0 unless asked, whatever the shipped head's defaults.
     const Snapshot other =
         resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3",

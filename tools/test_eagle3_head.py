@@ -2,9 +2,10 @@
 """The shipped EAGLE-3 head on the shipped prompts (CTest: eagle3_head), greedy and deterministic:
 
   `specactor bench --speculative-algorithm EAGLE3` with no draft path (so the shipped head is the
-  default, as the config's override log must say), one round, chain of 3 drafts; checks
-  - every output equals plain greedy decoding,
-  - τ on the chat prompts >= MIN_TAU (argv[3], default 2.0).
+  default, as the config's override log must say), one round, first with the head's default setting
+  (its tree, path-probability floor and Q4_1 weights), then with a chain of 3 drafts; checks
+  - every output equals plain greedy decoding, in both runs,
+  - τ on the chat prompts >= MIN_TAU (argv[3], default 2.0) at the chain of 3.
 Speeds are printed, never asserted.
 
     python3 tools/test_eagle3_head.py BUILD_DIR MODEL.gguf [MIN_TAU]
@@ -30,20 +31,21 @@ def main():
     if "auto.shipped_head" not in cfg.stdout:
         sys.exit("FAILED: the override log does not name auto.shipped_head:\n" + cfg.stdout[-2000:])
     print("ok: --speculative-algorithm EAGLE3 alone resolves to the shipped head (override source auto.shipped_head)")
-    p = subprocess.run([spec, "bench", "--model-path", model, "--speculative-algorithm", "EAGLE3",
-                        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-                        "--prompts", os.path.join(ROOT, "tools", "bench_prompts.jsonl"), "--max-new-tokens", "64",
-                        "--repeats", "1", "--json", "--threads", "2"], capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"FAILED: specactor bench exited {p.returncode}: {p.stderr[-3000:]}")
-    j = json.loads(p.stdout)
-    s = j["settings"][0]
-    cats = s["by_category"]
-    for name, c in sorted(cats.items()):
-        print(f"{name}: τ {c['mean_tau']:.2f}, speedup {c['median_speedup']:.2f}x (timing, not checked)")
-    if not s["outputs_identical_to_plain"]:
-        sys.exit(f"FAILED: {s['mismatched_prompts']} outputs differ from plain greedy decoding")
-    print("ok: every output equals plain greedy decoding")
+    for label, shape in (("default setting", []),
+                         ("chain of 3", ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1"])):
+        p = subprocess.run([spec, "bench", "--model-path", model, "--speculative-algorithm", "EAGLE3", *shape,
+                            "--prompts", os.path.join(ROOT, "tools", "bench_prompts.jsonl"), "--max-new-tokens", "64",
+                            "--repeats", "1", "--json", "--threads", "2"], capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"FAILED: specactor bench ({label}) exited {p.returncode}: {p.stderr[-3000:]}")
+        j = json.loads(p.stdout)
+        s = j["settings"][0]
+        cats = s["by_category"]
+        for name, c in sorted(cats.items()):
+            print(f"{label}: {name}: τ {c['mean_tau']:.2f}, speedup {c['median_speedup']:.2f}x (timing, not checked)")
+        if not s["outputs_identical_to_plain"]:
+            sys.exit(f"FAILED: {label}: {s['mismatched_prompts']} outputs differ from plain greedy decoding")
+        print(f"ok: {label}: every output equals plain greedy decoding")
     tau = cats["chat"]["mean_tau"]
     if tau < min_tau:
         sys.exit(f"FAILED: τ on the chat prompts is {tau:.2f}, expected at least {min_tau}")
