@@ -305,6 +305,7 @@ void validate(const ServerArgs& a) {
                               std::pair{"speculative_eagle_topk", a.speculative_eagle_topk.has_value()},
                               std::pair{"speculative_num_draft_tokens", a.speculative_num_draft_tokens.has_value()},
                               std::pair{"speculative_draft_p_min", a.speculative_draft_p_min.has_value()},
+                              std::pair{"speculative_draft_quantization", a.speculative_draft_quantization != "auto"},
                               std::pair{"speculative_draft_model_path", a.speculative_draft_model_path.has_value()},
                               std::pair{"speculative_draft_num_layers", a.speculative_draft_num_layers.has_value()}}) {
       if (set) fail(field, "is set but --speculative-algorithm is NONE; choose an algorithm or drop the flag");

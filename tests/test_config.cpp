@@ -188,6 +188,9 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
        "--speculative-draft-p-min: is set but --speculative-algorithm is NONE; choose an algorithm or drop the flag"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-draft-p-min", "0.2"},
        "--speculative-draft-p-min: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got NGRAM)"},
+      {{"--speculative-draft-quantization", "q4_1"},
+       "--speculative-draft-quantization: is set but --speculative-algorithm is NONE; choose an algorithm or drop the "
+       "flag"},
       {{"--speculative-algorithm", "EAGLE3", "--speculative-draft-quantization", "q2_k"},
        "--speculative-draft-quantization: expected one of auto|q8_0|q4_1|none, got 'q2_k'"},
       {{"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "4",

@@ -125,8 +125,11 @@ TEST_CASE("the override log names every source and field, in order, and prints a
   CHECK(log[0]["fields"]["speculative_algorithm"] == "EAGLE");
   CHECK(log[0]["fields"]["tp_size"] == 1);
   CHECK(log[1]["fields"] == json{{"context_length", 4096}});
-  CHECK(log[4]["fields"] ==
-        json{{"speculative_num_steps", 5}, {"speculative_eagle_topk", 4}, {"speculative_num_draft_tokens", 8}});
+  CHECK(log[4]["fields"] == json{{"speculative_num_steps", 5},
+                                 {"speculative_eagle_topk", 4},
+                                 {"speculative_num_draft_tokens", 8},
+                                 {"speculative_draft_p_min", 0.0},
+                                 {"speculative_draft_quantization", "q8_0"}});
   CHECK(log[5]["fields"] == json{{"disable_chunked_prefix_cache", true}});
   CHECK(log[6]["fields"] ==
         json{{"context_length", 4096}, {"load_format", "dummy"}, {"model_path", "head.safetensors"}});
