@@ -171,6 +171,21 @@ std::unique_ptr<Heads> random_heads(const std::string& model, const std::string&
   return h;
 }
 
+// The target commits toks[0..n-2] into `seq` (the root toks[n-1] comes next), capturing `layers`;
+// the last committed row's logits are returned too.
+specactor::model::ForwardResult commit_all_but_root(specactor::model::LlamaRunner& runner,
+                                                    specactor::model::KvCache& kv, specactor::model::KvCache::Seq& seq,
+                                                    const std::vector<std::int32_t>& toks,
+                                                    const std::vector<int>& layers) {
+  std::vector<specactor::model::ForwardSeq> b(1);
+  b[0].kv = &seq;
+  b[0].tokens.assign(toks.begin(), toks.end() - 1);
+  b[0].logit_rows = {static_cast<std::int32_t>(b[0].tokens.size()) - 1};
+  specactor::model::ForwardResult out;
+  runner.forward(b, kv, out, layers);
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -254,14 +269,9 @@ TEST_CASE("EAGLE head plumbing: the first draft is the target's own prediction f
     for (int trial = 0; trial < 4; ++trial) {
       std::vector<std::int32_t> toks;
       for (int k = 0; k < 9 + 5 * trial; ++k) toks.push_back((k * 13 + trial * 5) % 90 + 3);
-      // The target commits toks[0..n-2]; the root toks[n-1] comes next.
       specactor::model::KvCache::Seq seq;
-      std::vector<specactor::model::ForwardSeq> b(1);
-      b[0].kv = &seq;
-      b[0].tokens.assign(toks.begin(), toks.end() - 1);
-      b[0].logit_rows = {static_cast<std::int32_t>(b[0].tokens.size()) - 1};
-      specactor::model::ForwardResult out;
-      runner.forward(b, *kvp, out, {static_cast<int>(target.config.n_layers - 1)});
+      const specactor::model::ForwardResult out =
+          commit_all_but_root(runner, *kvp, seq, toks, {static_cast<int>(target.config.n_layers - 1)});
       const std::int32_t predicted = specactor::kernels::argmax(out.logits.data(), target.config.vocab_size);
       // Bytes of the target's committed KV, to prove the drafter never wrote them.
       const std::vector<float> before = committed_k(seq);
@@ -306,15 +316,10 @@ TEST_CASE("head drafters: --speculative-draft-p-min proposes exactly the nodes w
   std::vector<std::int32_t> toks;
   for (int k = 0; k < 20; ++k) toks.push_back((k * 11 + 4) % 90 + 3);
   specactor::model::KvCache::Seq seq;
-  std::vector<specactor::model::ForwardSeq> b(1);
-  b[0].kv = &seq;
-  b[0].tokens.assign(toks.begin(), toks.end() - 1);
-  b[0].logit_rows = {static_cast<std::int32_t>(b[0].tokens.size()) - 1};
-  specactor::model::ForwardResult out;
-  runner.forward(b, *kvp, out, layers);
+  const specactor::model::ForwardResult out = commit_all_but_root(runner, *kvp, seq, toks, layers);
   std::vector<float> hidden;  // the captured layers concatenated per row, as the target worker sends them
   const auto H = static_cast<std::size_t>(target.config.hidden);
-  for (std::size_t r = 0; r < b[0].tokens.size(); ++r)
+  for (std::size_t r = 0; r + 1 < toks.size(); ++r)
     for (const auto& l : out.hidden)
       hidden.insert(hidden.end(), l.begin() + static_cast<long>(r * H), l.begin() + static_cast<long>((r + 1) * H));
   const std::vector<std::int32_t> no_pages;
