@@ -291,11 +291,10 @@ void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n
 void softmax_cpu(float* x, std::int64_t n) {
   float mx = -INFINITY;
   for (std::int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  for (std::int64_t i = 0; i < n; ++i) x[i] = x[i] - mx;
+  exp_approx_many(x, n, x, true);  // the scalar and AVX2 twins give the same bits
   float sum = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
+  for (std::int64_t i = 0; i < n; ++i) sum += x[i];
   const float inv = 1.0f / sum;
   for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
 }

@@ -30,7 +30,8 @@ void exp_approx_many(const float* x, std::int64_t n, float* y, bool simd);
 // alias gate.
 void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n);
 
-// Softmax of n values in place (max-subtracted, float accumulation in index order).
+// Softmax of n values in place (max-subtracted, exp_approx, float accumulation in index order); the
+// head drafters' probabilities.
 void softmax_cpu(float* x, std::int64_t n);
 
 // The KV cache of one sequence in one layer, as plain memory: slot s lives in page pages[s / page_size]
