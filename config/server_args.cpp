@@ -324,15 +324,16 @@ void validate(const ServerArgs& a) {
                std::to_string(*a.speculative_num_steps) + " and --speculative-eagle-topk " +
                std::to_string(*a.speculative_eagle_topk) + ")");
   }
-  if (a.speculative_draft_quantization != "auto" && spec && !is_head_drafter(a.speculative_algorithm))
-    fail("speculative_draft_quantization",
-         "only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got " + algo + ")");
+  // Settings only the head drafters read: refused with another algorithm.
+  auto head_only = [&](std::string_view field, bool set) {
+    if (set && spec && !is_head_drafter(a.speculative_algorithm))
+      fail(field, "only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got " + algo + ")");
+  };
+  head_only("speculative_draft_quantization", a.speculative_draft_quantization != "auto");
+  head_only("speculative_draft_p_min", a.speculative_draft_p_min.has_value());
   if (a.speculative_draft_p_min) {
     const double p = *a.speculative_draft_p_min;
     if (!(p >= 0.0 && p < 1.0)) fail("speculative_draft_p_min", "must be in [0, 1) (got " + std::to_string(p) + ")");
-    if (spec && !is_head_drafter(a.speculative_algorithm))
-      fail("speculative_draft_p_min",
-           "only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got " + algo + ")");
   }
   for (auto [field, v] : {std::pair{"speculative_accept_threshold_single", a.speculative_accept_threshold_single},
                           std::pair{"speculative_accept_threshold_acc", a.speculative_accept_threshold_acc}}) {
