@@ -264,10 +264,12 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     if (!s->speculative_eagle_topk) f["speculative_eagle_topk"] = topk;
     if (!s->speculative_num_draft_tokens || *s->speculative_num_draft_tokens != tokens)
       f["speculative_num_draft_tokens"] = tokens;
-    // Head drafters: the shipped head's floor goes with its default shape (it was measured with it);
-    // otherwise none (sglang's behaviour: the shape is drafted whole).
+    // Head drafters: the shipped head's floor and prompt-lookup branch go with its default shape (they
+    // were measured with it); otherwise none (sglang's behaviour: the shape is drafted whole).
     if (head && !s->speculative_draft_p_min)
       f["speculative_draft_p_min"] = shipped_head && none_given ? kShippedHead.p_min : 0.0;
+    if (head && !s->speculative_draft_ngram_tokens)
+      f["speculative_draft_ngram_tokens"] = shipped_head && none_given ? kShippedHead.ngram_tokens : 0;
     if (head && s->speculative_draft_quantization == "auto")
       f["speculative_draft_quantization"] = shipped_head ? kShippedHead.quantization : "q8_0";
     s = derive(s, "auto.speculative", f);

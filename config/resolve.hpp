@@ -48,15 +48,16 @@ void apply_config_file(ServerArgs& args, const std::string& path);
 
 // The shipped EAGLE-3 head's defaults, the setting measured fastest for it on the benchmark prompts
 // (README "The shipped head"), taken when resolution picks that head (auto.shipped_head): the shape
-// and its path-probability floor when no shape flag (and no --speculative-draft-p-min) is given, the
-// load-time quantization unless --speculative-draft-quantization is. Other head drafters get sglang's
-// shapes, no floor and Q8_0.
+// and, measured with it, its path-probability floor and prompt-lookup branch when no shape flag is
+// given (and not the flag itself), the load-time quantization unless --speculative-draft-quantization
+// is. Other head drafters get sglang's shapes, no floor, no branch and Q8_0.
 struct ShippedHeadDefaults {
   SpecShape shape;
   double p_min;
+  std::int64_t ngram_tokens;
   const char* quantization;
 };
-inline constexpr ShippedHeadDefaults kShippedHead{{3, 2, 5}, 0.15, "q4_1"};
+inline constexpr ShippedHeadDefaults kShippedHead{{3, 2, 5}, 0.15, 3, "q4_1"};
 
 // Load-time resolution of the target's snapshot: context length from the model (a larger user value
 // is an error unless allowed), KV budget, device, automatic speculative shape. Each decision is a

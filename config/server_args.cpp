@@ -301,13 +301,16 @@ void validate(const ServerArgs& a) {
   const bool spec = a.speculative_algorithm != SpecAlgorithm::None;
   const std::string algo(to_string(a.speculative_algorithm));
   if (!spec) {
-    for (auto [field, set] : {std::pair{"speculative_num_steps", a.speculative_num_steps.has_value()},
-                              std::pair{"speculative_eagle_topk", a.speculative_eagle_topk.has_value()},
-                              std::pair{"speculative_num_draft_tokens", a.speculative_num_draft_tokens.has_value()},
-                              std::pair{"speculative_draft_p_min", a.speculative_draft_p_min.has_value()},
-                              std::pair{"speculative_draft_quantization", a.speculative_draft_quantization != "auto"},
-                              std::pair{"speculative_draft_model_path", a.speculative_draft_model_path.has_value()},
-                              std::pair{"speculative_draft_num_layers", a.speculative_draft_num_layers.has_value()}}) {
+    for (auto [field, set] :
+         {std::pair{"speculative_num_steps", a.speculative_num_steps.has_value()},
+          std::pair{"speculative_eagle_topk", a.speculative_eagle_topk.has_value()},
+          std::pair{"speculative_num_draft_tokens", a.speculative_num_draft_tokens.has_value()},
+          std::pair{"speculative_draft_p_min", a.speculative_draft_p_min.has_value()},
+          std::pair{"speculative_draft_quantization", a.speculative_draft_quantization != "auto"},
+          std::pair{"speculative_draft_ngram_tokens", a.speculative_draft_ngram_tokens.has_value()},
+          std::pair{"speculative_draft_ngram_min_match", a.speculative_draft_ngram_min_match.has_value()},
+          std::pair{"speculative_draft_model_path", a.speculative_draft_model_path.has_value()},
+          std::pair{"speculative_draft_num_layers", a.speculative_draft_num_layers.has_value()}}) {
       if (set) fail(field, "is set but --speculative-algorithm is NONE; choose an algorithm or drop the flag");
     }
   }
@@ -331,6 +334,12 @@ void validate(const ServerArgs& a) {
   };
   head_only("speculative_draft_quantization", a.speculative_draft_quantization != "auto");
   head_only("speculative_draft_p_min", a.speculative_draft_p_min.has_value());
+  head_only("speculative_draft_ngram_tokens", a.speculative_draft_ngram_tokens.has_value());
+  head_only("speculative_draft_ngram_min_match", a.speculative_draft_ngram_min_match.has_value());
+  if (a.speculative_draft_ngram_tokens)
+    in_range("speculative_draft_ngram_tokens", *a.speculative_draft_ngram_tokens, 0, kMaxNgramBranch);
+  if (a.speculative_draft_ngram_min_match)
+    in_range("speculative_draft_ngram_min_match", *a.speculative_draft_ngram_min_match, 1, kMaxNgramWindow);
   if (a.speculative_draft_p_min) {
     const double p = *a.speculative_draft_p_min;
     if (!(p >= 0.0 && p < 1.0)) fail("speculative_draft_p_min", "must be in [0, 1) (got " + std::to_string(p) + ")");

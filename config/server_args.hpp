@@ -29,6 +29,8 @@ constexpr std::int64_t kMaxHeadDraftNodes = 64;
 constexpr std::int64_t kMaxContextLength = std::int64_t{1} << 30;
 // The n-gram drafter's longest match window (its suffix sort compares at most this many tokens).
 constexpr std::int64_t kMaxNgramWindow = 64;
+// The most tokens a head drafter's prompt-lookup branch adds to a proposal (--speculative-draft-ngram-tokens).
+constexpr std::int64_t kMaxNgramBranch = 16;
 
 enum class LoadFormat { Auto, Gguf, Safetensors, Dummy };
 enum class Device { Auto, Cpu, Cuda };
@@ -117,6 +119,8 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(OptInt,        speculative_eagle_topk,     {},        "branches kept per draft step; 1 = chain; unset = automatic") \
   X(OptInt,        speculative_num_draft_tokens, {},      "tree nodes verified per step, root included; unset = automatic") \
   X(OptDouble,     speculative_draft_p_min,    {},        "head drafters: propose only draft tokens whose path probability under the head (the product of its probabilities from the root) reaches this, and stop drafting when no branch does; 0 = the full shape; unset = automatic (0, or the shipped head's measured value)") \
+  X(OptInt,        speculative_draft_ngram_tokens, {},    "head drafters: add to each proposal a prompt-lookup branch of up to N tokens (what followed the latest earlier occurrence of the sequence's last tokens), merged into the head's tree: nodes the head proposed too cost nothing, new ones are verified on top of --speculative-num-draft-tokens and may reach deeper than --speculative-num-steps; 0 = off; unset = automatic (0, or the shipped head's measured value)") \
+  X(OptInt,        speculative_draft_ngram_min_match, {}, "head drafters' prompt-lookup branch: the fewest last tokens that must recur earlier in the sequence (default 2)") \
   X(double,        speculative_accept_threshold_single, 1.0, "accept a draft token whose target probability reaches this; < 1 is lossy") \
   X(double,        speculative_accept_threshold_acc, 1.0, "divide the accumulated acceptance probability by this; < 1 is lossy") \
   X(OptString,     speculative_token_map,      {},        "hot-vocabulary file (FR-Spec): the draft's output head keeps only these token ids") \
@@ -126,7 +130,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(bool,          speculative_use_rejection_sampling, false, "chain rejection sampling with the draft's probabilities (topk = 1 drafters that sample)") \
   X(OptInt,        speculative_draft_num_layers, {},      "STANDALONE self-speculation: run only the target's first K layers as the draft") \
   X(std::int64_t,  speculative_ngram_min_match_window_size, 1, "NGRAM: shortest suffix matched against the context") \
-  X(std::int64_t,  speculative_ngram_max_match_window_size, 12, "NGRAM: longest suffix matched against the context") \
+  X(std::int64_t,  speculative_ngram_max_match_window_size, 12, "NGRAM (and the head drafters' prompt-lookup branch): longest suffix matched against the context") \
   X(std::int64_t,  speculative_ngram_max_bfs_breadth, 4,  "NGRAM: most candidate continuations sharing the root (1 = chain)") \
   X(OptString,     speculative_ngram_corpus_path, {},     "NGRAM: extra text corpus to match against, indexed once at start-up") \
   /* ---- server ---- */                                                                               \

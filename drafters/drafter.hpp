@@ -83,6 +83,17 @@ class Drafter {
   virtual void reconfigure(const config::Snapshot& snapshot) { (void)snapshot; }
 };
 
+// Prompt lookup (drafters/ngram.cpp): what followed the latest earlier occurrence of the longest
+// suffix of `context` between min_window and max_window tokens long, at most max_len tokens; empty
+// when no suffix of min_window tokens recurs.
+std::vector<std::int32_t> latest_match_continuation(const std::vector<std::int32_t>& context, std::int64_t min_window,
+                                                    std::int64_t max_window, std::int64_t max_len);
+
+// Merges a chain below the root into `tree`: it follows the nodes the tree already has and adds the
+// rest (with score 0 when every node of the tree has a score) until max_new nodes are added. Returns
+// the number added.
+std::int32_t merge_chain(DraftTree& tree, const std::vector<std::int32_t>& chain, std::int32_t max_new);
+
 using DrafterFactory =
     std::function<std::unique_ptr<Drafter>(const config::Snapshot& draft_snapshot, const DraftContext& context)>;
 

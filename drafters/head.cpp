@@ -114,12 +114,26 @@ class HeadDrafter final : public Drafter {
     if (frozen_ && st.kv_length != n - 1) return {};
     const std::int32_t depth = std::min(max_depth, steps_);
     if (depth <= 0 || max_nodes <= 0) return {};
-    try {
-      return frozen_ ? draft_frozen(st, ctx, max_nodes, depth) : draft_own(st, ctx, max_nodes, depth);
+    try {  // the head's tree keeps to its own shape; the branch may use the rest of max_nodes
+      DraftTree t = frozen_ ? draft_frozen(st, ctx, max_nodes, depth) : draft_own(st, ctx, max_nodes, depth);
+      add_ngram_branch(t, ctx, max_nodes, max_depth);
+      return t;
     } catch (const model::KvExhausted&) {
       for (std::size_t l = 0; l < st.seqs.size(); ++l) kv_[l]->truncate(st.seqs[l], st.fed);
       return {};  // the head's cache is full: the target decodes plainly this step
     }
+  }
+
+  // The prompt-lookup branch (--speculative-draft-ngram-tokens): the continuation of the latest
+  // earlier occurrence of the sequence's last tokens, merged into the head's tree; it may add at most
+  // its own length in nodes beyond the head's and reach as deep as the scheduler allows.
+  void add_ngram_branch(DraftTree& t, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
+                        std::int32_t max_depth) const {
+    if (ngram_tokens_ <= 0) return;
+    const std::int32_t len = std::min(ngram_tokens_, max_depth);
+    const std::int32_t room = std::min(len, max_nodes - static_cast<std::int32_t>(t.tokens.size()));
+    if (len <= 0 || room <= 0) return;
+    merge_chain(t, latest_match_continuation(ctx, ngram_min_match_, ngram_max_match_, len), room);
   }
 
   void release(std::uint64_t req) override {
@@ -153,6 +167,9 @@ class HeadDrafter final : public Drafter {
     topk_ = static_cast<std::int32_t>(std::max<std::int64_t>(1, s->speculative_eagle_topk.value_or(1)));
     n_tokens_ = static_cast<std::int32_t>(s->speculative_num_draft_tokens.value_or(steps_ + 1));
     p_min_ = static_cast<float>(s->speculative_draft_p_min.value_or(0.0));
+    ngram_tokens_ = static_cast<std::int32_t>(s->speculative_draft_ngram_tokens.value_or(0));
+    ngram_min_match_ = s->speculative_draft_ngram_min_match.value_or(2);
+    ngram_max_match_ = std::max(ngram_min_match_, s->speculative_ngram_max_match_window_size);
     if (static_cast<std::int64_t>(steps_) * topk_ + 1 > config::kMaxHeadDraftNodes)  // resolution refuses it first
       throw std::runtime_error(
           "--speculative-num-steps × --speculative-eagle-topk must stay under 64 draft nodes (got " +
@@ -380,7 +397,9 @@ class HeadDrafter final : public Drafter {
   std::int64_t draft_vocab_ = 0, page_size_ = 0, max_tokens_ = 0;
   int layers_ = 1;
   std::int32_t steps_ = 3, topk_ = 1, n_tokens_ = 4;
-  float p_min_ = 0.0f;  // --speculative-draft-p-min
+  float p_min_ = 0.0f;             // --speculative-draft-p-min
+  std::int32_t ngram_tokens_ = 0;  // --speculative-draft-ngram-tokens
+  std::int64_t ngram_min_match_ = 2, ngram_max_match_ = 12;
   std::map<std::uint64_t, State> states_;
 };
 

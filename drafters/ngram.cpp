@@ -18,6 +18,16 @@ namespace {
 
 using Tokens = std::vector<std::int32_t>;
 
+// Calls visit(end) for every earlier occurrence ctx[end-w, end) of the last w tokens, latest first,
+// until visit returns false.
+template <class Visit>
+void for_each_match(const Tokens& ctx, std::int64_t w, Visit&& visit) {
+  const auto n = static_cast<std::int64_t>(ctx.size());
+  const auto* suffix = ctx.data() + (n - w);
+  for (std::int64_t end = n - 1; end >= w; --end)
+    if (std::equal(suffix, suffix + w, ctx.data() + (end - w)) && !visit(end)) return;
+}
+
 class NgramDrafter final : public Drafter {
  public:
   NgramDrafter(const config::Snapshot& s, const DraftContext& ctx) {
@@ -78,13 +88,11 @@ class NgramDrafter final : public Drafter {
     const auto n = static_cast<std::int64_t>(ctx.size());
     const std::size_t want = static_cast<std::size_t>(breadth_) * 2;
     for (std::int64_t w = std::min<std::int64_t>(max_window_, n - 1); w >= min_window_ && out.size() < want; --w) {
-      const auto* suffix = ctx.data() + (n - w);
-      for (std::int64_t end = n - 1; end >= w && out.size() < want; --end) {
-        if (!std::equal(suffix, suffix + w, ctx.data() + (end - w))) continue;
-        const std::int64_t take = std::min<std::int64_t>(max_depth, n - end);
-        add(out, Tokens(ctx.begin() + end, ctx.begin() + end + take));
-      }
-      if (!corpus_.empty()) corpus_matches(suffix, w, max_depth, out, want);
+      for_each_match(ctx, w, [&](std::int64_t end) {
+        add(out, Tokens(ctx.begin() + end, ctx.begin() + end + std::min<std::int64_t>(max_depth, n - end)));
+        return out.size() < want;
+      });
+      if (!corpus_.empty()) corpus_matches(ctx.data() + (n - w), w, max_depth, out, want);
       if (!out.empty() && breadth_ == 1) break;
     }
     return out;
@@ -151,6 +159,38 @@ class NgramDrafter final : public Drafter {
 };
 
 }  // namespace
+
+std::vector<std::int32_t> latest_match_continuation(const std::vector<std::int32_t>& ctx, std::int64_t min_window,
+                                                    std::int64_t max_window, std::int64_t max_len) {
+  const auto n = static_cast<std::int64_t>(ctx.size());
+  Tokens out;
+  for (std::int64_t w = std::min<std::int64_t>(max_window, n - 1);
+       w >= std::max<std::int64_t>(min_window, 1) && out.empty() && max_len > 0; --w)
+    for_each_match(ctx, w, [&](std::int64_t end) {
+      out.assign(ctx.begin() + end, ctx.begin() + end + std::min<std::int64_t>(max_len, n - end));
+      return false;
+    });
+  return out;
+}
+
+std::int32_t merge_chain(DraftTree& tree, const std::vector<std::int32_t>& chain, std::int32_t max_new) {
+  std::int32_t at = -1, added = 0;
+  for (const std::int32_t tok : chain) {
+    std::int32_t next = -1;
+    for (std::size_t j = 0; j < tree.tokens.size() && next < 0; ++j)
+      if (tree.parents[j] == at && tree.tokens[j] == tok) next = static_cast<std::int32_t>(j);
+    if (next < 0) {
+      if (added >= max_new) break;
+      next = static_cast<std::int32_t>(tree.tokens.size());
+      if (tree.scores.size() == tree.tokens.size()) tree.scores.push_back(0.0f);
+      tree.tokens.push_back(tok);
+      tree.parents.push_back(at);
+      ++added;
+    }
+    at = next;
+  }
+  return added;
+}
 
 std::unique_ptr<Drafter> make_ngram_drafter(const config::Snapshot& snapshot, const DraftContext& context) {
   return std::make_unique<NgramDrafter>(snapshot, context);

@@ -99,6 +99,11 @@ DraftShape draft_shape_of(const config::Snapshot& draft, drafters::DrafterNeeds 
   d.configured = true;
   d.num_draft_tokens = draft->speculative_num_draft_tokens.value_or(1);
   d.num_steps = draft->speculative_num_steps.value_or(1);
+  // A head drafter's prompt-lookup branch: up to this many more nodes, as deep as it is long.
+  if (const std::int64_t branch = draft->speculative_draft_ngram_tokens.value_or(0); branch > 0) {
+    d.num_draft_tokens += branch;
+    d.num_steps = std::max(d.num_steps, branch);
+  }
   d.needs = std::move(needs);
   return d;
 }

@@ -90,8 +90,8 @@ Limits limits_of(const config::ServerArgs& target);
 // The draft side: how big a proposal may be (from the draft snapshot) and what the drafter asked for.
 struct DraftShape {
   bool configured = false;            // an algorithm is set (τ and speculative_steps count these requests)
-  std::int64_t num_draft_tokens = 1;  // tree size including the root
-  std::int64_t num_steps = 1;         // maximum depth
+  std::int64_t num_draft_tokens = 1;  // tree size including the root (and a head's prompt-lookup branch)
+  std::int64_t num_steps = 1;         // maximum depth (likewise)
   drafters::DrafterNeeds needs;
 };
 DraftShape draft_shape_of(const config::Snapshot& draft, drafters::DrafterNeeds needs);

@@ -188,6 +188,21 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
        "--speculative-draft-p-min: is set but --speculative-algorithm is NONE; choose an algorithm or drop the flag"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-draft-p-min", "0.2"},
        "--speculative-draft-p-min: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got NGRAM)"},
+      {{"--speculative-algorithm", "EAGLE3", "--speculative-draft-ngram-tokens", "17"},
+       "--speculative-draft-ngram-tokens: must be in [0, 16] (got 17)"},
+      {{"--speculative-algorithm", "EAGLE3", "--speculative-draft-ngram-tokens", "-1"},
+       "--speculative-draft-ngram-tokens: must be in [0, 16] (got -1)"},
+      {{"--speculative-algorithm", "EAGLE3", "--speculative-draft-ngram-min-match", "0"},
+       "--speculative-draft-ngram-min-match: must be in [1, 64] (got 0)"},
+      {{"--speculative-draft-ngram-tokens", "3"},
+       "--speculative-draft-ngram-tokens: is set but --speculative-algorithm is NONE; choose an algorithm or drop the "
+       "flag"},
+      {{"--speculative-algorithm", "NGRAM", "--speculative-draft-ngram-tokens", "3"},
+       "--speculative-draft-ngram-tokens: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got "
+       "NGRAM)"},
+      {{"--speculative-algorithm", "STANDALONE", "--speculative-draft-ngram-min-match", "3"},
+       "--speculative-draft-ngram-min-match: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP "
+       "(got STANDALONE)"},
       {{"--speculative-draft-quantization", "q4_1"},
        "--speculative-draft-quantization: is set but --speculative-algorithm is NONE; choose an algorithm or drop the "
        "flag"},
@@ -265,11 +280,13 @@ TEST_CASE("automatic speculative shape") {
     CHECK(*s->speculative_eagle_topk == kShippedHead.shape.eagle_topk);
     CHECK(*s->speculative_num_draft_tokens == kShippedHead.shape.num_draft_tokens);
     CHECK(*s->speculative_draft_p_min == kShippedHead.p_min);
+    CHECK(*s->speculative_draft_ngram_tokens == kShippedHead.ngram_tokens);
     CHECK(s->speculative_draft_quantization == kShippedHead.quantization);
     CHECK(s->override_log.back().source == "auto.speculative");
     CHECK(s->override_log.back().fields["speculative_draft_p_min"] == kShippedHead.p_min);
     CHECK(s->override_log.back().fields["speculative_draft_quantization"] == kShippedHead.quantization);
     CHECK(*derive_draft(s, f)->speculative_draft_p_min == kShippedHead.p_min);
+    CHECK(*derive_draft(s, f)->speculative_draft_ngram_tokens == kShippedHead.ngram_tokens);
     const Snapshot shaped =
         resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3",
                                                  "--speculative-num-steps", "3", "--speculative-draft-p-min", "0.35",
@@ -278,6 +295,7 @@ TEST_CASE("automatic speculative shape") {
     CHECK(*shaped->speculative_num_steps == 3);
     CHECK(*shaped->speculative_num_draft_tokens == 4);
     CHECK(*shaped->speculative_draft_p_min == 0.35);
+    CHECK(*shaped->speculative_draft_ngram_tokens == 0);
     CHECK(shaped->speculative_draft_quantization == "none");
     CHECK_FALSE(shaped->override_log.back().fields.contains("speculative_draft_p_min"));
     // A shape flag alone: no floor (it went with the default shape), the quantization stays the head's.
@@ -285,6 +303,16 @@ TEST_CASE("automatic speculative shape") {
                                                                     "EAGLE3", "--speculative-eagle-topk", "1"})),
                                           f, no_gpu());
     CHECK(*chain->speculative_draft_p_min == 0.0);
+    CHECK(*chain->speculative_draft_ngram_tokens == 0);
+    // The branch alone keeps the default shape and its floor.
+    const Snapshot branch =
+        resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3",
+                                                 "--speculative-draft-ngram-tokens", "5"})),
+                       f, no_gpu());
+    CHECK(*branch->speculative_draft_ngram_tokens == 5);
+    CHECK(*branch->speculative_num_steps == kShippedHead.shape.num_steps);
+    CHECK(*branch->speculative_draft_p_min == kShippedHead.p_min);
+    CHECK_FALSE(branch->override_log.back().fields.contains("speculative_draft_ngram_tokens"));
     CHECK(chain->speculative_draft_quantization == kShippedHead.quantization);
     // A head given by path: no floor and Q8_0 unless asked, whatever the shipped head's defaults.
     const Snapshot other =
@@ -292,6 +320,7 @@ TEST_CASE("automatic speculative shape") {
                                                  "--speculative-draft-model-path", "mine"})),
                        f, no_gpu());
     CHECK(*other->speculative_draft_p_min == 0.0);
+    CHECK(*other->speculative_draft_ngram_tokens == 0);
     CHECK(other->speculative_draft_quantization == "q8_0");
     CHECK(resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3",
                                                    "--speculative-draft-model-path", "mine"})),
@@ -309,6 +338,7 @@ TEST_CASE("automatic speculative shape") {
     CHECK(*s->speculative_eagle_topk == 1);
     CHECK(*s->speculative_num_draft_tokens == 4);
     CHECK_FALSE(s->speculative_draft_p_min.has_value());  // head drafters' settings stay unset
+    CHECK_FALSE(s->speculative_draft_ngram_tokens.has_value());
     CHECK(s->speculative_draft_quantization == "auto");
   }
   SUBCASE("topk = 1 forces draft tokens = steps + 1") {

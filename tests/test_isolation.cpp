@@ -129,6 +129,7 @@ TEST_CASE("the override log names every source and field, in order, and prints a
                                  {"speculative_eagle_topk", 4},
                                  {"speculative_num_draft_tokens", 8},
                                  {"speculative_draft_p_min", 0.0},
+                                 {"speculative_draft_ngram_tokens", 0},
                                  {"speculative_draft_quantization", "q8_0"}});
   CHECK(log[5]["fields"] == json{{"disable_chunked_prefix_cache", true}});
   CHECK(log[6]["fields"] ==

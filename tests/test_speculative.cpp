@@ -168,6 +168,12 @@ std::unique_ptr<Heads> random_heads(const std::string& model, const std::string&
   auto floored = cfg("EAGLE", eagle_id, "3", "3", "7");
   floored.insert(floored.end(), {"--speculative-draft-p-min", "0.02", "--speculative-draft-quantization", "q4_1"});
   h->configs.push_back(floored);
+  // A prompt-lookup branch on a random EAGLE-3 head whose floor lets few of its own drafts through:
+  // the branch proposes most nodes (matches of one token), deeper than the head's 2 steps.
+  auto branch = cfg("EAGLE3", eagle3_hf, "2", "2", "4");
+  branch.insert(branch.end(), {"--speculative-draft-p-min", "0.3", "--speculative-draft-ngram-tokens", "4",
+                               "--speculative-draft-ngram-min-match", "1"});
+  h->configs.push_back(branch);
   return h;
 }
 
@@ -360,6 +366,109 @@ TEST_CASE("head drafters: --speculative-draft-p-min proposes exactly the nodes w
   fs::remove(p);
 }
 
+TEST_CASE("prompt lookup helpers: the latest longest match's continuation, merged into a tree") {
+  using V = std::vector<std::int32_t>;
+  // The last 3 tokens (7 8 9) recur at positions 4-6, then 7 8 9 follows; a 2-token match (8 9) recurs
+  // later (9-10) but the longest suffix wins, and of its occurrences the latest.
+  const V ctx = {1, 2, 3, 0, 7, 8, 9, 5, 6, 8, 9, 4, 7, 8, 9, 6, 1, 7, 8, 9};
+  CHECK(latest_match_continuation(ctx, 2, 12, 3) == V{6, 1, 7});         // 7 8 9 at 12-14 (the latest) wins
+  CHECK(latest_match_continuation(ctx, 2, 12, 10) == V{6, 1, 7, 8, 9});  // cut at the end of the context
+  CHECK(latest_match_continuation(ctx, 4, 12, 3).empty());               // 1 7 8 9 occurs once
+  CHECK(latest_match_continuation(ctx, 2, 12, 0).empty());
+  CHECK(latest_match_continuation(V{4, 4}, 1, 12, 3) == V{4});
+  CHECK(latest_match_continuation(V{4}, 1, 12, 3).empty());
+
+  DraftTree t;  // root -> 6 -> 1, root -> 2
+  t.tokens = {6, 2, 1};
+  t.parents = {-1, -1, 0};
+  t.scores = {0.5f, 0.2f, 0.3f};
+  CHECK(merge_chain(t, V{6, 1, 7, 8}, 1) == 1);  // follows 6 and 1, adds 7, stops at the budget
+  CHECK(t.tokens == V{6, 2, 1, 7});
+  CHECK(t.parents == V{-1, -1, 0, 2});
+  CHECK(t.scores.size() == 4);
+  CHECK(merge_chain(t, V{2, 3}, 4) == 1);  // under the existing 2
+  CHECK(t.parents.back() == 1);
+  CHECK(merge_chain(t, V{9}, 4) == 1);  // a new root child
+  CHECK(t.parents.back() == -1);
+  DraftTree empty;
+  CHECK(merge_chain(empty, V{3, 4}, 4) == 2);
+  CHECK(empty.parents == V{-1, 0});
+  CHECK(empty.scores.size() == 2);
+}
+
+TEST_CASE("head drafters: --speculative-draft-ngram-tokens adds the prompt-lookup continuation to the head's tree") {
+  const std::string p = write_tiny_model("branch");
+  const std::string head = p + ".eagle3.gguf";
+  specactor::config::ServerArgs a;
+  a.model_path = p;
+  const auto target = specactor::model::load_model(a);
+  specactor::model::HeadSpec spec;
+  spec.kind = specactor::model::HeadKind::Eagle3;
+  spec.seed = 4;
+  specactor::model::write_random_head(target.info, spec, head);
+  specactor::config::ServerArgs d = a;
+  d.speculative_algorithm = specactor::config::SpecAlgorithm::Eagle3;
+  d.speculative_draft_model_path = head;
+  d.speculative_num_steps = 2;
+  d.speculative_eagle_topk = 2;
+  d.speculative_num_draft_tokens = 4;
+  d.speculative_draft_ngram_tokens = 0;
+  d.max_total_tokens = 1024;
+  auto kvp = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
+                                                         target.config.head_dim, 16, 1024);
+  auto drafter = find_drafter(specactor::config::freeze(d))(
+      specactor::config::freeze(d), DraftContext{target.info, target.tokenizer, target.weights, kvp});
+  std::vector<int> layers;
+  for (auto l : drafter->needs().hidden_layers) layers.push_back(l);
+  specactor::model::LlamaRunner runner(target.weights, 1);
+  // 12 distinct tokens, then the first 5 again: the last 5 recur, followed by tokens 5..11.
+  std::vector<std::int32_t> toks;
+  for (int k = 0; k < 12; ++k) toks.push_back((k * 11 + 4) % 90 + 3);
+  for (int k = 0; k < 5; ++k) toks.push_back(toks[static_cast<std::size_t>(k)]);
+  specactor::model::KvCache::Seq seq;
+  const specactor::model::ForwardResult out = commit_all_but_root(runner, *kvp, seq, toks, layers);
+  std::vector<float> hidden;
+  const auto H = static_cast<std::size_t>(target.config.hidden);
+  for (std::size_t r = 0; r + 1 < toks.size(); ++r)
+    for (const auto& l : out.hidden)
+      hidden.insert(hidden.end(), l.begin() + static_cast<long>(r * H), l.begin() + static_cast<long>((r + 1) * H));
+  const std::vector<std::int32_t> no_pages;
+  drafter->observe(1, TargetFeatures{hidden, 0, no_pages, 0});
+  // The scheduler's budget with a branch of 4: 3 + 4 nodes, depth max(2, 4).
+  const DraftTree plain = drafter->propose(1, toks, 7, 4);
+  REQUIRE(plain.tokens.size() == 3);  // the head keeps to its own shape
+  d.speculative_draft_ngram_tokens = 4;
+  drafter->reconfigure(specactor::config::freeze(d));
+  const DraftTree both = drafter->propose(1, toks, 7, 4);
+  // The head's nodes come first, unchanged; then the branch: toks[5..8] hang below the root, through
+  // any head node that proposed the same token.
+  REQUIRE(both.tokens.size() > plain.tokens.size());
+  CHECK(std::vector<std::int32_t>(both.tokens.begin(), both.tokens.begin() + 3) == plain.tokens);
+  CHECK(std::vector<std::int32_t>(both.parents.begin(), both.parents.begin() + 3) == plain.parents);
+  CHECK(both.scores.size() == both.tokens.size());
+  std::int32_t at = -1;
+  for (std::size_t k = 5; k < 9; ++k) {
+    std::int32_t next = -1;
+    for (std::size_t j = 0; j < both.tokens.size(); ++j)
+      if (both.parents[j] == at && both.tokens[j] == toks[k]) next = static_cast<std::int32_t>(j);
+    REQUIRE(next >= 0);
+    at = next;
+  }
+  int depth = 0;  // the branch's last node is 4 deep, beyond the head's 2 steps
+  for (std::int32_t j = at; j >= 0; j = both.parents[static_cast<std::size_t>(j)]) ++depth;
+  CHECK(depth == 4);
+  // The budget the scheduler gives bounds it: with 5 nodes in all, the branch adds at most 2.
+  CHECK(drafter->propose(1, toks, 5, 4).tokens.size() <= 5);
+  // Less than min-match recurring: no branch.
+  d.speculative_draft_ngram_min_match = 6;
+  drafter->reconfigure(specactor::config::freeze(d));
+  CHECK(drafter->propose(1, toks, 7, 4).tokens == plain.tokens);
+  drafter->release(1);
+  kvp->release(seq);
+  fs::remove(head);
+  fs::remove(p);
+}
+
 TEST_CASE("default model: every head-free drafter is lossless on the shipped prompts (single and 8 concurrent)") {
   if (!fs::exists(kDefaultModel)) {
     MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
@@ -458,8 +567,25 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
                                           "1", "--speculative-use-rejection-sampling", "--speculative-num-steps", "2"});
   const auto [target_only, tm] = histogram({"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "2",
                                             "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4"});
-  int df1 = 0, df2 = 0;
+  // A random EAGLE-3 head with a prompt-lookup branch (the prompt repeats: the branch proposes).
+  const std::string head = p + ".eagle3.gguf";
+  {
+    specactor::model::HeadSpec spec;
+    spec.kind = specactor::model::HeadKind::Eagle3;
+    spec.seed = 3;
+    specactor::model::write_random_head(specactor::model::read_model_info(*specactor::model::GgufFile::open(p)), spec,
+                                        head);
+  }
+  const auto [hybrid, hm] =
+      histogram({"--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", head, "--speculative-num-steps",
+                 "2", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4",
+                 "--speculative-draft-ngram-tokens", "3", "--speculative-draft-ngram-min-match", "1"});
+  int df1 = 0, df2 = 0, df3 = 0;
   const double chi_rej = two_sample_chi2(plain, rejection, df1), chi_tgt = two_sample_chi2(plain, target_only, df2);
+  const double chi_hyb = two_sample_chi2(plain, hybrid, df3);
+  MESSAGE("head with a prompt-lookup branch: chi2 = " << chi_hyb << " (df " << df3 << ", drafted " << hm.drafted
+                                                      << ", accepted " << hm.accepted << ")");
+  CHECK(hm.drafted > 0);
   MESSAGE("third-token distribution vs plain sampling: rejection sampling chi2 = "
           << chi_rej << " (df " << df1 << ", drafted " << rm.drafted << ", accepted " << rm.accepted
           << "); target-only tree sampling chi2 = " << chi_tgt << " (df " << df2 << ", drafted " << tm.drafted
@@ -473,6 +599,8 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   };
   CHECK(chi_rej < crit(df1));
   CHECK(chi_tgt < crit(df2));
+  CHECK(chi_hyb < crit(df3));
+  fs::remove(head);
   fs::remove(p);
 }
 

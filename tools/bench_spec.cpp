@@ -267,6 +267,16 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
                    {"median_speedup", median(r)},
                    {"mean_tau", tau / static_cast<double>(idx.size())}};
     }
+    json per_prompt = json::array();
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+      per_prompt.push_back({{"category", prompts[i].category},
+                            {"plain_tokens_per_s", s.plain[i].tps},
+                            {"speculative_tokens_per_s", s.runs[i].tps},
+                            {"speedup", s.plain[i].tps > 0 ? s.runs[i].tps / s.plain[i].tps : 0.0},
+                            {"tau", s.runs[i].tau},
+                            {"drafted", s.runs[i].drafted},
+                            {"accepted", s.runs[i].accepted},
+                            {"identical", s.runs[i].tokens == s.plain[i].tokens}});
     j["settings"].push_back({{"label", s.label},
                              {"flags", s.flags},
                              {"median_speedup", s.median_speedup},
@@ -278,7 +288,8 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
                              {"draft_ms", s.metrics.draft_ms},
                              {"verify_ms", s.metrics.step_compute_ms},
                              {"overhead_ms", s.metrics.step_wall_ms - s.metrics.step_compute_ms},
-                             {"by_category", cats}});
+                             {"by_category", cats},
+                             {"by_prompt", per_prompt}});
   }
   j["best"] = best->label;
   if (!chart.empty()) write_chart(chart, settings);
