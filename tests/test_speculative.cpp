@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -294,42 +295,68 @@ TEST_CASE("EAGLE head plumbing: the first draft is the target's own prediction f
   fs::remove_all(dir);
 }
 
+// A random EAGLE-3 head drafter on the tiny model, fed the target's features for toks[0..n-2] as the
+// target worker would hand them over (request 1); `shape` sets the draft settings.
+struct HeadDrafterFixture {
+  std::string model, head;
+  specactor::config::ServerArgs args;
+  specactor::model::LoadedModel target;
+  std::shared_ptr<specactor::model::KvCache> kv;
+  std::unique_ptr<Drafter> drafter;
+  specactor::model::KvCache::Seq seq;
+
+  HeadDrafterFixture(const std::string& tag, const std::vector<std::int32_t>& toks,
+                     const std::function<void(specactor::config::ServerArgs&)>& shape)
+      : model(write_tiny_model(tag)), head(model + ".eagle3.gguf") {
+    args.model_path = model;
+    target = specactor::model::load_model(args);
+    specactor::model::HeadSpec spec;
+    spec.kind = specactor::model::HeadKind::Eagle3;
+    spec.seed = 4;
+    specactor::model::write_random_head(target.info, spec, head);
+    args.speculative_algorithm = specactor::config::SpecAlgorithm::Eagle3;
+    args.speculative_draft_model_path = head;
+    args.max_total_tokens = 1024;
+    shape(args);
+    kv = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
+                                                     target.config.head_dim, 16, 1024);
+    drafter = find_drafter(specactor::config::freeze(args))(
+        specactor::config::freeze(args), DraftContext{target.info, target.tokenizer, target.weights, kv});
+    std::vector<int> layers;
+    for (auto l : drafter->needs().hidden_layers) layers.push_back(l);
+    specactor::model::LlamaRunner runner(target.weights, 1);
+    const specactor::model::ForwardResult out = commit_all_but_root(runner, *kv, seq, toks, layers);
+    std::vector<float> hidden;  // the captured layers concatenated per row, as the target worker sends them
+    const auto H = static_cast<std::size_t>(target.config.hidden);
+    for (std::size_t r = 0; r + 1 < toks.size(); ++r)
+      for (const auto& l : out.hidden)
+        hidden.insert(hidden.end(), l.begin() + static_cast<long>(r * H), l.begin() + static_cast<long>((r + 1) * H));
+    const std::vector<std::int32_t> no_pages;
+    drafter->observe(1, TargetFeatures{hidden, 0, no_pages, 0});
+  }
+  // New draft settings, as a reconfigured draft worker passes them on.
+  void reshape(const std::function<void(specactor::config::ServerArgs&)>& change) {
+    change(args);
+    drafter->reconfigure(specactor::config::freeze(args));
+  }
+  ~HeadDrafterFixture() {
+    drafter->release(1);
+    kv->release(seq);
+    fs::remove(head);
+    fs::remove(model);
+  }
+};
+
 TEST_CASE("head drafters: --speculative-draft-p-min proposes exactly the nodes whose path probability reaches it") {
-  const std::string p = write_tiny_model("pmin");
-  const std::string head = p + ".eagle3.gguf";
-  specactor::config::ServerArgs a;
-  a.model_path = p;
-  const auto target = specactor::model::load_model(a);
-  specactor::model::HeadSpec spec;
-  spec.kind = specactor::model::HeadKind::Eagle3;
-  spec.seed = 4;
-  specactor::model::write_random_head(target.info, spec, head);
-  specactor::config::ServerArgs d = a;
-  d.speculative_algorithm = specactor::config::SpecAlgorithm::Eagle3;
-  d.speculative_draft_model_path = head;
-  d.speculative_num_steps = 3;
-  d.speculative_eagle_topk = 3;
-  d.speculative_num_draft_tokens = 8;
-  d.speculative_draft_p_min = 0.0;
-  d.max_total_tokens = 1024;
-  auto kvp = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
-                                                         target.config.head_dim, 16, 1024);
-  auto drafter = find_drafter(specactor::config::freeze(d))(
-      specactor::config::freeze(d), DraftContext{target.info, target.tokenizer, target.weights, kvp});
-  std::vector<int> layers;
-  for (auto l : drafter->needs().hidden_layers) layers.push_back(l);
-  specactor::model::LlamaRunner runner(target.weights, 1);
   std::vector<std::int32_t> toks;
   for (int k = 0; k < 20; ++k) toks.push_back((k * 11 + 4) % 90 + 3);
-  specactor::model::KvCache::Seq seq;
-  const specactor::model::ForwardResult out = commit_all_but_root(runner, *kvp, seq, toks, layers);
-  std::vector<float> hidden;  // the captured layers concatenated per row, as the target worker sends them
-  const auto H = static_cast<std::size_t>(target.config.hidden);
-  for (std::size_t r = 0; r + 1 < toks.size(); ++r)
-    for (const auto& l : out.hidden)
-      hidden.insert(hidden.end(), l.begin() + static_cast<long>(r * H), l.begin() + static_cast<long>((r + 1) * H));
-  const std::vector<std::int32_t> no_pages;
-  drafter->observe(1, TargetFeatures{hidden, 0, no_pages, 0});
+  HeadDrafterFixture f("pmin", toks, [](specactor::config::ServerArgs& d) {
+    d.speculative_num_steps = 3;
+    d.speculative_eagle_topk = 3;
+    d.speculative_num_draft_tokens = 8;
+    d.speculative_draft_p_min = 0.0;
+  });
+  auto& drafter = f.drafter;
   const DraftTree full = drafter->propose(1, toks, 7, 3);
   REQUIRE(full.tokens.size() == 7);
   REQUIRE(full.scores.size() == 7);
@@ -343,8 +370,7 @@ TEST_CASE("head drafters: --speculative-draft-p-min proposes exactly the nodes w
   std::sort(sorted.begin(), sorted.end());
   REQUIRE(sorted[3] > sorted[2]);
   const float floor = 0.5f * (sorted[2] + sorted[3]);
-  d.speculative_draft_p_min = floor;
-  drafter->reconfigure(specactor::config::freeze(d));
+  f.reshape([&](specactor::config::ServerArgs& d) { d.speculative_draft_p_min = floor; });
   const DraftTree cut = drafter->propose(1, toks, 7, 3);
   std::vector<std::int32_t> want_tokens, want_parents, index(7, -1);
   for (std::size_t i = 0; i < 7; ++i) {
@@ -357,13 +383,10 @@ TEST_CASE("head drafters: --speculative-draft-p-min proposes exactly the nodes w
   CHECK(cut.tokens == want_tokens);
   CHECK(cut.parents == want_parents);
   // Above every path probability: no draft at all (the target decodes plainly).
-  d.speculative_draft_p_min = std::min(0.999, static_cast<double>(sorted.back()) * 1.01);
-  drafter->reconfigure(specactor::config::freeze(d));
+  f.reshape([&](specactor::config::ServerArgs& d) {
+    d.speculative_draft_p_min = std::min(0.999, static_cast<double>(sorted.back()) * 1.01);
+  });
   CHECK(drafter->propose(1, toks, 7, 3).tokens.empty());
-  drafter->release(1);
-  kvp->release(seq);
-  fs::remove(head);
-  fs::remove(p);
 }
 
 TEST_CASE("prompt lookup helpers: the latest longest match's continuation, merged into a tree") {
@@ -397,48 +420,21 @@ TEST_CASE("prompt lookup helpers: the latest longest match's continuation, merge
 }
 
 TEST_CASE("head drafters: --speculative-draft-ngram-tokens adds the prompt-lookup continuation to the head's tree") {
-  const std::string p = write_tiny_model("branch");
-  const std::string head = p + ".eagle3.gguf";
-  specactor::config::ServerArgs a;
-  a.model_path = p;
-  const auto target = specactor::model::load_model(a);
-  specactor::model::HeadSpec spec;
-  spec.kind = specactor::model::HeadKind::Eagle3;
-  spec.seed = 4;
-  specactor::model::write_random_head(target.info, spec, head);
-  specactor::config::ServerArgs d = a;
-  d.speculative_algorithm = specactor::config::SpecAlgorithm::Eagle3;
-  d.speculative_draft_model_path = head;
-  d.speculative_num_steps = 2;
-  d.speculative_eagle_topk = 2;
-  d.speculative_num_draft_tokens = 4;
-  d.speculative_draft_ngram_tokens = 0;
-  d.max_total_tokens = 1024;
-  auto kvp = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
-                                                         target.config.head_dim, 16, 1024);
-  auto drafter = find_drafter(specactor::config::freeze(d))(
-      specactor::config::freeze(d), DraftContext{target.info, target.tokenizer, target.weights, kvp});
-  std::vector<int> layers;
-  for (auto l : drafter->needs().hidden_layers) layers.push_back(l);
-  specactor::model::LlamaRunner runner(target.weights, 1);
   // 12 distinct tokens, then the first 5 again: the last 5 recur, followed by tokens 5..11.
   std::vector<std::int32_t> toks;
   for (int k = 0; k < 12; ++k) toks.push_back((k * 11 + 4) % 90 + 3);
   for (int k = 0; k < 5; ++k) toks.push_back(toks[static_cast<std::size_t>(k)]);
-  specactor::model::KvCache::Seq seq;
-  const specactor::model::ForwardResult out = commit_all_but_root(runner, *kvp, seq, toks, layers);
-  std::vector<float> hidden;
-  const auto H = static_cast<std::size_t>(target.config.hidden);
-  for (std::size_t r = 0; r + 1 < toks.size(); ++r)
-    for (const auto& l : out.hidden)
-      hidden.insert(hidden.end(), l.begin() + static_cast<long>(r * H), l.begin() + static_cast<long>((r + 1) * H));
-  const std::vector<std::int32_t> no_pages;
-  drafter->observe(1, TargetFeatures{hidden, 0, no_pages, 0});
+  HeadDrafterFixture f("branch", toks, [](specactor::config::ServerArgs& d) {
+    d.speculative_num_steps = 2;
+    d.speculative_eagle_topk = 2;
+    d.speculative_num_draft_tokens = 4;
+    d.speculative_draft_ngram_tokens = 0;
+  });
+  auto& drafter = f.drafter;
   // The scheduler's budget with a branch of 4: 3 + 4 nodes, depth max(2, 4).
   const DraftTree plain = drafter->propose(1, toks, 7, 4);
   REQUIRE(plain.tokens.size() == 3);  // the head keeps to its own shape
-  d.speculative_draft_ngram_tokens = 4;
-  drafter->reconfigure(specactor::config::freeze(d));
+  f.reshape([](specactor::config::ServerArgs& d) { d.speculative_draft_ngram_tokens = 4; });
   const DraftTree both = drafter->propose(1, toks, 7, 4);
   // The head's nodes come first, unchanged; then the branch: toks[5..8] hang below the root, through
   // any head node that proposed the same token.
@@ -460,13 +456,8 @@ TEST_CASE("head drafters: --speculative-draft-ngram-tokens adds the prompt-looku
   // The budget the scheduler gives bounds it: with 5 nodes in all, the branch adds at most 2.
   CHECK(drafter->propose(1, toks, 5, 4).tokens.size() <= 5);
   // Less than min-match recurring: no branch.
-  d.speculative_draft_ngram_min_match = 6;
-  drafter->reconfigure(specactor::config::freeze(d));
+  f.reshape([](specactor::config::ServerArgs& d) { d.speculative_draft_ngram_min_match = 6; });
   CHECK(drafter->propose(1, toks, 7, 4).tokens == plain.tokens);
-  drafter->release(1);
-  kvp->release(seq);
-  fs::remove(head);
-  fs::remove(p);
 }
 
 TEST_CASE("default model: every head-free drafter is lossless on the shipped prompts (single and 8 concurrent)") {
