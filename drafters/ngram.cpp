@@ -162,15 +162,19 @@ class NgramDrafter final : public Drafter {
 
 std::vector<std::int32_t> latest_match_continuation(const std::vector<std::int32_t>& ctx, std::int64_t min_window,
                                                     std::int64_t max_window, std::int64_t max_len) {
+  // One pass over the earlier positions, latest first: how many of the last tokens match before each
+  // (at most max_window); the first position with the most wins.
   const auto n = static_cast<std::int64_t>(ctx.size());
-  Tokens out;
-  for (std::int64_t w = std::min<std::int64_t>(max_window, n - 1);
-       w >= std::max<std::int64_t>(min_window, 1) && out.empty() && max_len > 0; --w)
-    for_each_match(ctx, w, [&](std::int64_t end) {
-      out.assign(ctx.begin() + end, ctx.begin() + end + std::min<std::int64_t>(max_len, n - end));
-      return false;
-    });
-  return out;
+  std::int64_t best = 0, best_end = -1;
+  for (std::int64_t end = n - 1; end >= 1 && best < max_window; --end) {
+    std::int64_t len = 0;
+    while (len < max_window && len < end &&
+           ctx[static_cast<std::size_t>(end - 1 - len)] == ctx[static_cast<std::size_t>(n - 1 - len)])
+      ++len;
+    if (len > best) best = len, best_end = end;
+  }
+  if (best < std::max<std::int64_t>(min_window, 1) || max_len <= 0) return {};
+  return Tokens(ctx.begin() + best_end, ctx.begin() + best_end + std::min<std::int64_t>(max_len, n - best_end));
 }
 
 std::int32_t merge_chain(DraftTree& tree, const std::vector<std::int32_t>& chain, std::int32_t max_new) {
