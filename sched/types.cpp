@@ -18,7 +18,8 @@ void check_request(const GenerationRequest& r, const std::function<std::string(c
   if (sp.top_k < 0) fail("top_k", "must be >= 0 (0 = off)");
   if (!(sp.min_p >= 0 && sp.min_p < 1)) fail("min_p", "must be in [0, 1)");
   for (std::size_t i = 0; i < r.stop.size(); ++i) {
-    const std::string at = r.stop.size() > 1 ? "[" + std::to_string(i) + "]" : "";
+    std::string at;  // built by appending: GCC 12 warns (-Wrestrict, a false positive) on "[" + std::string
+    if (r.stop.size() > 1) at.append("[").append(std::to_string(i)).append("]");
     if (r.stop[i].empty()) throw config::ConfigError(field("stop") + at + ": is empty");
     try {
       model::check_utf8(r.stop[i]);
