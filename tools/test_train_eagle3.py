@@ -8,7 +8,8 @@ A 2-block cut of the default model (`specactor shrink`) stands in for the target
   checkpoint's draft vocabulary; two data folders train as one and --init-from fine-tunes from another
   run's weights (keeping its draft vocabulary, or with --new-vocab choosing one on the data and carrying
   the shared tokens' output rows over); --intermediate-size widens the head's MLP (exported, loaded,
-  lossless); --init-from an exported head folder grows its MLP with silent new units; the held-out chain count equals a plain walk over the pairs; the
+  lossless); --init-from an exported head folder grows its MLP with silent new units; --hard-weight and
+  --ttt-decay change the objective as documented; the held-out chain count equals a plain walk over the pairs; the
   held-out split depends on each sample alone (data extended or reordered keeps every side);
 and the bad inputs each give one clear error: a missing data folder, a corrupt shard, data made
 from another target, a make-data folder reused with another model.
@@ -266,6 +267,21 @@ def main():
               abs(hist6[0]["loss"] - hist3[0]["loss"]) < 0.02 * hist3[0]["loss"],
               f"--init-from a head folder, MLP 1536 -> 2048: loss {hist6[0]['loss']:.3f} against "
               f"{hist3[0]['loss']:.3f} from the checkpoint, the new units start silent, the same vocabulary")
+        # The objective's weights: --hard-weight adds a positive term (the cross-entropy against the
+        # target's argmax), --ttt-decay 0.5 weighs the later TTT steps less; same start, same batches.
+        losses = {}
+        for name, extra in (("hard", ["--hard-weight", "1"]), ("decay", ["--ttt-decay", "0.5"])):
+            variant = tuned[:]
+            for flag, value in (("--work", os.path.join(tmp, "work7" + name)), ("--out", os.path.join(tmp, "h7" + name))):
+                variant[variant.index(flag) + 1] = value
+            run(variant + ["--init-from", os.path.join(work, "checkpoint.npz")] + extra)
+            losses[name] = [h for h in json.load(open(os.path.join(tmp, "work7" + name, "history.json")))
+                            if "loss" in h][0]["loss"]
+        check(losses["hard"] > 1.05 * hist3[0]["loss"] and losses["decay"] < 0.98 * hist3[0]["loss"],
+              f"--hard-weight 1 raises the first loss ({hist3[0]['loss']:.3f} -> {losses['hard']:.3f}), "
+              f"--ttt-decay 0.5 lowers it (-> {losses['decay']:.3f})")
+        p = run(tuned + ["--ttt-decay", "0"], expect=2)
+        check("--ttt-decay: out of range" in p.stderr, "--ttt-decay 0: " + p.stderr.strip())
         p = run(grown + ["--init-from", head6, "--intermediate-size", "1024"], expect=2)
         check("wider than --intermediate-size 1024" in p.stderr, "--init-from a wider head: " + p.stderr.strip())
         os.remove(os.path.join(head6, "config.json"))

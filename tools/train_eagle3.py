@@ -14,7 +14,8 @@ The model (matching model/head.cpp's EAGLE3 forward, row for row):
 Objective: training-time test over --ttt-steps steps. Step k at pair p consumes token t[p+1+k] and
 step k-1's output, attends to step 0's keys of pairs <= p plus its own chain (steps 1..k at p), and
 is scored by the soft cross-entropy against the target's next-token distribution at position p+1+k
-restricted to the draft vocabulary, weighted 0.8^k. Positions whose next token is not a response
+restricted to the draft vocabulary, weighted 0.8^k (--ttt-decay), plus --hard-weight times the
+cross-entropy against the target's argmax (0 by default). Positions whose next token is not a response
 token, or whose target argmax is outside the draft vocabulary, are masked.
 
 Everything is float32 on the CPU (JAX from PyPI, pinned in tools/requirements-train.txt).
@@ -297,7 +298,7 @@ PARAM_NAMES = sorted(["fc", "input_layernorm", "hidden_norm", "q", "k", "v", "o"
                       "up", "down", "norm", "lm_head"])
 
 
-def build_step_fns(cfg, ttt_steps, tx):
+def build_step_fns(cfg, ttt_steps, tx, ttt_decay=0.8, hard_weight=0.0):
     import jax
     import jax.numpy as jnp
 
@@ -367,9 +368,13 @@ def build_step_fns(cfg, ttt_steps, tx):
             m = nxt_lm * nxt_ok * in_vocab[tam]
             ce = -jnp.sum(tp * logp, axis=-1)
             n = jnp.maximum(jnp.sum(m), 1.0)
-            total = total + (0.8 ** k) * jnp.sum(ce * m) / n
+            top = jnp.argmax(tp, axis=-1)
+            obj = ce
+            if hard_weight:  # the target's argmax as a one-hot label: greedy acceptance is argmax agreement
+                obj = ce - hard_weight * jnp.take_along_axis(logp, top[..., None], axis=-1)[..., 0]
+            total = total + (ttt_decay ** k) * jnp.sum(obj * m) / n
             pred = jnp.argmax(logits, axis=-1)
-            hit = (pred == jnp.argmax(tp, axis=-1)).astype(jnp.float32)
+            hit = (pred == top).astype(jnp.float32)
             stats.append((jnp.sum(hit * m), jnp.sum(m), jnp.sum(ce * m), pred))
         return total, stats
 
@@ -548,6 +553,9 @@ def main():
     ap.add_argument("--epochs", type=float, default=4)
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--ttt-steps", type=int, default=3)
+    ap.add_argument("--ttt-decay", type=float, default=0.8, help="weight of TTT step k is DECAY^k (default 0.8)")
+    ap.add_argument("--hard-weight", type=float, default=0.0,
+                    help="add W x the cross-entropy against the target's argmax to the soft objective (default 0)")
     ap.add_argument("--intermediate-size", type=int, default=0,
                     help="the head's MLP width (default 0: --init-from's, else the target's intermediate_size)")
     ap.add_argument("--lr", type=float, default=1.5e-3)
@@ -578,6 +586,7 @@ def main():
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     a = ap.parse_args()
     for name, ok in [("--epochs", a.epochs > 0), ("--draft-vocab", a.draft_vocab >= 2), ("--ttt-steps", a.ttt_steps >= 1),
+                     ("--ttt-decay", 0 < a.ttt_decay <= 1), ("--hard-weight", 0 <= a.hard_weight <= 100),
                      ("--intermediate-size", a.intermediate_size >= 0),
                      ("--lr", a.lr > 0), ("--batch-tokens", a.batch_tokens >= 64), ("--max-len", a.max_len >= 8),
                      ("--eval-share", 0 <= a.eval_share < 1), ("--warmup", 0 <= a.warmup < 1), ("--log-every", a.log_every >= 1)]:
@@ -714,7 +723,7 @@ def main():
                  **{f"l{i}": np.asarray(x) for i, x in enumerate(leaves)})
         os.replace(tmp, ckpt)
 
-    train_step, eval_step = build_step_fns(cfg, a.ttt_steps, tx)
+    train_step, eval_step = build_step_fns(cfg, a.ttt_steps, tx, a.ttt_decay, a.hard_weight)
     stop = {"now": False}
     for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or `kill` of a run started in the background
         signal.signal(sig, lambda *_: stop.update(now=True))
