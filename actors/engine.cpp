@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "actors/engine_caf.hpp"
-#include "actors/scheduler.hpp"
+#include "actors/scheduler_actor.hpp"
 #include "actors/system.hpp"
 #include "config/error.hpp"
 #include "config/input.hpp"

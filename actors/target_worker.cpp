@@ -10,7 +10,7 @@
 
 #include "actors/system.hpp"
 #include "config/error.hpp"
-#include "kernels/spec/spec.hpp"
+#include "kernels/spec.hpp"
 #include "model/gguf.hpp"
 #include "model/verify.hpp"
 

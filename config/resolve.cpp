@@ -231,7 +231,7 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
       throw ConfigError("--speculative-draft-model-path: is required by --speculative-algorithm EAGLE3 for " +
                         model_name +
                         ": give the EAGLE3 head to load (a head ships only for SmolLM2-135M-Instruct, in heads/; "
-                        "tools/train_eagle3.py trains one)");
+                        "training/train_eagle3.py trains one)");
     s = derive(s, "auto.shipped_head", {{"speculative_draft_model_path", model.shipped_eagle3_head}});
     shipped_head = true;
   }

@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "fuzz/fuzz_common.hpp"
-#include "model/head.hpp"
+#include "model/head_model.hpp"
 #include "model/llama.hpp"
 
 using namespace specactor;

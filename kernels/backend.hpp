@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kernels/cpu/matmul.hpp"
-#include "kernels/spec/spec.hpp"
+#include "kernels/spec.hpp"
 
 namespace specactor::kernels {
 
@@ -56,7 +56,7 @@ struct Backend {
   void (*argmax_rows)(const float* logits, std::int64_t rows, std::int64_t vocab, std::int32_t* out);
   void (*softmax_temperature)(const float* logits, std::int64_t rows, std::int64_t vocab, float temperature,
                               float* probs);
-  // Verification (kernels/spec/spec.hpp §4, §5, §6; model/verify.hpp calls them).
+  // Verification (kernels/spec.hpp §4, §5, §6; model/verify.hpp calls them).
   Verified (*verify_tree_greedy)(const std::vector<std::int32_t>& candidates, const Tree& tree,
                                  const std::vector<std::int32_t>& target_predict, std::int32_t b, std::int32_t n,
                                  std::int32_t num_steps_plus_one);

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "model/head.hpp"
+#include "model/head_model.hpp"
 #include "model/model_info.hpp"
 
 namespace specactor::model {

@@ -45,7 +45,7 @@ Verdict verify_step(const VerifyItem& item, const kernels::Tree& tree, const flo
     return v;
   }
   if (!item.draft_probs.empty() && !item.params.greedy()) {
-    // Chain rejection sampling with the draft's q (SPEC-KERNELS §6): lossless for any q.
+    // Chain rejection sampling with the draft's q (docs/speculative-kernels.md §6): lossless for any q.
     const std::int32_t k = n - 1;
     const std::vector<float> p = probs_of(logits, k + 1, vocab, item.params);
     std::vector<float> coins(static_cast<std::size_t>(k));

@@ -1,4 +1,4 @@
-// model/verify.hpp — verification of one request's share of a target step (SPEC-KERNELS §4–§7),
+// model/verify.hpp — verification of one request's share of a target step (docs/speculative-kernels.md §4–§7),
 // given the target's logits for its rows: plain sampling (no drafts), greedy tree verification,
 // lossless tree sampling from the target distribution only, and chain rejection sampling with the
 // draft's q rows. The spec kernels come from the backend table of the device the forward ran on.
@@ -10,7 +10,7 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/cpu/sampling.hpp"
-#include "kernels/spec/spec.hpp"
+#include "kernels/spec.hpp"
 
 namespace specactor::model {
 

@@ -18,7 +18,7 @@
 
 #include "actors/engine.hpp"
 #include "actors/engine_caf.hpp"
-#include "actors/scheduler.hpp"
+#include "actors/scheduler_actor.hpp"
 #include "actors/system.hpp"
 #include "config/resolve.hpp"
 #include "drafters/drafter.hpp"

@@ -10,7 +10,7 @@
 #include <random>
 
 #include "model/gguf.hpp"
-#include "model/head.hpp"
+#include "model/head_model.hpp"
 #include "model/head_writer.hpp"
 #include "model/model_info.hpp"
 #include "tests/support/gguf_writer.hpp"

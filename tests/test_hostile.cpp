@@ -18,7 +18,7 @@
 #include "config/input.hpp"
 #include "model/chat.hpp"
 #include "model/gguf.hpp"
-#include "model/head.hpp"
+#include "model/head_model.hpp"
 #include "model/head_writer.hpp"
 #include "model/kv_cache.hpp"
 #include "model/llama.hpp"

@@ -1,4 +1,4 @@
-// tests/test_isolation.cpp — the config-isolation rules of shared/CONFIG-ISOLATION.md that need no
+// tests/test_isolation.cpp — the config-isolation rules (docs/architecture.md, "Configuration snapshots") that need no
 // actor, with a stub model (context length 4096), plus the derive() call-site ratchet.
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-// tests/test_sched.cpp — the scheduling policy (sched/scheduler.hpp) without an actor system: stop
+// tests/test_sched.cpp — the scheduling policy (sched/policy.hpp) without an actor system: stop
 // strings, admission under the KV budget, chunked prefill, proposal limits and tree clean-up, stale
 // replies after a failure (the proposal / target-death race), cancellation, fallbacks and metrics.
 #include <doctest/doctest.h>
@@ -7,7 +7,7 @@
 
 #include "config/server_args.hpp"
 #include "model/gguf.hpp"
-#include "sched/scheduler.hpp"
+#include "sched/policy.hpp"
 #include "tests/support/gguf_writer.hpp"
 
 using namespace specactor;

@@ -1,5 +1,5 @@
-// tests/test_spec_kernels.cpp — draft/verify kernels against ../shared/goldens/spec_kernels.json
-// (bit-exact), random-tree invariants, top-k expansion, and chi-square tests that both samplers
+// tests/test_spec_kernels.cpp — draft/verify kernels against tests/data/spec_kernels.json
+// (bit-exact; the contracts are docs/speculative-kernels.md), random-tree invariants, top-k expansion, and chi-square tests that both samplers
 // emit the target distribution (and that deliberately wrong samplers are caught).
 #include <doctest/doctest.h>
 
@@ -11,7 +11,7 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/cpu/sampling.hpp"
-#include "kernels/spec/spec.hpp"
+#include "kernels/spec.hpp"
 
 using namespace specactor::kernels;
 using json = nlohmann::json;
@@ -19,9 +19,8 @@ using json = nlohmann::json;
 namespace {
 
 json goldens() {
-  std::ifstream in(SPECACTOR_SOURCE_DIR "/../shared/goldens/spec_kernels.json");
-  if (!in) in.open(SPECACTOR_SOURCE_DIR "/tests/data/spec_kernels.json");
-  REQUIRE_MESSAGE(in, "spec_kernels.json not found (../shared/goldens or tests/data)");
+  std::ifstream in(SPECACTOR_SOURCE_DIR "/tests/data/spec_kernels.json");
+  REQUIRE_MESSAGE(in, "tests/data/spec_kernels.json not found");
   return json::parse(in);
 }
 

@@ -1,7 +1,7 @@
 // tests/test_speculative.cpp — speculative decoding end to end: for every drafter that needs no
 // trained head (NGRAM chain and tree, STANDALONE with a separate draft model, self-speculative
 // first-K-layers), greedy speculative output equals plain greedy output token for token on the
-// shipped prompts (tools/bench_prompts.jsonl), one request at a time and 8 concurrently.
+// shipped prompts (cli/bench_prompts.jsonl), one request at a time and 8 concurrently.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -18,7 +18,7 @@
 #include "drafters/drafter.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/gguf.hpp"
-#include "model/head.hpp"
+#include "model/head_model.hpp"
 #include "model/head_writer.hpp"
 #include "model/llama.hpp"
 #include "model/loader.hpp"
@@ -34,7 +34,7 @@ namespace {
 const std::string kDefaultModel = SPECACTOR_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 std::vector<std::string> shipped_prompts() {
-  std::ifstream in(SPECACTOR_SOURCE_DIR "/tools/bench_prompts.jsonl");
+  std::ifstream in(SPECACTOR_SOURCE_DIR "/cli/bench_prompts.jsonl");
   REQUIRE(in);
   std::vector<std::string> out;
   std::string line;

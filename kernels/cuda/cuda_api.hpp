@@ -46,7 +46,7 @@ SpecVerified tree_speculative_sampling_target_only_cuda(
 namespace specactor::kernels::cuda {
 
 // Top-k draft expansion (§1), organize (§2), chain rejection sampling (§6) and accepted-path row
-// compaction (§7): same contracts as the CPU versions in kernels/spec/spec.hpp.
+// compaction (§7): same contracts as the CPU versions in kernels/spec.hpp.
 struct SpecExpand {
   std::vector<float> scores, frontier_scores;
   std::vector<int> tokens, parents, frontier_ids, frontier_tokens;

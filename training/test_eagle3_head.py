@@ -8,7 +8,7 @@
   - τ on the chat prompts >= MIN_TAU (argv[3], default 2.0) at the chain of 3.
 Speeds are printed, never asserted.
 
-    python3 tools/test_eagle3_head.py BUILD_DIR MODEL.gguf [MIN_TAU]
+    python3 training/test_eagle3_head.py BUILD_DIR MODEL.gguf [MIN_TAU]
 """
 import json
 import os
@@ -34,7 +34,7 @@ def main():
     for label, shape in (("default setting", []),
                          ("chain of 3", ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1"])):
         p = subprocess.run([spec, "bench", "--model-path", model, "--speculative-algorithm", "EAGLE3", *shape,
-                            "--prompts", os.path.join(ROOT, "tools", "bench_prompts.jsonl"), "--max-new-tokens", "64",
+                            "--prompts", os.path.join(ROOT, "cli", "bench_prompts.jsonl"), "--max-new-tokens", "64",
                             "--repeats", "1", "--json", "--threads", "2"], capture_output=True, text=True)
         if p.returncode != 0:
             sys.exit(f"FAILED: specactor bench ({label}) exited {p.returncode}: {p.stderr[-3000:]}")

@@ -1,10 +1,10 @@
-// kernels/spec/spec_cpu.cpp — CPU draft/verify kernels (see spec.hpp and SPEC-KERNELS.md).
+// kernels/cpu/spec.cpp — CPU draft/verify kernels (contracts: kernels/spec.hpp, docs/speculative-kernels.md).
 #include <algorithm>
 #include <numeric>
 #include <stdexcept>
 #include <string>
 
-#include "kernels/spec/spec.hpp"
+#include "kernels/spec.hpp"
 
 namespace specactor::kernels {
 

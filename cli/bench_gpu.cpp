@@ -1,4 +1,4 @@
-// tools/bench_gpu.cpp — `specactor bench --device cuda`: the device's measured copy bandwidth, decode
+// cli/bench_gpu.cpp — `specactor bench --device cuda`: the device's measured copy bandwidth, decode
 // tokens/s of the CUDA forward at batch 1 and 16 (the model called directly, prompt prefilled first)
 // with the share of that bandwidth reached, then plain vs every drafter through the engine on the
 // shipped prompts (random heads for EAGLE/EAGLE3/MTP: their speedups measure overhead, not a
@@ -19,7 +19,7 @@
 #include "kernels/cpu/sampling.hpp"
 #include "model/loader.hpp"
 #include "model/runner.hpp"
-#include "tools/bench.hpp"
+#include "cli/bench.hpp"
 #ifdef SPECACTOR_HAVE_CUDA
 #include "kernels/cuda/device_model.hpp"
 #endif

@@ -1,5 +1,5 @@
-// sched/scheduler.cpp — the scheduling policy (see scheduler.hpp).
-#include "sched/scheduler.hpp"
+// sched/policy.cpp — the scheduling policy (see scheduler.hpp).
+#include "sched/policy.hpp"
 
 #include <spdlog/spdlog.h>
 

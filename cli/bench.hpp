@@ -1,5 +1,5 @@
-// tools/bench.hpp — the benchmark commands behind `specactor bench` (tools/bench_spec.cpp,
-// tools/bench_gpu.cpp).
+// cli/bench.hpp — the benchmark commands behind `specactor bench` (cli/bench_spec.cpp,
+// cli/bench_gpu.cpp).
 #pragma once
 
 #include <cstdint>
@@ -44,7 +44,7 @@ nlohmann::json drafter_rows_json(const std::vector<DrafterRow>& rows);
 // of the bandwidth reached, then plain vs every drafter.
 struct CudaBenchOptions {
   std::int64_t prompt_tokens = 256, decode_tokens = 128, repeats = 3, max_new_tokens = 64;
-  std::string prompts_path = "tools/bench_prompts.jsonl";
+  std::string prompts_path = "cli/bench_prompts.jsonl";
   bool json = false;
 };
 int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptions& options);

@@ -5,13 +5,13 @@ Three kinds, mixed in a fixed shuffled order so that `--limit N` downstream take
   chat     topics x question/task templates
   code     programming tasks x languages
   grounded rewrite / summarise / extract / continue tasks over passages: paragraphs of the
-           project's own documentation (tools/prompt_passages.txt, frozen from README.md) and
+           project's own documentation (training/prompt_passages.txt, frozen from README.md) and
            short passages composed from templates
 
-Prompts equal to or containing one of the benchmark prompts (tools/bench_prompts.jsonl) are left
+Prompts equal to or containing one of the benchmark prompts (cli/bench_prompts.jsonl) are left
 out, so the benchmark stays held out. Output: JSON lines {"id", "category", "prompt"}.
 
-    python3 tools/make_prompts.py --out data/prompts.jsonl [--count N] [--seed S]
+    python3 training/make_prompts.py --out data/prompts.jsonl [--count N] [--seed S]
 """
 import argparse
 import json
@@ -425,8 +425,8 @@ CODE_HOWTO = [
 
 
 def shipped_passages(root):
-    """tools/prompt_passages.txt: one passage per line (lines starting with '#' are comments)."""
-    path = os.path.join(root, "tools", "prompt_passages.txt")
+    """training/prompt_passages.txt: one passage per line (lines starting with '#' are comments)."""
+    path = os.path.join(root, "training", "prompt_passages.txt")
     try:
         lines = open(path, encoding="utf-8").read().splitlines()
     except OSError as e:
@@ -555,7 +555,7 @@ def main():
         sys.exit("make_prompts: error: --count must be >= 0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     held_out = set()
-    bench = os.path.join(root, "tools", "bench_prompts.jsonl")
+    bench = os.path.join(root, "cli", "bench_prompts.jsonl")
     with open(bench, encoding="utf-8") as f:
         for line in f:
             if line.strip():

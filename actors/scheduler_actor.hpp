@@ -1,4 +1,4 @@
-// actors/scheduler.hpp — the scheduler: owns requests, admission (KV budget, max running requests),
+// actors/scheduler_actor.hpp — the scheduler: owns requests, admission (KV budget, max running requests),
 // continuous batching with chunked prefill, stop conditions, streaming, metrics; resolves nothing
 // itself but derives the draft snapshot once from the target's resolved snapshot and the loaded
 // model, spawns the workers and supervises them.

@@ -1,8 +1,8 @@
-// sched/scheduler.hpp — the scheduling policy, without CAF: requests (Sequence), admission under the
+// sched/policy.hpp — the scheduling policy, without CAF: requests (Sequence), admission under the
 // KV budget and max_running_requests, batch building with chunked prefill, proposal limits, clean-up
 // of the drafter's trees, stop conditions and stop strings, streaming events and metrics.
 //
-// The scheduler actor (actors/scheduler.cpp) drives it and only moves messages:
+// The scheduler actor (actors/scheduler_actor.cpp) drives it and only moves messages:
 //
 //   plan = policy.next_step(draft_alive)            // nullopt: nothing to do (or a step in flight)
 //   if plan->proposals.items is not empty:

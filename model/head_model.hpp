@@ -1,4 +1,4 @@
-// model/head.hpp — draft heads that read the target's hidden states: EAGLE (EAGLE-1/2), EAGLE3 and
+// model/head_model.hpp — draft heads that read the target's hidden states: EAGLE (EAGLE-1/2), EAGLE3 and
 // MTP (one or more next-token-prediction layers), their files (Hugging Face safetensors + config.json,
 // or GGUF with the names below), the start-up checks against the target, and the CPU forward of one
 // head layer. No CAF here.

@@ -1,7 +1,7 @@
-// actors/scheduler.cpp — the scheduler actor: moves messages for the scheduling policy
-// (sched/scheduler.hpp). One step at a time: the policy plans it, the draft worker proposes when the
+// actors/scheduler_actor.cpp — the scheduler actor: moves messages for the scheduling policy
+// (sched/policy.hpp). One step at a time: the policy plans it, the draft worker proposes when the
 // plan asks, the target worker runs it, the policy streams and retires; repeat while there is work.
-#include "actors/scheduler.hpp"
+#include "actors/scheduler_actor.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -11,7 +11,7 @@
 #include "actors/draft_worker.hpp"
 #include "actors/system.hpp"
 #include "actors/target_worker.hpp"
-#include "sched/scheduler.hpp"
+#include "sched/policy.hpp"
 
 namespace specactor::actors {
 
@@ -25,7 +25,7 @@ struct SchedulerState {
   caf::error target_failure;  // what ready() answers once the target failed (keeps user vs internal)
   std::vector<caf::typed_response_promise<TargetInfo>> ready_waiters;
   bool ready_on_draft_down = false;          // the draft worker failed its first answer: ready once its down is seen
-  std::unique_ptr<sched::Scheduler> policy;  // everything that is not messaging (sched/scheduler.hpp)
+  std::unique_ptr<sched::Scheduler> policy;  // everything that is not messaging (sched/policy.hpp)
   static inline const char* name = "scheduler";
 };
 

@@ -1,4 +1,4 @@
-// tools/bench_spec.cpp — `specactor bench --speculative-algorithm ...`: plain decoding and the
+// cli/bench_spec.cpp — `specactor bench --speculative-algorithm ...`: plain decoding and the
 // speculative setting(s) side by side in one process, on the same prompts, through the engine.
 // Prints per category and overall: decode tokens/s of each, their ratio, τ, α, per-position
 // acceptance, and whether the greedy outputs were identical; --sweep tries a grid of
@@ -22,7 +22,7 @@
 #include "config/input.hpp"
 #include "config/resolve.hpp"
 #include "model/head_writer.hpp"
-#include "tools/bench.hpp"
+#include "cli/bench.hpp"
 
 namespace sa = specactor::actors;
 namespace sc = specactor::config;

@@ -1,4 +1,4 @@
-// tools/specactor.cpp — the specactor command-line launcher: one CLI11 application with a subcommand
+// cli/specactor.cpp — the specactor command-line launcher: one CLI11 application with a subcommand
 // per command (generate, bench, config, inspect, make-head, shrink, devices; `specactor --help`).
 // generate, bench and config also take server flags, parsed by the settings table
 // (config::parse_server_args) from what the subcommand does not declare; every command resolves
@@ -32,15 +32,15 @@
 #include "kernels/cpu/pool.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/gguf.hpp"
-#include "model/head.hpp"
+#include "model/head_model.hpp"
 #include "model/head_writer.hpp"
 #include "model/loader.hpp"
 #include "model/model_info.hpp"
 #include "model/runner.hpp"
 #include "model/writers.hpp"
 #include "server/server.hpp"
-#include "tools/bench.hpp"
-#include "tools/make_data.hpp"
+#include "cli/bench.hpp"
+#include "cli/make_data.hpp"
 
 namespace sc = specactor::config;
 namespace sm = specactor::model;
@@ -318,7 +318,7 @@ double concurrent_tokens_per_s(sa::Engine& engine, const std::vector<std::int32_
 // `bench`'s own flags. Defaults that depend on the mode are left unset (0 / empty) here.
 struct BenchOptions {
   std::int64_t prompt_tokens = 256, decode_tokens = 128, repeats = 0, max_new_tokens = 64;
-  std::string prompts = "tools/bench_prompts.jsonl", chart;
+  std::string prompts = "cli/bench_prompts.jsonl", chart;
   bool json = false, sweep = false, all_drafters = false;
 };
 

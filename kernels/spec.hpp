@@ -1,4 +1,4 @@
-// kernels/spec/spec.hpp — draft/verify kernels of speculative decoding (SPEC-KERNELS.md), CPU
+// kernels/spec.hpp — draft/verify kernels of speculative decoding (docs/speculative-kernels.md), CPU
 // versions. Notation: b requests, k = topk, S = steps, N = draft tokens incl. the root, V = vocab.
 // Trees are flat per request: node 0 is the root (the last emitted token); retrieve_index[r][i] =
 // r*N + i is the node's row in the flattened verify batch; next_token[r][i] = first child or -1;

@@ -1,5 +1,5 @@
-// drafters/head.cpp — EAGLE, EAGLE3, MTP and FROZEN_KV_MTP drafting with a head that reads the
-// target's hidden states (model/head.hpp).
+// drafters/head_drafter.cpp — EAGLE, EAGLE3, MTP and FROZEN_KV_MTP drafting with a head that reads the
+// target's hidden states (model/head_model.hpp).
 //
 // Positions: the head's pair (token t_{p+1}, target feature h_p) sits at position p+1. The target
 // commits t_0..t_{n-2} (the root t_{n-1} is not in its KV yet) and hands over h_0..h_{n-2}.
@@ -11,11 +11,11 @@
 //     target's features; a layer sees the draft nodes it computed itself).
 //   FROZEN_KV_MTP: no KV pool. The root pair and the draft nodes attend into the target's committed
 //     KV of its last layer (a read-only view of its pages) and to scratch rows for this proposal.
-// Trees follow SPEC-KERNELS §1-2: top-k expansion per step by path score, then the best
+// Trees follow docs/speculative-kernels.md §1–2: top-k expansion per step by path score, then the best
 // speculative_num_draft_tokens - 1 candidates — of those whose path score (the product of the head's
 // probabilities from the root) reaches --speculative-draft-p-min; drafting stops at the first depth
 // where no frontier node does (llama.cpp's --draft-p-min, on the path rather than the step).
-#include "model/head.hpp"
+#include "model/head_model.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -25,7 +25,7 @@
 
 #include "drafters/drafter.hpp"
 #include "kernels/cpu/ops.hpp"
-#include "kernels/spec/spec.hpp"
+#include "kernels/spec.hpp"
 #include "model/runner.hpp"
 
 namespace specactor::drafters {
@@ -220,7 +220,7 @@ class HeadDrafter final : public Drafter {
       cache.write(0, seq, first + i, runner_->k_rows() + i * row, runner_->v_rows() + i * row);
   }
 
-  // Top-k tree expansion (SPEC-KERNELS §1-2). `forward(nodes to run, their parent features)` runs one
+  // Top-k tree expansion (docs/speculative-kernels.md §1–2). `forward(nodes to run, their parent features)` runs one
   // step: for frontier node j it gets (token, parent's output, position, parent node) and returns the
   // output hidden rows; the first level comes from root_hidden.
   template <class Forward>

@@ -1,5 +1,5 @@
-// model/head.cpp — EAGLE / EAGLE3 / MTP head files, checks and the CPU forward (see head.hpp).
-#include "model/head.hpp"
+// model/head_model.cpp — EAGLE / EAGLE3 / MTP head files, checks and the CPU forward (see head.hpp).
+#include "model/head_model.hpp"
 
 #include <algorithm>
 #include <cmath>

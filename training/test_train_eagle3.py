@@ -14,7 +14,7 @@ A 2-block cut of the default model (`specactor shrink`) stands in for the target
 and the bad inputs each give one clear error: a missing data folder, a corrupt shard, data made
 from another target, a make-data folder reused with another model.
 
-    .venv-train/bin/python tools/test_train_eagle3.py BUILD_DIR MODEL.gguf
+    .venv-train/bin/python training/test_train_eagle3.py BUILD_DIR MODEL.gguf
 """
 import json
 import os
@@ -44,7 +44,7 @@ def check_split():
     """The held-out split depends on each sample alone: extending or reordering the data keeps every
     old sample on its side, and the share is about the one asked for."""
     import numpy as np
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    sys.path.insert(0, os.path.join(ROOT, "training"))
     from train_eagle3 import held_out_split
 
     class Fake:
@@ -80,7 +80,7 @@ def check_split():
 def check_chain_metric():
     """train_eagle3.chain_accepted (vectorised) against a plain walk over every pair, on random data."""
     import numpy as np
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    sys.path.insert(0, os.path.join(ROOT, "training"))
     from train_eagle3 import chain_accepted
 
     rng = np.random.default_rng(7)
@@ -125,7 +125,7 @@ def main():
         other = os.path.join(tmp, "other.gguf")
         run([spec, "shrink", model, "--layers", "3", "--out", other])
         prompts = os.path.join(tmp, "prompts.jsonl")
-        run([sys.executable, os.path.join(ROOT, "tools", "make_prompts.py"), "--out", prompts, "--count", "12"])
+        run([sys.executable, os.path.join(ROOT, "training", "make_prompts.py"), "--out", prompts, "--count", "12"])
         data = os.path.join(tmp, "data")
         common = ["--prompts", prompts, "--out", data, "--max-new-tokens", "24", "--shard-samples", "5",
                   "--model-path", tiny, "--threads", "2"]
@@ -152,7 +152,7 @@ def main():
 
         head = os.path.join(tmp, "head")
         work = os.path.join(tmp, "work")
-        train = [sys.executable, os.path.join(ROOT, "tools", "train_eagle3.py"), "--data", data, "--out", head,
+        train = [sys.executable, os.path.join(ROOT, "training", "train_eagle3.py"), "--data", data, "--out", head,
                  "--work", work, "--draft-vocab", "512", "--batch-tokens", "256", "--max-steps", "40",
                  "--epochs", "100", "--log-every", "5", "--lr", "2e-3", "--eval-share", "0", "--quiet"]
         run(train)
@@ -177,7 +177,7 @@ def main():
         # whose own frequency vocabulary differs), so grown data can be trained on.
         import numpy as np
         from safetensors.numpy import load_file
-        sys.path.insert(0, os.path.join(ROOT, "tools"))
+        sys.path.insert(0, os.path.join(ROOT, "training"))
         from train_eagle3 import Dataset, select_vocab
         work2, head2 = os.path.join(tmp, "work2"), os.path.join(tmp, "head2")
         shutil.copytree(work, work2)

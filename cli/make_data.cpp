@@ -1,5 +1,5 @@
-// tools/make_data.cpp — `specactor make-data` (see make_data.hpp for the folder it writes).
-#include "tools/make_data.hpp"
+// cli/make_data.cpp — `specactor make-data` (see make_data.hpp for the folder it writes).
+#include "cli/make_data.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -400,7 +400,7 @@ void capture_shard(sm::LlamaRunner& runner, const sm::LoadedModel& m, const std:
 std::vector<int> parse_layers(const std::string& s, std::int64_t n_layers) {
   std::vector<int> out;
   if (s.empty()) {
-    const int L = static_cast<int>(n_layers);  // sglang's capture points, as model/head.cpp defaults them
+    const int L = static_cast<int>(n_layers);  // sglang's capture points, as model/head_model.cpp defaults them
     return {std::min(1, L - 1), std::max(0, L / 2 - 1), std::max(0, L - 4)};
   }
   std::stringstream in(s);

@@ -2,10 +2,10 @@
 """Trains an EAGLE-3 draft head on data written by `specactor make-data`, and exports it in the
 Hugging Face EAGLE-3 layout that specactor (and sglang) load.
 
-    .venv-train/bin/python tools/train_eagle3.py --data data/eagle3/run1 --out models/eagle3-smollm2 \
+    .venv-train/bin/python training/train_eagle3.py --data data/eagle3/run1 --out models/eagle3-smollm2 \
         [--epochs 4] [--draft-vocab 8192] [--ttt-steps 3] [--lr 1.5e-3] [--batch-tokens 1024] [--resume]
 
-The model (matching model/head.cpp's EAGLE3 forward, row for row):
+The model (matching model/head_model.cpp's EAGLE3 forward, row for row):
   the pair at position p+1 is (token t[p+1], feature f[p]); f = fc([h_a; h_b; h_c]) (3H -> H) of the
   three captured target layers at step 0, the head's own previous output afterwards;
   x = f; a = attention([input_layernorm(embed(t)); hidden_norm(f)]) (2H inputs, RoPE neox);
@@ -18,7 +18,7 @@ restricted to the draft vocabulary, weighted 0.8^k (--ttt-decay), plus --hard-we
 cross-entropy against the target's argmax (0 by default). Positions whose next token is not a response
 token, or whose target argmax is outside the draft vocabulary, are masked.
 
-Everything is float32 on the CPU (JAX from PyPI, pinned in tools/requirements-train.txt).
+Everything is float32 on the CPU (JAX from PyPI, pinned in training/requirements-train.txt).
 """
 import argparse
 import hashlib
