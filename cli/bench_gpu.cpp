@@ -13,13 +13,13 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/engine.hpp"
+#include "cli/bench.hpp"
 #include "config/error.hpp"
 #include "config/resolve.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/loader.hpp"
 #include "model/runner.hpp"
-#include "cli/bench.hpp"
 #ifdef SPECACTOR_HAVE_CUDA
 #include "kernels/cuda/device_model.hpp"
 #endif

@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "actors/engine.hpp"
+#include "cli/bench.hpp"
 #include "config/error.hpp"
 #include "config/input.hpp"
 #include "config/resolve.hpp"
 #include "model/head_writer.hpp"
-#include "cli/bench.hpp"
 
 namespace sa = specactor::actors;
 namespace sc = specactor::config;

@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "actors/engine.hpp"
+#include "cli/bench.hpp"
+#include "cli/make_data.hpp"
 #include "config/error.hpp"
 #include "config/resolve.hpp"
 #include "kernels/backend.hpp"
@@ -39,8 +41,6 @@
 #include "model/runner.hpp"
 #include "model/writers.hpp"
 #include "server/server.hpp"
-#include "cli/bench.hpp"
-#include "cli/make_data.hpp"
 
 namespace sc = specactor::config;
 namespace sm = specactor::model;

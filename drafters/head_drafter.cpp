@@ -15,8 +15,6 @@
 // speculative_num_draft_tokens - 1 candidates — of those whose path score (the product of the head's
 // probabilities from the root) reaches --speculative-draft-p-min; drafting stops at the first depth
 // where no frontier node does (llama.cpp's --draft-p-min, on the path rather than the step).
-#include "model/head_model.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -26,6 +24,7 @@
 #include "drafters/drafter.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/spec.hpp"
+#include "model/head_model.hpp"
 #include "model/runner.hpp"
 
 namespace specactor::drafters {

@@ -1,6 +1,6 @@
 // tests/test_spec_kernels.cpp — draft/verify kernels against tests/data/spec_kernels.json
-// (bit-exact; the contracts are docs/speculative-kernels.md), random-tree invariants, top-k expansion, and chi-square tests that both samplers
-// emit the target distribution (and that deliberately wrong samplers are caught).
+// (bit-exact; the contracts are docs/speculative-kernels.md), random-tree invariants, top-k expansion, and chi-square
+// tests that both samplers emit the target distribution (and that deliberately wrong samplers are caught).
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -1,10 +1,10 @@
 // kernels/cpu/spec.cpp — CPU draft/verify kernels (contracts: kernels/spec.hpp, docs/speculative-kernels.md).
+#include "kernels/spec.hpp"
+
 #include <algorithm>
 #include <numeric>
 #include <stdexcept>
 #include <string>
-
-#include "kernels/spec.hpp"
 
 namespace specactor::kernels {
 
