@@ -29,7 +29,7 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
 }
 }  // namespace specactor::kernels
 
-namespace specactor::sched {
+namespace specactor::model {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
@@ -52,6 +52,10 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepResult& x) {
   return f(caf::meta::type_name("step_result"), x.items, x.compute_ms);
 }
+
+}  // namespace specactor::model
+
+namespace specactor::sched {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Proposals& x) {

@@ -1,6 +1,6 @@
-// actors/target_worker.hpp — the target worker: owns the target model and its KV cache, runs one
-// forward per step over every request's new tokens, samples or verifies, and rolls back rejected
-// tokens. Detached (it blocks on compute). Receives its snapshot at spawn and never changes it.
+// actors/target_worker.hpp — the target worker: loads the target model, owns its KV cache, and runs
+// each step through model::TargetStep (forward, sampling or verification, KV compaction). Detached
+// (it blocks on compute). Receives its snapshot at spawn and never changes it.
 //
 // Tensor parallel (--tp-size T > 1): this worker is rank 0. It loads every rank's shard, spawns one
 // rank worker per other rank (each its own detached actor with its shard, its KV heads and its
@@ -17,36 +17,30 @@
 #include "kernels/comm.hpp"
 #include "model/loader.hpp"
 #include "model/runner.hpp"
+#include "model/target_step.hpp"
 
 namespace specactor::actors {
 
 // A tensor-parallel rank > 0: runs its share of every step and applies rank 0's decisions.
 struct TpRankState {
-  std::shared_ptr<const model::LlamaWeights> weights;
-  std::shared_ptr<kernels::Communicator> comm;
-  std::unique_ptr<model::KvCache> kv;
-  std::unique_ptr<model::ForwardRunner> runner;
-  std::map<std::uint64_t, model::KvCache::Seq> seqs;
-  int rank = 0;
+  std::unique_ptr<model::TargetStep> step;
   static inline const char* name = "tp_rank_worker";
 };
 using tp_rank_actor =
     caf::typed_actor<caf::reacts_to<step_atom, StepBatch>, caf::reacts_to<release_atom, std::uint64_t>>;
 
+tp_rank_actor::behavior_type tp_rank_worker(tp_rank_actor::stateful_pointer<TpRankState> self,
+                                            std::shared_ptr<const model::LlamaWeights> weights,
+                                            std::shared_ptr<kernels::Communicator> comm, config::Snapshot snapshot,
+                                            int rank);
+
 struct TargetWorkerState {
   config::Snapshot snapshot;
   std::optional<model::LoadedModel> model;
-  std::shared_ptr<model::KvCache> kv;  // drafters get a const handle (TargetInfo::kv)
-  std::unique_ptr<model::ForwardRunner> runner;
+  std::unique_ptr<model::TargetStep> step;  // the KV cache in it is shared with drafters as const (TargetInfo::kv)
   std::string load_error;
   bool load_error_is_user = false;  // a model file, a setting or a memory budget (not a bug)
-  struct Seq {
-    model::KvCache::Seq kv;
-    kernels::Rng rng;
-  };
-  std::map<std::uint64_t, Seq> seqs;
-  std::shared_ptr<kernels::Communicator> comm;  // rank 0's, when tensor parallel
-  std::vector<tp_rank_actor> ranks;             // ranks 1 .. T-1
+  std::vector<tp_rank_actor> ranks;  // ranks 1 .. T-1
   static inline const char* name = "target_worker";
 };
 

@@ -347,6 +347,11 @@ void validate(const ServerArgs& a) {
   for (auto [field, v] : {std::pair{"speculative_accept_threshold_single", a.speculative_accept_threshold_single},
                           std::pair{"speculative_accept_threshold_acc", a.speculative_accept_threshold_acc}}) {
     if (!(v > 0.0 && v <= 1.0)) fail(field, "must be in (0, 1] (got " + std::to_string(v) + ")");
+    // sglang's relaxed acceptance below 1 changes the output distribution; verification here is
+    // lossless only, so the flag is refused rather than accepted and ignored.
+    if (v != 1.0)
+      fail(field, "values below 1 (sglang's lossy relaxed acceptance) are not implemented: specactor verifies "
+                  "losslessly only; leave it at 1 (got " + std::to_string(v) + ")");
   }
   // EAGLE3 may leave it out: resolution then takes the head shipped for the model (or says none ships).
   if (spec && needs_draft_model(a) && a.speculative_algorithm != SpecAlgorithm::Eagle3 &&

@@ -121,8 +121,8 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(OptDouble,     speculative_draft_p_min,    {},        "head drafters: propose only draft tokens whose path probability under the head (the product of its probabilities from the root) reaches this, and stop drafting when no branch does; 0 = the full shape; unset = automatic (0, or the shipped head's measured value)") \
   X(OptInt,        speculative_draft_ngram_tokens, {},    "head drafters: add to each proposal a prompt-lookup branch of up to N tokens (what followed the latest earlier occurrence of the sequence's last tokens), merged into the head's tree: nodes the head proposed too cost nothing, new ones are verified on top of --speculative-num-draft-tokens and may reach deeper than --speculative-num-steps; 0 = off; unset = automatic (0, or the shipped head's measured value)") \
   X(OptInt,        speculative_draft_ngram_min_match, {}, "head drafters' prompt-lookup branch: the fewest last tokens that must recur earlier in the sequence (default 2)") \
-  X(double,        speculative_accept_threshold_single, 1.0, "accept a draft token whose target probability reaches this; < 1 is lossy") \
-  X(double,        speculative_accept_threshold_acc, 1.0, "divide the accumulated acceptance probability by this; < 1 is lossy") \
+  X(double,        speculative_accept_threshold_single, 1.0, "sglang's relaxed acceptance (lossy below 1): only 1 is accepted, verification is lossless") \
+  X(double,        speculative_accept_threshold_acc, 1.0, "sglang's relaxed acceptance (lossy below 1): only 1 is accepted, verification is lossless") \
   X(OptString,     speculative_token_map,      {},        "hot-vocabulary file (FR-Spec): the draft's output head keeps only these token ids") \
   X(OptString,     speculative_draft_attention_backend, {}, "attention kernels of the draft; unset = the target's") \
   X(OptString,     speculative_draft_kv_cache_dtype, {},  "KV cache element type of the draft; unset = the target's") \

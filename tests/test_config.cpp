@@ -178,6 +178,12 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
        "--speculative-draft-num-layers: only applies to --speculative-algorithm STANDALONE (got NGRAM)"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-accept-threshold-single", "0"},
        "--speculative-accept-threshold-single: must be in (0, 1] (got 0.000000)"},
+      {{"--speculative-algorithm", "NGRAM", "--speculative-accept-threshold-single", "0.5"},
+       "--speculative-accept-threshold-single: values below 1 (sglang's lossy relaxed acceptance) are not implemented: "
+       "specactor verifies losslessly only; leave it at 1 (got 0.500000)"},
+      {{"--speculative-algorithm", "EAGLE3", "--speculative-accept-threshold-acc", "0.9"},
+       "--speculative-accept-threshold-acc: values below 1 (sglang's lossy relaxed acceptance) are not implemented: "
+       "specactor verifies losslessly only; leave it at 1 (got 0.900000)"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-token-map", "hot.txt"},
        "--speculative-token-map: only applies to EAGLE and EAGLE3 drafters (got NGRAM)"},
       {{"--speculative-algorithm", "EAGLE3", "--speculative-draft-p-min", "1"},

@@ -1,0 +1,208 @@
+// model/target_step.cpp — see target_step.hpp.
+#include "model/target_step.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "config/server_args.hpp"
+#include "kernels/spec.hpp"
+#include "model/verify.hpp"
+
+namespace specactor::model {
+
+// The forward batch of a step (the same on every rank; ranks > 0 ask for no logits) and rank 0's
+// decisions: one slot of (tokens + 1) ints per item, -1 (every KV row stays) or the number of kept
+// rows c followed by the kept rows' node indices in order, root first. Kept node path[j] moves to
+// slot j of the draft region, the rest is freed.
+struct TargetStep::Plan {
+  std::vector<ForwardSeq> fwd;
+  std::vector<std::int64_t> old_len;
+  std::vector<kernels::Tree> trees;
+  std::vector<std::int32_t> decisions;
+  std::vector<std::size_t> offset;
+};
+
+namespace {
+
+std::string with_prefix(const char* what) { return std::string("target worker: ") + what; }
+
+}  // namespace
+
+TargetStep::TargetStep(std::shared_ptr<KvCache> kv, std::unique_ptr<ForwardRunner> runner,
+                       std::shared_ptr<kernels::Communicator> comm)
+    : kv_(std::move(kv)), runner_(std::move(runner)), comm_(std::move(comm)) {}
+
+TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
+  for (const StepItem& it : batch.items)
+    if (it.sample && !it.prefill && static_cast<std::int64_t>(it.tokens.size()) > config::kMaxTreeTokens)
+      throw StepFailed("target worker: more than " + std::to_string(config::kMaxTreeTokens) + " tree tokens");
+  Plan p;
+  const std::size_t n_items = batch.items.size();
+  p.fwd.assign(n_items, {});
+  p.old_len.assign(n_items, 0);
+  p.trees.assign(n_items, {});
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < n_items; ++i) {
+    const StepItem& it = batch.items[i];
+    Seq& seq = seqs_.try_emplace(it.req, Seq{{}, kernels::Rng(it.seed)}).first->second;
+    ForwardSeq& f = p.fwd[i];
+    f.kv = &seq.kv;
+    f.tokens = it.tokens;
+    p.old_len[i] = seq.kv.length;
+    const auto n = static_cast<std::int32_t>(it.tokens.size());
+    if (it.sample && it.prefill && logits) f.logit_rows = {n - 1};
+    if (it.sample && !it.prefill) {
+      if (logits)
+        for (std::int32_t r = 0; r < n; ++r) f.logit_rows.push_back(r);
+      if (n > 1) {  // draft tokens: positions by depth, attention by the tree mask
+        p.trees[i] = item_tree({it.tokens, it.parents, it.draft_probs, it.params}, p.old_len[i]);
+        f.positions = p.trees[i].positions;
+        f.mask = p.trees[i].mask_bits;
+      }
+    }
+    p.offset.push_back(total);
+    total += it.tokens.size() + 1;
+  }
+  p.decisions.assign(total, -1);
+  return p;
+}
+
+std::vector<int> TargetStep::capture_layers(const StepBatch& batch) const {
+  std::vector<int> capture;
+  const bool any_hidden = std::any_of(batch.items.begin(), batch.items.end(), [](const StepItem& it) {
+    return it.want_hidden;
+  });
+  if (!any_hidden) return capture;
+  const std::int32_t layers = runner_->weights().config().n_layers;
+  for (const auto l : batch.capture) {
+    if (l < 0 || l >= layers)
+      throw StepFailed("target worker: cannot capture layer " + std::to_string(l) + " of " + std::to_string(layers));
+    capture.push_back(l);
+  }
+  return capture;
+}
+
+void TargetStep::forward(Plan& p, const std::vector<int>& capture, ForwardResult& out) {
+  try {
+    runner_->forward(p.fwd, *kv_, out, capture, comm_.get());
+  } catch (const KvExhausted& e) {
+    throw StepFailed(with_prefix(e.what()));
+  } catch (const kernels::CommAborted& e) {
+    throw StepFailed(with_prefix(e.what()));
+  } catch (const std::exception& e) {
+    // The other ranks must not wait for this one in a collective.
+    if (comm_) comm_->abort("rank " + std::to_string(comm_->rank()) + ": " + e.what());
+    throw;
+  }
+}
+
+void TargetStep::verify(const StepBatch& batch, Plan& p, const std::vector<int>& capture, const ForwardResult& out,
+                        StepResult& res) {
+  const std::int64_t vocab = runner_->weights().config().vocab_size;
+  const std::int64_t H = runner_->weights().config().hidden;
+  std::size_t logit_row = 0;
+  std::int64_t first_row = 0;  // the item's first row in the forward batch
+  for (std::size_t i = 0; i < batch.items.size(); ++i) {
+    const StepItem& it = batch.items[i];
+    Seq& seq = seqs_.at(it.req);
+    const auto n_tok = static_cast<std::int32_t>(it.tokens.size());
+    const float* logits = out.logits.data() + logit_row * static_cast<std::size_t>(vocab);
+    logit_row += p.fwd[i].logit_rows.size();
+    std::vector<std::int32_t> committed;  // rows whose KV stays: prefill rows, or root + accepted path
+    ItemResult r{it.req, {}, 0, 0, {}, {}, 0};
+    if (!it.sample || it.prefill) {
+      if (it.sample) r.tokens = {kernels::sample(logits, vocab, it.params, seq.rng)};
+      for (std::int32_t row = 0; row < n_tok; ++row) committed.push_back(row);
+    } else {  // decode: one token, or [root, drafts...] verified against the target's rows
+      Verdict v = verify_step({it.tokens, it.parents, it.draft_probs, it.params}, p.trees[i], logits, vocab, seq.rng,
+                              runner_->backend());
+      committed = v.path;
+      p.decisions[p.offset[i]] = static_cast<std::int32_t>(v.path.size());
+      std::copy(v.path.begin(), v.path.end(), p.decisions.begin() + static_cast<std::ptrdiff_t>(p.offset[i] + 1));
+      r.tokens = std::move(v.tokens);
+      r.accepted = v.accepted;
+      r.drafted = v.drafted;
+    }
+    if (it.want_hidden && !capture.empty()) {  // the captured layers of the committed rows, per row
+      r.hidden.resize(committed.size() * capture.size() * static_cast<std::size_t>(H));
+      float* dst = r.hidden.data();
+      for (const auto row : committed)
+        for (const auto& layer : out.hidden) {
+          const float* src = layer.data() + (first_row + row) * H;
+          dst = std::copy(src, src + H, dst);
+        }
+    }
+    res.items.push_back(std::move(r));
+    first_row += n_tok;
+  }
+}
+
+void TargetStep::share_decisions(Plan& p) {
+  if (comm_) comm_->broadcast(p.decisions.data(), p.decisions.size(), 0);
+}
+
+void TargetStep::compact(const Plan& p) {
+  for (std::size_t i = 0; i < p.fwd.size(); ++i) {
+    const std::int32_t* d = p.decisions.data() + p.offset[i];
+    if (d[0] < 0) continue;
+    // path[j] >= j, so no row is overwritten before it is copied.
+    for (std::int32_t j = 1; j < d[0]; ++j)
+      runner_->copy_slot(*kv_, *p.fwd[i].kv, p.old_len[i] + d[1 + j], p.old_len[i] + j);
+    kv_->truncate(*p.fwd[i].kv, p.old_len[i] + d[0]);
+  }
+}
+
+StepResult TargetStep::run(const StepBatch& batch, const std::function<void()>& before_forward) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Plan p = plan(batch, true);
+  const std::vector<int> capture = capture_layers(batch);
+  if (before_forward) before_forward();
+  ForwardResult out;
+  forward(p, capture, out);
+  StepResult res;
+  std::string failed;
+  try {
+    verify(batch, p, capture, out, res);
+  } catch (const std::exception& e) {
+    failed = e.what();  // the other ranks still wait for the decisions: send what there is
+  }
+  // Decided once, here; every rank applies the same accepted paths to its KV heads.
+  try {
+    share_decisions(p);
+  } catch (const kernels::CommAborted& e) {
+    throw StepFailed(with_prefix(e.what()));
+  }
+  compact(p);
+  if (!failed.empty()) throw StepFailed("target worker: " + failed);
+  for (std::size_t i = 0; i < batch.items.size(); ++i)
+    if (batch.items[i].want_kv) {
+      res.items[i].kv_pages = p.fwd[i].kv->pages;
+      res.items[i].kv_length = p.fwd[i].kv->length;
+    }
+  res.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+void TargetStep::follow(const StepBatch& batch) {
+  Plan p;
+  ForwardResult out;
+  try {
+    p = plan(batch, false);
+    forward(p, {}, out);
+    share_decisions(p);
+  } catch (const StepFailed&) {
+    return;  // rank 0 refused the same batch, ran out of the same KV pool, or saw the same abort
+  } catch (const kernels::CommAborted&) {
+    return;  // another rank gave up; rank 0 reports it
+  }
+  compact(p);
+}
+
+void TargetStep::release(std::uint64_t req) {
+  auto it = seqs_.find(req);
+  if (it == seqs_.end()) return;
+  kv_->release(it->second.kv);
+  seqs_.erase(it);
+}
+
+}  // namespace specactor::model

@@ -1,0 +1,85 @@
+// model/target_step.hpp — one step of the target model without an actor: the forward rows of a
+// StepBatch (prefill chunks, and [root, drafts...] with their tree mask), the layers a head drafter
+// asked to capture, the forward itself (tensor parallel when a communicator is given), sampling or
+// verification of each item (model::verify_step), the captured rows of what was committed, and the
+// KV compaction to the accepted paths.
+//
+// Tensor parallel: every rank owns one TargetStep over its shard and KV heads. Rank 0 (run) decides:
+// it samples and verifies, then broadcasts one decision slot per item over the communicator; the
+// other ranks (follow) run the same forward and apply the broadcast decisions, so no rank can
+// disagree about which KV rows stay. The actor around it only loads, supervises and fans out.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/comm.hpp"
+#include "kernels/cpu/sampling.hpp"
+#include "model/kv_cache.hpp"
+#include "model/llama.hpp"
+#include "model/step.hpp"
+
+namespace specactor::model {
+
+// A step that cannot run and leaves the worker usable: a batch the scheduler should not have built
+// (too many tree tokens, a layer the model does not have), a full KV pool, or an aborted
+// tensor-parallel group. The requests in the step end with this message.
+struct StepFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class TargetStep {
+ public:
+  // `kv` and `runner` belong to this rank; `comm` is null without tensor parallelism.
+  TargetStep(std::shared_ptr<KvCache> kv, std::unique_ptr<ForwardRunner> runner,
+             std::shared_ptr<kernels::Communicator> comm = nullptr);
+
+  // Rank 0: the whole step. `before_forward` runs once the batch is accepted, right before the
+  // forward (the actor hands the batch to the other ranks there). Throws StepFailed for the cases
+  // above; any other exception aborts the communicator first (so no rank waits for this one) and
+  // propagates.
+  StepResult run(const StepBatch& batch, const std::function<void()>& before_forward = {});
+
+  // Ranks > 0: the same forward on this rank's shard, then rank 0's decisions. Returns without
+  // effect when rank 0 must have refused or failed the same step (it reports that).
+  void follow(const StepBatch& batch);
+
+  // Frees a request's KV pages (unknown ids are ignored: the request never reached this rank).
+  void release(std::uint64_t req);
+
+  ForwardRunner& runner() { return *runner_; }
+  const std::shared_ptr<KvCache>& kv() const { return kv_; }
+  std::size_t sequences() const { return seqs_.size(); }
+  // A request's committed KV length on this rank (-1 when it holds none).
+  std::int64_t length(std::uint64_t req) const {
+    const auto it = seqs_.find(req);
+    return it == seqs_.end() ? -1 : it->second.kv.length;
+  }
+
+ private:
+  struct Seq {
+    KvCache::Seq kv;
+    kernels::Rng rng;
+  };
+  struct Plan;
+
+  Plan plan(const StepBatch& batch, bool logits);
+  std::vector<int> capture_layers(const StepBatch& batch) const;
+  void forward(Plan& p, const std::vector<int>& capture, ForwardResult& out);
+  void verify(const StepBatch& batch, Plan& p, const std::vector<int>& capture, const ForwardResult& out,
+              StepResult& res);
+  void share_decisions(Plan& p);
+  void compact(const Plan& p);
+
+  std::shared_ptr<KvCache> kv_;
+  std::unique_ptr<ForwardRunner> runner_;
+  std::shared_ptr<kernels::Communicator> comm_;
+  std::map<std::uint64_t, Seq> seqs_;
+};
+
+}  // namespace specactor::model
