@@ -184,16 +184,23 @@ std::vector<std::int32_t> Engine::tokenize(const GenerationRequest& r) const {
   return tok->encode(r.prompt, true, false);
 }
 
+void Engine::prepare(GenerationRequest& r, const std::function<std::string(const std::string&)>& name) const {
+  auto field = [&](const std::string& f) { return name ? name(f) : f; };
+  sched::check_request(r, name);
+  if (r.prompt_ids.empty()) r.prompt_ids = tokenize(r);
+  const std::int64_t vocab = impl_->info.info.vocab_size;
+  for (std::size_t i = 0; i < r.prompt_ids.size(); ++i)
+    if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= vocab)
+      throw config::ConfigError(field("prompt_ids") + "[" + std::to_string(i) +
+                                "] = " + std::to_string(r.prompt_ids[i]) + " is outside the vocabulary (" +
+                                std::to_string(vocab) + " tokens)");
+}
+
 std::uint64_t Engine::submit(GenerationRequest request, std::function<void(const TokenEvent&)> on_token) {
-  sched::check_request(request);  // the scheduler checks what needs its state (context, KV budget)
+  prepare(request);  // the scheduler checks what needs its state (context, KV budget)
   auto sub = std::make_shared<Submission>();
   sub->id = impl_->next_id++;
-  sub->prompt = tokenize(request);
-  const std::int64_t vocab = impl_->info.info.vocab_size;
-  for (std::size_t i = 0; i < sub->prompt.size(); ++i)
-    if (sub->prompt[i] < 0 || sub->prompt[i] >= vocab)
-      throw config::ConfigError("prompt_ids[" + std::to_string(i) + "] = " + std::to_string(sub->prompt[i]) +
-                                " is outside the vocabulary (" + std::to_string(vocab) + " tokens)");
+  sub->prompt = request.prompt_ids;
   sub->request = std::move(request);
   const std::uint64_t id = sub->id;
   auto delivery = std::make_shared<Impl::Delivery>();
@@ -222,8 +229,8 @@ GenerationResult Engine::generate(GenerationRequest request) {
   auto result = std::make_shared<GenerationResult>();
   auto done = std::make_shared<std::promise<void>>();
   auto future = done->get_future();
-  result->prompt_ids = tokenize(request);
-  auto tok = impl_->info.tokenizer;
+  prepare(request);  // tokenized once: submit keeps these ids
+  result->prompt_ids = request.prompt_ids;
   result->id = submit(std::move(request), [result, done](const TokenEvent& ev) {
     result->tokens.insert(result->tokens.end(), ev.tokens.begin(), ev.tokens.end());
     result->text += ev.text;

@@ -40,8 +40,8 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Queues a request; `on_token` receives each step's accepted tokens and a final event. Throws
-  // config::ConfigError for prompt ids outside the vocabulary.
+  // Queues a request; `on_token` receives each step's accepted tokens and a final event. Validates it
+  // first (prepare); throws config::ConfigError naming the field.
   std::uint64_t submit(GenerationRequest request, std::function<void(const TokenEvent&)> on_token);
   // Submits and waits for the whole result.
   GenerationResult generate(GenerationRequest request);
@@ -64,6 +64,12 @@ class Engine {
   std::shared_ptr<const model::Tokenizer> tokenizer() const;
   // The prompt ids a request would be tokenized to (chat template applied when asked).
   std::vector<std::int32_t> tokenize(const GenerationRequest& request) const;
+  // The one validation of a request (the server, the CLI and submit call it): sampling and length
+  // ranges (sched::check_request, fields named by `name` when given, e.g. the API's spelling), the
+  // text's UTF-8 and chat roles, the prompt tokenized once into request.prompt_ids (kept when already
+  // given) and ids inside the vocabulary. What needs the scheduler's state (a prompt that fits the
+  // context and the KV budget) is checked at admission. Throws config::ConfigError.
+  void prepare(GenerationRequest& request, const std::function<std::string(const std::string&)>& name = {}) const;
 
   struct Impl;
 

@@ -163,6 +163,106 @@ void on_target_ready(Self self, TargetInfo& info) {
           });
 }
 
+// A bug in a handler must not leave callers waiting: every request gets its final (error) event
+// before the scheduler stops.
+caf::error on_exception(Self self, std::exception_ptr& eptr) {
+  std::string what = "unknown exception";
+  try {
+    std::rethrow_exception(eptr);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  const std::string msg = "internal error in the scheduler: " + what;
+  spdlog::error("{}", msg);
+  auto& s = self->state;
+  s.policy->fail_everything(msg);
+  for (auto& rp : s.ready_waiters) rp.deliver(internal_error(msg));
+  s.ready_waiters.clear();
+  if (s.draft) self->send_exit(s.draft, caf::exit_reason::user_shutdown);
+  if (s.target) self->send_exit(s.target, caf::exit_reason::user_shutdown);
+  return internal_error(msg);
+}
+
+// The draft worker going down degrades to plain decoding; the target worker going down fails the
+// running requests (unless the engine is shutting it down).
+void on_down(Self self, caf::down_msg& dm) {
+  auto& s = self->state;
+  if (s.draft && dm.source == caf::actor_cast<caf::actor_addr>(s.draft)) {
+    spdlog::warn("draft worker went down ({}); running requests continue without drafts",
+                 self->system().render(dm.reason));
+    s.draft = nullptr;
+    auto& m = s.policy->metrics();
+    ++m.draft_failures;
+    m.draft_alive = false;
+    m.draft_error = self->system().render(dm.reason);
+    if (s.ready_on_draft_down) {
+      s.ready_on_draft_down = false;
+      announce_ready(self);
+    }
+    return;
+  }
+  if (s.target && dm.source == caf::actor_cast<caf::actor_addr>(s.target)) {
+    s.target = nullptr;
+    if (dm.reason == caf::exit_reason::user_shutdown || dm.reason == caf::exit_reason::normal) return;
+    const std::string error = "target worker failed: " + self->system().render(dm.reason);
+    spdlog::error("{}", error);
+    if (!s.policy->target_error().empty()) {  // already failed by a bounced step: report the real reason
+      s.policy->metrics().target_error = error;
+      return;
+    }
+    fail_target(self, error, internal_error(error));
+  }
+}
+
+void on_exit(Self self, caf::exit_msg& msg) {
+  auto& s = self->state;
+  s.policy->fail_everything("the engine shut down");
+  if (s.draft) self->send_exit(s.draft, msg.reason);
+  if (s.target) self->send_exit(s.target, msg.reason);
+  self->quit(msg.reason);
+}
+
+caf::result<TargetInfo> when_ready(Self self) {
+  auto& s = self->state;
+  if (s.policy->ready()) return *s.info;
+  if (!s.policy->target_error().empty())
+    return s.target_failure ? s.target_failure : internal_error(s.policy->target_error());
+  auto rp = self->make_response_promise<TargetInfo>();
+  s.ready_waiters.push_back(rp);
+  return rp;
+}
+
+// The resolved and derived snapshots beside the ones the workers hold now (each asked in turn).
+caf::result<SnapshotReport> report_snapshots(Self self) {
+  auto& s = self->state;
+  auto rp = self->make_response_promise<SnapshotReport>();
+  SnapshotReport base{s.target_snapshot, nullptr, s.draft_snapshot, nullptr};
+  if (!s.target) {
+    rp.deliver(base);
+    return rp;
+  }
+  self->request(s.target, std::chrono::seconds(30), snapshot_atom::value)
+      .then(
+          [self, rp, base](config::Snapshot& t) mutable {
+            base.target_worker = t;
+            auto& s2 = self->state;
+            if (!s2.draft) {
+              rp.deliver(base);
+              return;
+            }
+            self->request(s2.draft, std::chrono::seconds(30), snapshot_atom::value)
+                .then(
+                    [rp, base](config::Snapshot& d) mutable {
+                      base.draft_worker = d;
+                      rp.deliver(base);
+                    },
+                    [rp, base](caf::error&) mutable { rp.deliver(base); });
+          },
+          [rp](caf::error& e) mutable { rp.deliver(e); });
+  return rp;
+}
+
 scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<SchedulerState> self,
                                          config::Snapshot target) {
   auto& st = self->state;
@@ -174,75 +274,16 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
     if (s.draft) self->send(s.draft, release_atom::value, id);
   });
   st.target = self->spawn<caf::detached + caf::monitored>(target_worker, st.target_snapshot);
-  // A bug in a handler must not leave callers waiting: every request gets its final (error) event
-  // before the scheduler stops.
-  self->set_exception_handler([self](caf::scheduled_actor*, std::exception_ptr& eptr) -> caf::error {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(eptr);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    const std::string msg = "internal error in the scheduler: " + what;
-    spdlog::error("{}", msg);
-    auto& s = self->state;
-    s.policy->fail_everything(msg);
-    for (auto& rp : s.ready_waiters) rp.deliver(internal_error(msg));
-    s.ready_waiters.clear();
-    if (s.draft) self->send_exit(s.draft, caf::exit_reason::user_shutdown);
-    if (s.target) self->send_exit(s.target, caf::exit_reason::user_shutdown);
-    return internal_error(msg);
-  });
-  self->set_down_handler([self](caf::down_msg& dm) {
-    auto& s = self->state;
-    if (s.draft && dm.source == caf::actor_cast<caf::actor_addr>(s.draft)) {
-      spdlog::warn("draft worker went down ({}); running requests continue without drafts",
-                   self->system().render(dm.reason));
-      s.draft = nullptr;
-      auto& m = s.policy->metrics();
-      ++m.draft_failures;
-      m.draft_alive = false;
-      m.draft_error = self->system().render(dm.reason);
-      if (s.ready_on_draft_down) {
-        s.ready_on_draft_down = false;
-        announce_ready(self);
-      }
-      return;
-    }
-    if (s.target && dm.source == caf::actor_cast<caf::actor_addr>(s.target)) {
-      s.target = nullptr;
-      if (dm.reason == caf::exit_reason::user_shutdown || dm.reason == caf::exit_reason::normal) return;
-      const std::string error = "target worker failed: " + self->system().render(dm.reason);
-      spdlog::error("{}", error);
-      if (!s.policy->target_error().empty()) {  // already failed by a bounced step: report the real reason
-        s.policy->metrics().target_error = error;
-        return;
-      }
-      fail_target(self, error, internal_error(error));
-    }
-  });
-  self->set_exit_handler([self](caf::exit_msg& msg) {
-    auto& s = self->state;
-    s.policy->fail_everything("the engine shut down");
-    if (s.draft) self->send_exit(s.draft, msg.reason);
-    if (s.target) self->send_exit(s.target, msg.reason);
-    self->quit(msg.reason);
-  });
+  self->set_exception_handler(
+      [self](caf::scheduled_actor*, std::exception_ptr& eptr) { return on_exception(self, eptr); });
+  self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
+  self->set_exit_handler([self](caf::exit_msg& msg) { on_exit(self, msg); });
   self->request(st.target, caf::infinite, info_atom::value)
       .then([self](TargetInfo& info) { on_target_ready(self, info); },
             [self](caf::error& err) { fail_target(self, error_message(err), err); });
 
   return {
-      [self](ready_atom) -> caf::result<TargetInfo> {
-        auto& s = self->state;
-        if (s.policy->ready()) return *s.info;
-        if (!s.policy->target_error().empty())
-          return s.target_failure ? s.target_failure : internal_error(s.policy->target_error());
-        auto rp = self->make_response_promise<TargetInfo>();
-        s.ready_waiters.push_back(rp);
-        return rp;
-      },
+      [self](ready_atom) { return when_ready(self); },
       [self](submit_atom, std::shared_ptr<const Submission>& sub) {
         self->state.policy->submit(std::move(sub));
         tick(self);
@@ -256,34 +297,7 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
         m.draft_alive = static_cast<bool>(self->state.draft);
         return m;
       },
-      [self](snapshot_atom) -> caf::result<SnapshotReport> {
-        auto& s = self->state;
-        auto rp = self->make_response_promise<SnapshotReport>();
-        SnapshotReport base{s.target_snapshot, nullptr, s.draft_snapshot, nullptr};
-        if (!s.target) {
-          rp.deliver(base);
-          return rp;
-        }
-        self->request(s.target, std::chrono::seconds(30), snapshot_atom::value)
-            .then(
-                [self, rp, base](config::Snapshot& t) mutable {
-                  base.target_worker = t;
-                  auto& s2 = self->state;
-                  if (!s2.draft) {
-                    rp.deliver(base);
-                    return;
-                  }
-                  self->request(s2.draft, std::chrono::seconds(30), snapshot_atom::value)
-                      .then(
-                          [rp, base](config::Snapshot& d) mutable {
-                            base.draft_worker = d;
-                            rp.deliver(base);
-                          },
-                          [rp, base](caf::error&) mutable { rp.deliver(base); });
-                },
-                [rp](caf::error& e) mutable { rp.deliver(e); });
-        return rp;
-      },
+      [self](snapshot_atom) { return report_snapshots(self); },
       [self](reconf_atom, config::Snapshot& snap) {
         auto& s = self->state;
         s.draft_snapshot = snap;

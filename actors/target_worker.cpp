@@ -45,9 +45,8 @@ void load(target_worker_actor::stateful_pointer<TargetWorkerState> self) {
   st.step = make_step(st.model->weights, s, 0, comm);
   for (int r = 1; r < T; ++r) {
     const auto i = static_cast<std::size_t>(r);
-    st.ranks.push_back(self->spawn<caf::detached>(tp_rank_worker, shards[i - 1],
-                                                  std::shared_ptr<kernels::Communicator>(std::move(group[i])),
-                                                  st.snapshot, r));
+    st.ranks.push_back(self->spawn<caf::detached>(
+        tp_rank_worker, shards[i - 1], std::shared_ptr<kernels::Communicator>(std::move(group[i])), st.snapshot, r));
   }
   // The ranks live exactly as long as rank 0.
   self->attach_functor([ranks = st.ranks, comm](const caf::error&) {
@@ -110,8 +109,8 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
         auto& s = self->state;
         if (!s.step) return s.load_error_is_user ? user_error(s.load_error) : internal_error(s.load_error);
         const auto& kv = s.step->kv();
-        return TargetInfo{s.model->info, s.model->tokenizer, kv->capacity_tokens(), kv->page_size(),
-                          s.model->weights, kv};
+        return TargetInfo{s.model->info,   s.model->tokenizer, kv->capacity_tokens(),
+                          kv->page_size(), s.model->weights,   kv};
       },
       [self](step_atom, StepBatch& batch) -> caf::result<StepResult> {
         auto& s = self->state;

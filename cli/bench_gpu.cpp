@@ -140,7 +140,7 @@ int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptio
                              {"achieved_gbps", b.achieved_gbps},
                              {"fraction_of_device_bandwidth", b.achieved_gbps / bw}});
     j["drafters"] = drafter_rows_json(rows);
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
     return 0;
   }
   std::cout << fmt::format(

@@ -295,7 +295,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
   if (!chart.empty()) write_chart(chart, settings);
 
   if (as_json) {
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
     return 0;
   }
   std::cout << fmt::format(

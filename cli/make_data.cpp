@@ -480,7 +480,7 @@ int make_data(const MakeDataOptions& o, const std::vector<std::string>& server_a
                    {"settings", settings}, {"complete", false},   {"shards", json::array()}};
   auto save_manifest = [&] {
     const std::string tmp = manifest_path + ".tmp";
-    std::ofstream(tmp) << manifest.dump(2) << "\n";
+    std::ofstream(tmp) << manifest.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
     fs::rename(tmp, manifest_path);
   };
   save_manifest();

@@ -10,9 +10,11 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <future>
@@ -26,7 +28,9 @@
 #include "actors/engine.hpp"
 #include "cli/bench.hpp"
 #include "cli/make_data.hpp"
+#include "cli/paths.hpp"
 #include "config/error.hpp"
+#include "config/input.hpp"
 #include "config/resolve.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/machine.hpp"
@@ -78,7 +82,8 @@ CLI::Validator integer_at_least(T lo) {
         }
         if (used == 0 || used != v.size()) return "'" + v + "' is not a valid integer";
         if (x < static_cast<long long>(std::numeric_limits<T>::min()) ||
-            static_cast<unsigned long long>(x) > static_cast<unsigned long long>(std::numeric_limits<T>::max()))
+            (x > 0 &&
+             static_cast<unsigned long long>(x) > static_cast<unsigned long long>(std::numeric_limits<T>::max())))
           return v + " is out of range [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
                  std::to_string(std::numeric_limits<T>::max()) + "]";
         if (x < static_cast<long long>(lo)) return "must be >= " + std::to_string(lo) + " (got " + v + ")";
@@ -125,6 +130,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // `generate`'s own flags (the rest of its command line are server flags).
 struct GenerateOptions {
   sa::GenerationRequest req;
+  std::string prompt_file;
   std::uint64_t seed = 0;
   bool has_seed = false;
   bool json = false;
@@ -133,10 +139,14 @@ struct GenerateOptions {
 void add_generate_flags(CLI::App& cmd, GenerateOptions& o) {
   auto& r = o.req;
   r.max_new_tokens = 128;
-  cmd.add_option("--prompt", r.prompt, "the prompt text")->required();
+  // A flag given twice takes its last value, so `tools/setup run -- --prompt ...` replaces the default.
+  cmd.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd.add_option("-p,--prompt", r.prompt, "the prompt text (this or --prompt-file is required)");
+  cmd.add_option("--prompt-file", o.prompt_file, "read the prompt from FILE (- = standard input)");
   cmd.add_flag("--chat", r.chat, "format the prompt with the model's chat template");
-  cmd.add_option("--system", r.system, "a system turn (with --chat)");
-  cmd.add_option("--max-new-tokens", r.max_new_tokens, "tokens to generate at most (default 128)")
+  cmd.add_option("--system", r.system, "a system turn (needs --chat)");
+  cmd.add_option("-n,--max-new-tokens", r.max_new_tokens,
+                 "tokens to generate at most (default 128; at most what the context leaves)")
       ->check(integer_at_least<std::int64_t>(1));
   cmd.add_option("--temperature", r.sampling.temperature, "0 = greedy (default)")->check(finite_number());
   cmd.add_option("--top-p", r.sampling.top_p, "nucleus sampling, (0, 1] (default 1 = off)")->check(finite_number());
@@ -147,9 +157,39 @@ void add_generate_flags(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--seed", o.seed, "the request's sampling seed (default: --random-seed)")
       ->check(integer_at_least<std::int64_t>(0))
       ->each([&o](const std::string&) { o.has_seed = true; });
-  cmd.add_option("--stop", r.stop, "a stop string (repeatable; not part of the output)")->expected(1)->take_all();
+  cmd.add_option("--stop", r.stop, "a stop string (repeatable; not part of the output)")
+      ->expected(1)
+      ->take_all()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd.add_flag("--ignore-eos", r.ignore_eos, "go on after the end-of-generation token");
   cmd.add_flag("--json", o.json, "print tokens, text, timings and speculative metrics as JSON");
+}
+
+// The prompt of --prompt or --prompt-file (exactly one of them), and --system only with --chat.
+void take_prompt(GenerateOptions& o, bool prompt_given) {
+  auto& r = o.req;
+  if (prompt_given && !o.prompt_file.empty())
+    throw sc::ConfigError("--prompt and --prompt-file: give one of them, not both");
+  if (!prompt_given && o.prompt_file.empty())
+    throw sc::ConfigError("--prompt (or --prompt-file FILE, - for standard input) is required");
+  if (!o.prompt_file.empty()) {
+    if (o.prompt_file == "-") {
+      r.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    } else {
+      r.prompt = sc::read_text_file(o.prompt_file, "--prompt-file " + o.prompt_file);
+    }
+    while (!r.prompt.empty() && (r.prompt.back() == '\n' || r.prompt.back() == '\r')) r.prompt.pop_back();
+  }
+  if (!r.system.empty() && !r.chat)
+    throw sc::ConfigError("--system: needs --chat (a system turn is part of the chat template)");
+}
+
+// Ctrl-C during `generate`: the first cancels the request (the summary still prints), a second one
+// ends the process at once.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) {
+  g_interrupted.store(true);
+  std::signal(SIGINT, SIG_DFL);
 }
 
 int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
@@ -170,12 +210,21 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
   if (req.chat && sm::ChatTemplate::detect(engine->tokenizer()->chat_template()).format == sm::ChatFormat::Plain)
     spdlog::warn("the model's chat template is not recognised (supported: ChatML, Llama-3); sending plain text");
 
+  engine->prepare(req, flag_of);  // tokenized once; submit keeps these ids
+  const std::vector<std::int32_t> prompt_ids = req.prompt_ids;
+  const std::int64_t context = *engine->target_snapshot()->context_length;
+  const std::int64_t room = context - static_cast<std::int64_t>(prompt_ids.size());
+  if (room > 0 && req.max_new_tokens > room)
+    spdlog::warn(
+        "--max-new-tokens {}: the prompt's {} tokens leave room for {} in the context (--context-length {}); "
+        "generating at most {}",
+        req.max_new_tokens, prompt_ids.size(), room, context, room);
+
   std::promise<sa::TokenEvent> last;
   auto done = last.get_future();
   std::vector<std::int32_t> tokens;
   std::string text;
-  const auto prompt_ids = engine->tokenize(req);
-  engine->submit(req, [&](const sa::TokenEvent& ev) {
+  const std::uint64_t id = engine->submit(req, [&](const sa::TokenEvent& ev) {
     tokens.insert(tokens.end(), ev.tokens.begin(), ev.tokens.end());
     text += ev.text;
     if (!as_json && !ev.text.empty()) {
@@ -184,6 +233,14 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
     }
     if (ev.finished) last.set_value(ev);
   });
+  std::signal(SIGINT, on_sigint);
+  bool cancelled = false;
+  while (done.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready)
+    if (!cancelled && g_interrupted.load()) {
+      engine->cancel(id);
+      cancelled = true;
+    }
+  std::signal(SIGINT, SIG_DFL);
   const sa::TokenEvent end = done.get();
   const sa::EngineMetrics em = engine->metrics();
   engine->shutdown();
@@ -193,6 +250,7 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
   }
   const auto& m = end.metrics;
   if (!as_json) std::fputc('\n', stdout);
+  if (cancelled) spdlog::warn("interrupted (Ctrl-C): the request was cancelled after {} tokens", m.generated_tokens);
   spdlog::info(
       "prompt {} tokens, first token after {:.1f} ms; generated {} tokens, {:.1f} tok/s decode ({}); "
       "τ {:.2f}, α {:.2f}",
@@ -215,9 +273,9 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
                 {"mean_accepted_length", m.mean_accepted_length},
                 {"acceptance_rate", m.drafted > 0 ? static_cast<double>(m.accepted) / m.drafted : 0.0},
                 {"fallback_steps", m.fallbacks}}}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
   }
-  return 0;
+  return cancelled ? 130 : 0;  // 128 + SIGINT, as a shell reports an interrupted command
 }
 
 // Prefill then greedy decode of one sequence; returns (prefill seconds, decode seconds).
@@ -318,7 +376,7 @@ double concurrent_tokens_per_s(sa::Engine& engine, const std::vector<std::int32_
 // `bench`'s own flags. Defaults that depend on the mode are left unset (0 / empty) here.
 struct BenchOptions {
   std::int64_t prompt_tokens = 256, decode_tokens = 128, repeats = 0, max_new_tokens = 64;
-  std::string prompts = "cli/bench_prompts.jsonl", chart;
+  std::string prompts, chart;  // prompts: default the shipped set (cli/bench_prompts.jsonl), found beside the binary
   bool json = false, sweep = false, all_drafters = false;
 };
 
@@ -331,14 +389,19 @@ void add_bench_flags(CLI::App& cmd, BenchOptions& o) {
       ->check(integer_at_least<std::int64_t>(1));
   cmd.add_option("--max-new-tokens", o.max_new_tokens, "tokens per prompt in speculative runs (default 64)")
       ->check(integer_at_least<std::int64_t>(2));
-  cmd.add_option("--prompts", o.prompts, "prompt set, JSON lines {\"category\", \"prompt\"}");
+  cmd.add_option("--prompts", o.prompts,
+                 "prompt set, JSON lines {\"category\", \"prompt\"} (default: the shipped cli/bench_prompts.jsonl)");
   cmd.add_option("--chart", o.chart, "speculative runs: write an SVG chart");
   cmd.add_flag("--sweep", o.sweep, "speculative runs: a grid of (steps, topk, draft tokens)");
   cmd.add_flag("--all-drafters", o.all_drafters, "plain vs every drafter in one run");
   cmd.add_flag("--json", o.json, "print JSON");
 }
 
-int cmd_bench(const BenchOptions& o, const std::vector<std::string>& rest) {
+int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
+  if (o.prompts.empty()) {
+    o.prompts = specactor::cli::shipped_file("cli/bench_prompts.jsonl", "bench_prompts.jsonl");
+    if (o.prompts.empty()) o.prompts = "cli/bench_prompts.jsonl";  // not found: the error names it
+  }
   const sc::ServerArgs parsed = sc::parse_server_args(rest);
   if (o.all_drafters && parsed.device != sc::Device::Cuda) {
     // Plain vs every drafter on this device (what `bench --device cuda` ends with).
@@ -483,7 +546,7 @@ int cmd_bench(const BenchOptions& o, const std::vector<std::string>& rest) {
       j["forward_rows"].push_back({{"rows", k}, {"ms", 1000 * t}, {"c", t / rows_times[0].second}});
     for (const auto& [n, tps] : concurrent)
       j["concurrent"].push_back({{"requests", n}, {"tokens_per_s", tps}, {"ratio_to_one", tps / concurrent[0].second}});
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
     return 0;
   }
   std::cout << fmt::format(
@@ -542,12 +605,12 @@ int cmd_config(const std::vector<std::string>& args) {
     out["target_hash_before_draft"] = hash_before;
     out["target_hash_after_draft"] = hash_after;
     if (hash_before != hash_after) {  // impossible by construction; reported loudly if it ever happens
-      std::cout << out.dump(2) << "\n";
+      std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
       spdlog::critical("the target snapshot changed while the draft snapshot was derived");
       return 1;
     }
   }
-  std::cout << out.dump(2) << "\n";
+  std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
   return 0;
 }
 
@@ -584,7 +647,7 @@ int cmd_inspect(const InspectOptions& o) {
               .to_json();
       j["fits_target"] = target;
     }
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
     return 0;
   }
   auto file = gguf;
@@ -601,7 +664,7 @@ int cmd_inspect(const InspectOptions& o) {
     j["tensors"] = list;
   }
   if (as_json) {
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
     return 0;
   }
   for (const auto& [k, v] : j.items()) {
@@ -629,7 +692,8 @@ void add_make_head_flags(CLI::App& cmd, MakeHeadOptions& o) {
   cmd.add_option("--format", o.format, "gguf | safetensors")->check(CLI::IsMember({"gguf", "safetensors"}));
   cmd.add_option("--layers", o.layers, "MTP: next-token-prediction layers")->check(CLI::Range(1, 8));
   cmd.add_option("--draft-vocab", o.draft_vocab,
-                 "EAGLE3: size of the reduced draft vocabulary (default min(vocab, 4096))");
+                 "EAGLE3: size of the reduced draft vocabulary (default 0 = min(vocab, 4096))")
+      ->check(integer_at_least<std::int64_t>(0));
   cmd.add_flag("--own-output", o.own_output, "EAGLE/MTP: write an own output head instead of using the target's");
   cmd.add_option("--seed", o.seed, "random seed");
 }
@@ -686,8 +750,40 @@ int cmd_devices() {
             {"cuda_runtime_version", p.cuda_runtime_version},
             {"nccl_version", p.nccl_version},
             {"backend", p.cuda_usable ? "cuda" : "cpu"}};
-  std::cout << j.dump(2) << "\n";
+  std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
   return 0;
+}
+
+// A command's server flags: what CLI11 left over, checked against the settings table (a mistyped flag
+// of the command itself is suggested too), with the default model when none is given and tools/setup
+// fetched it.
+std::vector<std::string> server_rest(const CLI::App& cmd) {
+  std::vector<std::string> rest = cmd.remaining();
+  std::vector<std::string> own;
+  for (const CLI::Option* opt : cmd.get_options())
+    for (const auto& n : opt->get_lnames()) own.push_back("--" + n);
+  const sc::ServerArgs args = sc::parse_server_args(rest, own);
+  if (args.model_path.empty()) {
+    const std::string dflt = specactor::cli::default_model_path();
+    if (!dflt.empty()) {
+      spdlog::info("no --model-path given: using the default model {}", dflt);
+      rest.insert(rest.end(), {"--model-path", dflt});
+    }
+  }
+  return rest;
+}
+
+// The help footer of a command that takes server flags: the common ones with their descriptions.
+std::string common_server_flags(const std::vector<std::string>& fields) {
+  std::string out = "Server flags (every one, with its default: `specactor config --help`); the common ones:\n";
+  sc::ServerArgs defaults;
+  sc::for_each_field(defaults, [&](std::string_view name, std::string_view doc, const auto&) {
+    if (std::find(fields.begin(), fields.end(), name) == fields.end()) return;
+    std::string flag = sc::flag_name(name);
+    if (name == "model_path") flag = "-m, " + flag;
+    out += fmt::format("  {:<28} {}\n", flag, doc);
+  });
+  return out;
 }
 
 // One CLI11 application with a subcommand per command. generate, bench and config take server
@@ -698,8 +794,10 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", "specactor 0.1.0");
   app.require_subcommand(1, 1);
   app.footer("`specactor config --help` lists every server flag with its default.");
-  const char* server_flags =
-      "Server flags (--model-path, --speculative-algorithm, ...): see `specactor config --help`.";
+  const std::string server_flags = common_server_flags(
+      {"model_path", "speculative_algorithm", "cpu_precision", "threads", "context_length", "max_running_requests"});
+  const std::string serve_flags = common_server_flags(
+      {"model_path", "host", "port", "speculative_algorithm", "cpu_precision", "threads", "max_running_requests"});
 
   GenerateOptions gen;
   auto* generate = app.add_subcommand("generate", "stream the continuation to stdout (logs and timings: stderr)");
@@ -733,7 +831,7 @@ int run(int argc, char** argv) {
       ->add_option("--grace-period", serve_opts.grace_seconds,
                    "seconds running requests may finish after SIGINT/SIGTERM (default 30)")
       ->check(finite_number());
-  serve->allow_extras()->footer(server_flags);
+  serve->allow_extras()->footer(serve_flags);
 
   auto* config = app.add_subcommand(
       "config", "print the resolved target snapshot, the derived draft snapshot and their override logs");
@@ -806,23 +904,27 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     throw sc::ConfigError(e.what());
   }
-  if (*generate) return cmd_generate(gen, generate->remaining());
+  if (*generate) {
+    const auto rest = server_rest(*generate);
+    take_prompt(gen, generate->count("--prompt") > 0);
+    return cmd_generate(gen, rest);
+  }
   if (*serve) {
     if (!(serve_opts.grace_seconds >= 0)) throw sc::ConfigError("--grace-period: must be >= 0");
-    const sc::ServerArgs args = sc::parse_server_args(serve->remaining());
+    const sc::ServerArgs args = sc::parse_server_args(server_rest(*serve));
     spdlog::set_level(spdlog::level::from_str(args.log_level));
     return specactor::server::serve(args, serve_opts);
   }
-  if (*benchcmd) return cmd_bench(bench, benchcmd->remaining());
+  if (*benchcmd) return cmd_bench(bench, server_rest(*benchcmd));
   if (*config) {
     if (config_help) return print_server_flags(), 0;
-    return cmd_config(config->remaining());
+    return cmd_config(server_rest(*config));
   }
   if (app.got_subcommand("inspect")) return cmd_inspect(inspect);
   if (app.got_subcommand("make-head")) return cmd_make_head(head);
   if (app.got_subcommand("shrink")) return cmd_shrink(shrink);
   if (*devices) return cmd_devices();
-  if (*make_data_cmd) return make_data(data, make_data_cmd->remaining());
+  if (*make_data_cmd) return make_data(data, server_rest(*make_data_cmd));
   return 2;
 }
 

@@ -77,4 +77,42 @@ std::string printable(std::string_view s, std::size_t max_chars) {
   return out;
 }
 
+std::size_t first_invalid_utf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t n;
+    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF)
+      n = 2;
+    else if (c >= 0xE0 && c <= 0xEF)
+      n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4)
+      n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else
+      return i;
+    if (i + n > s.size()) return i;
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if (k == 1 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) return i;
+    }
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+void check_utf8(std::string_view text) {
+  const std::size_t bad = first_invalid_utf8(text);
+  if (bad != std::string_view::npos) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(text[bad])));
+    throw config::ConfigError("text is not valid UTF-8: byte " + std::to_string(bad) + " (" + hex +
+                              ") does not start a well-formed character");
+  }
+}
+
 }  // namespace specactor::config

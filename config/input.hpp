@@ -27,6 +27,11 @@ std::string read_text_file(const std::string& path, const std::string& what, std
 // or "<what>: nested deeper than 64 levels".
 nlohmann::json parse_json(std::string_view text, const std::string& what);
 
+// The offset of the first byte that does not start a well-formed UTF-8 character, npos when none.
+std::size_t first_invalid_utf8(std::string_view s);
+// Throws ConfigError "text is not valid UTF-8: byte N (0xXX) does not start a well-formed character".
+void check_utf8(std::string_view text);
+
 // A value as one line for messages: non-printable bytes escaped, at most `max_chars` characters.
 std::string printable(std::string_view s, std::size_t max_chars = 80);
 

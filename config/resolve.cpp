@@ -28,14 +28,29 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
-std::string suggestion(std::string_view field) {
+// The closest setting (or flag of the command at hand, `command_flags`, e.g. "--prompt") to a
+// mistyped one, as " (did you mean --x?)", or "" when nothing is close.
+std::string suggestion(std::string_view field, const std::vector<std::string>& command_flags = {}) {
   std::string best;
   std::size_t best_d = 4;  // suggest only close matches
   for (const auto& name : field_names()) {
     std::size_t d = edit_distance(field, name);
-    if (d < best_d) best_d = d, best = name;
+    if (d < best_d) best_d = d, best = flag_name(name);
   }
-  return best.empty() ? "" : " (did you mean " + flag_name(best) + "?)";
+  for (const auto& flag : command_flags) {
+    if (flag.size() < 3) continue;
+    std::string f = flag.substr(2);
+    std::replace(f.begin(), f.end(), '-', '_');
+    std::size_t d = edit_distance(field, f);
+    if (d < best_d) best_d = d, best = flag;
+  }
+  return best.empty() ? "" : " (did you mean " + best + "?)";
+}
+
+// What users of other engines type for our flags: -m and --model (llama.cpp, vLLM, sglang's alias).
+std::string canonical_flag(const std::string& flag) {
+  if (flag == "-m" || flag == "--model") return "--model-path";
+  return flag;
 }
 
 bool known_field(std::string_view field) {
@@ -64,7 +79,9 @@ void apply_config_file(ServerArgs& args, const std::string& path) {
   if (!applied.empty()) args.override_log.push_back({"user.config_file:" + path, applied});
 }
 
-ServerArgs parse_server_args(const std::vector<std::string>& argv) {
+ServerArgs parse_server_args(const std::vector<std::string>& argv) { return parse_server_args(argv, {}); }
+
+ServerArgs parse_server_args(const std::vector<std::string>& argv, const std::vector<std::string>& command_flags) {
   ServerArgs args;
   // Pass 1: the config file (so the command line wins regardless of order).
   for (std::size_t i = 0; i < argv.size(); ++i) {
@@ -85,8 +102,6 @@ ServerArgs parse_server_args(const std::vector<std::string>& argv) {
       continue;
     }
     if (a.rfind("--config=", 0) == 0) continue;
-    if (a.size() < 3 || a.rfind("--", 0) != 0)
-      throw ConfigError("unexpected argument '" + a + "' (settings are given as --flag value)");
     std::string flag = a, text;
     bool has_value = false;
     if (auto eq = a.find('='); eq != std::string::npos) {
@@ -94,8 +109,11 @@ ServerArgs parse_server_args(const std::vector<std::string>& argv) {
       text = a.substr(eq + 1);
       has_value = true;
     }
+    flag = canonical_flag(flag);
+    if (flag.size() < 3 || flag.rfind("--", 0) != 0)
+      throw ConfigError("unexpected argument '" + a + "' (settings are given as --flag value)");
     const std::string field = field_of_flag(flag);
-    if (!known_field(field)) throw ConfigError("unknown flag " + flag + suggestion(field));
+    if (!known_field(field)) throw ConfigError("unknown flag " + flag + suggestion(field, command_flags));
     if (!has_value) {
       if (is_bool_field(field)) {
         text = "true";

@@ -41,7 +41,10 @@ struct RuntimeFacts {
 // Parses `--flag value`, `--flag=value`, bare `--bool-flag`, and `--config FILE.json` (keys are the
 // field names, applied before the command line). The returned args carry override-log entries
 // "user.config_file" and "user.argv" listing what each set. Throws ConfigError naming the flag.
+// `-m` and `--model` are taken for `--model-path`. `command_flags`: the flags of the command whose
+// leftover arguments these are, so that a mistyped one of them is suggested too ("--promt").
 ServerArgs parse_server_args(const std::vector<std::string>& argv);
+ServerArgs parse_server_args(const std::vector<std::string>& argv, const std::vector<std::string>& command_flags);
 
 // Reads a JSON config file into `args` (used by --config); errors name the file and key.
 void apply_config_file(ServerArgs& args, const std::string& path);

@@ -199,9 +199,18 @@ void set_field(ServerArgs& args, std::string_view field, const json& value, std:
     found = true;
     using T = std::decay_t<decltype(member)>;
     member = Traits<T>::from_json(value, std::string(where));
-    if constexpr (std::is_same_v<T, std::string>) check_choice(field, member);
+    // Text settings end up in JSON (snapshots, logs, /server_info), which holds UTF-8 only.
+    auto text = [&](const std::string& v) {
+      try {
+        check_utf8(v);
+      } catch (const ConfigError& e) {
+        throw ConfigError(std::string(where) + ": " + e.what());
+      }
+      check_choice(field, v);
+    };
+    if constexpr (std::is_same_v<T, std::string>) text(member);
     if constexpr (std::is_same_v<T, OptString>)
-      if (member) check_choice(field, *member);
+      if (member) text(*member);
   });
   if (!found) throw ConfigError(std::string(where) + ": unknown setting '" + std::string(field) + "'");
 }
@@ -350,8 +359,10 @@ void validate(const ServerArgs& a) {
     // sglang's relaxed acceptance below 1 changes the output distribution; verification here is
     // lossless only, so the flag is refused rather than accepted and ignored.
     if (v != 1.0)
-      fail(field, "values below 1 (sglang's lossy relaxed acceptance) are not implemented: specactor verifies "
-                  "losslessly only; leave it at 1 (got " + std::to_string(v) + ")");
+      fail(field,
+           "values below 1 (sglang's lossy relaxed acceptance) are not implemented: specactor verifies "
+           "losslessly only; leave it at 1 (got " +
+               std::to_string(v) + ")");
   }
   // EAGLE3 may leave it out: resolution then takes the head shipped for the model (or says none ships).
   if (spec && needs_draft_model(a) && a.speculative_algorithm != SpecAlgorithm::Eagle3 &&

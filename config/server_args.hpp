@@ -86,10 +86,10 @@ using OptLoadFormat = std::optional<LoadFormat>;
 // clang-format off
 #define SPECACTOR_SERVER_ARGS(X)                                                                        \
   /* ---- model ---- */                                                                                \
-  X(std::string,   model_path,                 "",        "target model: a GGUF file, or a directory with config.json + *.safetensors") \
-  X(OptString,     tokenizer_path,             {},        "tokenizer source; unset = the model's own (GGUF metadata / tokenizer.json)") \
+  X(std::string,   model_path,                 "",        "target model: a GGUF file, or a directory with config.json + *.safetensors (alias -m, --model)") \
+  X(OptString,     tokenizer_path,             {},        "a GGUF file whose tokenizer a Hugging Face checkpoint uses (tokenizer.json is not read); unset = the model's GGUF") \
   X(LoadFormat,    load_format,                LoadFormat::Auto, "weight format of the target: auto|gguf|safetensors|dummy (dummy = random weights, shapes from the file)") \
-  X(std::string,   dtype,                      "auto",    "activation dtype: auto|float32|float16|bfloat16 (auto = float32 on the CPU)") \
+  X(std::string,   dtype,                      "auto",    "activation dtype: auto|float32 (auto = float32; float16 and bfloat16 are refused: not supported yet)") \
   X(OptInt,        context_length,             {},        "maximum sequence length in tokens; unset = the model's own") \
   X(bool,          allow_context_length_above_model, false, "accept a --context-length above the model's trained length") \
   X(std::string,   json_model_override_args,   "{}",      "JSON object of model hyper-parameters overriding the file's, applied when the model config is built") \
@@ -99,7 +99,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(std::int64_t,  tp_size,                    1,         "tensor-parallel ranks for the target model") \
   X(std::int64_t,  threads,                    0,         "CPU compute threads; 0 = all cores") \
   X(CpuPrecision,  cpu_precision,              CpuPrecision::Fast, "CPU matrix products: fast (int8-quantized activations, integer dot products) | exact (float32 activations, matches a float64 reference to ~1e-5)") \
-  X(std::string,   kv_cache_dtype,             "auto",    "KV cache element type: auto|float32|float16|bfloat16 (auto = float32)") \
+  X(std::string,   kv_cache_dtype,             "auto",    "KV cache element type: auto|float32 (auto = float32; float16 and bfloat16 are refused: not supported yet)") \
   X(std::int64_t,  page_size,                  16,        "tokens per KV-cache page") \
   X(OptInt,        max_total_tokens,           {},        "KV-cache capacity in tokens over all requests; unset = max(context length, 32768)") \
   X(std::int64_t,  max_running_requests,       32,        "most requests decoded together in one batch") \
@@ -125,7 +125,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(double,        speculative_accept_threshold_acc, 1.0, "sglang's relaxed acceptance (lossy below 1): only 1 is accepted, verification is lossless") \
   X(OptString,     speculative_token_map,      {},        "hot-vocabulary file (FR-Spec): the draft's output head keeps only these token ids") \
   X(OptString,     speculative_draft_attention_backend, {}, "attention kernels of the draft; unset = the target's") \
-  X(OptString,     speculative_draft_kv_cache_dtype, {},  "KV cache element type of the draft; unset = the target's") \
+  X(OptString,     speculative_draft_kv_cache_dtype, {},  "KV cache element type of the draft: auto|float32 (others refused: not supported yet); unset = the target's") \
   X(std::string,   speculative_draft_quantization, "auto", "head drafters in the fast precision: the integer format float head weights are quantized to at load, q8_0|q4_1|none (none = keep them in float); auto = q8_0, or the shipped head's measured choice") \
   X(bool,          speculative_use_rejection_sampling, false, "chain rejection sampling with the draft's probabilities (topk = 1 drafters that sample)") \
   X(OptInt,        speculative_draft_num_layers, {},      "STANDALONE self-speculation: run only the target's first K layers as the draft") \

@@ -195,6 +195,10 @@ HeadConfig read_config(const std::string& path, std::shared_ptr<const TensorSour
     throw GgufError(path + ": bad attention shape (hidden " + std::to_string(c.hidden) + ", heads " +
                     std::to_string(c.n_heads) + ", kv heads " + std::to_string(c.n_kv_heads) + ")");
   if (c.n_layers < 1) throw GgufError(path + ": the head has no layers");
+  if (const auto why = bad_rope_base(c.rope_base); !why.empty())
+    throw GgufError(path + ": the head's RoPE base " + why);
+  if (const auto why = bad_norm_eps(c.norm_eps); !why.empty())
+    throw GgufError(path + ": the head's RMSNorm epsilon " + why);
   return c;
 }
 

@@ -33,18 +33,18 @@ LlamaConfig LlamaConfig::from(const ModelInfo& info, const std::string& json_ove
   const auto j = config::parse_json(json_overrides.empty() ? "{}" : json_overrides, "--json-model-override-args");
   const std::string where = info.path + ": --json-model-override-args";
   for (const auto& [key, v] : j.items()) {
-    if (key == "rope_theta" && v.is_number() && v.get<double>() > 0)
+    if (key == "rope_theta" && v.is_number() && bad_rope_base(v.get<double>()).empty())
       c.rope_base = v.get<double>();
-    else if (key == "rms_norm_eps" && v.is_number() && v.get<double>() > 0 && v.get<double>() < 1)
+    else if (key == "rms_norm_eps" && v.is_number() && bad_norm_eps(v.get<double>()).empty())
       c.norm_eps = v.get<double>();
     else if (key == "num_hidden_layers" && v.is_number_integer() && v.get<std::int64_t>() >= 1 &&
              v.get<std::int64_t>() <= info.num_layers)
       c.n_layers = v.get<std::int64_t>();
     else if (key == "rope_theta" || key == "rms_norm_eps" || key == "num_hidden_layers")
       throw GgufError(where + ": bad value " + config::printable(v.dump()) + " for '" + key + "'" +
-                      (key == "num_hidden_layers"
-                           ? " (expected 1 .. " + std::to_string(info.num_layers) + ")"
-                           : " (expected a positive number" + std::string(key == "rms_norm_eps" ? " below 1)" : ")")));
+                      (key == "num_hidden_layers" ? " (expected 1 .. " + std::to_string(info.num_layers) + ")"
+                       : key == "rms_norm_eps"    ? " (expected a number in [1e-12, 1))"
+                                                  : " (expected a finite positive number)"));
     else
       throw GgufError(where + ": unknown key '" + config::printable(key) +
                       "' (known: rope_theta, rms_norm_eps, num_hidden_layers)");

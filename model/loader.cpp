@@ -55,6 +55,7 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
         "--model-path is required (after tools/setup the default model is "
         "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   ModelInfo info = read_any_model_info(*user);
+  (void)LlamaConfig::from(info, user->json_model_override_args);  // overrides refused here, not only at load
   config::ModelFacts facts = info.facts();
   if (user->speculative_algorithm == config::SpecAlgorithm::Eagle3)
     facts.shipped_eagle3_head = shipped_eagle3_head(user->model_path);

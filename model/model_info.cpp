@@ -1,6 +1,7 @@
 // model/model_info.cpp — ModelInfo from GGUF metadata, with the checks a forward pass relies on.
 #include "model/model_info.hpp"
 
+#include <cmath>
 #include <map>
 
 namespace specactor::model {
@@ -18,6 +19,14 @@ std::string_view to_string(TokenizerKind k) {
 }
 
 bool is_llama_family(std::string_view architecture) { return architecture == "llama"; }
+
+std::string bad_rope_base(double v) {
+  return v > 0.0 && std::isfinite(v) ? "" : "must be a finite positive number (got " + std::to_string(v) + ")";
+}
+
+std::string bad_norm_eps(double v) {
+  return v >= 1e-12 && v < 1.0 ? "" : "must be in [1e-12, 1) (got " + std::to_string(v) + ")";
+}
 
 ModelInfo read_model_info(const GgufFile& f) {
   auto fail = [&](const std::string& what) -> void { throw GgufError(f.path() + ": " + what); };
@@ -52,9 +61,9 @@ ModelInfo read_model_info(const GgufFile& f) {
     fail("rope.dimension_count " + std::to_string(m.rope_dim) + " must be even and at most the head size " +
          std::to_string(m.head_dim));
   if (f.has(a + "rope.freq_base")) m.rope_base = f.get_float(a + "rope.freq_base");
-  if (!(m.rope_base > 0.0)) fail("rope.freq_base must be positive");
+  if (const auto why = bad_rope_base(m.rope_base); !why.empty()) fail("rope.freq_base " + why);
   m.norm_eps = f.get_float(a + "attention.layer_norm_rms_epsilon");
-  if (!(m.norm_eps > 0.0 && m.norm_eps < 1.0)) fail("attention.layer_norm_rms_epsilon must be in (0, 1)");
+  if (const auto why = bad_norm_eps(m.norm_eps); !why.empty()) fail("attention.layer_norm_rms_epsilon " + why);
 
   if (f.has("tokenizer.ggml.model")) {
     const std::string_view tk = f.get_string("tokenizer.ggml.model");

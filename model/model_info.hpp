@@ -47,4 +47,10 @@ bool is_llama_family(std::string_view architecture);
 // Reads and checks the hyper-parameters. Throws GgufError naming the file and key.
 ModelInfo read_model_info(const GgufFile& file);
 
+// What a RoPE base and an RMSNorm epsilon must be, for models, heads and overrides alike: "" when the
+// value is fine, else what was expected. The epsilon is used in float32, so a denormal (1e-45) is as
+// good as 0 and is refused.
+std::string bad_rope_base(double v);  // a finite positive number
+std::string bad_norm_eps(double v);   // in [1e-12, 1)
+
 }  // namespace specactor::model

@@ -188,9 +188,9 @@ ModelInfo read_hf_model_info(const std::string& path) {
   if (m.num_heads % m.num_kv_heads != 0) fail("num_attention_heads is not a multiple of num_key_value_heads");
   m.rope_dim = m.head_dim;
   m.rope_base = number("rope_theta", 10000.0);
-  if (!(m.rope_base > 0.0 && std::isfinite(m.rope_base))) fail("'rope_theta' must be a positive number");
+  if (const auto why = bad_rope_base(m.rope_base); !why.empty()) fail("'rope_theta' " + why);
   m.norm_eps = number("rms_norm_eps", 1e-6);
-  if (!(m.norm_eps > 0.0 && m.norm_eps < 1.0)) fail("'rms_norm_eps' must be in (0, 1)");
+  if (const auto why = bad_norm_eps(m.norm_eps); !why.empty()) fail("'rms_norm_eps' " + why);
   m.bos_token_id =
       c.contains("bos_token_id") && c["bos_token_id"].is_number_integer() ? c["bos_token_id"].get<std::int64_t>() : -1;
   m.eos_token_id =

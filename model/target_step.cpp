@@ -69,9 +69,8 @@ TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
 
 std::vector<int> TargetStep::capture_layers(const StepBatch& batch) const {
   std::vector<int> capture;
-  const bool any_hidden = std::any_of(batch.items.begin(), batch.items.end(), [](const StepItem& it) {
-    return it.want_hidden;
-  });
+  const bool any_hidden =
+      std::any_of(batch.items.begin(), batch.items.end(), [](const StepItem& it) { return it.want_hidden; });
   if (!any_hidden) return capture;
   const std::int32_t layers = runner_->weights().config().n_layers;
   for (const auto l : batch.capture) {

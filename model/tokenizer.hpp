@@ -15,13 +15,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "config/input.hpp"
 #include "model/gguf.hpp"
 
 namespace specactor::model {
 
-// Throws config::ConfigError naming the first byte that is not part of well-formed UTF-8 (every
-// text a tokenizer encodes is checked: PCRE2 runs without its own check).
-void check_utf8(std::string_view text);
+// Every text a tokenizer encodes is checked (config/input.hpp): PCRE2 runs without its own check.
+using config::check_utf8;
 
 struct TextPart {
   std::string text;

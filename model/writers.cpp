@@ -1,6 +1,7 @@
 // model/writers.cpp — see writers.hpp.
 #include "model/writers.hpp"
 
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
@@ -8,10 +9,29 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "config/error.hpp"
 #include "config/input.hpp"
 #include "model/gguf.hpp"
 
 namespace specactor::model {
+
+namespace {
+
+// A file that could not be written is the user's output path (a missing folder, no permission, a full
+// disk), reported as one error naming it.
+[[noreturn]] void cannot_write(const std::string& path) {
+  const int err = errno;
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  const std::string why = !dir.empty() && !std::filesystem::is_directory(dir, ec)
+                              ? "the folder " + dir.string() + " does not exist"
+                          : err ? std::string(std::strerror(err))
+                                : std::string("the write failed (disk full?)");
+  throw config::ConfigError("cannot write " + path + ": " + why);
+}
+
+}  // namespace
+
 namespace {
 
 template <class T>
@@ -258,7 +278,7 @@ void GgufWriter::write(const std::string& path) const {
   const auto b = bytes();
   std::ofstream f(path, std::ios::binary);
   f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  if (!f) throw std::runtime_error("cannot write " + path);
+  if (!f) cannot_write(path);
 }
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, HfTensor>>& tensors,
@@ -282,7 +302,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   for (const auto& [name, t] : tensors)
     f.write(reinterpret_cast<const char*>(t.values.data()), static_cast<std::streamsize>(t.values.size() * 4));
   if (!d2t.empty()) f.write(reinterpret_cast<const char*>(d2t.data()), static_cast<std::streamsize>(d2t.size() * 8));
-  if (!f) throw std::runtime_error("cannot write " + path);
+  if (!f) cannot_write(path);
 }
 
 void write_safetensors_raw(const std::string& path, const std::vector<RawTensor>& tensors,
@@ -307,11 +327,11 @@ void write_safetensors_raw(const std::string& path, const std::vector<RawTensor>
     for (const RawTensor& t : tensors)
       f.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
     f.flush();
-    if (!f) throw std::runtime_error("cannot write " + tmp + " (disk full?)");
+    if (!f) cannot_write(tmp);
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + ec.message());
+  if (ec) throw config::ConfigError("cannot rename " + tmp + " to " + path + ": " + ec.message());
 }
 
 }  // namespace specactor::model

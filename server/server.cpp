@@ -207,25 +207,23 @@ class Server {
       a = ep == Endpoint::Chat         ? parse_chat(body, limits)
           : ep == Endpoint::Completion ? parse_completion(body, limits)
                                        : parse_generate(body, limits);
+      // The engine's one validation; its messages name the API's fields.
+      std::string param;
       try {
-        ids = engine->tokenize(a.request);
+        engine->prepare(a.request, [&](const std::string& f) {
+          param = f == "prompt_ids" ? (ep == Endpoint::Generate ? "input_ids" : "prompt") : f;
+          return param;
+        });
       } catch (const config::ConfigError& e) {
         const std::string msg = e.what();
-        throw ApiError(400, msg, msg.substr(0, msg.find(':')));
+        throw ApiError(400, msg, param.empty() ? msg.substr(0, msg.find(':')) : param);
       }
-      const std::int64_t vocab = engine->model_info().vocab_size;
-      for (std::size_t i = 0; i < ids.size(); ++i)
-        if (ids[i] >= vocab)
-          throw ApiError(400,
-                         "token id " + std::to_string(ids[i]) + " is outside the vocabulary (" + std::to_string(vocab) +
-                             " tokens)",
-                         ep == Endpoint::Generate ? "input_ids" : "prompt");
+      ids = a.request.prompt_ids;
       resolve_max_tokens(a, static_cast<std::int64_t>(ids.size()), context_length_);
     } catch (const ApiError& e) {
       send_error(res, e);
       return;
     }
-    a.request.prompt_ids = ids;  // tokenized once, here
     access.prompt_tokens = static_cast<std::int64_t>(ids.size());
 
     auto stream = std::make_shared<Stream>();
