@@ -635,6 +635,18 @@ int cmd_inspect(const InspectOptions& o) {
   if (!hf) gguf = sm::GgufFile::open(path);
   const std::string arch =
       gguf && gguf->has("general.architecture") ? std::string(gguf->get_string("general.architecture")) : "";
+  if (hf && !sm::is_head_checkpoint(path)) {  // a Hugging Face model checkpoint, not a head
+    sc::ServerArgs m;
+    m.model_path = path;
+    const json j = sm::read_any_model_info(m).to_json();
+    if (as_json) {
+      std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
+    } else {
+      for (const auto& [k, v] : j.items())
+        std::cout << fmt::format("{:<18} {}\n", k, v.is_string() ? v.get<std::string>() : v.dump());
+    }
+    return 0;
+  }
   if (hf || arch == "eagle" || arch == "eagle3" || arch == "mtp") {  // a draft head
     json j = sm::read_head_config(path).to_json();
     if (!target.empty()) {  // the start-up checks against a target

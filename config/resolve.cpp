@@ -242,7 +242,7 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                       "holds only its own KV heads; use --tp-size 1 or another algorithm");
 
   // EAGLE3 without a head: the one shipped for this model, if any.
-  bool shipped_head = false;
+  bool shipped_head = false;  // picked here, with its own defaults
   if (s->speculative_algorithm == SpecAlgorithm::Eagle3 &&
       (!s->speculative_draft_model_path || s->speculative_draft_model_path->empty())) {
     if (model.shipped_eagle3_head.empty())
@@ -251,15 +251,15 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                         ": give the EAGLE3 head to load (a head ships only for SmolLM2-135M-Instruct, in heads/; "
                         "training/train_eagle3.py trains one)");
     s = derive(s, "auto.shipped_head", {{"speculative_draft_model_path", model.shipped_eagle3_head}});
-    shipped_head = true;
+    shipped_head = model.shipped_head_defaults.has_value();
   }
 
   // Speculative shape.
   if (s->speculative_algorithm != SpecAlgorithm::None) {
-    // The shipped head's default is the shape measured fastest for it (kShippedHead); sglang's 5/4/8
+    // The shipped head's default is the shape measured fastest for it (its config.json); sglang's 5/4/8
     // tree is for large heads.
-    const SpecShape dflt =
-        shipped_head ? kShippedHead.shape : auto_spec_shape(s->speculative_algorithm, model.llama_family);
+    const ShippedHeadDefaults tuned = shipped_head ? *model.shipped_head_defaults : ShippedHeadDefaults{};
+    const SpecShape dflt = shipped_head ? tuned.shape : auto_spec_shape(s->speculative_algorithm, model.llama_family);
     const bool none_given = !s->speculative_num_steps && !s->speculative_eagle_topk && !s->speculative_num_draft_tokens;
     const std::int64_t steps = s->speculative_num_steps.value_or(dflt.num_steps);
     const std::int64_t topk = s->speculative_eagle_topk.value_or(none_given ? dflt.eagle_topk : 1);
@@ -285,11 +285,11 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     // Head drafters: the shipped head's floor and prompt-lookup branch go with its default shape (they
     // were measured with it); otherwise none (sglang's behaviour: the shape is drafted whole).
     if (head && !s->speculative_draft_p_min)
-      f["speculative_draft_p_min"] = shipped_head && none_given ? kShippedHead.p_min : 0.0;
+      f["speculative_draft_p_min"] = shipped_head && none_given ? tuned.p_min : 0.0;
     if (head && !s->speculative_draft_ngram_tokens)
-      f["speculative_draft_ngram_tokens"] = shipped_head && none_given ? kShippedHead.ngram_tokens : 0;
+      f["speculative_draft_ngram_tokens"] = shipped_head && none_given ? tuned.ngram_tokens : 0;
     if (head && s->speculative_draft_quantization == "auto")
-      f["speculative_draft_quantization"] = shipped_head ? kShippedHead.quantization : "q8_0";
+      f["speculative_draft_quantization"] = shipped_head ? tuned.quantization : std::string("q8_0");
     s = derive(s, "auto.speculative", f);
   }
   return s;

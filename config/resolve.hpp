@@ -7,12 +7,26 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "config/snapshot.hpp"
 
 namespace specactor::config {
+
+// The settings measured fastest for a shipped head (docs/eagle3-training.md, "The shipped head"),
+// carried in the head's config.json and taken when resolution picks that head (auto.shipped_head):
+// the shape and, measured with it, its path-probability floor and prompt-lookup branch when no shape
+// flag is given (and not the flag itself), the load-time quantization unless
+// --speculative-draft-quantization is. Other head drafters get sglang's shapes, no floor, no branch
+// and Q8_0.
+struct ShippedHeadDefaults {
+  SpecShape shape;
+  double p_min = 0;
+  std::int64_t ngram_tokens = 0;
+  std::string quantization;
+};
 
 // What resolution needs to know about the loaded target model (config/ depends on nothing of ours;
 // model::ModelInfo converts itself into this).
@@ -28,6 +42,8 @@ struct ModelFacts {
   // An EAGLE-3 head shipped with specactor for this model (a folder), empty when none: the draft path
   // of --speculative-algorithm EAGLE3 when the user gives none (override source "auto.shipped_head").
   std::string shipped_eagle3_head;
+  // That head's tuned settings, from its own config.json ("specactor": {"defaults": ...}; absent: none).
+  std::optional<ShippedHeadDefaults> shipped_head_defaults;
 };
 
 // What resolution needs to know about this machine.
@@ -48,19 +64,6 @@ ServerArgs parse_server_args(const std::vector<std::string>& argv, const std::ve
 
 // Reads a JSON config file into `args` (used by --config); errors name the file and key.
 void apply_config_file(ServerArgs& args, const std::string& path);
-
-// The shipped EAGLE-3 head's defaults, the setting measured fastest for it on the benchmark prompts
-// (README "The shipped head"), taken when resolution picks that head (auto.shipped_head): the shape
-// and, measured with it, its path-probability floor and prompt-lookup branch when no shape flag is
-// given (and not the flag itself), the load-time quantization unless --speculative-draft-quantization
-// is. Other head drafters get sglang's shapes, no floor, no branch and Q8_0.
-struct ShippedHeadDefaults {
-  SpecShape shape;
-  double p_min;
-  std::int64_t ngram_tokens;
-  const char* quantization;
-};
-inline constexpr ShippedHeadDefaults kShippedHead{{3, 2, 5}, 0.15, 3, "q4_1"};
 
 // Load-time resolution of the target's snapshot: context length from the model (a larger user value
 // is an error unless allowed), KV budget, device, automatic speculative shape. Each decision is a

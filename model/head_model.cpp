@@ -213,6 +213,16 @@ std::string layer_prefix(const HeadConfig& c, std::int64_t i, std::int64_t targe
 
 HeadConfig read_head_config(const std::string& path) { return read_config(path, nullptr); }
 
+bool is_head_checkpoint(const std::string& path) {
+  const json j = read_config_json(path);
+  try {
+    (void)kind_from_hf(j, path);
+    return true;
+  } catch (const GgufError&) {
+    return false;
+  }
+}
+
 std::vector<std::int32_t> read_token_map(const std::string& path, std::int64_t vocab) {
   std::string text = config::read_text_file(path, "--speculative-token-map " + path);
   std::vector<std::int64_t> ids;

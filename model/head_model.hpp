@@ -97,6 +97,10 @@ class HeadWeights {
 // Reads just the config of a head file (for `specactor inspect`), kind taken from the file.
 HeadConfig read_head_config(const std::string& path);
 
+// Whether a safetensors folder (or file) is a draft head: its config.json names an Eagle, Eagle3 or
+// MTP architecture or has num_nextn_predict_layers. A model checkpoint (LlamaForCausalLM) is not.
+bool is_head_checkpoint(const std::string& path);
+
 // Reads --speculative-token-map: token ids separated by whitespace or commas, or a JSON array.
 // Throws GgufError naming the file and the offending entry; ids must be < vocab and unique.
 std::vector<std::int32_t> read_token_map(const std::string& path, std::int64_t vocab);

@@ -5,8 +5,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <type_traits>
 
 #include "config/error.hpp"
+#include "config/input.hpp"
 #include "config/resolve.hpp"
 #include "kernels/backend.hpp"
 #include "model/runner.hpp"
@@ -48,6 +52,32 @@ std::string shipped_eagle3_head(const std::string& model_path) {
   return "";
 }
 
+std::optional<config::ShippedHeadDefaults> shipped_head_defaults(const std::string& head_dir) {
+  const std::string cfg = (std::filesystem::path(head_dir) / "config.json").string();
+  const nlohmann::json j = config::parse_json(config::read_text_file(cfg, cfg), cfg);
+  if (!j.is_object() || !j.contains("specactor") || !j["specactor"].is_object() || !j["specactor"].contains("defaults"))
+    return std::nullopt;
+  const nlohmann::json& d = j["specactor"]["defaults"];
+  auto get = [&](const char* key, auto fallback) {
+    const std::string where = cfg + ": specactor.defaults." + key;
+    if (!d.is_object() || !d.contains(key)) throw config::ConfigError(where + " is missing");
+    try {
+      return d.at(key).get<decltype(fallback)>();
+    } catch (const nlohmann::json::exception&) {
+      throw config::ConfigError(where + ": expected a " +
+                                (std::is_same_v<decltype(fallback), std::string> ? "string" : "number") + ", got " +
+                                config::printable(d.at(key).dump()));
+    }
+  };
+  config::ShippedHeadDefaults out;
+  out.shape = {get("speculative_num_steps", std::int64_t{}), get("speculative_eagle_topk", std::int64_t{}),
+               get("speculative_num_draft_tokens", std::int64_t{})};
+  out.p_min = get("speculative_draft_p_min", double{});
+  out.ngram_tokens = get("speculative_draft_ngram_tokens", std::int64_t{});
+  out.quantization = get("speculative_draft_quantization", std::string{});
+  return out;
+}
+
 ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
   const config::Snapshot user = config::freeze(user_args);
   if (user->model_path.empty())
@@ -57,8 +87,11 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
   ModelInfo info = read_any_model_info(*user);
   (void)LlamaConfig::from(info, user->json_model_override_args);  // overrides refused here, not only at load
   config::ModelFacts facts = info.facts();
-  if (user->speculative_algorithm == config::SpecAlgorithm::Eagle3)
+  if (user->speculative_algorithm == config::SpecAlgorithm::Eagle3) {
     facts.shipped_eagle3_head = shipped_eagle3_head(user->model_path);
+    if (!facts.shipped_eagle3_head.empty())
+      facts.shipped_head_defaults = shipped_head_defaults(facts.shipped_eagle3_head);
+  }
   config::Snapshot target = config::resolve_target(user, facts, runtime_facts());
   return {std::move(target), std::move(info)};
 }
@@ -85,8 +118,9 @@ LoadedModel load_model(const config::ServerArgs& s, const LlamaWeights::Progress
     if (s.tokenizer_path) tok_file = GgufFile::open(*s.tokenizer_path);
     if (!tok_file)
       throw GgufError(s.model_path +
-                      ": a safetensors checkpoint takes its tokenizer from --tokenizer-path FILE.gguf "
-                      "(tokenizer.json is not read); or pass --skip-tokenizer-init");
+                      ": a safetensors checkpoint takes its tokenizer from --tokenizer-path FILE.gguf, a GGUF "
+                      "of the same model (tokenizer.json is not read); --skip-tokenizer-init runs it without "
+                      "one, for requests given as token ids only");
     m.tokenizer = Tokenizer::from_gguf(*tok_file);
     if (m.tokenizer->vocab_size() != m.config.vocab_size)
       throw GgufError(s.model_path + ": the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +

@@ -3,7 +3,9 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
+#include "config/resolve.hpp"
 #include "config/snapshot.hpp"
 #include "model/chat.hpp"
 #include "model/llama.hpp"
@@ -29,6 +31,10 @@ config::RuntimeFacts runtime_facts();
 // $SPECACTOR_HEADS_DIR, then heads/ beside the build folder of this executable (the checkout), then
 // heads/ beside the model's folder.
 std::string shipped_eagle3_head(const std::string& model_path);
+
+// A shipped head's tuned settings from its config.json ("specactor": {"defaults": {...}}, keys named
+// as the settings), std::nullopt when it has none; a malformed block is a ConfigError naming the key.
+std::optional<config::ShippedHeadDefaults> shipped_head_defaults(const std::string& head_dir);
 
 struct ResolvedTarget {
   config::Snapshot target;

@@ -269,8 +269,11 @@ TEST_CASE("automatic speculative shape") {
     CHECK(*s->speculative_num_draft_tokens == 4);
   }
   SUBCASE("EAGLE3 without a head: the one shipped for the model, logged, else a clear error") {
+    // The shipped head's measured settings, as its config.json carries them.
+    const ShippedHeadDefaults kShippedHead{{3, 2, 5}, 0.15, 3, "q4_1"};
     ModelFacts f = llama_facts();
     f.shipped_eagle3_head = "/repo/heads/m-eagle3";
+    f.shipped_head_defaults = kShippedHead;
     const Snapshot user = freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "EAGLE3"}));
     const Snapshot s = resolve_target(user, f, no_gpu());
     CHECK(*s->speculative_draft_model_path == "/repo/heads/m-eagle3");

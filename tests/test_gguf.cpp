@@ -9,9 +9,11 @@
 #include <fstream>
 #include <random>
 
+#include "config/error.hpp"
 #include "model/gguf.hpp"
 #include "model/head_model.hpp"
 #include "model/head_writer.hpp"
+#include "model/loader.hpp"
 #include "model/model_info.hpp"
 #include "tests/support/gguf_writer.hpp"
 
@@ -534,4 +536,30 @@ TEST_CASE("heads: --speculative-token-map files are read strictly, the restricti
   e3.kind = HeadKind::Eagle3;
   CHECK(f.load_error(f.write(e3, "e3.gguf"), HeadKind::Eagle3, {1, 2}).find("has its own draft vocabulary") !=
         std::string::npos);
+}
+
+TEST_CASE("the shipped head's tuned settings travel in its config.json") {
+  // The values measured for heads/SmolLM2-135M-Instruct-eagle3 (docs/eagle3-training.md).
+  const auto d = shipped_head_defaults(SPECACTOR_SOURCE_DIR "/heads/SmolLM2-135M-Instruct-eagle3");
+  REQUIRE(d.has_value());
+  CHECK(d->shape.num_steps == 3);
+  CHECK(d->shape.eagle_topk == 2);
+  CHECK(d->shape.num_draft_tokens == 5);
+  CHECK(d->p_min == 0.15);
+  CHECK(d->ngram_tokens == 3);
+  CHECK(d->quantization == "q4_1");
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("specactor_head_defaults." + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"specactor": {"target": "x"}})";
+  CHECK_FALSE(shipped_head_defaults(dir.string()).has_value());  // a head without tuned settings
+  std::ofstream(dir / "config.json") << R"({"specactor": {"defaults": {"speculative_num_steps": "three"}}})";
+  CHECK_THROWS_WITH_AS(shipped_head_defaults(dir.string()),
+                       doctest::Contains("config.json: specactor.defaults.speculative_num_steps: expected a number"),
+                       specactor::config::ConfigError);
+  std::ofstream(dir / "config.json") << R"({"specactor": {"defaults": {"speculative_num_steps": 3}}})";
+  CHECK_THROWS_WITH_AS(shipped_head_defaults(dir.string()),
+                       doctest::Contains("specactor.defaults.speculative_eagle_topk is missing"),
+                       specactor::config::ConfigError);
+  std::filesystem::remove_all(dir);
 }
