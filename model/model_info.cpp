@@ -2,6 +2,7 @@
 #include "model/model_info.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 namespace specactor::model {
@@ -21,11 +22,14 @@ std::string_view to_string(TokenizerKind k) {
 bool is_llama_family(std::string_view architecture) { return architecture == "llama"; }
 
 std::string bad_rope_base(double v) {
-  return v > 0.0 && std::isfinite(v) ? "" : "must be a finite positive number (got " + std::to_string(v) + ")";
+  return v > 0.0 && std::isfinite(v) ? "" : "must be a positive number, and finite (got " + std::to_string(v) + ")";
 }
 
 std::string bad_norm_eps(double v) {
-  return v >= 1e-12 && v < 1.0 ? "" : "must be in [1e-12, 1) (got " + std::to_string(v) + ")";
+  if (v >= 1e-12 && v < 1.0) return "";
+  char got[32];
+  std::snprintf(got, sizeof got, "%g", v);
+  return std::string("must be in (0, 1), and at least 1e-12 (got ") + got + ")";
 }
 
 ModelInfo read_model_info(const GgufFile& f) {

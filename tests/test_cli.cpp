@@ -21,7 +21,9 @@ namespace fs = std::filesystem;
 namespace {
 
 using Run = specactor::testing::CliRun;
-Run run(const std::string& args) { return specactor::testing::run_cli(args); }
+Run run(const std::string& args, int timeout_s = 300, const std::string& cwd = "") {
+  return specactor::testing::run_cli(args, timeout_s, cwd);
+}
 
 std::string tiny_model() {
   static const std::string path = [] {
@@ -223,5 +225,149 @@ TEST_CASE("specactor make-head writes heads that inspect reads and checks agains
   }
   const Run kind = run("make-head --target " + tiny_model() + " --kind MEDUSA --out " + (dir / "x.gguf").string());
   CHECK(kind.rc == 2);
+  fs::remove_all(dir);
+}
+
+// --- the newcomer's path: what a user of llama.cpp, vLLM or sglang tries first -------------------
+
+TEST_CASE("specactor generate: flags a newcomer types (typos, -m/--model, help, --system, clamp)") {
+  // Typos of the command's own flags get a hint, like server flags do.
+  const Run typo = run("generate --model-path " + tiny_model() + " --promt hi");
+  CHECK(typo.rc == 2);
+  CHECK_MESSAGE(typo.err.find("unknown flag --promt (did you mean --prompt?)") != std::string::npos, typo.err);
+  const Run typo2 = run("generate --model-path " + tiny_model() + " -p hi --max-new-token 3");
+  CHECK_MESSAGE(typo2.err.find("did you mean --max-new-tokens?") != std::string::npos, typo2.err);
+  // -m and --model are --model-path.
+  for (const char* flag : {"-m", "--model", "--model-path"}) {
+    CAPTURE(flag);
+    const Run c = run(std::string("config ") + flag + " " + tiny_model());
+    REQUIRE_MESSAGE(c.rc == 0, c.err);
+    CHECK(json::parse(c.out)["target"]["settings"]["model_path"] == tiny_model());
+  }
+  // The help of each command names the flags it needs, and the settings' docs match the code.
+  const Run gh = run("generate --help");
+  CHECK(gh.rc == 0);
+  for (const char* f : {"--prompt", "--prompt-file", "--max-new-tokens", "--model-path", "--speculative-algorithm"})
+    CHECK_MESSAGE(gh.out.find(f) != std::string::npos, f);
+  const Run sh = run("serve --help");
+  for (const char* f : {"--model-path", "--host", "--port", "--api-key"})
+    CHECK_MESSAGE(sh.out.find(f) != std::string::npos, f);
+  const Run ch = run("config --help");
+  const auto line_of = [&](const std::string& flag) {
+    const auto at = ch.out.find("  " + flag + " ");
+    return at == std::string::npos ? std::string() : ch.out.substr(at, ch.out.find('\n', at) - at);
+  };
+  CHECK(line_of("--tokenizer-path").find("tokenizer.json is not read") != std::string::npos);
+  CHECK(line_of("--dtype").find("refused") != std::string::npos);
+  CHECK(line_of("--kv-cache-dtype").find("refused") != std::string::npos);
+  CHECK(line_of("--speculative-accept-threshold-single").find("only 1 is accepted") != std::string::npos);
+  // --system belongs to a chat.
+  const Run sys = run("generate --model-path " + tiny_model() + " -p hi --system brief");
+  CHECK(sys.rc == 2);
+  CHECK(sys.err.find("--system: needs --chat") != std::string::npos);
+  // Neither prompt flag, or both.
+  CHECK(run("generate --model-path " + tiny_model()).err.find("--prompt (or --prompt-file FILE") != std::string::npos);
+  CHECK(run("generate --model-path " + tiny_model() + " -p hi --prompt-file x").err.find("give one of them") !=
+        std::string::npos);
+}
+
+TEST_CASE("specactor generate on the default model: last flag wins, prompt files, the clamp, the default path") {
+  const std::string model = default_model();
+  if (model.empty()) {
+    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
+    return;
+  }
+  const std::string gen = "generate --log-level warn --json -n 4 --model-path " + model;
+  const Run b = run(gen + " --prompt " + specactor::testing::shell_quote("Name a color."));
+  REQUIRE_MESSAGE(b.rc == 0, b.err);
+  const json want = json::parse(b.out);
+  // tools/setup run -- --prompt X: the later --prompt replaces setup's own.
+  const Run twice =
+      run(gen + " --prompt 'What is two plus two?' --prompt " + specactor::testing::shell_quote("Name a color."));
+  REQUIRE_MESSAGE(twice.rc == 0, twice.err);
+  CHECK(json::parse(twice.out)["prompt_tokens"] == want["prompt_tokens"]);
+  CHECK(json::parse(twice.out)["tokens"] == want["tokens"]);
+  // The same prompt from a file and from standard input (a trailing newline is not part of it).
+  const fs::path pf = fs::temp_directory_path() / ("specactor_cli_prompt." + std::to_string(::getpid()));
+  std::ofstream(pf) << "Name a color.\n";
+  const Run file = run(gen + " --prompt-file " + pf.string());
+  REQUIRE_MESSAGE(file.rc == 0, file.err);
+  CHECK(json::parse(file.out)["tokens"] == want["tokens"]);
+  const Run in = run(gen + " --prompt-file - < " + pf.string());
+  REQUIRE_MESSAGE(in.rc == 0, in.err);
+  CHECK(json::parse(in.out)["prompt_tokens"] == want["prompt_tokens"]);
+  fs::remove(pf);
+  // More new tokens than the context leaves: said once, then generated up to the context.
+  const Run clamp = run("generate --model-path " + model + " -p hi -n 100000 --context-length 40 --ignore-eos --json");
+  REQUIRE_MESSAGE(clamp.rc == 0, clamp.err);
+  CHECK_MESSAGE(clamp.err.find("--max-new-tokens 100000: the prompt's") != std::string::npos, clamp.err);
+  CHECK(clamp.err.find("generating at most") != std::string::npos);
+  const json cj = json::parse(clamp.out);
+  CHECK(cj["finish_reason"] == "length");
+  CHECK(cj["prompt_tokens"].size() + cj["tokens"].size() <= 40);
+  // No --model-path: the model tools/setup fetched, found from outside the checkout too.
+  const Run cfg = run("config", 120, fs::temp_directory_path().string());
+  REQUIRE_MESSAGE(cfg.rc == 0, cfg.err);
+  CHECK(fs::equivalent(json::parse(cfg.out)["target"]["settings"]["model_path"].get<std::string>(), model));
+  CHECK(cfg.err.find("no --model-path given: using the default model") != std::string::npos);
+  // bench's default prompt set is found beside the binary, not in the working directory.
+  const Run bench = run("bench --speculative-algorithm NGRAM --max-new-tokens 4 --repeats 1 --json --log-level warn",
+                        300, fs::temp_directory_path().string());
+  REQUIRE_MESSAGE(bench.rc == 0, bench.err);
+  CHECK(json::parse(bench.out)["prompts"].get<std::string>().ends_with("cli/bench_prompts.jsonl"));
+}
+
+TEST_CASE("specactor generate: Ctrl-C ends the line, prints the summary, and --json still prints its object") {
+  const std::string model = default_model();
+  if (model.empty()) {
+    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
+    return;
+  }
+  const fs::path dir = fs::temp_directory_path() / ("specactor_cli_sigint." + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const bool as_json : {false, true}) {
+    CAPTURE(as_json);
+    const std::string out = (dir / "out").string(), err = (dir / "err").string();
+    // Started in the background, interrupted once the first output (text, or the load log) is there.
+    const std::string script = std::string(SPECACTOR_BINARY) + " generate --model-path " + model +
+                               " -p 'Tell me a long story.' -n 4000 --ignore-eos" + (as_json ? " --json" : "") + " > " +
+                               out + " 2> " + err + " & p=$!; for i in $(seq 600); do grep -q 'loaded' " + err +
+                               " && [ " + (as_json ? "1" : "-s " + out) +
+                               " ] && break; sleep 0.1; done; sleep 0.5; kill -INT $p; wait $p; echo $?";
+    FILE* sh = ::popen(("timeout 120 sh -c " + specactor::testing::shell_quote(script)).c_str(), "r");
+    REQUIRE(sh);
+    char buf[64] = {};
+    const std::string rc = std::fgets(buf, sizeof buf, sh) ? std::string(buf) : std::string();
+    ::pclose(sh);
+    CHECK(rc == "130\n");
+    std::stringstream o, e;
+    o << std::ifstream(out).rdbuf();
+    e << std::ifstream(err).rdbuf();
+    CHECK_MESSAGE(e.str().find("interrupted (Ctrl-C): the request was cancelled after") != std::string::npos, e.str());
+    CHECK(e.str().find("generated") != std::string::npos);
+    if (as_json) {
+      const json j = json::parse(o.str());
+      CHECK(j["finish_reason"] == "cancelled");
+      CHECK(!j["tokens"].empty());
+    } else {
+      REQUIRE(!o.str().empty());
+      CHECK(o.str().back() == '\n');
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("specactor inspect: a Hugging Face model folder is a model, not a draft head") {
+  const fs::path dir = fs::temp_directory_path() / ("specactor_cli_hf." + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto pair = specactor::testing::tiny_llama_pair();
+  specactor::testing::write_safetensors((dir / "model.safetensors").string(), pair.hf);
+  std::ofstream(dir / "config.json") << pair.config_json;
+  const Run r = run("inspect --json " + dir.string());
+  REQUIRE_MESSAGE(r.rc == 0, r.err);
+  const json j = json::parse(r.out);
+  CHECK(j["architecture"] == "llama");
+  CHECK(j["num_layers"] == 2);
+  CHECK(!j.contains("kind"));  // a head's config has a kind
   fs::remove_all(dir);
 }

@@ -10,6 +10,7 @@
 #include <climits>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -391,4 +392,89 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
     CHECK_MESSAGE(std::count(r.err.begin(), r.err.end(), '\n') == 1, r.err);
     CHECK(r.err.find("internal error") == std::string::npos);
   }
+}
+
+TEST_CASE("specactor: bad input that used to be an internal error or pass silently is one clear error") {
+  const fs::path dir = scratch();
+  auto tiny_with = [&](const std::string& name, float rope, float eps) {
+    testing::TinyLlamaShape s;
+    s.rope_base = rope;
+    s.norm_eps = eps;
+    const std::string p = (dir / name).string();
+    testing::tiny_llama(s).write(p);
+    return p;
+  };
+  const std::string tiny = tiny_with("ok.gguf", 10000.0f, 1e-5f);
+  const std::string rope_inf = tiny_with("rope_inf.gguf", std::numeric_limits<float>::infinity(), 1e-5f);
+  const std::string eps_denormal = tiny_with("eps_tiny.gguf", 10000.0f, 1e-45f);
+  // A file name that is not UTF-8 (Linux allows any bytes but '/' and NUL).
+  const std::string odd_name = (dir / "m\xff.gguf").string();
+  fs::copy_file(tiny, odd_name, fs::copy_options::overwrite_existing);
+  // Heads whose config says what no model could use.
+  auto head_with = [&](const std::string& name, const std::string& key, double v) {
+    const std::string d = (dir / name).string();
+    const testing::CliRun made =
+        testing::run_cli("make-head --target " + tiny + " --kind EAGLE --format safetensors --out " + d);
+    REQUIRE_MESSAGE(made.rc == 0, made.err);
+    json c = json::parse(std::ifstream(d + "/config.json"));
+    c[key] = v;
+    std::ofstream(d + "/config.json") << c.dump();
+    return d;
+  };
+  const std::string head_eps = head_with("head_eps", "rms_norm_eps", 0.0);
+  const std::string head_rope = head_with("head_rope", "rope_theta", -1.0);
+
+  struct Case {
+    std::string args, expect;
+  };
+  const std::vector<Case> cases = {
+      {"config --model-path " + rope_inf, "rope.freq_base must be a positive number, and finite (got inf)"},
+      {"config --model-path " + eps_denormal,
+       "attention.layer_norm_rms_epsilon must be in (0, 1), and at least 1e-12 (got 1.4013e-45)"},
+      {"config --model-path " + tiny + " --json-model-override-args " + testing::shell_quote(R"({"rope_theta": -3})"),
+       "--json-model-override-args: bad value -3 for 'rope_theta' (expected a finite positive number)"},
+      {"config --model-path " + testing::shell_quote(odd_name),
+       "--model-path: text is not valid UTF-8: byte " + std::to_string(odd_name.size() - 6) + " (0xFF)"},
+      {"inspect " + head_eps, "the head's RMSNorm epsilon must be in (0, 1), and at least 1e-12 (got 0)"},
+      {"inspect " + head_rope, "the head's RoPE base must be a positive number, and finite (got -1"},
+      {"make-head --target " + tiny + " --kind EAGLE3 --draft-vocab -1 --out " + (dir / "h.gguf").string(),
+       "--draft-vocab: must be >= 0 (got -1)"},
+      {"make-head --target " + tiny + " --out /nonexistent-specactor/dir/h.gguf",
+       "cannot write /nonexistent-specactor/dir/h.gguf: the folder /nonexistent-specactor/dir does not exist"},
+      {"shrink " + tiny + " --layers 1 --out /nonexistent-specactor/dir/s.gguf",
+       "cannot write /nonexistent-specactor/dir/s.gguf: the folder /nonexistent-specactor/dir does not exist"},
+      {"generate --log-level warn --model-path " + tiny + " --prompt hi --system brief",
+       "--system: needs --chat (a system turn is part of the chat template)"},
+      {"generate --log-level warn --model-path " + tiny +
+           " --speculative-algorithm NGRAM --prompt hi "
+           "--speculative-accept-threshold-single 0.7",
+       "--speculative-accept-threshold-single: values below 1 (sglang's lossy relaxed acceptance) are not "
+       "implemented"},
+      {"generate --log-level warn --model-path " + tiny +
+           " --speculative-algorithm NGRAM --prompt hi "
+           "--speculative-accept-threshold-acc 0.5",
+       "--speculative-accept-threshold-acc: values below 1"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    const testing::CliRun r = testing::run_cli(c.args, 120);
+    CHECK(r.rc == 2);
+    CHECK(r.out.empty());
+    CHECK_MESSAGE(r.err.find(c.expect) != std::string::npos, r.err);
+    CHECK_MESSAGE(std::count(r.err.begin(), r.err.end(), '\n') == 1, r.err);
+    CHECK(r.err.find("internal error") == std::string::npos);
+  }
+  // `config` and `generate` agree on overrides: both refuse the same one at resolution.
+  const std::string bad_override = " --json-model-override-args " + testing::shell_quote(R"({"rms_norm_eps": 1e-40})");
+  const testing::CliRun cfg = testing::run_cli("config --model-path " + tiny + bad_override, 60);
+  const testing::CliRun gen =
+      testing::run_cli("generate --log-level warn --model-path " + tiny + " --prompt hi" + bad_override, 60);
+  CHECK(cfg.rc == 2);
+  CHECK(gen.rc == 2);
+  CHECK(cfg.err == gen.err);
+  // JSON output of a name that is not UTF-8: replaced, never an internal error.
+  const testing::CliRun inspect = testing::run_cli("inspect --json " + testing::shell_quote(odd_name), 60);
+  CHECK_MESSAGE(inspect.rc == 0, inspect.err);
+  CHECK_NOTHROW((void)json::parse(inspect.out));
+  fs::remove_all("/nonexistent-specactor");
 }

@@ -21,11 +21,16 @@ struct CliRun {
   std::string out, err;
 };
 
-inline CliRun run_cli(const std::string& args, int timeout_s = 300) {
+// A shell word (single-quoted) for arguments with spaces or special bytes.
+inline std::string shell_quote(const std::string& s);
+
+// `cwd`: run there instead of the test's working directory (a user outside the checkout).
+inline CliRun run_cli(const std::string& args, int timeout_s = 300, const std::string& cwd = "") {
   namespace fs = std::filesystem;
   const fs::path err_path = fs::temp_directory_path() / ("specactor_cli_err." + std::to_string(::getpid()));
-  const std::string cmd = "timeout " + std::to_string(timeout_s) + " " + std::string(SPECACTOR_BINARY) + " " + args +
-                          " 2>" + err_path.string();
+  const std::string cmd = (cwd.empty() ? std::string() : "cd " + shell_quote(cwd) + " && ") + "timeout " +
+                          std::to_string(timeout_s) + " " + std::string(SPECACTOR_BINARY) + " " + args + " 2>" +
+                          err_path.string();
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) throw std::runtime_error("popen failed");
   std::string out;

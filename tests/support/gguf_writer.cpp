@@ -16,8 +16,8 @@ GgufWriter tiny_llama(const TinyLlamaShape& s, bool with_tensors, std::uint32_t 
   w.kv_u32("llama.block_count", s.layers);
   w.kv_u32("llama.attention.head_count", s.heads);
   w.kv_u32("llama.attention.head_count_kv", s.kv_heads);
-  w.kv_f32("llama.rope.freq_base", 10000.0f);
-  w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.kv_f32("llama.rope.freq_base", s.rope_base);
+  w.kv_f32("llama.attention.layer_norm_rms_epsilon", s.norm_eps);
   w.kv_str("tokenizer.ggml.model", "gpt2");
   std::vector<std::string> tokens;
   for (std::uint32_t i = 0; i < s.vocab; ++i) tokens.push_back(std::string("t").append(std::to_string(i)));

@@ -19,6 +19,7 @@ using model::write_safetensors;
 // Shapes of a small Llama model for tests.
 struct TinyLlamaShape {
   std::uint32_t vocab = 64, hidden = 32, ffn = 64, layers = 2, heads = 4, kv_heads = 2, context = 128;
+  float rope_base = 10000.0f, norm_eps = 1e-5f;
 };
 
 // A tiny shape whose head counts and MLP width divide by 2 and by 3, with column shards on 32-element
