@@ -29,7 +29,7 @@ config::RuntimeFacts runtime_facts();
 // The EAGLE-3 head shipped for `model_path`, or "" when none: the folder `<stem>-eagle3` (stem = the
 // model file's name up to its first '.') holding config.json and model.safetensors, looked up in
 // $SPECACTOR_HEADS_DIR, then heads/ beside the build folder of this executable (the checkout), then
-// heads/ beside the model's folder.
+// share/specactor/heads of an installation, then heads/ beside the model's folder.
 std::string shipped_eagle3_head(const std::string& model_path);
 
 // A shipped head's tuned settings from its config.json ("specactor": {"defaults": {...}}, keys named
