@@ -12,9 +12,9 @@ namespace specactor::actors {
 std::size_t scheduler_threads(unsigned hardware_threads) { return std::clamp<std::size_t>(hardware_threads / 2, 1, 4); }
 
 // The cooperative actors (scheduler, engine plumbing) do little work; the detached workers run the
-// OpenMP compute. CAF's default work-stealing workers poll while idle, and on a small machine that
-// polling steals cores from the forward passes (measured: 57 vs 86 tok/s decode on 2 cores), so
-// the engine uses the "sharing" policy (idle workers block) with half the cores at most.
+// compute (on the one pool of kernels/cpu/pool.hpp). CAF's default work-stealing workers poll while idle, and on a
+// small machine that polling steals cores from the forward passes (measured: 57 vs 86 tok/s decode on 2 cores), so the
+// engine uses the "sharing" policy (idle workers block) with half the cores at most.
 
 void configure_actor_system(caf::actor_system_config& cfg) {
   cfg.set("scheduler.max-threads", scheduler_threads(std::thread::hardware_concurrency()));

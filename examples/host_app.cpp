@@ -29,8 +29,8 @@ int main(int argc, char** argv) {
   args.insert(args.end(), argv + 2, argv + argc);
   try {
     auto engine = Engine::from_argv(args);
-    const std::vector<std::string> prompts = {"What is the capital of France?", "Name three primary colors.",
-                                              "Write one sentence about the sea."};
+    const std::vector<std::string> prompts = {"What is the capital of France? Answer in one sentence.",
+                                              "Name three primary colors.", "Write one sentence about the sea."};
     struct Out {
       std::string text, reason;
       std::promise<void> done;

@@ -365,7 +365,7 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
     const std::string in_norm = nm("attn_norm.weight", "input_layernorm.weight");
     if (c.kind == HeadKind::Eagle) {
       if (bind.has(in_norm)) ly.attn_norm = bind.vector(in_norm, H);  // EAGLE-1 drops layer 0's input norm
-      hl.proj = bind.matrix(hf ? "fc.weight" : "fc.weight", H, 2 * H);
+      hl.proj = bind.matrix("fc.weight", H, 2 * H);                   // the same name in both formats
       if (bind.has("fc.bias")) hl.proj_bias = bind.vector("fc.bias", H);
       const std::string norm = hf ? "norm.weight" : "output_norm.weight";
       if (bind.has(norm)) hl.out_norm = bind.vector(norm, H);
@@ -394,7 +394,6 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
   // The output head: the head's own (EAGLE3: over its draft vocabulary), else the target's.
   std::string own = hf ? "lm_head.weight" : "output.weight";
   if (c.kind == HeadKind::Mtp && hf) own = layer_prefix(c, 0, target.n_layers) + "shared_head.head.weight";
-  const kernels::WeightMatrix* src = nullptr;
   if (bind.has(own)) {
     const TensorView* t = w->source_->find(own);
     const std::int64_t rows = t->dims.size() == 2 ? static_cast<std::int64_t>(t->dims[1]) : -1;
@@ -405,7 +404,6 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
       mismatch("output rows", rows, c.own_vocab);
     w->output_ = bind.matrix(own, rows, H);
     w->has_output_ = true;
-    src = &w->output_;
   } else if (c.kind == HeadKind::Eagle3) {
     throw GgufError(path + ": missing tensor '" + own + "' (EAGLE3 heads carry their own output head)");
   } else {
@@ -421,7 +419,6 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
                       ": --speculative-token-map restricts a head over the target's vocabulary; this head has its own "
                       "draft vocabulary (d2t)");
     c.hot_vocab = hot_vocab;
-    (void)src;
   }
   return w;
 }

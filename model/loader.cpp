@@ -43,7 +43,7 @@ std::string shipped_eagle3_head(const std::string& model_path) {
   if (const char* env = std::getenv("SPECACTOR_HEADS_DIR"); env && *env) dirs.emplace_back(env);
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    dirs.push_back(exe.parent_path().parent_path() / "heads");                         // build/ of a checkout
+    dirs.push_back(exe.parent_path().parent_path() / "heads");                          // build/ of a checkout
     dirs.push_back(exe.parent_path().parent_path() / "share" / "specactor" / "heads");  // bin/ of an install
   }
   dirs.push_back(fs::absolute(model_path, ec).parent_path().parent_path() / "heads");

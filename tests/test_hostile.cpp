@@ -94,6 +94,24 @@ std::vector<std::string> naive_bpe(const std::string& text, const std::map<std::
   return sym;
 }
 
+// A command line and what its one error line must contain.
+struct CliCase {
+  std::string args, expect;
+};
+
+// Each case ends in exit status 2, nothing on stdout, and one line on stderr naming the input.
+void expect_one_line_errors(const std::vector<CliCase>& cases) {
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    const testing::CliRun r = testing::run_cli(c.args, 120);
+    CHECK(r.rc == 2);
+    CHECK(r.out.empty());
+    CHECK_MESSAGE(r.err.find(c.expect) != std::string::npos, r.err);
+    CHECK_MESSAGE(std::count(r.err.begin(), r.err.end(), '\n') == 1, r.err);
+    CHECK(r.err.find("internal error") == std::string::npos);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("tokenizer: text that is not well-formed UTF-8 is refused with the offending byte named") {
@@ -314,10 +332,7 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
   std::string long_prompt;
   for (int i = 0; i < 300; ++i) long_prompt += "t1 ";
 
-  struct Case {
-    std::string args, expect;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<CliCase> cases = {
       {gen + " --prompt " +
            testing::shell_quote("abc\xff"
                                 "def"),
@@ -371,7 +386,7 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
   };
   // Cases that need a real vocabulary (the tiny model's tokens never come out of text).
   const std::string real = SPECACTOR_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  std::vector<Case> all = cases;
+  std::vector<CliCase> all = cases;
   if (fs::exists(real)) {
     const std::string g = "generate --log-level warn --model-path " + real;
     all.push_back({g + " --chat --prompt " + testing::shell_quote("hi\xff"),
@@ -383,15 +398,7 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
   } else {
     MESSAGE("SKIPPED: three cases need the default model (run tools/setup)");
   }
-  for (const auto& c : all) {
-    CAPTURE(c.args);
-    const testing::CliRun r = testing::run_cli(c.args, 120);
-    CHECK(r.rc == 2);
-    CHECK(r.out.empty());
-    CHECK_MESSAGE(r.err.find(c.expect) != std::string::npos, r.err);
-    CHECK_MESSAGE(std::count(r.err.begin(), r.err.end(), '\n') == 1, r.err);
-    CHECK(r.err.find("internal error") == std::string::npos);
-  }
+  expect_one_line_errors(all);
 }
 
 TEST_CASE("specactor: bad input that used to be an internal error or pass silently is one clear error") {
@@ -424,10 +431,7 @@ TEST_CASE("specactor: bad input that used to be an internal error or pass silent
   const std::string head_eps = head_with("head_eps", "rms_norm_eps", 0.0);
   const std::string head_rope = head_with("head_rope", "rope_theta", -1.0);
 
-  struct Case {
-    std::string args, expect;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<CliCase> cases = {
       {"config --model-path " + rope_inf, "rope.freq_base must be a positive number, and finite (got inf)"},
       {"config --model-path " + eps_denormal,
        "attention.layer_norm_rms_epsilon must be in (0, 1), and at least 1e-12 (got 1.4013e-45)"},
@@ -455,15 +459,7 @@ TEST_CASE("specactor: bad input that used to be an internal error or pass silent
            "--speculative-accept-threshold-acc 0.5",
        "--speculative-accept-threshold-acc: values below 1"},
   };
-  for (const auto& c : cases) {
-    CAPTURE(c.args);
-    const testing::CliRun r = testing::run_cli(c.args, 120);
-    CHECK(r.rc == 2);
-    CHECK(r.out.empty());
-    CHECK_MESSAGE(r.err.find(c.expect) != std::string::npos, r.err);
-    CHECK_MESSAGE(std::count(r.err.begin(), r.err.end(), '\n') == 1, r.err);
-    CHECK(r.err.find("internal error") == std::string::npos);
-  }
+  expect_one_line_errors(cases);
   // `config` and `generate` agree on overrides: both refuse the same one at resolution.
   const std::string bad_override = " --json-model-override-args " + testing::shell_quote(R"({"rms_norm_eps": 1e-40})");
   const testing::CliRun cfg = testing::run_cli("config --model-path " + tiny + bad_override, 60);

@@ -44,7 +44,7 @@ struct MatmulJob {
 void matmul_many(const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows);
 
 // x: (rows, in_dim) row-major; y: (rows, out_dim). in_dim must be a multiple of 32. Parallel over
-// output features (OpenMP).
+// output features on the compute pool (kernels/cpu/pool.hpp).
 void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y);
 // The same with an explicit path (tests compare the two).
 void matmul_path(CpuPath path, const WeightMatrix& w, const float* x, std::int64_t rows, float* y);
