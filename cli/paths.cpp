@@ -1,5 +1,6 @@
 #include "cli/paths.hpp"
 
+#include <cstdlib>
 #include <filesystem>
 #include <vector>
 
@@ -37,6 +38,8 @@ std::string shipped_file(const std::string& relative, const std::string& install
 
 std::string default_model_path() {
   const std::string file = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (const char* env = std::getenv("SPECACTOR_MODELS_DIR"); env && *env)
+    return first_file({fs::path(env) / fs::path(file).filename()});
   const fs::path dir = exe_dir();
   std::vector<fs::path> c;
   if (!dir.empty()) c.push_back(dir.parent_path() / file);

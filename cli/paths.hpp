@@ -11,7 +11,8 @@ namespace specactor::cli {
 // share/specactor of an installation, or under the working directory; "" when none has it.
 std::string shipped_file(const std::string& relative, const std::string& installed_name);
 
-// models/SmolLM2-135M-Instruct.Q4_1.gguf of the checkout (or the working directory), "" when absent.
+// models/SmolLM2-135M-Instruct.Q4_1.gguf of the checkout (or the working directory), "" when absent;
+// with $SPECACTOR_MODELS_DIR set, that folder's copy only.
 std::string default_model_path();
 
 }  // namespace specactor::cli

@@ -171,7 +171,7 @@ void take_prompt(GenerateOptions& o, bool prompt_given) {
   if (prompt_given && !o.prompt_file.empty())
     throw sc::ConfigError("--prompt and --prompt-file: give one of them, not both");
   if (!prompt_given && o.prompt_file.empty())
-    throw sc::ConfigError("--prompt (or --prompt-file FILE, - for standard input) is required");
+    throw sc::ConfigError("--prompt is required (or --prompt-file FILE, - for standard input)");
   if (!o.prompt_file.empty()) {
     if (o.prompt_file == "-") {
       r.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
@@ -825,7 +825,10 @@ int run(int argc, char** argv) {
   benchcmd->allow_extras()->footer(server_flags);
 
   specactor::server::ServeOptions serve_opts;
-  if (const char* key = std::getenv("SPECACTOR_API_KEY")) serve_opts.api_key = key;
+  if (const char* key = std::getenv("SPECACTOR_API_KEY")) {
+    serve_opts.api_key = key;
+    serve_opts.api_key_given = true;
+  }
   auto* serve = app.add_subcommand(
       "serve", "an OpenAI-compatible HTTP server (binds --host, --port; /v1/chat/completions, /metrics, ...)");
   serve->add_option("--api-key", serve_opts.api_key,
@@ -923,6 +926,8 @@ int run(int argc, char** argv) {
   }
   if (*serve) {
     if (!(serve_opts.grace_seconds >= 0)) throw sc::ConfigError("--grace-period: must be >= 0");
+    serve_opts.api_key_given = serve_opts.api_key_given || serve->count("--api-key") > 0;
+    specactor::server::check_serve_options(serve_opts);  // before the model loads
     const sc::ServerArgs args = sc::parse_server_args(server_rest(*serve));
     spdlog::set_level(spdlog::level::from_str(args.log_level));
     return specactor::server::serve(args, serve_opts);

@@ -115,11 +115,17 @@ ModelInfo read_model_info(const GgufFile& f) {
 }
 
 config::ModelFacts ModelInfo::facts() const {
-  return {architecture,    context_length,
-          vocab_size,      hidden_size,
-          num_layers,      is_llama_family(architecture),
-          num_heads,       num_kv_heads,
-          ffn_hidden_size, /*shipped_eagle3_head=*/{}};
+  return {architecture,
+          context_length,
+          vocab_size,
+          hidden_size,
+          num_layers,
+          is_llama_family(architecture),
+          num_heads,
+          num_kv_heads,
+          ffn_hidden_size,
+          /*shipped_eagle3_head=*/{},
+          /*shipped_head_defaults=*/{}};
 }
 
 nlohmann::json ModelInfo::to_json() const {

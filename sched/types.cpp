@@ -14,7 +14,12 @@ void check_request(const GenerationRequest& r, const std::function<std::string(c
   const auto& sp = r.sampling;
   if (r.max_new_tokens < 1) fail("max_new_tokens", "must be >= 1 (got " + std::to_string(r.max_new_tokens) + ")");
   if (!(std::isfinite(sp.temperature) && sp.temperature >= 0)) fail("temperature", "must be a finite number >= 0");
+  // Logits are divided by the temperature in float32: below 1e-5 that overflows to infinity (and a
+  // subnormal 1e-40 picked the last token forever), so such values are refused rather than sampled.
+  if (sp.temperature > 0 && sp.temperature < kMinTemperature)
+    fail("temperature", "must be 0 (greedy) or at least 1e-05 (got " + std::to_string(sp.temperature) + ")");
   if (!(sp.top_p > 0 && sp.top_p <= 1)) fail("top_p", "must be in (0, 1]");
+  if (sp.top_p < kMinTopP) fail("top_p", "must be at least 1e-05 (a smaller nucleus is the top token: use top_k 1)");
   if (sp.top_k < 0) fail("top_k", "must be >= 0 (0 = off)");
   if (!(sp.min_p >= 0 && sp.min_p < 1)) fail("min_p", "must be in [0, 1)");
   for (std::size_t i = 0; i < r.stop.size(); ++i) {

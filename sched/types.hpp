@@ -93,6 +93,9 @@ struct EngineMetrics {
 // (temperature >= 0, top_p in (0, 1], top_k >= 0, min_p in [0, 1)), stop strings non-empty UTF-8.
 // Throws config::ConfigError naming the field as `name` spells it (default: the field's own name;
 // the CLI passes its flag names). The one place these ranges are written down.
+// The smallest usable temperature and top-p (0 temperature = greedy).
+inline constexpr float kMinTemperature = 1e-5f, kMinTopP = 1e-5f;
+
 void check_request(const GenerationRequest& r, const std::function<std::string(const std::string& field)>& name = {});
 
 // The snapshot objects each party holds, for the isolation tests.

@@ -284,7 +284,9 @@ void resolve_max_tokens(ApiRequest& a, std::int64_t prompt_tokens, std::int64_t 
   } else if (a.request.max_new_tokens > room) {
     throw ApiError(400,
                    "This model's maximum context length is " + std::to_string(context_length) +
-                       " tokens. However, you requested " + std::to_string(prompt_tokens + a.request.max_new_tokens) +
+                       " tokens. However, you requested " +
+                       std::to_string(static_cast<unsigned long long>(prompt_tokens) +
+                                      static_cast<unsigned long long>(a.request.max_new_tokens)) +
                        " tokens (" + std::to_string(prompt_tokens) + " in the prompt, " +
                        std::to_string(a.request.max_new_tokens) + " for the completion)",
                    name, "invalid_request_error", "context_length_exceeded");

@@ -63,6 +63,7 @@ struct Outcome {
   std::string text;
   std::string finish_reason;  // stop | length | cancelled | error
   std::string error;
+  bool invalid_request = false;  // the engine refused the request itself (e.g. beyond the KV budget): a 400
   std::int64_t prompt_tokens = 0;
   sched::RequestMetrics metrics;
 };

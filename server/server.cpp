@@ -4,6 +4,7 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -65,6 +66,12 @@ class Server {
     http_.set_payload_max_length(static_cast<std::size_t>(o.max_body_bytes));
     http_.set_read_timeout(std::chrono::seconds(30));
     http_.set_write_timeout(std::chrono::seconds(30));
+    // The port is this server's alone: SO_REUSEADDR (restart while old connections linger), never
+    // cpp-httplib's default SO_REUSEPORT, with which a second server on the port silently shares it.
+    http_.set_socket_options([](int sock) {
+      int yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
     routes();
   }
 
@@ -299,6 +306,7 @@ class Server {
       if (ev.finished) {
         outcome->finish_reason = ev.finish_reason;
         outcome->error = ev.error;
+        outcome->invalid_request = ev.invalid_request;
         outcome->metrics = ev.metrics;
       }
     };
@@ -310,7 +318,12 @@ class Server {
       lock.unlock();
       access.completion_tokens = static_cast<std::int64_t>(outcome->tokens.size());
       if (outcome->finish_reason == "error") {
-        send_json(res, 500, status_error_body(500, outcome->error));
+        // A request the engine refused (its KV budget, its context) is the client's: 400 naming it.
+        if (outcome->invalid_request)
+          send_error(res, ApiError(400, outcome->error,
+                                   ep == Endpoint::Generate ? "sampling_params.max_new_tokens" : "max_tokens"));
+        else
+          send_json(res, 500, status_error_body(500, outcome->error));
         return;
       }
       send_json(res, 200,
@@ -341,7 +354,8 @@ class Server {
             absorb(ev);
             const std::string reason = ev.finished ? ev.finish_reason : "";
             if (ev.finished && ev.finish_reason == "error") {
-              out += sse_event(error_body(ApiError(500, ev.error, {}, "server_error")));
+              out += sse_event(error_body(ev.invalid_request ? ApiError(400, ev.error, {}, "invalid_request_error")
+                                                             : ApiError(500, ev.error, {}, "server_error")));
             } else if (ep == Endpoint::Chat) {
               if (!ev.text.empty() || *first_chunk || ev.finished) {
                 if (*first_chunk && ev.finished && !ev.text.empty()) {
@@ -524,6 +538,16 @@ class Server {
 
 }  // namespace
 
+void check_serve_options(const ServeOptions& o) {
+  if (o.api_key_given && o.api_key.empty())
+    throw config::ConfigError(
+        "--api-key: is empty, which would turn authentication off; give a key, or leave the flag (and "
+        "SPECACTOR_API_KEY) out to serve without one");
+  if (!(o.grace_seconds >= 0 && o.grace_seconds <= kMaxGraceSeconds))
+    throw config::ConfigError("--grace-period: must be in [0, " + std::to_string(static_cast<int>(kMaxGraceSeconds)) +
+                              "] seconds (got " + config::printable(std::to_string(o.grace_seconds)) + ")");
+}
+
 int serve(const config::ServerArgs& args, const ServeOptions& options) {
   // SIGINT/SIGTERM are taken by sigwait below, never by a handler: block them before any thread starts.
   sigset_t signals;
@@ -534,6 +558,7 @@ int serve(const config::ServerArgs& args, const ServeOptions& options) {
 
   if (args.port < 1 || args.port > 65535)
     throw config::ConfigError("--port: must be in [1, 65535] (got " + std::to_string(args.port) + ")");
+  check_serve_options(options);
   Server server(args, options);
   if (!server.bind(args.host, static_cast<int>(args.port)))
     throw config::ConfigError("--host " + args.host + " --port " + std::to_string(args.port) +

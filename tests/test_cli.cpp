@@ -72,6 +72,8 @@ TEST_CASE("specactor config: target and draft snapshots (default model)") {
 }
 
 TEST_CASE("specactor: bad input gets one clear message on stderr and exit status 2") {
+  // No default model for these runs (tools/setup fetched one, which `config` would otherwise take).
+  ::setenv("SPECACTOR_MODELS_DIR", "/nonexistent-specactor-models", 1);
   struct Case {
     std::string args, expect;
   };
@@ -113,6 +115,7 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
     CHECK(r.out.empty());
     CHECK_MESSAGE(r.err.find(c.expect) != std::string::npos, r.err);
   }
+  ::unsetenv("SPECACTOR_MODELS_DIR");
 }
 
 TEST_CASE("specactor bench --all-drafters: every drafter against plain decoding, outputs identical") {
@@ -266,7 +269,8 @@ TEST_CASE("specactor generate: flags a newcomer types (typos, -m/--model, help, 
   CHECK(sys.rc == 2);
   CHECK(sys.err.find("--system: needs --chat") != std::string::npos);
   // Neither prompt flag, or both.
-  CHECK(run("generate --model-path " + tiny_model()).err.find("--prompt (or --prompt-file FILE") != std::string::npos);
+  CHECK(run("generate --model-path " + tiny_model()).err.find("--prompt is required (or --prompt-file FILE") !=
+        std::string::npos);
   CHECK(run("generate --model-path " + tiny_model() + " -p hi --prompt-file x").err.find("give one of them") !=
         std::string::npos);
 }

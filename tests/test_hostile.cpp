@@ -458,6 +458,8 @@ TEST_CASE("specactor: bad input that used to be an internal error or pass silent
            " --speculative-algorithm NGRAM --prompt hi "
            "--speculative-accept-threshold-acc 0.5",
        "--speculative-accept-threshold-acc: values below 1"},
+      {"serve --model-path " + tiny + " --api-key ''", "--api-key: is empty, which would turn authentication off"},
+      {"serve --model-path " + tiny + " --grace-period 1e10", "--grace-period: must be in [0, 604800] seconds"},
   };
   expect_one_line_errors(cases);
   // `config` and `generate` agree on overrides: both refuse the same one at resolution.

@@ -80,6 +80,9 @@ TEST_CASE("bad requests are 400s naming the field, an unknown model is a 404") {
        "expected a finite number"},
       {R"({"messages": [{"role": "user", "content": "x"}], "temperature": -1})", 400, "temperature", ">= 0"},
       {R"({"messages": [{"role": "user", "content": "x"}], "top_p": 0})", 400, "top_p", "(0, 1]"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": 1e-40})", 400, "temperature",
+       "must be 0 (greedy) or at least 1e-05"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_p": 1e-40})", 400, "top_p", "at least 1e-05"},
       {R"({"messages": [{"role": "user", "content": "x"}], "top_k": -5})", 400, "top_k", "top_k"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", 400, "max_tokens", ">= 1"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5})", 400, "max_tokens", "integer"},
@@ -162,6 +165,10 @@ TEST_CASE("max_tokens against the context: the default fills it, more than fits 
   CHECK(c.request.max_new_tokens == 90);
   ApiRequest d = parse_completion(json::parse(R"({"prompt": "abc"})"), kLimits);
   CHECK(error_of([&] { resolve_max_tokens(d, 100, 100); }).param == "prompt");
+  // The largest max_tokens: the requested total is printed as it is, not wrapped negative.
+  ApiRequest huge = parse_completion(json::parse(R"({"prompt": "abc", "max_tokens": 9223372036854775807})"), kLimits);
+  CHECK(std::string(error_of([&] { resolve_max_tokens(huge, 10, 100); }).what())
+            .find("you requested 9223372036854775817 tokens") != std::string::npos);
 }
 
 TEST_CASE("responses, chunks and SSE framing") {

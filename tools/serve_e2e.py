@@ -299,6 +299,21 @@ def main():
     busy.join(timeout=120)
     key_srv.stop(0)
 
+    print("serve-e2e: one server per port; a request beyond the KV budget is a 400", flush=True)
+    kv_srv = Server("--max-total-tokens", "256")
+    second = subprocess.run([BIN, "serve", "--model-path", MODEL, "--host", "127.0.0.1", "--port", str(kv_srv.port)],
+                            capture_output=True, text=True, timeout=120)
+    check(second.returncode == 2 and "cannot listen there" in second.stderr,
+          f"a second server on a held port exits 2 (got {second.returncode}: {second.stderr.strip()[-200:]})")
+    st, _, out = http("POST", kv_srv.base + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+    err = json.loads(out).get("error", {})
+    check(st == 400 and err.get("param") == "max_tokens" and "KV cache" in err.get("message", ""),
+          f"no max_tokens and a 256-token KV budget: 400 naming max_tokens and the budget (got {st}: {out[:200]})")
+    st, _, out = http("POST", kv_srv.base + "/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
+    check(st == 200, f"the same with max_tokens 8: 200 (got {st})")
+    kv_srv.stop(0)
+
     print("serve-e2e: NGRAM server", flush=True)
     spec = Server("--speculative-algorithm", "NGRAM")
     outputs_match(spec, expected_chat, expected_text, "NGRAM")
