@@ -39,7 +39,8 @@ json parse_body(const std::string& text) {
   try {
     j = config::parse_json(text, "request body");
   } catch (const config::ConfigError& e) {
-    throw ApiError(400, e.what());
+    // Bounded: a parse error quotes the offending token, which may be megabytes long.
+    throw ApiError(400, config::printable(e.what(), kMaxErrorChars));
   }
   if (!j.is_object()) throw ApiError(400, "request body: expected a JSON object");
   return j;
@@ -159,6 +160,32 @@ void check_model(const json& body, const ApiLimits& limits, ApiRequest& a) {
   }
 }
 
+// OpenAI fields this server does not implement: accepted at their neutral values (clients send
+// them), refused with a 400 naming the field when the value would change the result.
+void refuse_unsupported(const json& body) {
+  auto refuse = [](const char* name, const json& v) {
+    throw ApiError(400,
+                   std::string(name) + ": " + config::printable(v.dump(), 80) +
+                       " is not supported (only its neutral value is accepted)",
+                   name);
+  };
+  auto number_other_than = [&](const char* name, double neutral) {
+    if (const json* v = field(body, name); v && !v->is_null() && !(v->is_number() && v->get<double>() == neutral))
+      refuse(name, *v);
+  };
+  number_other_than("presence_penalty", 0.0);
+  number_other_than("frequency_penalty", 0.0);
+  number_other_than("repetition_penalty", 1.0);
+  number_other_than("best_of", 1.0);
+  if (const json* v = field(body, "logit_bias"); v && !v->is_null() && !(v->is_object() && v->empty()))
+    refuse("logit_bias", *v);
+  if (const json* v = field(body, "response_format");
+      v && !v->is_null() && !(v->is_object() && v->value("type", json()) == "text"))
+    refuse("response_format", *v);
+  if (const json* v = field(body, "echo"); v && !v->is_null() && *v != false) refuse("echo", *v);
+  if (const json* v = field(body, "suffix"); v && !v->is_null() && *v != "") refuse("suffix", *v);
+}
+
 void read_common(const json& body, const ApiLimits& limits, ApiRequest& a) {
   check_model(body, limits, a);
   if (auto n = get_int(body, "n"); n && *n != 1) throw ApiError(400, "n: only n = 1 is supported", "n");
@@ -166,6 +193,7 @@ void read_common(const json& body, const ApiLimits& limits, ApiRequest& a) {
     throw ApiError(400, "logprobs: not supported", "logprobs");
   if (const json* t = field(body, "tools"); t && !(t->is_array() && t->empty()))
     throw ApiError(400, "tools: not supported", "tools");
+  refuse_unsupported(body);
   a.stream = get_bool(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) throw ApiError(400, "stream_options: expected an object", "stream_options");

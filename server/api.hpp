@@ -44,6 +44,9 @@ struct ApiLimits {
   std::string model_name;
 };
 
+// Error messages quoting client input are cut to this many characters.
+inline constexpr std::size_t kMaxErrorChars = 300;
+
 // Parse a request body (already JSON). Throw ApiError (400 naming the field, 404 for an unknown
 // model) on anything malformed: wrong types, values out of range, unsupported features (n > 1,
 // logprobs, tools), no messages/prompt.

@@ -96,6 +96,15 @@ TEST_CASE("bad requests are 400s naming the field, an unknown model is a 404") {
       {R"({"messages": [{"role": "user", "content": "x"}], "seed": -1})", 400, "seed", ">= 0"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream_options": 1})", 400, "stream_options", "object"},
       {R"({"messages": [{"role": "user", "content": "x"}], "model": "gpt-4"})", 404, "model", "does not exist"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 10}})", 400, "logit_bias",
+       "is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", 400,
+       "response_format", "is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5})", 400, "presence_penalty",
+       "is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -1})", 400, "frequency_penalty",
+       "is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "best_of": 3})", 400, "best_of", "is not supported"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.body);
@@ -248,4 +257,21 @@ TEST_CASE("Prometheus text: families, labels, histograms") {
   CHECK(format_value(-std::numeric_limits<double>::infinity()) == "-Inf");
   CHECK(format_value(std::numeric_limits<double>::quiet_NaN()) == "NaN");
   CHECK(format_value(1e20) == "1e+20");
+}
+
+TEST_CASE("unsupported OpenAI fields: neutral values pass, others are refused; error bodies stay small") {
+  // What clients send by default is accepted.
+  CHECK_NOTHROW(parse_chat(json::parse(R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {},
+      "presence_penalty": 0, "frequency_penalty": 0.0, "response_format": {"type": "text"}, "best_of": 1,
+      "logit_bias": null})"),
+                           kLimits));
+  CHECK_NOTHROW(parse_completion(json::parse(R"({"prompt": "x", "echo": false, "suffix": null})"), kLimits));
+  CHECK(error_of([] { parse_completion(json::parse(R"({"prompt": "x", "echo": true})"), kLimits); }).param == "echo");
+  CHECK(error_of([] { parse_completion(json::parse(R"({"prompt": "x", "suffix": "end"})"), kLimits); }).param ==
+        "suffix");
+  // A parse error quoting a 4 MB token is cut to a bounded message.
+  const std::string huge = "{\"a\": " + std::string(4 << 20, 'x') + "}";
+  const ApiError e = error_of([&] { parse_body(huge); });
+  CHECK(e.status == 400);
+  CHECK(std::string(e.what()).size() <= kMaxErrorChars + 8);
 }
