@@ -259,7 +259,7 @@ TEST_CASE("Prometheus text: families, labels, histograms") {
   CHECK(format_value(1e20) == "1e+20");
 }
 
-TEST_CASE("unsupported OpenAI fields: neutral values pass, others are refused; error bodies stay small") {
+TEST_CASE("unsupported OpenAI fields: neutral values pass, others are refused, error bodies stay small") {
   // What clients send by default is accepted.
   CHECK_NOTHROW(parse_chat(json::parse(R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {},
       "presence_penalty": 0, "frequency_penalty": 0.0, "response_format": {"type": "text"}, "best_of": 1,
