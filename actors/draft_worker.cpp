@@ -25,6 +25,7 @@ draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_poin
           out.tokens.push_back(std::move(t.tokens));
           out.parents.push_back(std::move(t.parents));
           out.probs.push_back(std::move(t.probs));
+          out.scores.push_back(std::move(t.scores));
         }
         out.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         return out;

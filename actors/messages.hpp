@@ -118,6 +118,8 @@ struct TargetInfo {
   // Local only: the immutable weights and a read-only handle on the KV pool, for head drafters.
   std::shared_ptr<const model::LlamaWeights> weights;
   std::shared_ptr<const model::KvCache> kv;
+  // The cost probe (model::TargetStep::probe): (rows, ms) of one step; empty when not probed.
+  std::vector<std::pair<std::int64_t, double>> step_probe;
 };
 
 }  // namespace specactor::actors

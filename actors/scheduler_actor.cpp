@@ -133,6 +133,7 @@ void on_target_ready(Self self, TargetInfo& info) {
   auto& st = self->state;
   st.info = info;
   st.policy->set_target(info.kv_capacity_tokens / info.page_size, info.tokenizer, info.info.hidden_size);
+  st.policy->seed_costs(info.step_probe);
   if (st.target_snapshot->speculative_algorithm == config::SpecAlgorithm::None) {
     announce_ready(self);
     return;

@@ -101,6 +101,15 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
   self->state.snapshot = std::move(snapshot);
   try {
     load(self);
+    // The budget's cost model starts from a short probe (only an engine that speculates adaptively).
+    const auto& sn = *self->state.snapshot;
+    if (sn.speculative_algorithm != config::SpecAlgorithm::None && sn.speculative_adaptive) {
+      auto& st = self->state;
+      st.step_probe = st.step->probe(static_cast<std::int32_t>(st.model->info.vocab_size), 400.0,
+                                     [&](const StepBatch& b) {
+                                       for (const auto& r : st.ranks) self->send(r, step_atom::value, b);
+                                     });
+    }
   } catch (const std::exception& e) {
     drop_after_load_error(self->state, e);
   }
@@ -110,7 +119,7 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
         if (!s.step) return s.load_error_is_user ? user_error(s.load_error) : internal_error(s.load_error);
         const auto& kv = s.step->kv();
         return TargetInfo{s.model->info,   s.model->tokenizer, kv->capacity_tokens(),
-                          kv->page_size(), s.model->weights,   kv};
+                          kv->page_size(), s.model->weights,   kv, s.step_probe};
       },
       [self](step_atom, StepBatch& batch) -> caf::result<StepResult> {
         auto& s = self->state;

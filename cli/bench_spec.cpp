@@ -49,6 +49,31 @@ struct Setting {
   int mismatches = 0;
 };
 
+// Sums the counters of one engine's run into `t` (the last run's model state: cost curve, calibration).
+void add_metrics(sa::EngineMetrics& t, const sa::EngineMetrics& m) {
+  auto add_vec = [](std::vector<std::int64_t>& a, const std::vector<std::int64_t>& b) {
+    if (a.size() < b.size()) a.resize(b.size(), 0);
+    for (std::size_t i = 0; i < b.size(); ++i) a[i] += b[i];
+  };
+  const auto keep_drafted = t.drafted_at, keep_accepted = t.accepted_at, keep_hist = t.verified_nodes;
+  const sa::EngineMetrics before = t;
+  t = m;
+  t.drafted_at = keep_drafted;
+  t.accepted_at = keep_accepted;
+  t.verified_nodes = keep_hist;
+  add_vec(t.drafted_at, m.drafted_at);
+  add_vec(t.accepted_at, m.accepted_at);
+  add_vec(t.verified_nodes, m.verified_nodes);
+  t.drafted += before.drafted;
+  t.accepted += before.accepted;
+  t.speculative_steps += before.speculative_steps;
+  t.budget_skipped_steps += before.budget_skipped_steps;
+  t.draft_ms += before.draft_ms;
+  t.step_wall_ms += before.step_wall_ms;
+  t.step_compute_ms += before.step_compute_ms;
+  t.acceptance_rate = t.drafted > 0 ? static_cast<double>(t.accepted) / static_cast<double>(t.drafted) : 0.0;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -84,25 +109,29 @@ std::vector<Prompt> load_prompts(const std::string& path) {
   return out;
 }
 
-// Plain and speculative decoding of every prompt through one engine, alternating per prompt and
-// repeat (a request can opt out of drafting), so both see the same machine state; each prompt's
-// best decode rate of `repeats` runs counts (this machine is shared and noisy).
+// Plain and speculative decoding of every prompt, alternating per prompt (a request can opt out of
+// drafting), so both see the same machine state; each prompt's best decode rate of `repeats` rounds
+// counts (this machine is shared and noisy). Every round has an engine of its own: a drafter that
+// remembers earlier requests (SUFFIX) sees the prompts before this one in the set, never this
+// prompt's own earlier run.
 void run_prompts(const std::vector<std::string>& args, const std::vector<Prompt>& prompts, std::int64_t max_new,
                  int repeats, std::vector<Run>& plain, std::vector<Run>& spec, sa::EngineMetrics& metrics) {
-  auto engine = sa::Engine::from_argv(args);
-  sa::GenerationRequest warm;
-  warm.prompt = "Hello";
-  warm.chat = true;
-  warm.max_new_tokens = 4;
-  engine->generate(warm);
   plain.assign(prompts.size(), {});
   spec.assign(prompts.size(), {});
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    sa::GenerationRequest r;
-    r.prompt = prompts[i].text;
-    r.chat = true;
-    r.max_new_tokens = max_new;
-    for (int k = 0; k < repeats; ++k)
+  sa::EngineMetrics total;
+  for (int k = 0; k < repeats; ++k) {
+    auto engine = sa::Engine::from_argv(args);
+    sa::GenerationRequest warm;
+    warm.prompt = "Hello";
+    warm.chat = true;
+    warm.max_new_tokens = 4;
+    warm.speculative = false;
+    engine->generate(warm);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      sa::GenerationRequest r;
+      r.prompt = prompts[i].text;
+      r.chat = true;
+      r.max_new_tokens = max_new;
       for (bool speculative : {false, true}) {
         r.speculative = speculative;
         const sa::GenerationResult g = engine->generate(r);
@@ -116,11 +145,13 @@ void run_prompts(const std::vector<std::string>& args, const std::vector<Prompt>
           best = {g.tokens, g.metrics.decode_tokens_per_s, g.metrics.mean_accepted_length, g.metrics.drafted,
                   g.metrics.accepted};
       }
-    std::fprintf(stderr, ".");
+      std::fprintf(stderr, ".");
+    }
+    add_metrics(total, engine->metrics());
+    engine->shutdown();
   }
   std::fprintf(stderr, "\n");
-  metrics = engine->metrics();
-  engine->shutdown();
+  metrics = total;
 }
 
 // Runs one setting and summarises it (median speedup over prompts, mean τ, α, identical outputs).
@@ -172,6 +203,36 @@ void write_chart(const std::string& path, const std::vector<Setting>& settings) 
   o << "<rect x='" << w - 170 << "' y='45' width='10' height='10' fill='#e08a2c'/><text x='" << w - 155
     << "' y='54'>τ (mean)</text>\n";
   o << "</svg>\n";
+}
+
+json budget_json(const sa::EngineMetrics& m) {
+  return {{"adaptive", m.adaptive},
+          {"decode_steps", m.speculative_steps},
+          {"budget_skipped_steps", m.budget_skipped_steps},
+          {"verified_nodes_histogram", m.verified_nodes},
+          {"calibration_error", m.calibration_error},
+          {"calibrated_nodes", m.calibrated_nodes},
+          {"cost_model_c_k", m.step_cost},
+          {"cost_model_one_row_ms", m.step_ms_1}};
+}
+
+void print_budget(const json& b) {
+  std::string hist;
+  const auto& h = b["verified_nodes_histogram"];
+  for (std::size_t n = 0; n < h.size(); ++n)
+    if (h[n].get<std::int64_t>() > 0)
+      hist += fmt::format(" {}{}:{}", n, n + 1 == h.size() && n == 32 ? "+" : "", h[n].get<std::int64_t>());
+  std::cout << fmt::format("  budget: {}; {} of {} decode steps ran without drafts by the budget\n",
+                           b["adaptive"].get<bool>() ? "adaptive" : "fixed shape (--speculative-adaptive false)",
+                           b["budget_skipped_steps"].get<std::int64_t>(), b["decode_steps"].get<std::int64_t>());
+  std::cout << "  draft nodes verified per step (nodes:steps):" << (hist.empty() ? " -" : hist) << "\n";
+  std::string ck;
+  const std::vector<int> ks{1, 2, 4, 8, 16, 32};
+  for (std::size_t i = 0; i < b["cost_model_c_k"].size() && i < ks.size(); ++i)
+    ck += fmt::format(" c({})={:.2f}", ks[i], b["cost_model_c_k"][i].get<double>());
+  std::cout << fmt::format("  acceptance model: calibration error {:.3f} over {:.0f} nodes; cost model: {:.2f} ms/row{}\n",
+                           b["calibration_error"].get<double>(), b["calibrated_nodes"].get<double>(),
+                           b["cost_model_one_row_ms"].get<double>(), ck);
 }
 
 bool is_spec_shape_flag(const std::string& a) {
@@ -289,7 +350,8 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
                              {"verify_ms", s.metrics.step_compute_ms},
                              {"overhead_ms", s.metrics.step_wall_ms - s.metrics.step_compute_ms},
                              {"by_category", cats},
-                             {"by_prompt", per_prompt}});
+                             {"by_prompt", per_prompt},
+                             {"budget", budget_json(s.metrics)}});
   }
   j["best"] = best->label;
   if (!chart.empty()) write_chart(chart, settings);
@@ -318,6 +380,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     std::cout << "  acceptance by position:" << (pos.empty() ? " (no drafts)" : pos) << "\n";
     std::cout << fmt::format("  time: draft {:.0f} ms, verify {:.0f} ms, actor overhead {:.1f} ms\n",
                              s["draft_ms"].get<double>(), s["verify_ms"].get<double>(), s["overhead_ms"].get<double>());
+    print_budget(s["budget"]);
   }
   if (sweep) std::cout << fmt::format("\nbest setting: {} ({:.2f}x)\n", best->label, best->median_speedup);
   if (!chart.empty()) std::cout << "chart: " << chart << "\n";

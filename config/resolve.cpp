@@ -115,8 +115,9 @@ ServerArgs parse_server_args(const std::vector<std::string>& argv, const std::ve
     const std::string field = field_of_flag(flag);
     if (!known_field(field)) throw ConfigError("unknown flag " + flag + suggestion(field, command_flags));
     if (!has_value) {
-      if (is_bool_field(field)) {
+      if (is_bool_field(field)) {  // a switch, or followed by true|false
         text = "true";
+        if (i + 1 < argv.size() && (argv[i + 1] == "true" || argv[i + 1] == "false")) text = argv[++i];
       } else {
         if (i + 1 >= argv.size() || (argv[i + 1].rfind("--", 0) == 0 && argv[i + 1].size() > 2))
           throw ConfigError(flag + ": expected a value");
@@ -240,6 +241,19 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     throw ConfigError("--tp-size " + std::to_string(s->tp_size) +
                       ": FROZEN_KV_MTP reads the target's whole KV cache, but with tensor parallelism each rank "
                       "holds only its own KV heads; use --tp-size 1 or another algorithm");
+
+  // AUTO (the default): speculate with the head shipped for this model, if one ships; else plain.
+  if (s->speculative_algorithm == SpecAlgorithm::Auto) {
+    const bool head = !model.shipped_eagle3_head.empty();
+    try {
+      s = derive(s, head ? "auto.speculative_algorithm (a head ships for this model)"
+                         : "auto.speculative_algorithm (no head ships for this model)",
+                 {{"speculative_algorithm", head ? "EAGLE3" : "NONE"}});
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string(e.what()) + " (--speculative-algorithm AUTO chose " + (head ? "EAGLE3" : "NONE") +
+                        " for " + model_name + ")");
+    }
+  }
 
   // EAGLE3 without a head: the one shipped for this model, if any.
   bool shipped_head = false;  // picked here, with its own defaults

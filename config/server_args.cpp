@@ -243,6 +243,9 @@ bool same_settings(const ServerArgs& a, const ServerArgs& b) { return settings_t
 SpecShape auto_spec_shape(SpecAlgorithm algo, bool llama_family_target) {
   const bool eagle_family = algo == SpecAlgorithm::Eagle || algo == SpecAlgorithm::Eagle3;
   if (eagle_family && llama_family_target) return {5, 4, 8};
+  // Earlier requests repeat in long runs (the same question again, an edited file): deep, two branches;
+  // the budget verifies only what is likely.
+  if (algo == SpecAlgorithm::Suffix) return {16, 2, 24};
   return {3, 1, 4};
 }
 
@@ -262,6 +265,8 @@ bool needs_draft_model(const ServerArgs& a) {
       return !a.speculative_draft_num_layers.has_value();
     case SpecAlgorithm::None:
     case SpecAlgorithm::Ngram:
+    case SpecAlgorithm::Suffix:
+    case SpecAlgorithm::Auto:
       return false;
   }
   return false;
@@ -308,7 +313,16 @@ void validate(const ServerArgs& a) {
 
   // Speculative decoding.
   const bool spec = a.speculative_algorithm != SpecAlgorithm::None;
+  // AUTO is decided at resolution (EAGLE3 or NONE); the settings checked against an algorithm are
+  // checked again then. A draft model has no meaning before an algorithm is named.
+  const bool undecided = a.speculative_algorithm == SpecAlgorithm::Auto;
   const std::string algo(to_string(a.speculative_algorithm));
+  if (undecided) {
+    for (auto [field, set] :
+         {std::pair{"speculative_draft_model_path", a.speculative_draft_model_path.has_value()},
+          std::pair{"speculative_draft_num_layers", a.speculative_draft_num_layers.has_value()}})
+      if (set) fail(field, "needs --speculative-algorithm (which algorithm is the draft for?)");
+  }
   if (!spec) {
     for (auto [field, set] :
          {std::pair{"speculative_num_steps", a.speculative_num_steps.has_value()},
@@ -317,6 +331,7 @@ void validate(const ServerArgs& a) {
           std::pair{"speculative_draft_p_min", a.speculative_draft_p_min.has_value()},
           std::pair{"speculative_draft_quantization", a.speculative_draft_quantization != "auto"},
           std::pair{"speculative_draft_ngram_tokens", a.speculative_draft_ngram_tokens.has_value()},
+          std::pair{"speculative_draft_suffix_tokens", a.speculative_draft_suffix_tokens.has_value()},
           std::pair{"speculative_draft_ngram_min_match", a.speculative_draft_ngram_min_match.has_value()},
           std::pair{"speculative_draft_model_path", a.speculative_draft_model_path.has_value()},
           std::pair{"speculative_draft_num_layers", a.speculative_draft_num_layers.has_value()}}) {
@@ -338,13 +353,23 @@ void validate(const ServerArgs& a) {
   }
   // Settings only the head drafters read: refused with another algorithm.
   auto head_only = [&](std::string_view field, bool set) {
-    if (set && spec && !is_head_drafter(a.speculative_algorithm))
+    if (set && spec && !undecided && !is_head_drafter(a.speculative_algorithm))
       fail(field, "only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got " + algo + ")");
   };
   head_only("speculative_draft_quantization", a.speculative_draft_quantization != "auto");
   head_only("speculative_draft_p_min", a.speculative_draft_p_min.has_value());
   head_only("speculative_draft_ngram_tokens", a.speculative_draft_ngram_tokens.has_value());
   head_only("speculative_draft_ngram_min_match", a.speculative_draft_ngram_min_match.has_value());
+  head_only("speculative_draft_suffix_tokens", a.speculative_draft_suffix_tokens.has_value());
+  if (a.speculative_draft_suffix_tokens)
+    in_range("speculative_draft_suffix_tokens", *a.speculative_draft_suffix_tokens, 0, kMaxNgramBranch);
+  in_range("speculative_suffix_cache_tokens", a.speculative_suffix_cache_tokens, 0, std::int64_t{1} << 30);
+  in_range("speculative_suffix_min_match", a.speculative_suffix_min_match, 1, kMaxNgramWindow);
+  in_range("speculative_suffix_max_match", a.speculative_suffix_max_match, 1, kMaxNgramWindow);
+  if (a.speculative_suffix_max_match < a.speculative_suffix_min_match)
+    fail("speculative_suffix_max_match", "must be >= --speculative-suffix-min-match (" +
+                                             std::to_string(a.speculative_suffix_min_match) + "), got " +
+                                             std::to_string(a.speculative_suffix_max_match));
   if (a.speculative_draft_ngram_tokens)
     in_range("speculative_draft_ngram_tokens", *a.speculative_draft_ngram_tokens, 0, kMaxNgramBranch);
   if (a.speculative_draft_ngram_min_match)
@@ -380,7 +405,7 @@ void validate(const ServerArgs& a) {
   if (a.speculative_use_rejection_sampling && a.speculative_eagle_topk && *a.speculative_eagle_topk != 1)
     fail("speculative_use_rejection_sampling",
          "needs a chain draft (--speculative-eagle-topk 1, got " + std::to_string(*a.speculative_eagle_topk) + ")");
-  if (a.speculative_token_map &&
+  if (a.speculative_token_map && !undecided &&
       !(a.speculative_algorithm == SpecAlgorithm::Eagle || a.speculative_algorithm == SpecAlgorithm::Eagle3))
     fail("speculative_token_map", "only applies to EAGLE and EAGLE3 drafters (got " + algo + ")");
   // Matches are found by sorting the corpus's suffixes on their first max-window tokens: the window

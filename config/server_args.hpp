@@ -35,7 +35,9 @@ constexpr std::int64_t kMaxNgramBranch = 16;
 enum class LoadFormat { Auto, Gguf, Safetensors, Dummy };
 enum class Device { Auto, Cpu, Cuda };
 enum class CpuPrecision { Fast, Exact };
-enum class SpecAlgorithm { None, Eagle, Eagle3, Mtp, FrozenKvMtp, Standalone, Ngram };
+// Auto (the default): EAGLE3 with the head shipped for the model when one ships, else NONE; resolution
+// decides, so no resolved snapshot holds Auto.
+enum class SpecAlgorithm { None, Eagle, Eagle3, Mtp, FrozenKvMtp, Standalone, Ngram, Suffix, Auto };
 
 // Name tables for the enums: the first name of a value is the canonical one; later entries are aliases.
 template <class E>
@@ -60,7 +62,7 @@ struct EnumNames<CpuPrecision> {
 };
 template <>
 struct EnumNames<SpecAlgorithm> {
-  static constexpr std::array<std::pair<SpecAlgorithm, std::string_view>, 8> table{
+  static constexpr std::array<std::pair<SpecAlgorithm, std::string_view>, 10> table{
       {{SpecAlgorithm::None, "NONE"},
        {SpecAlgorithm::Eagle, "EAGLE"},
        {SpecAlgorithm::Eagle3, "EAGLE3"},
@@ -68,6 +70,8 @@ struct EnumNames<SpecAlgorithm> {
        {SpecAlgorithm::FrozenKvMtp, "FROZEN_KV_MTP"},
        {SpecAlgorithm::Standalone, "STANDALONE"},
        {SpecAlgorithm::Ngram, "NGRAM"},
+       {SpecAlgorithm::Suffix, "SUFFIX"},
+       {SpecAlgorithm::Auto, "AUTO"},
        {SpecAlgorithm::Eagle, "NEXTN"}}};  // NEXTN is sglang's alias of EAGLE
 };
 
@@ -112,7 +116,8 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(std::int64_t,  random_seed,                0,         "seed for sampling when a request gives none") \
   X(std::string,   log_level,                  "info",    "log level: trace|debug|info|warn|error|off") \
   /* ---- speculative decoding ---- */                                                                 \
-  X(SpecAlgorithm, speculative_algorithm,      SpecAlgorithm::None, "NONE|EAGLE|EAGLE3|NEXTN (= EAGLE)|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM") \
+  X(SpecAlgorithm, speculative_algorithm,      SpecAlgorithm::Auto, "AUTO|NONE|EAGLE|EAGLE3|NEXTN (= EAGLE)|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX; AUTO = EAGLE3 with the head shipped for the model when one ships (SmolLM2-135M-Instruct), else NONE") \
+  X(bool,          speculative_adaptive,       true,      "a measured cost model and an online acceptance model choose, every step, how deep each request drafts and which nodes are verified (0 when it would not pay); false = the fixed shape every step") \
   X(OptString,     speculative_draft_model_path, {},      "draft model or head (EAGLE/EAGLE3/MTP head, standalone draft GGUF)") \
   X(OptLoadFormat, speculative_draft_load_format, {},     "weight format of the draft; unset = the target's") \
   X(OptInt,        speculative_num_steps,      {},        "draft steps per speculative step (tree depth); unset = automatic") \
@@ -133,6 +138,10 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(std::int64_t,  speculative_ngram_max_match_window_size, 12, "NGRAM (and the head drafters' prompt-lookup branch): longest suffix matched against the context") \
   X(std::int64_t,  speculative_ngram_max_bfs_breadth, 4,  "NGRAM: most candidate continuations sharing the root (1 = chain)") \
   X(OptString,     speculative_ngram_corpus_path, {},     "NGRAM: extra text corpus to match against, indexed once at start-up") \
+  X(std::int64_t,  speculative_suffix_cache_tokens, 262144, "SUFFIX (and --speculative-draft-suffix-tokens): tokens of earlier requests' prompts and outputs kept to draft from; the oldest request goes first") \
+  X(std::int64_t,  speculative_suffix_min_match, 3,       "SUFFIX: fewest last tokens that must match an earlier request (or earlier in this one)") \
+  X(std::int64_t,  speculative_suffix_max_match, 32,      "SUFFIX: longest suffix matched") \
+  X(OptInt,        speculative_draft_suffix_tokens, {},   "head drafters: add a branch of up to N tokens drafted from earlier requests (as SUFFIX does), merged into the head's tree; 0 = off; unset = 0") \
   /* ---- server ---- */                                                                               \
   X(std::string,   host,                       "127.0.0.1", "HTTP server address") \
   X(std::int64_t,  port,                       30000,     "HTTP server port")

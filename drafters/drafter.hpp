@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/snapshot.hpp"
+#include "drafters/suffix_store.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/kv_cache.hpp"
 #include "model/llama.hpp"
@@ -90,9 +91,16 @@ std::vector<std::int32_t> latest_match_continuation(const std::vector<std::int32
                                                     std::int64_t max_window, std::int64_t max_len);
 
 // Merges a chain below the root into `tree`: it follows the nodes the tree already has and adds the
-// rest (with score 0 when every node of the tree has a score) until max_new nodes are added. Returns
-// the number added.
-std::int32_t merge_chain(DraftTree& tree, const std::vector<std::int32_t>& chain, std::int32_t max_new);
+// rest (with `score` when every node of the tree has a score; -1 = none, so the scheduler's
+// acceptance model keeps them apart from the head's own nodes) until max_new nodes are added.
+// Returns the number added.
+std::int32_t merge_chain(DraftTree& tree, const std::vector<std::int32_t>& chain, std::int32_t max_new,
+                         float score = -1.0f);
+
+// SUFFIX (drafters/suffix.cpp): the matches' continuations as a trie of at most max_nodes nodes and
+// `breadth` children per node, scored by the share of matches through a node and their length.
+DraftTree tree_from_matches(const std::vector<SuffixStore::Match>& matches, std::int32_t max_nodes,
+                            std::int32_t breadth);
 
 using DrafterFactory =
     std::function<std::unique_ptr<Drafter>(const config::Snapshot& draft_snapshot, const DraftContext& context)>;

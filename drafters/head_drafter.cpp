@@ -34,9 +34,11 @@ namespace {
 namespace k = specactor::kernels;
 
 class HeadDrafter final : public Drafter {
+  struct State;
+
  public:
   HeadDrafter(const config::Snapshot& s, const DraftContext& ctx, model::HeadKind kind, bool frozen)
-      : frozen_(frozen), kind_(kind) {
+      : frozen_(frozen), kind_(kind), suffix_(s->speculative_suffix_cache_tokens, s->speculative_suffix_min_match) {
     const std::string algo(config::to_string(s->speculative_algorithm));
     if (!s->speculative_draft_model_path)
       throw std::runtime_error(
@@ -116,6 +118,7 @@ class HeadDrafter final : public Drafter {
     try {  // the head's tree keeps to its own shape; the branch may use the rest of max_nodes
       DraftTree t = frozen_ ? draft_frozen(st, ctx, max_nodes, depth) : draft_own(st, ctx, max_nodes, depth);
       add_ngram_branch(t, ctx, max_nodes, max_depth);
+      add_suffix_branch(st, t, ctx, max_nodes, max_depth);
       return t;
     } catch (const model::KvExhausted&) {
       for (std::size_t l = 0; l < st.seqs.size(); ++l) kv_[l]->truncate(st.seqs[l], st.fed);
@@ -135,9 +138,25 @@ class HeadDrafter final : public Drafter {
     merge_chain(t, latest_match_continuation(ctx, ngram_min_match_, ngram_max_match_, len), room);
   }
 
+  // The suffix branch (--speculative-draft-suffix-tokens): the continuation of the longest match of
+  // the sequence's last tokens in earlier requests (or earlier in this one), merged like the above.
+  void add_suffix_branch(State& st, DraftTree& t, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
+                         std::int32_t max_depth) {
+    if (suffix_tokens_ <= 0) return;
+    if (st.doc == 0) st.doc = suffix_.open();
+    if (const std::size_t have = suffix_.length(st.doc); ctx.size() > have)
+      suffix_.extend(st.doc, ctx.data() + have, ctx.size() - have);
+    const std::int32_t len = std::min(suffix_tokens_, max_depth);
+    const std::int32_t room = std::min(len, max_nodes - static_cast<std::int32_t>(t.tokens.size()));
+    if (len <= 0 || room <= 0) return;
+    const auto m = suffix_.lookup(ctx, suffix_max_match_, len, 1, st.doc);
+    if (!m.empty()) merge_chain(t, m.front().continuation, room);
+  }
+
   void release(std::uint64_t req) override {
     auto it = states_.find(req);
     if (it == states_.end()) return;
+    if (it->second.doc != 0) suffix_.close(it->second.doc);
     for (std::size_t l = 0; l < kv_.size() && l < it->second.seqs.size(); ++l) kv_[l]->release(it->second.seqs[l]);
     states_.erase(it);
   }
@@ -152,6 +171,7 @@ class HeadDrafter final : public Drafter {
     std::vector<float> root_hidden;         // output of the last committed pair (layer 0)
     std::vector<std::int32_t> kv_pages;     // FROZEN: the target's committed pages
     std::int64_t kv_length = 0;
+    SuffixStore::Handle doc = 0;  // this request in the suffix branch's store (0: none yet)
   };
 
   // A node computed in this proposal: which layer, which masked slot, its parent node (-1: none).
@@ -169,6 +189,8 @@ class HeadDrafter final : public Drafter {
     ngram_tokens_ = static_cast<std::int32_t>(s->speculative_draft_ngram_tokens.value_or(0));
     ngram_min_match_ = s->speculative_draft_ngram_min_match.value_or(2);
     ngram_max_match_ = std::max(ngram_min_match_, s->speculative_ngram_max_match_window_size);
+    suffix_tokens_ = static_cast<std::int32_t>(s->speculative_draft_suffix_tokens.value_or(0));
+    suffix_max_match_ = s->speculative_suffix_max_match;
     if (static_cast<std::int64_t>(steps_) * topk_ + 1 > config::kMaxHeadDraftNodes)  // resolution refuses it first
       throw std::runtime_error(
           "--speculative-num-steps × --speculative-eagle-topk must stay under 64 draft nodes (got " +
@@ -399,6 +421,9 @@ class HeadDrafter final : public Drafter {
   float p_min_ = 0.0f;             // --speculative-draft-p-min
   std::int32_t ngram_tokens_ = 0;  // --speculative-draft-ngram-tokens
   std::int64_t ngram_min_match_ = 2, ngram_max_match_ = 12;
+  std::int32_t suffix_tokens_ = 0;  // --speculative-draft-suffix-tokens
+  std::int64_t suffix_max_match_ = 32;
+  SuffixStore suffix_;
   std::map<std::uint64_t, State> states_;
 };
 

@@ -177,7 +177,7 @@ std::vector<std::int32_t> latest_match_continuation(const std::vector<std::int32
   return Tokens(ctx.begin() + best_end, ctx.begin() + best_end + std::min<std::int64_t>(max_len, n - best_end));
 }
 
-std::int32_t merge_chain(DraftTree& tree, const std::vector<std::int32_t>& chain, std::int32_t max_new) {
+std::int32_t merge_chain(DraftTree& tree, const std::vector<std::int32_t>& chain, std::int32_t max_new, float score) {
   std::int32_t at = -1, added = 0;
   for (const std::int32_t tok : chain) {
     std::int32_t next = -1;
@@ -186,7 +186,7 @@ std::int32_t merge_chain(DraftTree& tree, const std::vector<std::int32_t>& chain
     if (next < 0) {
       if (added >= max_new) break;
       next = static_cast<std::int32_t>(tree.tokens.size());
-      if (tree.scores.size() == tree.tokens.size()) tree.scores.push_back(0.0f);
+      if (tree.scores.size() == tree.tokens.size()) tree.scores.push_back(score);
       tree.tokens.push_back(tok);
       tree.parents.push_back(at);
       ++added;

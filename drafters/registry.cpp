@@ -8,6 +8,7 @@
 namespace specactor::drafters {
 
 std::unique_ptr<Drafter> make_ngram_drafter(const config::Snapshot& snapshot, const DraftContext& context);
+std::unique_ptr<Drafter> make_suffix_drafter(const config::Snapshot& snapshot, const DraftContext& context);
 std::unique_ptr<Drafter> make_standalone_drafter(const config::Snapshot& snapshot, const DraftContext& context);
 std::unique_ptr<Drafter> make_eagle_drafter(const config::Snapshot& snapshot, const DraftContext& context);
 std::unique_ptr<Drafter> make_eagle3_drafter(const config::Snapshot& snapshot, const DraftContext& context);
@@ -21,6 +22,7 @@ struct Registry {
   std::map<std::string, DrafterFactory> factories;
   Registry() {  // built-ins, registered explicitly (static libraries drop self-registering objects)
     factories["NGRAM"] = &make_ngram_drafter;
+    factories["SUFFIX"] = &make_suffix_drafter;
     factories["STANDALONE"] = &make_standalone_drafter;
     factories["EAGLE"] = &make_eagle_drafter;
     factories["EAGLE3"] = &make_eagle3_drafter;

@@ -90,7 +90,8 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
   ModelInfo info = read_any_model_info(*user);
   (void)LlamaConfig::from(info, user->json_model_override_args);  // overrides refused here, not only at load
   config::ModelFacts facts = info.facts();
-  if (user->speculative_algorithm == config::SpecAlgorithm::Eagle3) {
+  if (user->speculative_algorithm == config::SpecAlgorithm::Eagle3 ||
+      user->speculative_algorithm == config::SpecAlgorithm::Auto) {
     facts.shipped_eagle3_head = shipped_eagle3_head(user->model_path);
     if (!facts.shipped_eagle3_head.empty())
       facts.shipped_head_defaults = shipped_head_defaults(facts.shipped_eagle3_head);

@@ -197,6 +197,57 @@ void TargetStep::follow(const StepBatch& batch) {
   compact(p);
 }
 
+std::vector<std::pair<std::int64_t, double>> TargetStep::probe(std::int32_t vocab, double budget_ms,
+                                                               const std::function<void(const StepBatch&)>& to_ranks) {
+  std::vector<std::pair<std::int64_t, double>> out;
+  StepBatch b;
+  const std::function<void()> before_forward = [&] {
+    if (to_ranks) to_ranks(b);
+  };
+  if (vocab < 2) return out;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
+  auto tok = [&](std::int64_t i) { return static_cast<std::int32_t>(1 + (i * 7919) % (vocab - 1)); };
+  const std::int64_t room = kv_->capacity_tokens() / 2;  // leave the pool to the requests
+  std::int64_t used = 0;
+  try {
+    StepItem prefill;
+    prefill.req = kProbeRequest;
+    prefill.prefill = prefill.sample = true;
+    for (std::int64_t i = 0; i < 64; ++i) prefill.tokens.push_back(tok(i));
+    if (room < 64 + 2) return out;
+    b.items = {prefill};
+    run(b, before_forward);
+    used = 64;
+    StepItem warm;  // one untimed decode step: caches and the pool's threads are awake after it
+    warm.req = kProbeRequest;
+    warm.sample = true;
+    warm.tokens = {tok(used), tok(used + 1)};
+    b.items = {warm};
+    run(b, before_forward);
+    used += 2;
+    for (std::int64_t rows = 1; rows <= 32 && elapsed() < budget_ms; rows *= 2) {
+      std::vector<double> ms;
+      for (int rep = 0; rep < 3; ++rep) {
+        if (used + rows + 1 > room) break;
+        StepItem v;
+        v.req = kProbeRequest;
+        v.sample = true;
+        for (std::int64_t i = 0; i < rows; ++i) v.tokens.push_back(tok(used + i));
+        b.items = {v};
+        ms.push_back(run(b, before_forward).compute_ms);
+        used += rows;  // at most this many rows are committed
+      }
+      if (ms.empty()) break;
+      std::sort(ms.begin(), ms.end());
+      out.emplace_back(rows, ms[ms.size() / 2]);
+    }
+  } catch (const StepFailed&) {  // a pool too small for even this: the online model learns alone
+  }
+  release(kProbeRequest);
+  return out;
+}
+
 void TargetStep::release(std::uint64_t req) {
   auto it = seqs_.find(req);
   if (it == seqs_.end()) return;

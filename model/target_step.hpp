@@ -49,6 +49,14 @@ class TargetStep {
   // effect when rank 0 must have refused or failed the same step (it reports that).
   void follow(const StepBatch& batch);
 
+  // The cost probe: times steps of 1, 2, 4, ... 32 rows at a short context on a scratch request (the
+  // id kProbeRequest, released afterwards) and returns (rows, median ms). Bounded by `budget_ms` and
+  // by the KV pool (a small pool probes fewer sizes). Rank 0 only; `to_ranks` gets each batch right
+  // before its forward (as run()'s before_forward: the other ranks follow it).
+  static constexpr std::uint64_t kProbeRequest = ~std::uint64_t{0};
+  std::vector<std::pair<std::int64_t, double>> probe(std::int32_t vocab, double budget_ms,
+                                                     const std::function<void(const StepBatch&)>& to_ranks = {});
+
   // Frees a request's KV pages (unknown ids are ignored: the request never reached this rank).
   void release(std::uint64_t req);
 

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "config/server_args.hpp"
 
@@ -104,6 +105,11 @@ DraftShape draft_shape_of(const config::Snapshot& draft, drafters::DrafterNeeds 
     d.num_draft_tokens += branch;
     d.num_steps = std::max(d.num_steps, branch);
   }
+  if (const std::int64_t branch = draft->speculative_draft_suffix_tokens.value_or(0); branch > 0) {
+    d.num_draft_tokens += branch;
+    d.num_steps = std::max(d.num_steps, branch);
+  }
+  d.adaptive = draft->speculative_adaptive;
   d.needs = std::move(needs);
   return d;
 }
@@ -122,6 +128,10 @@ void Scheduler::set_target(std::int64_t kv_pages, std::shared_ptr<const model::T
 }
 
 void Scheduler::set_draft(DraftShape shape) { draft_ = std::move(shape); }
+
+void Scheduler::seed_costs(const std::vector<std::pair<std::int64_t, double>>& probe) {
+  for (const auto& [rows, ms] : probe) cost_.seed(rows, ms);
+}
 
 void Scheduler::set_ready() { ready_ = true; }
 
@@ -154,6 +164,13 @@ EngineMetrics Scheduler::snapshot_metrics() const {
   m.acceptance_rate = m.drafted > 0 ? static_cast<double>(m.accepted) / m.drafted : 0.0;
   m.kv_pages_total = total_pages_;
   m.kv_pages_free = free_pages_;
+  m.adaptive = draft_.configured && draft_.adaptive;
+  m.calibration_error = accept_.calibration_error();
+  m.calibrated_nodes = accept_.calibration_count();
+  m.step_ms_1 = cost_.step_ms(1, 0);
+  m.step_cost.clear();
+  if (m.step_ms_1 > 0)
+    for (std::int64_t k : {1, 2, 4, 8, 16, 32}) m.step_cost.push_back(cost_.relative(k, 0));
   return m;
 }
 
@@ -347,67 +364,172 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
   if (plan.batch.items.empty()) return std::nullopt;
   busy_ = true;
   plan.started = Clock::now();
+  // The step's shape without drafts (the cost model's inputs).
+  double ctx_rows = 0;
+  for (const auto& item : plan.batch.items) {
+    const Sequence* r = find_running(item.req);
+    const auto n = static_cast<double>(item.tokens.size());
+    const double before = item.prefill ? static_cast<double>(r->prefilled) : static_cast<double>(r->seq.size() - 1);
+    plan.base_rows += static_cast<std::int64_t>(item.tokens.size());
+    plan.base_tokens += item.sample ? 1.0 : 0.0;
+    ctx_rows += n * (before + 0.5 * n);
+  }
+  plan.rows = plan.base_rows;
+  plan.mean_context = plan.base_rows > 0 ? ctx_rows / static_cast<double>(plan.base_rows) : 0.0;
   if (!draft_.configured || decoding.empty()) return plan;
   if (!draft_alive) {  // the drafter is gone: plain decoding, counted
     metrics_.fallback_steps += static_cast<std::int64_t>(decoding.size());
     for (Sequence* r : decoding) ++r->m.fallbacks;
     return plan;
   }
+  plan_drafts(plan, decoding);
+  return plan;
+}
+
+// How deep each decoding request drafts: the shape's limit, or with the budget what pays (0: the
+// request decodes plainly this step, unless it is due for a probe).
+void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decoding) {
+  std::vector<std::int32_t> limit;
+  std::vector<DepthAsk> asks;
   for (Sequence* r : decoding) {
     // Depth: what may still be emitted (the bonus token is the last) and what fits the context.
     const std::int64_t remaining = r->max_new - static_cast<std::int64_t>(r->generated.size());
     const std::int64_t room = limits_.context_length - static_cast<std::int64_t>(r->seq.size());
-    const auto depth = static_cast<std::int32_t>(
-        std::max<std::int64_t>(0, std::min<std::int64_t>({draft_.num_steps, remaining - 1, room})));
-    const auto nodes = depth == 0 ? 0 : static_cast<std::int32_t>(draft_.num_draft_tokens - 1);
-    plan.depth_limits.push_back(depth);
+    limit.push_back(static_cast<std::int32_t>(
+        std::max<std::int64_t>(0, std::min<std::int64_t>({draft_.num_steps, remaining - 1, room}))));
+    DepthAsk a;
+    a.max_depth = limit.back();
+    a.probe = r->acc.idle_steps >= kProbeInterval;
+    a.rows_per_level = 1;  // the selection after drafting verifies the likeliest node of a level, mostly
+    for (std::int32_t d = 1; d <= a.max_depth; ++d) a.level_probs.push_back(accept_.level_prob(d, r->acc));
+    asks.push_back(std::move(a));
+  }
+  std::vector<std::int32_t> depth = limit;
+  // A drafter that costs next to nothing (prompt lookup, suffixes) always drafts its whole shape:
+  // the node selection after it decides what is verified, from each proposal's own scores.
+  const double one_row = cost_.step_ms(1, plan.mean_context);
+  const bool cheap = cost_.draft_ms(1) <= 0.02 * one_row;
+  if (draft_.adaptive && !cheap && !std::getenv("SPECACTOR_NO_PLAN")) depth = plan_depths(asks, plan.base_rows, plan.base_tokens, plan.mean_context, cost_);
+  if (spdlog::should_log(spdlog::level::trace))
+    for (std::size_t i = 0; i < asks.size(); ++i)
+      spdlog::trace("budget: request {} depth {} of {} (P(level) {:.2f} {:.2f} {:.2f}; step {:.2f} ms, 2 rows {:.2f}, "
+                    "draft level {:.2f} ms)",
+                    decoding[i]->id(), depth[i], limit[i], asks[i].level_probs.size() > 0 ? asks[i].level_probs[0] : 0.0,
+                    asks[i].level_probs.size() > 1 ? asks[i].level_probs[1] : 0.0,
+                    asks[i].level_probs.size() > 2 ? asks[i].level_probs[2] : 0.0, one_row,
+                    cost_.step_ms(plan.base_rows + 1, plan.mean_context), cost_.draft_ms(1));
+  for (std::size_t i = 0; i < decoding.size(); ++i) {
+    Sequence* r = decoding[i];
+    if (depth[i] <= 0) {
+      if (limit[i] > 0) {  // the budget's choice, not the end of the request
+        ++metrics_.budget_skipped_steps;
+        ++r->m.budget_skipped;
+        ++r->acc.idle_steps;
+      }
+      continue;
+    }
+    r->acc.idle_steps = 0;
+    plan.draft_levels += depth[i];
+    plan.depth_limits.push_back(depth[i]);
     plan.proposal_ids.push_back(r->id());
-    plan.proposals.items.push_back({r->id(), std::make_shared<const std::vector<std::int32_t>>(r->seq), nodes, depth,
+    plan.proposals.items.push_back({r->id(), std::make_shared<const std::vector<std::int32_t>>(r->seq),
+                                    static_cast<std::int32_t>(draft_.num_draft_tokens - 1), depth[i],
                                     r->sub->request.sampling, r->seed, std::move(r->hidden), r->hidden_first,
                                     r->kv_pages, r->kv_length});
     r->hidden.clear();
   }
-  return plan;
 }
 
 bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
   if (stale(plan)) return false;
+  const double draft_ms = ms_between(plan.started, Clock::now());
+  metrics_.draft_ms += draft_ms;
+  cost_.observe_draft(plan.draft_levels, draft_ms);
   const auto& ids = plan.proposal_ids;
+  // Keep only well-formed nodes (parents before children) within the depth and tree limits: a
+  // drafter bug must not reach the target. Then the acceptance model's probability of each.
+  struct Kept {
+    Sequence* req = nullptr;
+    std::vector<std::int32_t> tokens, parents, depth, source;  // source: index in the proposal
+    std::vector<float> scores;
+    std::vector<double> prob;
+  };
+  std::vector<Kept> kept(ids.size());
+  std::vector<Candidate> cands;
   for (std::size_t i = 0; i < ids.size() && i < p.tokens.size() && i < p.parents.size(); ++i) {
-    Sequence* req = find_running(ids[i]);
-    if (!req) continue;  // retired while the proposal was out
+    Kept& k = kept[i];
+    k.req = find_running(ids[i]);
+    if (!k.req) continue;  // retired while the proposal was out
     const auto& toks = p.tokens[i];
     const auto& pars = p.parents[i];
-    // Keep only well-formed nodes (parents before children) within the depth and tree limits: a
-    // drafter bug must not reach the target.
+    const std::vector<float>* scores = i < p.scores.size() && p.scores[i].size() == toks.size() ? &p.scores[i] : nullptr;
     std::vector<std::int32_t> depth(toks.size(), 0), keep_index(toks.size(), -1);
-    std::vector<std::int32_t> kept_tokens, kept_parents;
-    std::int32_t max_depth = 0;
     for (std::size_t j = 0; j < toks.size() && j < pars.size(); ++j) {
       const std::int32_t par = pars[j];
       if (par < -1 || par >= static_cast<std::int32_t>(j) ||
           (par >= 0 && keep_index[static_cast<std::size_t>(par)] < 0))
         continue;
       depth[j] = par < 0 ? 1 : depth[static_cast<std::size_t>(par)] + 1;
-      if (depth[j] > plan.depth_limits[i] ||
-          static_cast<std::int64_t>(kept_tokens.size()) + 1 >= config::kMaxTreeTokens)
+      if (depth[j] > plan.depth_limits[i] || static_cast<std::int64_t>(k.tokens.size()) + 1 >= config::kMaxTreeTokens)
         continue;
-      keep_index[j] = static_cast<std::int32_t>(kept_tokens.size());
-      kept_tokens.push_back(toks[j]);
-      kept_parents.push_back(par < 0 ? -1 : keep_index[static_cast<std::size_t>(par)]);
-      max_depth = std::max(max_depth, depth[j]);
+      const std::int32_t kp = par < 0 ? -1 : keep_index[static_cast<std::size_t>(par)];
+      const float sc = scores ? (*scores)[j] : -1.0f;
+      double pr = accept_.node_prob(sc, depth[j], k.req->acc);
+      if (kp >= 0) pr = std::min(pr, k.prob[static_cast<std::size_t>(kp)]);  // never likelier than its parent
+      keep_index[j] = static_cast<std::int32_t>(k.tokens.size());
+      cands.push_back({i, keep_index[j], kp, pr});
+      k.tokens.push_back(toks[j]);
+      k.parents.push_back(kp);
+      k.depth.push_back(depth[j]);
+      k.source.push_back(static_cast<std::int32_t>(j));
+      k.scores.push_back(sc);
+      k.prob.push_back(pr);
     }
-    req->draft_depth = max_depth;
-    // Sampled drafts keep their q rows only when the whole chain was kept.
-    const bool whole_chain = kept_tokens.size() == toks.size();
+  }
+  // The budget: which of those nodes the target verifies (all of them with a fixed shape).
+  std::vector<bool> verify(cands.size(), true);
+  if (draft_.adaptive)
+    verify = select_nodes(cands, plan.base_rows, plan.base_tokens, plan.mean_context, cost_, draft_ms);
+  std::vector<std::vector<bool>> chosen(kept.size());
+  for (std::size_t i = 0; i < kept.size(); ++i) chosen[i].assign(kept[i].tokens.size(), false);
+  for (std::size_t c = 0; c < cands.size(); ++c)
+    chosen[cands[c].request][static_cast<std::size_t>(cands[c].index)] = verify[c];
+  std::int64_t added = 0;
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    Kept& k = kept[i];
+    if (!k.req) continue;
+    std::vector<std::int32_t> tokens, parents, remap(k.tokens.size(), -1);
+    k.req->verified.clear();
+    std::int32_t max_depth = 0;
+    bool prefix_chain = true;  // the kept nodes are the proposal's first nodes, a chain
+    for (std::size_t j = 0; j < k.tokens.size(); ++j) {
+      if (!chosen[i][j]) continue;
+      const std::int32_t par = k.parents[j] < 0 ? -1 : remap[static_cast<std::size_t>(k.parents[j])];
+      remap[j] = static_cast<std::int32_t>(tokens.size());
+      prefix_chain = prefix_chain && k.source[j] == static_cast<std::int32_t>(tokens.size()) &&
+                     par == static_cast<std::int32_t>(tokens.size()) - 1;
+      tokens.push_back(k.tokens[j]);
+      parents.push_back(par);
+      k.req->verified.push_back({k.tokens[j], par, k.depth[j], k.scores[j], k.prob[j]});
+      max_depth = std::max(max_depth, k.depth[j]);
+    }
+    k.req->draft_depth = max_depth;
+    added += static_cast<std::int64_t>(tokens.size());
+    if (max_depth > 0)
+      rows_per_level_ = 0.9 * rows_per_level_ + 0.1 * static_cast<double>(tokens.size()) / max_depth;
     for (auto& item : plan.batch.items)
       if (item.req == ids[i]) {
-        item.tokens.insert(item.tokens.end(), kept_tokens.begin(), kept_tokens.end());
-        item.parents = std::move(kept_parents);
-        if (whole_chain && i < p.probs.size()) item.draft_probs = std::move(p.probs[i]);
+        // Sampled drafts keep their q rows for the chain prefix that is verified.
+        if (i < p.probs.size() && !p.probs[i].empty() && prefix_chain && !p.tokens[i].empty()) {
+          const std::size_t vocab = p.probs[i].size() / p.tokens[i].size();
+          item.draft_probs.assign(p.probs[i].begin(), p.probs[i].begin() + static_cast<long>(vocab * tokens.size()));
+          if (tokens.empty()) item.draft_probs.clear();
+        }
+        item.tokens.insert(item.tokens.end(), tokens.begin(), tokens.end());
+        item.parents = std::move(parents);
       }
   }
-  metrics_.draft_ms += ms_between(plan.started, Clock::now());
+  plan.rows = plan.base_rows + added;
   plan.started = Clock::now();  // from here on: the target step's wall time
   return true;
 }
@@ -424,8 +546,10 @@ bool Scheduler::proposals_failed(StepPlan& plan) {
 
 void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
   if (stale(plan)) return;
-  metrics_.step_wall_ms += ms_between(plan.started, Clock::now());
+  const double wall = ms_between(plan.started, Clock::now());
+  metrics_.step_wall_ms += wall;
   metrics_.step_compute_ms += res.compute_ms;
+  cost_.observe_step(plan.rows, plan.mean_context, wall);
   ++metrics_.steps;
   const std::size_t width = draft_.needs.hidden_layers.size() * static_cast<std::size_t>(hidden_size_);
   for (auto& item : res.items) {
@@ -467,6 +591,7 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
       if (static_cast<std::int32_t>(raa.size()) < item.accepted) raa.resize(static_cast<std::size_t>(item.accepted), 0);
       for (std::int32_t d = 0; d < r.draft_depth; ++d) ++rda[static_cast<std::size_t>(d)];
       for (std::int32_t d = 0; d < item.accepted; ++d) ++raa[static_cast<std::size_t>(d)];
+      if (draft_.configured && r.sub->request.speculative) observe_verification(r, item);
       r.draft_depth = 0;
       reason = emit(r, item.tokens);
     }
@@ -477,6 +602,25 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
     }
   }
   busy_ = false;
+}
+
+// What the target accepted of the nodes it verified: each node is accepted when its parent is and its
+// token is the accepted one at its depth.
+void Scheduler::observe_verification(Sequence& r, const ItemResult& item) {
+  std::vector<bool> ok(r.verified.size(), false);
+  for (std::size_t j = 0; j < r.verified.size(); ++j) {
+    const auto& v = r.verified[j];
+    ok[j] = v.depth <= item.accepted && (v.parent < 0 || ok[static_cast<std::size_t>(v.parent)]) &&
+            static_cast<std::size_t>(v.depth) <= item.tokens.size() &&
+            item.tokens[static_cast<std::size_t>(v.depth - 1)] == v.token;
+    accept_.observe_node(v.score, v.depth, v.prob, ok[j], r.acc);
+  }
+  if (r.draft_depth > 0) accept_.observe_levels(r.draft_depth, item.accepted, r.acc);
+  auto& h = metrics_.verified_nodes;
+  const std::size_t n = std::min<std::size_t>(r.verified.size(), 32);
+  if (h.size() <= n) h.resize(n + 1, 0);
+  ++h[n];
+  r.verified.clear();
 }
 
 void Scheduler::step_failed(const StepPlan& plan, const std::string& error) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "drafters/drafter.hpp"
+#include "sched/budget.hpp"
 #include "model/tokenizer.hpp"
 #include "sched/step.hpp"
 #include "sched/types.hpp"
@@ -66,6 +67,14 @@ struct Sequence {
   bool cancelled = false;
   bool in_step = false;
   std::int32_t draft_depth = 0;  // depth of the proposal in the step in flight
+  // The nodes of that proposal the target verifies, with what the acceptance model predicted.
+  struct Verified {
+    std::int32_t token = 0, parent = -1, depth = 1;
+    float score = -1;
+    double prob = 0;
+  };
+  std::vector<Verified> verified;
+  RequestAcceptance acc;
   // Target features for a head drafter, gathered since the last proposal.
   std::vector<float> hidden;
   std::int64_t hidden_first = 0;  // context position of hidden's first row
@@ -92,6 +101,7 @@ struct DraftShape {
   bool configured = false;            // an algorithm is set (τ and speculative_steps count these requests)
   std::int64_t num_draft_tokens = 1;  // tree size including the root (and a head's prompt-lookup branch)
   std::int64_t num_steps = 1;         // maximum depth (likewise)
+  bool adaptive = false;              // --speculative-adaptive: the budget decides depths and nodes
   drafters::DrafterNeeds needs;
 };
 DraftShape draft_shape_of(const config::Snapshot& draft, drafters::DrafterNeeds needs);
@@ -104,7 +114,14 @@ struct StepPlan {
   std::vector<std::uint64_t> proposal_ids;  // proposals.items[i] is for this request
   std::vector<std::int32_t> depth_limits;   // and may be at most this deep
   Clock::time_point started;
+  // The step's shape for the cost model: rows without drafts, tokens it yields without drafts, all
+  // rows, the mean context per row, and the draft levels asked.
+  std::int64_t base_rows = 0, rows = 0, draft_levels = 0;
+  double base_tokens = 0, mean_context = 0;
 };
+
+// How often a request the budget stopped drafting for is probed (decode steps).
+inline constexpr std::int64_t kProbeInterval = 4;
 
 class Scheduler {
  public:
@@ -115,6 +132,10 @@ class Scheduler {
   // hidden size (the width of captured rows).
   void set_target(std::int64_t kv_pages, std::shared_ptr<const model::Tokenizer> tokenizer, std::int64_t hidden_size);
   void set_draft(DraftShape shape);
+  // Step times measured at start-up: (rows, ms) at a short context.
+  void seed_costs(const std::vector<std::pair<std::int64_t, double>>& probe);
+  const CostModel& cost() const { return cost_; }
+  const AcceptanceModel& acceptance() const { return accept_; }
   // Steps run once the policy is ready (the target is loaded, the draft worker answered or failed).
   void set_ready();
   bool ready() const { return ready_; }
@@ -160,6 +181,8 @@ class Scheduler {
   void retire(Sequence& r, const std::string& reason, const std::string& error = {}, bool invalid_request = false);
   std::string emit(Sequence& r, const std::vector<std::int32_t>& tokens);
   std::string refusal(const Sequence& r) const;
+  void plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decoding);
+  void observe_verification(Sequence& r, const ItemResult& item);
 
   Limits limits_;
   std::function<void(std::uint64_t)> release_;
@@ -173,6 +196,9 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> queue_;
   std::vector<std::unique_ptr<Sequence>> running_;
   EngineMetrics metrics_;
+  CostModel cost_;
+  AcceptanceModel accept_;
+  double rows_per_level_ = 1;  // nodes verified per drafted level (trees verify more than one)
 };
 
 }  // namespace specactor::sched

@@ -41,6 +41,7 @@ struct Proposals {
   std::vector<std::vector<std::int32_t>> tokens;   // per item: draft tokens (possibly none)
   std::vector<std::vector<std::int32_t>> parents;  // per item: their parents (see drafters::DraftTree)
   std::vector<std::vector<float>> probs;           // per item: q rows when the drafter sampled
+  std::vector<std::vector<float>> scores;          // per item: each node's score (drafters::DraftTree), or none
   double compute_ms = 0;
 };
 

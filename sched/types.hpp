@@ -39,6 +39,7 @@ struct RequestMetrics {
   std::int64_t accepted = 0;              // draft tokens accepted
   double mean_accepted_length = 0;        // τ: tokens emitted per decode step (accepted + 1)
   std::int64_t fallbacks = 0;             // steps that ran without a draft because the drafter was gone
+  std::int64_t budget_skipped = 0;        // steps that ran without a draft because the budget said it would not pay
   std::vector<std::int64_t> drafted_at;   // [d]: this request's steps whose proposal reached depth d+1
   std::vector<std::int64_t> accepted_at;  // [d]: this request's steps that accepted a token at depth d+1
 };
@@ -78,6 +79,13 @@ struct EngineMetrics {
   std::int64_t draft_failures = 0;  // times the draft worker died
   std::string draft_error;          // why it last died (e.g. a head file that does not fit the target)
   std::int64_t fallback_steps = 0;  // per-request decode steps run without a draft after a failure
+  bool adaptive = false;            // --speculative-adaptive: the budget decides what is drafted and verified
+  std::int64_t budget_skipped_steps = 0;  // per-request decode steps run without a draft by the budget
+  std::vector<std::int64_t> verified_nodes;  // [n]: per-request decode steps that verified n draft nodes (last: n or more)
+  double calibration_error = 0;   // acceptance model: expected calibration error of its node predictions
+  double calibrated_nodes = 0;    // predictions that error covers
+  std::vector<double> step_cost;  // cost model: c(k) = step time of k rows ÷ 1 row, k = 1, 2, 4, 8, 16, 32
+  double step_ms_1 = 0;           // cost model: one row's step time, ms (short context)
   bool draft_alive = false;
   std::string algorithm;                  // the speculative algorithm in the draft snapshot ("NONE" without)
   double step_wall_ms = 0;                // Σ wall time of target steps seen by the scheduler

@@ -1,0 +1,307 @@
+// sched/budget.cpp — see budget.hpp.
+#include "sched/budget.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace specactor::sched {
+
+// --- RingMedian ------------------------------------------------------------------------------------
+
+void RingMedian::add(double v) {
+  if (!std::isfinite(v) || v < 0) return;
+  v_[next_] = v;
+  next_ = (next_ + 1) % kCap;
+  n_ = std::min(n_ + 1, kCap);
+}
+
+double RingMedian::median() const {
+  if (n_ == 0) return 0;
+  std::array<double, kCap> s = v_;
+  std::sort(s.begin(), s.begin() + static_cast<long>(n_));
+  return n_ % 2 ? s[n_ / 2] : 0.5 * (s[n_ / 2 - 1] + s[n_ / 2]);
+}
+
+// --- CostModel -------------------------------------------------------------------------------------
+
+int CostModel::band_of(double c) { return c < 1024 ? 0 : c < 4096 ? 1 : c < 16384 ? 2 : 3; }
+
+int CostModel::bucket_of(std::int64_t rows) {
+  if (rows <= 1) return 0;
+  if (rows <= 32) return static_cast<int>(rows - 1);
+  if (rows <= 64) return 32 + static_cast<int>((rows - 33) / 8);     // 40, 48, 56, 64
+  if (rows <= 256) return 36 + static_cast<int>((rows - 65) / 32);   // 96 .. 256
+  return std::min(kBuckets - 1, 42 + static_cast<int>((rows - 257) / 128));  // 384 ..
+}
+
+std::int64_t CostModel::bucket_rows(int b) {
+  if (b < 32) return b + 1;
+  if (b < 36) return 40 + 8 * (b - 32);
+  if (b < 42) return 96 + 32 * (b - 36);
+  return 384 + 128 * (b - 42);
+}
+
+void CostModel::seed(std::int64_t rows, double ms) {
+  if (rows < 1 || !std::isfinite(ms) || ms <= 0) return;
+  const int b = bucket_of(rows);
+  cells_[0][static_cast<std::size_t>(b)].seeded = ms * static_cast<double>(bucket_rows(b)) / static_cast<double>(rows);
+  fresh_.fill(false);
+}
+
+void CostModel::observe_step(std::int64_t rows, double mean_context, double ms) {
+  if (rows < 1 || !std::isfinite(ms) || ms <= 0) return;
+  const int b = bucket_of(rows);
+  const int band = band_of(mean_context);
+  // A bucket above 32 holds several row counts: scale to its representative (linear there).
+  cells_[static_cast<std::size_t>(band)][static_cast<std::size_t>(b)].real.add(
+      ms * static_cast<double>(bucket_rows(b)) / static_cast<double>(rows));
+  fresh_.fill(false);
+}
+
+// A cell's estimate; a band that never saw this bucket borrows the shape of one that did, scaled at a
+// bucket both know.
+double CostModel::band_estimate(int band, int bucket) const {
+  const auto& row = cells_[static_cast<std::size_t>(band)];
+  if (const double e = row[static_cast<std::size_t>(bucket)].estimate(); e > 0) return e;
+  for (int dist = 1; dist < kBands; ++dist)
+    for (int other : {band - dist, band + dist}) {
+      if (other < 0 || other >= kBands) continue;
+      const auto& ref = cells_[static_cast<std::size_t>(other)];
+      const double target = ref[static_cast<std::size_t>(bucket)].estimate();
+      if (target <= 0) continue;
+      // the bucket nearest to `bucket` that both bands know
+      for (int d = 0; d < kBuckets; ++d)
+        for (int j : {bucket - d, bucket + d}) {
+          if (j < 0 || j >= kBuckets) continue;
+          const double mine = row[static_cast<std::size_t>(j)].estimate();
+          const double theirs = ref[static_cast<std::size_t>(j)].estimate();
+          if (mine > 0 && theirs > 0) return mine * target / theirs;
+        }
+    }
+  return -1;
+}
+
+// A line through the band's bucket estimates, fitted robustly (Theil–Sen: the median of the slopes
+// between every two buckets, then the median intercept), so one noisy or stale bucket cannot bend
+// the whole curve; each bucket's estimate is itself a median of recent steps.
+const CostModel::Line& CostModel::line(int band) const {
+  Line& l = lines_[static_cast<std::size_t>(band)];
+  if (fresh_[static_cast<std::size_t>(band)]) return l;
+  std::vector<std::pair<double, double>> pts;
+  for (int b = 0; b < kBuckets; ++b)
+    if (const double e = band_estimate(band, b); e > 0) pts.emplace_back(static_cast<double>(bucket_rows(b)), e);
+  l = {};
+  if (pts.size() == 1) {
+    l = {0.0, pts[0].second / pts[0].first, true};  // one point: proportional, the most a row can cost
+  } else if (pts.size() > 1) {
+    std::vector<double> slopes, cuts;
+    for (std::size_t i = 0; i < pts.size(); ++i)
+      for (std::size_t j = i + 1; j < pts.size(); ++j)
+        slopes.push_back((pts[j].second - pts[i].second) / (pts[j].first - pts[i].first));
+    auto med = [](std::vector<double>& v) {
+      std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+      return v[v.size() / 2];
+    };
+    const double slope = std::max(0.0, med(slopes));
+    for (const auto& [r, t] : pts) cuts.push_back(t - slope * r);
+    l = {med(cuts), slope, true};
+  }
+  fresh_[static_cast<std::size_t>(band)] = true;
+  return l;
+}
+
+bool CostModel::known() const {
+  for (int b = 0; b < kBands; ++b)
+    if (line(b).known) return true;
+  return false;
+}
+
+double CostModel::step_ms(std::int64_t rows, double mean_context) const {
+  const Line& l = line(band_of(mean_context));
+  if (!l.known) return 0;
+  const double r = static_cast<double>(std::max<std::int64_t>(rows, 1));
+  return std::max(l.a + l.b * r, 1e-3);
+}
+
+double CostModel::relative(std::int64_t rows, double mean_context) const {
+  const double one = step_ms(1, mean_context);
+  return one > 0 ? step_ms(rows, mean_context) / one : 1.0;
+}
+
+void CostModel::observe_draft(std::int64_t levels, double ms) {
+  if (levels > 0) draft_per_level_.add(ms / static_cast<double>(levels));
+}
+
+double CostModel::draft_ms(std::int64_t levels) const {
+  return levels > 0 ? draft_per_level_.median() * static_cast<double>(levels) : 0.0;
+}
+
+// --- AcceptanceModel -------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::array<float, 11> kEdges{0.9f, 0.8f, 0.7f, 0.6f, 0.5f, 0.4f, 0.3f, 0.2f, 0.1f, 0.05f, 0.02f};
+constexpr double kRequestDecay = 0.9;  // per verified node / proposal: recent behaviour of a request
+constexpr double kGlobalCap = 4000;    // global cells halve past this many observations (slow drift)
+
+double prior_none(int depth) { return std::pow(0.6, depth); }
+
+}  // namespace
+
+int AcceptanceModel::score_bin(float score) {
+  if (!(score >= 0)) return kScoreBins;
+  for (int i = 0; i < static_cast<int>(kEdges.size()); ++i)
+    if (score >= kEdges[static_cast<std::size_t>(i)]) return i;
+  return static_cast<int>(kEdges.size());
+}
+
+double AcceptanceModel::node_prob(float score, int depth, const RequestAcceptance& r) const {
+  const int d = std::clamp(depth, 1, kMaxDepth);
+  const int bin = score_bin(score);
+  const Beta& c = table_[static_cast<std::size_t>(bin)][static_cast<std::size_t>(d)];
+  const double prior = bin == kScoreBins ? prior_none(d) : static_cast<double>(score);
+  const double base = (c.hits + 4.0 * prior) / (c.seen + 4.0);
+  return std::clamp(base * std::clamp(r.factor(), 0.25, 2.5), 0.0, 0.98);
+}
+
+// P(reach d) = Π q_j, q_j = P(depth j accepted | depth j-1 was). Each q_j is estimated from the
+// steps that reached depth j-1 and drafted depth j; a level not seen yet takes the level above's
+// estimate as its prior (acceptance rarely collapses with depth), the first level takes 0.6. The
+// request's own counts (recent, decayed) have the global estimate as their prior.
+double AcceptanceModel::level_prob(int depth, const RequestAcceptance& r) const {
+  const int D = std::clamp(depth, 1, kMaxDepth);
+  double p = 1.0, g_prev = 0.6, r_prev = 0.6;
+  for (int d = 1; d <= D; ++d) {
+    const auto i = static_cast<std::size_t>(d);
+    const Beta& g = levels_[i];
+    const double gq = (g.hits + 2.0 * g_prev) / (g.seen + 2.0);
+    const double rq = (r.level_hits[i] + 3.0 * (d == 1 ? gq : std::min(gq, r_prev) * 0.5 + gq * 0.5)) /
+                      (r.level_seen[i] + 3.0);
+    p *= rq;
+    g_prev = gq;
+    r_prev = rq;
+  }
+  return p;
+}
+
+void AcceptanceModel::observe_node(float score, int depth, double predicted, bool accepted, RequestAcceptance& r) {
+  const int d = std::clamp(depth, 1, kMaxDepth);
+  Beta& c = table_[static_cast<std::size_t>(score_bin(score))][static_cast<std::size_t>(d)];
+  if (c.seen >= kGlobalCap) c.hits *= 0.5, c.seen *= 0.5;
+  c.seen += 1;
+  c.hits += accepted ? 1 : 0;
+  r.observed = kRequestDecay * r.observed + (accepted ? 1 : 0);
+  r.predicted = kRequestDecay * r.predicted + predicted;
+  const auto b = static_cast<std::size_t>(std::clamp(static_cast<int>(predicted * 10), 0, 9));
+  cal_pred_[b] += predicted;
+  cal_obs_[b] += accepted ? 1 : 0;
+  cal_n_[b] += 1;
+}
+
+void AcceptanceModel::observe_levels(int drafted, int accepted, RequestAcceptance& r) {
+  for (std::size_t i = 1; i < r.level_seen.size(); ++i) {
+    r.level_seen[i] *= kRequestDecay;
+    r.level_hits[i] *= kRequestDecay;
+  }
+  for (int d = 1; d <= std::min({drafted, accepted + 1, kMaxDepth}); ++d) {  // depths whose parent was accepted
+    const auto i = static_cast<std::size_t>(d);
+    r.level_seen[i] += 1;
+    r.level_hits[i] += accepted >= d ? 1 : 0;
+    Beta& g = levels_[i];
+    if (g.seen >= kGlobalCap) g.hits *= 0.5, g.seen *= 0.5;
+    g.seen += 1;
+    g.hits += accepted >= d ? 1 : 0;
+  }
+}
+
+double AcceptanceModel::calibration_count() const { return std::accumulate(cal_n_.begin(), cal_n_.end(), 0.0); }
+
+double AcceptanceModel::calibration_error() const {
+  const double n = calibration_count();
+  if (n <= 0) return 0;
+  double e = 0;
+  for (std::size_t b = 0; b < cal_n_.size(); ++b)
+    if (cal_n_[b] > 0) e += std::abs(cal_pred_[b] - cal_obs_[b]) / n;  // = (n_b/n)·|mean pred − rate|
+  return e;
+}
+
+// --- the budget ------------------------------------------------------------------------------------
+
+std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::int64_t base_rows, double base_tokens,
+                                      double mean_context, const CostModel& cost) {
+  std::vector<std::int32_t> depth(asks.size(), 0);
+  if (!cost.known()) {  // nothing measured yet: the full shape
+    for (std::size_t i = 0; i < asks.size(); ++i) depth[i] = asks[i].max_depth;
+    return depth;
+  }
+  struct Level {
+    std::size_t req;
+    std::int32_t d;
+    double prob, rows;
+  };
+  std::vector<Level> levels;
+  double tokens = base_tokens, rows = static_cast<double>(base_rows);
+  std::int64_t drafted_levels = 0;
+  for (std::size_t i = 0; i < asks.size(); ++i) {
+    const DepthAsk& a = asks[i];
+    double p = 1.0;
+    const std::int32_t forced = a.probe ? std::min<std::int32_t>(2, a.max_depth) : 0;
+    for (std::int32_t d = 1; d <= a.max_depth; ++d) {
+      p = std::min(p, d <= static_cast<std::int32_t>(a.level_probs.size())
+                          ? a.level_probs[static_cast<std::size_t>(d - 1)]
+                          : 0.0);
+      if (d <= forced) {
+        tokens += p;
+        rows += a.rows_per_level;
+        ++drafted_levels;
+        depth[i] = d;
+      } else {
+        levels.push_back({i, d, p, a.rows_per_level});
+      }
+    }
+  }
+  std::stable_sort(levels.begin(), levels.end(), [](const Level& x, const Level& y) { return x.prob > y.prob; });
+  auto rate = [&](double tok, double r, std::int64_t lv) {
+    const double t = cost.step_ms(static_cast<std::int64_t>(std::ceil(r)), mean_context) + cost.draft_ms(lv);
+    return t > 0 ? tok / t : 0.0;
+  };
+  double best = rate(tokens, rows, drafted_levels);
+  std::size_t best_k = 0;
+  for (std::size_t k = 0; k < levels.size(); ++k) {
+    tokens += levels[k].prob;
+    rows += levels[k].rows;
+    ++drafted_levels;
+    if (const double v = rate(tokens, rows, drafted_levels); v > best) best = v, best_k = k + 1;
+  }
+  for (std::size_t k = 0; k < best_k; ++k) depth[levels[k].req] = std::max(depth[levels[k].req], levels[k].d);
+  return depth;
+}
+
+std::vector<bool> select_nodes(const std::vector<Candidate>& nodes, std::int64_t base_rows, double base_tokens,
+                               double mean_context, const CostModel& cost, double spent_ms) {
+  std::vector<bool> keep(nodes.size(), !cost.known());
+  if (!cost.known()) return keep;
+  std::vector<std::size_t> order(nodes.size());
+  std::iota(order.begin(), order.end(), 0);
+  // By probability; among equals a parent (smaller index in its request) first, so every prefix is
+  // closed under ancestors (a child's probability never exceeds its parent's).
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (nodes[a].prob != nodes[b].prob) return nodes[a].prob > nodes[b].prob;
+    if (nodes[a].request != nodes[b].request) return nodes[a].request < nodes[b].request;
+    return nodes[a].index < nodes[b].index;
+  });
+  double tokens = base_tokens;
+  spent_ms = std::max(0.0, spent_ms);
+  double best = base_tokens / (spent_ms + cost.step_ms(base_rows, mean_context));
+  std::size_t best_k = 0;
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    tokens += nodes[order[k]].prob;
+    const double v = tokens / (spent_ms + cost.step_ms(base_rows + static_cast<std::int64_t>(k) + 1, mean_context));
+    if (v > best) best = v, best_k = k + 1;
+  }
+  for (std::size_t k = 0; k < best_k; ++k) keep[order[k]] = true;
+  return keep;
+}
+
+}  // namespace specactor::sched

@@ -1,0 +1,148 @@
+// sched/budget.hpp — the arithmetic that decides how much to speculate (no CAF, no clocks: every
+// time is passed in, so tests drive it with synthetic costs and acceptance sequences).
+//
+//   CostModel        what a target step of R rows costs at a given context, and what a draft round
+//                    costs per level; seeded by a start-up probe, refined from every real step by
+//                    ring medians (robust to a noisy machine).
+//   AcceptanceModel  the probability that a proposed node is accepted (it and every ancestor): a
+//                    calibration table over (drafter score, depth) shared by all requests, times a
+//                    per-request factor (observed / predicted acceptance, decayed).
+//   plan_depths      before drafting: how deep each request drafts (0 = not at all), chosen to
+//                    maximise expected tokens per second of the whole step.
+//   select_nodes     after drafting: which proposed nodes the target verifies, the same objective
+//                    with the draft's cost already spent.
+//
+// The budget only changes how much is verified, never what is accepted: a selection is closed
+// under ancestors, so verification stays exactly as lossless as without it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace specactor::sched {
+
+// A small ring of recent measurements whose median is the estimate.
+class RingMedian {
+ public:
+  void add(double v);
+  bool empty() const { return n_ == 0; }
+  std::size_t size() const { return n_; }
+  double median() const;
+
+ private:
+  static constexpr std::size_t kCap = 9;
+  std::array<double, kCap> v_{};
+  std::size_t n_ = 0, next_ = 0;
+};
+
+class CostModel {
+ public:
+  // Context bands by the mean context a row attends to: [0, 1k), [1k, 4k), [4k, 16k), [16k, ∞).
+  static constexpr int kBands = 4;
+  static int band_of(double mean_context);
+  // Row buckets: 1..32 exactly, then every 8 to 64, every 32 to 256, every 128 beyond.
+  static int bucket_of(std::int64_t rows);
+  static std::int64_t bucket_rows(int bucket);
+
+  // A start-up probe: ms of one step of `rows` rows at a short context (band 0). Used until real
+  // steps of that size are seen.
+  void seed(std::int64_t rows, double ms);
+  // A real target step: its rows, the mean context per row, its wall time.
+  void observe_step(std::int64_t rows, double mean_context, double ms);
+  // The predicted time of a step (monotone in rows). 0 when nothing is known yet.
+  double step_ms(std::int64_t rows, double mean_context) const;
+  // c(R) = step_ms(R) / step_ms(1) at a context (1 when unknown).
+  double relative(std::int64_t rows, double mean_context) const;
+  bool known() const;
+
+  // A draft round: `levels` = Σ depth asked over its requests, its wall time.
+  void observe_draft(std::int64_t levels, double ms);
+  // Predicted wall time of a draft round of `levels` levels (0 for none, and before any round).
+  double draft_ms(std::int64_t levels) const;
+
+ private:
+  static constexpr int kBuckets = 64;
+  struct Cell {
+    RingMedian real;
+    double seeded = -1;
+    double estimate() const { return real.empty() ? seeded : real.median(); }
+  };
+  double band_estimate(int band, int bucket) const;  // -1 when no band knows enough
+  struct Line {
+    double a = 0, b = 0;  // ms = a + b · rows
+    bool known = false;
+  };
+  const Line& line(int band) const;
+  std::array<std::array<Cell, kBuckets>, kBands> cells_{};
+  mutable std::array<Line, kBands> lines_;
+  mutable std::array<bool, kBands> fresh_{};
+  RingMedian draft_per_level_;
+};
+
+// Acceptance bookkeeping of one request (kept in its Sequence).
+struct RequestAcceptance {
+  double observed = 0, predicted = 0;  // decayed Σ accepted nodes and Σ their predicted probabilities
+  std::array<double, 33> level_hits{}, level_seen{};  // decayed: steps accepting depth d / reaching d-1 and drafting d
+  std::int64_t idle_steps = 0;                        // decode steps in a row without a draft by the budget
+  double factor() const { return (observed + 1.0) / (predicted + 1.0); }
+};
+
+class AcceptanceModel {
+ public:
+  static constexpr int kMaxDepth = 32;
+  static constexpr int kScoreBins = 12;
+  static int score_bin(float score);
+
+  // P(node accepted), score < 0: the drafter gave none.
+  double node_prob(float score, int depth, const RequestAcceptance& r) const;
+  // P(the chain reaches depth d) for this request, before anything is drafted.
+  double level_prob(int depth, const RequestAcceptance& r) const;
+  // One verified node: its score, depth, what was predicted and whether it was accepted.
+  void observe_node(float score, int depth, double predicted, bool accepted, RequestAcceptance& r);
+  // One verified proposal: how deep it went and how deep it was accepted.
+  void observe_levels(int drafted_depth, int accepted_depth, RequestAcceptance& r);
+  // Expected calibration error of the predictions so far (|mean predicted − observed rate| weighted
+  // over ten bins of the prediction), and how many predictions it covers.
+  double calibration_error() const;
+  double calibration_count() const;
+
+ private:
+  struct Beta {
+    double hits = 0, seen = 0;
+  };
+  std::array<std::array<Beta, kMaxDepth + 1>, kScoreBins + 1> table_{};  // [bin or kScoreBins = none][depth]
+  std::array<Beta, kMaxDepth + 1> levels_{};
+  std::array<double, 10> cal_pred_{}, cal_obs_{}, cal_n_{};
+};
+
+// One request's side of a depth plan.
+struct DepthAsk {
+  std::int32_t max_depth = 0;  // what the shape and the request allow
+  bool probe = false;          // idle long enough: draft at least a little whatever the estimate
+  std::vector<double> level_probs;  // [d-1]: P(reaching depth d), non-increasing
+  double rows_per_level = 1;        // nodes the target verifies per level (a tree verifies more)
+};
+
+// Depths that maximise (base_tokens + Σ expected tokens) / (step time + draft time), by adding
+// levels in order of their probability. base_rows: rows the step has anyway (roots, prefill chunks).
+std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::int64_t base_rows,
+                                      double base_tokens, double mean_context, const CostModel& cost);
+
+// One proposed node as the selection sees it.
+struct Candidate {
+  std::size_t request = 0;  // index of its request in the step
+  std::int32_t index = 0;   // its index in the request's proposal
+  std::int32_t parent = -1;
+  double prob = 0;  // P(accepted), already non-increasing from parent to child
+};
+
+// For every candidate whether it is verified: the best prefix of the candidates ordered by
+// probability (parents first) under the same objective. Closed under ancestors. `spent_ms`: time
+// this step has taken already (its draft round): it cannot be saved, but it is part of the step's
+// rate, so leaving it out would make every row look dearer than it is.
+std::vector<bool> select_nodes(const std::vector<Candidate>& nodes, std::int64_t base_rows, double base_tokens,
+                               double mean_context, const CostModel& cost, double spent_ms = 0);
+
+}  // namespace specactor::sched
