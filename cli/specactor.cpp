@@ -405,7 +405,7 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   const sc::ServerArgs parsed = sc::parse_server_args(rest);
   if (o.all_drafters && parsed.device != sc::Device::Cuda) {
     // Plain vs every drafter on this device (what `bench --device cuda` ends with).
-    if (parsed.speculative_algorithm != sc::SpecAlgorithm::None)
+    if (parsed.speculative_algorithm != sc::SpecAlgorithm::None && parsed.speculative_algorithm != sc::SpecAlgorithm::Auto)
       throw sc::ConfigError("--all-drafters: picks the algorithms itself; drop --speculative-algorithm");
     const std::int64_t repeats = o.repeats ? o.repeats : 2;
     const Resolved r = resolve_from_args(rest);
@@ -422,7 +422,10 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
     print_drafter_rows(rows, o.prompts, o.max_new_tokens, repeats);
     return 0;
   }
-  if (parsed.device == sc::Device::Cuda && parsed.speculative_algorithm == sc::SpecAlgorithm::None) {
+  // AUTO: speculative with a head that ships for the model, else the plain speed run.
+  sc::SpecAlgorithm algo = parsed.speculative_algorithm;
+  if (algo == sc::SpecAlgorithm::Auto) algo = resolve_from_args(rest).target->speculative_algorithm;
+  if (parsed.device == sc::Device::Cuda && algo == sc::SpecAlgorithm::None) {
     CudaBenchOptions c;
     c.prompt_tokens = o.prompt_tokens;
     c.decode_tokens = o.decode_tokens;
@@ -432,7 +435,7 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
     c.json = o.json;
     return bench_cuda(rest, c);
   }
-  if (parsed.speculative_algorithm != sc::SpecAlgorithm::None)
+  if (algo != sc::SpecAlgorithm::None)
     return bench_speculative(rest, o.prompts, o.max_new_tokens, static_cast<int>(o.repeats ? o.repeats : 2), o.sweep,
                              o.json, o.chart);
   const std::int64_t prompt_tokens = o.prompt_tokens, decode_tokens = o.decode_tokens;

@@ -83,14 +83,20 @@ double CostModel::band_estimate(int band, int bucket) const {
 }
 
 // A line through the band's bucket estimates, fitted robustly (Theil–Sen: the median of the slopes
-// between every two buckets, then the median intercept), so one noisy or stale bucket cannot bend
-// the whole curve; each bucket's estimate is itself a median of recent steps.
+// between every two buckets, then the median intercept over the buckets real steps measured), so one
+// noisy or stale bucket cannot bend the whole curve; each bucket's estimate is itself a median of
+// recent steps.
 const CostModel::Line& CostModel::line(int band) const {
   Line& l = lines_[static_cast<std::size_t>(band)];
   if (fresh_[static_cast<std::size_t>(band)]) return l;
   std::vector<std::pair<double, double>> pts;
+  std::vector<bool> real;  // the band's own measured buckets (not probe values, not borrowed)
+  const auto& row = cells_[static_cast<std::size_t>(band)];
   for (int b = 0; b < kBuckets; ++b)
-    if (const double e = band_estimate(band, b); e > 0) pts.emplace_back(static_cast<double>(bucket_rows(b)), e);
+    if (const double e = band_estimate(band, b); e > 0) {
+      pts.emplace_back(static_cast<double>(bucket_rows(b)), e);
+      real.push_back(!row[static_cast<std::size_t>(b)].real.empty());
+    }
   l = {};
   if (pts.size() == 1) {
     l = {0.0, pts[0].second / pts[0].first, true};  // one point: proportional, the most a row can cost
@@ -104,7 +110,11 @@ const CostModel::Line& CostModel::line(int band) const {
       return v[v.size() / 2];
     };
     const double slope = std::max(0.0, med(slopes));
-    for (const auto& [r, t] : pts) cuts.push_back(t - slope * r);
+    // The level follows what real steps measure (the probe can be stale: the machine's speed drifts);
+    // the slope uses every bucket.
+    const bool any_real = std::find(real.begin(), real.end(), true) != real.end();
+    for (std::size_t i = 0; i < pts.size(); ++i)
+      if (real[i] || !any_real) cuts.push_back(pts[i].second - slope * pts[i].first);
     l = {med(cuts), slope, true};
   }
   fresh_[static_cast<std::size_t>(band)] = true;

@@ -409,7 +409,7 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
   // the node selection after it decides what is verified, from each proposal's own scores.
   const double one_row = cost_.step_ms(1, plan.mean_context);
   const bool cheap = cost_.draft_ms(1) <= 0.02 * one_row;
-  if (draft_.adaptive && !cheap && !std::getenv("SPECACTOR_NO_PLAN")) depth = plan_depths(asks, plan.base_rows, plan.base_tokens, plan.mean_context, cost_);
+  if (draft_.adaptive && !cheap) depth = plan_depths(asks, plan.base_rows, plan.base_tokens, plan.mean_context, cost_);
   if (spdlog::should_log(spdlog::level::trace))
     for (std::size_t i = 0; i < asks.size(); ++i)
       spdlog::trace("budget: request {} depth {} of {} (P(level) {:.2f} {:.2f} {:.2f}; step {:.2f} ms, 2 rows {:.2f}, "
@@ -450,7 +450,7 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
   // drafter bug must not reach the target. Then the acceptance model's probability of each.
   struct Kept {
     Sequence* req = nullptr;
-    std::vector<std::int32_t> tokens, parents, depth, source;  // source: index in the proposal
+    std::vector<std::int32_t> tokens, parents, depth;
     std::vector<float> scores;
     std::vector<double> prob;
   };
@@ -481,7 +481,6 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
       k.tokens.push_back(toks[j]);
       k.parents.push_back(kp);
       k.depth.push_back(depth[j]);
-      k.source.push_back(static_cast<std::int32_t>(j));
       k.scores.push_back(sc);
       k.prob.push_back(pr);
     }
@@ -501,13 +500,10 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
     std::vector<std::int32_t> tokens, parents, remap(k.tokens.size(), -1);
     k.req->verified.clear();
     std::int32_t max_depth = 0;
-    bool prefix_chain = true;  // the kept nodes are the proposal's first nodes, a chain
     for (std::size_t j = 0; j < k.tokens.size(); ++j) {
       if (!chosen[i][j]) continue;
       const std::int32_t par = k.parents[j] < 0 ? -1 : remap[static_cast<std::size_t>(k.parents[j])];
       remap[j] = static_cast<std::int32_t>(tokens.size());
-      prefix_chain = prefix_chain && k.source[j] == static_cast<std::int32_t>(tokens.size()) &&
-                     par == static_cast<std::int32_t>(tokens.size()) - 1;
       tokens.push_back(k.tokens[j]);
       parents.push_back(par);
       k.req->verified.push_back({k.tokens[j], par, k.depth[j], k.scores[j], k.prob[j]});
@@ -519,12 +515,9 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
       rows_per_level_ = 0.9 * rows_per_level_ + 0.1 * static_cast<double>(tokens.size()) / max_depth;
     for (auto& item : plan.batch.items)
       if (item.req == ids[i]) {
-        // Sampled drafts keep their q rows for the chain prefix that is verified.
-        if (i < p.probs.size() && !p.probs[i].empty() && prefix_chain && !p.tokens[i].empty()) {
-          const std::size_t vocab = p.probs[i].size() / p.tokens[i].size();
-          item.draft_probs.assign(p.probs[i].begin(), p.probs[i].begin() + static_cast<long>(vocab * tokens.size()));
-          if (tokens.empty()) item.draft_probs.clear();
-        }
+        // Sampled drafts keep their q rows only when the whole chain is verified (a chain cut by the
+        // budget is verified as proposed tokens, which is lossless too).
+        if (i < p.probs.size() && tokens.size() == p.tokens[i].size()) item.draft_probs = std::move(p.probs[i]);
         item.tokens.insert(item.tokens.end(), tokens.begin(), tokens.end());
         item.parents = std::move(parents);
       }

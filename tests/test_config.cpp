@@ -146,7 +146,7 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
       {{"--skip-tokenizer-init=maybe"}, "--skip-tokenizer-init: expected a boolean (true|false), got 'maybe'"},
       {{"--speculative-accept-threshold-acc", "x"}, "--speculative-accept-threshold-acc: expected a number, got 'x'"},
       {{"--speculative-algorithm", "MEDUSA"},
-       "--speculative-algorithm: expected one of NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|NEXTN, got "
+       "--speculative-algorithm: expected one of NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX|AUTO|NEXTN, got "
        "'MEDUSA'"},
       {{"--load-format", "pt"}, "--load-format: expected one of auto|gguf|safetensors|dummy, got 'pt'"},
       {{"--cpu-precision", "int8"}, "--cpu-precision: expected one of fast|exact, got 'int8'"},
@@ -172,7 +172,7 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
       {{"--speculative-algorithm", "STANDALONE"},
        "--speculative-draft-model-path: is required by --speculative-algorithm STANDALONE: give a draft model (or "
        "--speculative-draft-num-layers K for self-speculation)"},
-      {{"--speculative-num-steps", "3"},
+      {{"--speculative-algorithm", "NONE", "--speculative-num-steps", "3"},
        "--speculative-num-steps: is set but --speculative-algorithm is NONE; choose an algorithm or drop the flag"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-draft-num-layers", "4"},
        "--speculative-draft-num-layers: only applies to --speculative-algorithm STANDALONE (got NGRAM)"},
@@ -190,7 +190,7 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
        "--speculative-draft-p-min: must be in [0, 1) (got 1.000000)"},
       {{"--speculative-algorithm", "EAGLE3", "--speculative-draft-p-min", "-0.1"},
        "--speculative-draft-p-min: must be in [0, 1) (got -0.100000)"},
-      {{"--speculative-draft-p-min", "0.2"},
+      {{"--speculative-algorithm", "NONE", "--speculative-draft-p-min", "0.2"},
        "--speculative-draft-p-min: is set but --speculative-algorithm is NONE; choose an algorithm or drop the flag"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-draft-p-min", "0.2"},
        "--speculative-draft-p-min: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got NGRAM)"},
@@ -200,7 +200,7 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
        "--speculative-draft-ngram-tokens: must be in [0, 16] (got -1)"},
       {{"--speculative-algorithm", "EAGLE3", "--speculative-draft-ngram-min-match", "0"},
        "--speculative-draft-ngram-min-match: must be in [1, 64] (got 0)"},
-      {{"--speculative-draft-ngram-tokens", "3"},
+      {{"--speculative-algorithm", "NONE", "--speculative-draft-ngram-tokens", "3"},
        "--speculative-draft-ngram-tokens: is set but --speculative-algorithm is NONE; choose an algorithm or drop the "
        "flag"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-draft-ngram-tokens", "3"},
@@ -209,7 +209,7 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
       {{"--speculative-algorithm", "STANDALONE", "--speculative-draft-ngram-min-match", "3"},
        "--speculative-draft-ngram-min-match: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP "
        "(got STANDALONE)"},
-      {{"--speculative-draft-quantization", "q4_1"},
+      {{"--speculative-algorithm", "NONE", "--speculative-draft-quantization", "q4_1"},
        "--speculative-draft-quantization: is set but --speculative-algorithm is NONE; choose an algorithm or drop the "
        "flag"},
       {{"--speculative-algorithm", "EAGLE3", "--speculative-draft-quantization", "q2_k"},
@@ -340,6 +340,61 @@ TEST_CASE("automatic speculative shape") {
                          doctest::Contains("--speculative-draft-model-path: is required by --speculative-algorithm "
                                            "EAGLE3 for llama model m.gguf"),
                          ConfigError);
+  }
+  SUBCASE("AUTO (the default): EAGLE3 with the shipped head when one ships, else NONE; the log says which") {
+    ModelFacts f = llama_facts();
+    f.shipped_eagle3_head = "/repo/heads/m-eagle3";
+    f.shipped_head_defaults = ShippedHeadDefaults{{3, 2, 5}, 0.15, 3, "q4_1"};
+    const Snapshot user = freeze(parse_server_args({"--model-path", "m.gguf"}));
+    CHECK(user->speculative_algorithm == SpecAlgorithm::Auto);
+    const Snapshot s = resolve_target(user, f, no_gpu());
+    CHECK(s->speculative_algorithm == SpecAlgorithm::Eagle3);
+    CHECK(*s->speculative_draft_model_path == "/repo/heads/m-eagle3");
+    CHECK(s->speculative_adaptive);
+    bool logged = false;
+    for (const auto& e : s->override_log)
+      logged = logged || (e.source.rfind("auto.speculative_algorithm", 0) == 0 &&
+                          e.fields == json{{"speculative_algorithm", "EAGLE3"}});
+    CHECK(logged);
+    // Head settings without an algorithm follow AUTO's choice.
+    const Snapshot floor =
+        resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-draft-p-min", "0.3"})), f,
+                       no_gpu());
+    CHECK(*floor->speculative_draft_p_min == 0.3);
+    f.shipped_eagle3_head.clear();
+    f.shipped_head_defaults.reset();
+    CHECK(resolve_target(user, f, no_gpu())->speculative_algorithm == SpecAlgorithm::None);
+    // Without a head the same setting has nothing to apply to: refused, saying what AUTO chose.
+    CHECK_THROWS_WITH_AS(
+        resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-num-steps", "4"})), f,
+                       no_gpu()),
+        doctest::Contains("AUTO chose NONE"), ConfigError);
+    // A draft model names no algorithm: refused before anything loads.
+    CHECK_THROWS_WITH_AS(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-draft-model-path", "d.gguf"})),
+                         doctest::Contains("needs --speculative-algorithm"), ConfigError);
+    // NONE turns it off; --speculative-adaptive takes a value after it, or is a switch.
+    CHECK(resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "NONE"})), f,
+                         no_gpu())
+              ->speculative_algorithm == SpecAlgorithm::None);
+    CHECK_FALSE(parse_server_args({"--speculative-adaptive", "false"}).speculative_adaptive);
+    CHECK(parse_server_args({"--speculative-adaptive"}).speculative_adaptive);
+    CHECK_FALSE(parse_server_args({"--speculative-adaptive=false"}).speculative_adaptive);
+  }
+  SUBCASE("SUFFIX: a deep two-branch shape; its match lengths are checked") {
+    auto s = resolved({"--speculative-algorithm", "SUFFIX"});
+    CHECK(*s->speculative_num_steps == 16);
+    CHECK(*s->speculative_eagle_topk == 2);
+    CHECK(*s->speculative_num_draft_tokens == 24);
+    CHECK_THROWS_WITH_AS(freeze(parse_server_args({"--speculative-algorithm", "SUFFIX", "--speculative-suffix-min-match",
+                                                   "8", "--speculative-suffix-max-match", "4"})),
+                         doctest::Contains("--speculative-suffix-max-match: must be >= --speculative-suffix-min-match"),
+                         ConfigError);
+    CHECK_THROWS_WITH_AS(
+        freeze(parse_server_args({"--speculative-algorithm", "SUFFIX", "--speculative-suffix-cache-tokens", "-1"})),
+                         doctest::Contains("--speculative-suffix-cache-tokens"), ConfigError);
+    CHECK_THROWS_WITH_AS(
+        freeze(parse_server_args({"--speculative-algorithm", "NGRAM", "--speculative-draft-suffix-tokens", "4"})),
+                         doctest::Contains("only applies to the head drafters"), ConfigError);
   }
   SUBCASE("other algorithms: 3/1/4") {
     auto s = resolved({"--speculative-algorithm", "NGRAM"});

@@ -573,11 +573,15 @@ TEST_CASE("tensor parallel engine: TP = 2 and 3 give TP = 1's greedy tokens, pla
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
+  // Fixed shapes: the budget's choices follow measured step times, so the coins a sampled request
+  // draws (and so its tokens) could differ between two engines; the TP question is the same either way.
   const std::vector<std::vector<std::string>> modes = {
       {},
-      {"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4", "--speculative-eagle-topk", "1"},
+      {"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4", "--speculative-eagle-topk", "1",
+       "--speculative-adaptive", "false"},
       {"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", tp_identity_head(),
-       "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"},
+       "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6",
+       "--speculative-adaptive", "false"},
   };
   // A sampled request too: rank 0 alone draws the coins, every rank applies its decisions.
   GenerationRequest sampled = ids_request(tiny_prompt(5), 24);

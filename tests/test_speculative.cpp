@@ -476,6 +476,9 @@ TEST_CASE("default model: every head-free drafter is lossless on the shipped pro
   REQUIRE(reqs.size() >= 12);
   check_lossless({"--model-path", kDefaultModel, "--log-level", "warn"}, reqs,
                  {{"--speculative-algorithm", "NGRAM"},
+                  {"--speculative-algorithm", "NGRAM", "--speculative-adaptive", "false"},
+                  {"--speculative-algorithm", "SUFFIX"},
+                  {"--speculative-algorithm", "SUFFIX", "--speculative-adaptive", "false"},
                   {"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "4", "--speculative-eagle-topk", "4",
                    "--speculative-num-draft-tokens", "10"},
                   {"--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", kDefaultModel},
@@ -490,7 +493,10 @@ TEST_CASE("tiny model: STANDALONE and self-speculation are lossless, a mismatche
                  {{"--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", p},
                   {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "1"},
                   {"--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "3", "--speculative-num-steps", "3",
-                   "--speculative-num-draft-tokens", "7"}});
+                   "--speculative-num-draft-tokens", "7"},
+                  {"--speculative-algorithm", "SUFFIX", "--speculative-suffix-min-match", "1"},
+                  {"--speculative-algorithm", "SUFFIX", "--speculative-suffix-min-match", "1",
+                   "--speculative-suffix-cache-tokens", "64", "--speculative-adaptive", "false"}});
   if (fs::exists(kDefaultModel)) {
     auto e = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "off", "--speculative-algorithm",
                                 "STANDALONE", "--speculative-draft-model-path", p});

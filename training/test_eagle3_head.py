@@ -5,7 +5,9 @@
   default, as the config's override log must say), one round, first with the head's default setting
   (its tree, path-probability floor and Q4_1 weights), then with a chain of 3 drafts; checks
   - every output equals plain greedy decoding, in both runs,
-  - τ on the chat prompts >= MIN_TAU (argv[3], default 2.0) at the chain of 3.
+  - τ on the chat prompts >= MIN_TAU (argv[3], default 2.0) at the chain of 3, drafted whole every step
+    (--speculative-adaptive false: this measures the head; the budget would verify less where it does
+    not pay).
 Speeds are printed, never asserted.
 
     python3 training/test_eagle3_head.py BUILD_DIR MODEL.gguf [MIN_TAU]
@@ -32,7 +34,8 @@ def main():
         sys.exit("FAILED: the override log does not name auto.shipped_head:\n" + cfg.stdout[-2000:])
     print("ok: --speculative-algorithm EAGLE3 alone resolves to the shipped head (override source auto.shipped_head)")
     for label, shape in (("default setting", []),
-                         ("chain of 3", ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1"])):
+                         ("chain of 3", ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                                         "--speculative-adaptive", "false"])):
         p = subprocess.run([spec, "bench", "--model-path", model, "--speculative-algorithm", "EAGLE3", *shape,
                             "--prompts", os.path.join(ROOT, "cli", "bench_prompts.jsonl"), "--max-new-tokens", "64",
                             "--repeats", "1", "--json", "--threads", "2"], capture_output=True, text=True)

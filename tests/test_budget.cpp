@@ -1,0 +1,227 @@
+// tests/test_budget.cpp — the speculation budget (sched/budget.hpp) driven with synthetic costs and
+// acceptance sequences, and the suffix store (drafters/suffix_store.hpp). No model, no actors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "drafters/drafter.hpp"
+#include "drafters/suffix_store.hpp"
+#include "sched/budget.hpp"
+#include "sched/policy.hpp"
+
+using namespace specactor::sched;
+using specactor::drafters::SuffixStore;
+
+namespace {
+
+// A machine where a step costs a + b·rows ms (memory-bound: a is the weights' stream).
+CostModel linear_cost(double a, double b) {
+  CostModel c;
+  for (std::int64_t r : {1, 2, 4, 8, 16, 32}) c.seed(r, a + b * static_cast<double>(r));
+  return c;
+}
+
+DepthAsk ask_for(const AcceptanceModel& m, const RequestAcceptance& r, std::int32_t max_depth) {
+  DepthAsk a;
+  a.max_depth = max_depth;
+  a.probe = r.idle_steps >= kProbeInterval;
+  for (std::int32_t d = 1; d <= max_depth; ++d) a.level_probs.push_back(m.level_prob(d, r));
+  return a;
+}
+
+// One request's step under plan_depths: how deep it drafts, then `accepted_depth(d)` is what the
+// target accepts of a chain of depth d; the models learn from it. Returns the depth drafted.
+template <class Accept>
+std::int32_t one_step(AcceptanceModel& m, RequestAcceptance& r, const CostModel& cost, Accept&& accepted_depth) {
+  const auto depth = plan_depths({ask_for(m, r, 6)}, 1, 1.0, 100, cost)[0];
+  if (depth == 0) {
+    ++r.idle_steps;
+    return 0;
+  }
+  r.idle_steps = 0;
+  const std::int32_t acc = accepted_depth(depth);
+  for (std::int32_t d = 1; d <= depth; ++d) m.observe_node(-1, d, m.node_prob(-1, d, r), d <= acc, r);
+  m.observe_levels(depth, acc, r);
+  return depth;
+}
+
+}  // namespace
+
+TEST_CASE("cost model: ring medians shrug off spikes, a line fits the buckets, bands borrow the shape") {
+  CostModel c = linear_cost(10.0, 0.5);
+  CHECK(c.known());
+  CHECK(c.step_ms(1, 0) == doctest::Approx(10.5).epsilon(0.01));
+  CHECK(c.step_ms(6, 0) == doctest::Approx(13.0).epsilon(0.01));  // between probed sizes
+  CHECK(c.step_ms(64, 0) == doctest::Approx(42.0).epsilon(0.01));  // beyond them, the same line
+  CHECK(c.relative(2, 0) == doctest::Approx(11.0 / 10.5).epsilon(0.01));
+  // Real steps replace the probe; a preempted step (10× slower) among nine does not move the estimate.
+  for (int i = 0; i < 8; ++i) c.observe_step(1, 0, 9.0);
+  c.observe_step(1, 0, 90.0);
+  CHECK(c.step_ms(1, 0) < 10.0);
+  // One bucket gone wrong (a stale probe of 4 rows at 40 ms) cannot bend the line through the others.
+  CostModel d = linear_cost(10.0, 0.5);
+  d.seed(4, 40.0);
+  CHECK(d.step_ms(4, 0) < 14.0);
+  // A long-context band that has only seen 1-row steps takes band 0's shape, scaled.
+  c.observe_step(1, 5000, 30.0);
+  CHECK(c.step_ms(1, 5000) == doctest::Approx(30.0).epsilon(0.05));
+  CHECK(c.step_ms(8, 5000) > c.step_ms(8, 0));
+  // Draft rounds: cost per level from their wall time.
+  CHECK(c.draft_ms(3) == 0.0);
+  c.observe_draft(4, 2.0);
+  CHECK(c.draft_ms(3) == doctest::Approx(1.5));
+  CostModel empty;
+  CHECK_FALSE(empty.known());
+  CHECK(empty.step_ms(4, 0) == 0.0);
+}
+
+TEST_CASE("budget: drafting deepens when acceptance is high, stops when it collapses, comes back by probes") {
+  const CostModel cost = [] {
+    CostModel c = linear_cost(10.0, 2.0);  // a row costs ~17 % of a step, a draft level ~4 %
+    c.observe_draft(1, 0.5);
+    return c;
+  }();
+  AcceptanceModel m;
+  RequestAcceptance r;
+  // Everything accepted: the planned depth grows to the whole shape.
+  std::int32_t depth = 0;
+  for (int i = 0; i < 30; ++i) depth = one_step(m, r, cost, [](std::int32_t d) { return d; });
+  CHECK(depth == 6);
+  // Nothing accepted any more: within a few steps it drafts only on probes.
+  int skipped = 0;
+  std::string seen;
+  for (int i = 0; i < 40; ++i) {
+    const std::int32_t d = one_step(m, r, cost, [](std::int32_t) { return 0; });
+    seen += std::to_string(d);
+    if (i >= 20) skipped += d == 0;
+  }
+  CAPTURE(seen);
+  CHECK(skipped >= 15);
+  // Still collapsed: it drafts only when a probe is due (every kProbeInterval idle steps), a little.
+  int drafted = 0;
+  for (int i = 0; i < 4 * static_cast<int>(kProbeInterval); ++i) {
+    const std::int32_t d = one_step(m, r, cost, [](std::int32_t) { return 0; });
+    CHECK(d <= 2);
+    drafted += d > 0;
+  }
+  CHECK(drafted >= 2);
+  CHECK(drafted <= 6);
+  // Acceptance recovers: the probes see it, and drafting returns and deepens again.
+  std::int32_t last = 0;
+  for (int i = 0; i < 80; ++i) last = one_step(m, r, cost, [](std::int32_t d) { return d; });
+  CHECK(last >= 4);
+}
+
+TEST_CASE("budget: under load the same acceptance stops speculation for the batch") {
+  CostModel cost;
+  // Memory-bound up to 16 rows, then every row costs nearly a whole 1-row step (compute-bound).
+  for (auto [r, t] : std::vector<std::pair<std::int64_t, double>>{{1, 10}, {2, 10.2}, {4, 10.6}, {8, 11.4}})
+    cost.seed(r, t);
+  cost.observe_draft(1, 0.2);
+  AcceptanceModel m;
+  RequestAcceptance r;
+  for (int i = 0; i < 50; ++i) m.observe_levels(3, i % 2, r);  // depth 1 accepted half the time
+  const DepthAsk one = ask_for(m, r, 3);
+  CHECK(plan_depths({one}, 1, 1.0, 100, cost)[0] >= 1);  // alone: cheap rows, it pays
+  CostModel loaded;
+  for (auto [rows, t] : std::vector<std::pair<std::int64_t, double>>{{1, 10}, {8, 12}, {16, 14}, {32, 28}, {64, 56}})
+    loaded.seed(rows, t);
+  loaded.observe_draft(1, 0.2);
+  std::vector<DepthAsk> sixteen(16, one);
+  const auto depths = plan_depths(sixteen, 16, 16.0, 100, loaded);
+  for (auto d : depths) CHECK(d == 0);
+  // Nothing measured yet: the full shape (the fixed behaviour).
+  CHECK(plan_depths({one}, 1, 1.0, 100, CostModel{})[0] == 3);
+}
+
+TEST_CASE("budget: node selection keeps the likely nodes, closed under ancestors, and counts the spent time") {
+  const CostModel cost = linear_cost(10.0, 1.0);
+  // Request 0: a chain 0.9 → 0.8 → 0.05; request 1: two children 0.6 and 0.02.
+  const std::vector<Candidate> nodes{{0, 0, -1, 0.9}, {0, 1, 0, 0.8}, {0, 2, 1, 0.05}, {1, 0, -1, 0.6},
+                                     {1, 1, -1, 0.02}};
+  const auto keep = select_nodes(nodes, 2, 2.0, 100, cost);
+  CHECK(keep == std::vector<bool>{true, true, false, true, false});
+  // Spent draft time makes a marginal row relatively cheaper: a 0.05 node pays only then.
+  const std::vector<Candidate> marginal{{0, 0, -1, 0.05}};
+  CHECK(select_nodes(marginal, 1, 1.0, 100, cost, 0.0) == std::vector<bool>{false});
+  CHECK(select_nodes(marginal, 1, 1.0, 100, cost, 20.0) == std::vector<bool>{true});
+  // Whatever the probabilities, a kept node's parent is kept.
+  std::vector<Candidate> chain;
+  for (int i = 0; i < 10; ++i) chain.push_back({0, i, i - 1, std::pow(0.7, i + 1)});
+  const auto k = select_nodes(chain, 1, 1.0, 100, cost);
+  for (std::size_t i = 1; i < k.size(); ++i)
+    if (k[i]) CHECK(k[i - 1]);
+  // Unknown costs: everything is verified.
+  CHECK(select_nodes(nodes, 2, 2.0, 100, CostModel{}) == std::vector<bool>(5, true));
+}
+
+TEST_CASE("acceptance model: calibrates a drafter's scores and reports its calibration error") {
+  AcceptanceModel m;
+  RequestAcceptance r;
+  // A drafter that says 0.9 but is right 30 % of the time: the model learns 0.3.
+  for (int i = 0; i < 400; ++i) m.observe_node(0.9f, 1, m.node_prob(0.9f, 1, r), i % 10 < 3, r);
+  RequestAcceptance fresh;
+  CHECK(m.node_prob(0.9f, 1, fresh) == doctest::Approx(0.3).epsilon(0.15));
+  CHECK(m.calibration_count() == doctest::Approx(400));
+  // Predictions of 0.9 at first and 0.3 later, observed 0.3: the error is between the two.
+  CHECK(m.calibration_error() > 0.0);
+  CHECK(m.calibration_error() < 0.6);
+  // Per request: one that is accepted more than predicted gets a higher factor.
+  RequestAcceptance good;
+  for (int i = 0; i < 20; ++i) m.observe_node(0.5f, 2, 0.2, true, good);
+  CHECK(good.factor() > 1.5);
+  CHECK(m.node_prob(0.5f, 2, good) > m.node_prob(0.5f, 2, fresh));
+  // Depth prior without observations: each level no likelier than the one above.
+  for (int d = 2; d < 8; ++d) CHECK(m.level_prob(d, fresh) <= m.level_prob(d - 1, fresh));
+}
+
+TEST_CASE("suffix store: continuations across documents, own earlier text, bounded memory oldest-first") {
+  SuffixStore s(40, 3);
+  s.add_document({1, 2, 3, 4, 5, 6, 7, 8});
+  const auto live = s.open();
+  const std::vector<std::int32_t> ctx{9, 9, 2, 3, 4};
+  s.extend(live, ctx.data(), ctx.size());
+  auto m = s.lookup(ctx, 32, 3, 4, live);
+  REQUIRE(m.size() == 1);
+  CHECK(m[0].continuation == std::vector<std::int32_t>{5, 6, 7});
+  CHECK(m[0].match_length == 3);
+  // The request's own earlier text counts too, and its current end is never its own match.
+  const std::vector<std::int32_t> more{7, 7, 7, 9, 9};
+  s.extend(live, more.data(), more.size());
+  std::vector<std::int32_t> own = ctx;
+  own.insert(own.end(), more.begin(), more.end());  // ... 9 9 2 3 4 7 7 7 9 9
+  const std::vector<std::int32_t> tail{9, 2, 3};
+  s.extend(live, tail.data(), tail.size());
+  own.insert(own.end(), tail.begin(), tail.end());
+  m = s.lookup(own, 32, 2, 4, live);
+  REQUIRE(m.size() == 1);  // "9 2 3" occurs only in its own text (the other document has "1 2 3")
+  CHECK(m[0].match_length == 4);  // measured backwards: "9 9 2 3"
+  CHECK(m[0].continuation == std::vector<std::int32_t>{4, 7});
+  CHECK(m[0].doc == live);
+  // Too short a match: nothing.
+  CHECK(s.lookup({5, 99, 98}, 32, 3, 4).empty());
+  // Past the capacity, closed documents go oldest first; an open one stays.
+  for (int i = 0; i < 6; ++i) s.add_document({50 + i, 51 + i, 52 + i, 53 + i, 54 + i, 55 + i, 56 + i, 57 + i});
+  CHECK(s.tokens() <= 40);
+  CHECK(s.length(live) == own.size());
+  CHECK(s.lookup({1, 2, 3}, 32, 3, 4).empty());  // the first document was evicted
+  CHECK(s.lookup({59, 60, 61}, 32, 3, 4).size() == 1);  // in the last document, followed by 62
+  SuffixStore none(0, 3);
+  none.add_document({1, 2, 3, 4});
+  CHECK(none.tokens() == 0);
+}
+
+TEST_CASE("suffix trees: matches merged into a trie, scores by share and length, never above a parent") {
+  using M = SuffixStore::Match;
+  const std::vector<M> ms{{{5, 6, 7}, 8, 1}, {{5, 6, 9}, 8, 2}, {{4}, 3, 3}};
+  const auto t = specactor::drafters::tree_from_matches(ms, 10, 2);
+  CHECK(t.tokens == std::vector<std::int32_t>{5, 6, 7, 9, 4});
+  CHECK(t.parents == std::vector<std::int32_t>{-1, 0, 1, 1, -1});
+  REQUIRE(t.scores.size() == 5);
+  CHECK(t.scores[0] > t.scores[2]);  // two matches pass through 5, one through 7
+  CHECK(t.scores[0] > t.scores[4]);  // and 4's match is shorter
+  for (std::size_t i = 0; i < t.tokens.size(); ++i)
+    if (t.parents[i] >= 0) CHECK(t.scores[i] <= t.scores[static_cast<std::size_t>(t.parents[i])]);
+  CHECK(specactor::drafters::tree_from_matches(ms, 2, 2).tokens.size() == 2);   // node budget
+  CHECK(specactor::drafters::tree_from_matches(ms, 10, 1).tokens.size() == 3);  // one child per node
+}
