@@ -11,8 +11,10 @@
 #include "model/model_info.hpp"
 
 // Plain vs one speculative setting (or a --sweep of shapes) through the engine, side by side.
+// `concurrency`: request counts for the concurrent part (aggregate tok/s with and without drafts).
 int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
-                      std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart);
+                      std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart,
+                      const std::vector<std::int64_t>& concurrency = {});
 
 // A drafter to compare against plain decoding: a label and the flags that select it.
 struct DrafterChoice {

@@ -8,6 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <tuple>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -205,6 +209,64 @@ void write_chart(const std::string& path, const std::vector<Setting>& settings) 
   o << "</svg>\n";
 }
 
+// One batch of n concurrent chat requests (the prompts in turn), all plain or all speculative:
+// generated tokens ÷ wall time from the first submission to the last completion.
+double concurrent_batch(sa::Engine& engine, const std::vector<Prompt>& prompts, std::int64_t n, std::int64_t max_new,
+                        bool speculative) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::int64_t done = 0, tokens = 0;
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::int64_t i = 0; i < n; ++i) {
+    sa::GenerationRequest r;
+    r.prompt = prompts[static_cast<std::size_t>(i) % prompts.size()].text;
+    r.chat = true;
+    r.max_new_tokens = max_new;
+    r.speculative = speculative;
+    engine.submit(r, [&](const sa::TokenEvent& ev) {
+      if (!ev.finished) return;
+      std::lock_guard<std::mutex> lock(mu);
+      ++done;
+      tokens += ev.metrics.generated_tokens;
+      if (!ev.error.empty()) error = ev.error;
+      cv.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done == n; });
+  if (!error.empty()) throw std::runtime_error("bench: " + error);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s > 0 ? static_cast<double>(tokens) / s : 0.0;
+}
+
+// Best of `repeats` rounds; a round is two fresh engines, each warmed up on other prompts, one running
+// the batch plain then speculative, the other speculative then plain. A drafter that remembers
+// requests (SUFFIX) never sees these prompts' outputs before its speculative batch.
+std::tuple<double, double, sa::EngineMetrics> run_concurrent(const std::vector<std::string>& args,
+                                                             const std::vector<Prompt>& prompts, std::int64_t n,
+                                                             std::int64_t max_new, int repeats) {
+  double plain = 0, spec = 0;
+  sa::EngineMetrics total;
+  // Warm-up prompts outside the set: the engine's cost and acceptance models start from real steps
+  // of this batch size, as they would in a server that has been running.
+  std::vector<Prompt> warm;
+  for (std::int64_t i = 0; i < n; ++i)
+    warm.push_back({"warm-up", "Write a few sentences about the number " + std::to_string(i + 1) + "."});
+  for (int k = 0; k < repeats; ++k)
+    for (bool plain_first : {true, false}) {  // plain then speculative, then the other way round
+      auto engine = sa::Engine::from_argv(args);
+      concurrent_batch(*engine, warm, n, max_new, true);
+      for (bool speculative : {!plain_first, plain_first}) {
+        const double v = concurrent_batch(*engine, prompts, n, max_new, speculative);
+        (speculative ? spec : plain) = std::max(speculative ? spec : plain, v);
+      }
+      add_metrics(total, engine->metrics());
+      engine->shutdown();
+    }
+  return {plain, spec, total};
+}
+
 json budget_json(const sa::EngineMetrics& m) {
   return {{"adaptive", m.adaptive},
           {"decode_steps", m.speculative_steps},
@@ -242,7 +304,8 @@ bool is_spec_shape_flag(const std::string& a) {
 }  // namespace
 
 int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
-                      std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart) {
+                      std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart,
+                      const std::vector<std::int64_t>& concurrency) {
   const sc::ServerArgs user = sc::parse_server_args(server_args);
   const std::string algo(sc::to_string(user.speculative_algorithm));
   const std::vector<Prompt> prompts = load_prompts(prompts_path);
@@ -354,6 +417,22 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
                              {"budget", budget_json(s.metrics)}});
   }
   j["best"] = best->label;
+  // Concurrent requests with the chosen (or best) setting: aggregate throughput with and without drafts.
+  j["concurrent"] = json::array();
+  {
+    std::vector<std::string> args = spec_base;
+    args.insert(args.end(), best->flags.begin(), best->flags.end());
+    for (std::int64_t n : concurrency)
+      if (n > 0) {
+        spdlog::info("bench: {} concurrent requests, plain and speculative alternating", n);
+        const auto [plain, spec, m] = run_concurrent(args, prompts, n, max_new, repeats);
+        j["concurrent"].push_back({{"requests", n},
+                                   {"plain_tokens_per_s", plain},
+                                   {"speculative_tokens_per_s", spec},
+                                   {"ratio", plain > 0 ? spec / plain : 0.0},
+                                   {"budget", budget_json(m)}});
+      }
+  }
   if (!chart.empty()) write_chart(chart, settings);
 
   if (as_json) {
@@ -383,6 +462,13 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     print_budget(s["budget"]);
   }
   if (sweep) std::cout << fmt::format("\nbest setting: {} ({:.2f}x)\n", best->label, best->median_speedup);
+  for (const auto& c : j["concurrent"]) {
+    std::cout << fmt::format(
+        "\nconcurrent: {} requests ({}): aggregate {:.1f} tok/s plain, {:.1f} tok/s speculative = {:.2f}x\n",
+        c["requests"].get<std::int64_t>(), best->label, c["plain_tokens_per_s"].get<double>(),
+        c["speculative_tokens_per_s"].get<double>(), c["ratio"].get<double>());
+    print_budget(c["budget"]);
+  }
   if (!chart.empty()) std::cout << "chart: " << chart << "\n";
   return 0;
 }

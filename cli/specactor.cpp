@@ -378,6 +378,7 @@ struct BenchOptions {
   std::int64_t prompt_tokens = 256, decode_tokens = 128, repeats = 0, max_new_tokens = 64;
   std::string prompts, chart;  // prompts: default the shipped set (cli/bench_prompts.jsonl), found beside the binary
   bool json = false, sweep = false, all_drafters = false;
+  std::vector<std::int64_t> concurrency{4, 16};
 };
 
 void add_bench_flags(CLI::App& cmd, BenchOptions& o) {
@@ -393,6 +394,10 @@ void add_bench_flags(CLI::App& cmd, BenchOptions& o) {
                  "prompt set, JSON lines {\"category\", \"prompt\"} (default: the shipped cli/bench_prompts.jsonl)");
   cmd.add_option("--chart", o.chart, "speculative runs: write an SVG chart");
   cmd.add_flag("--sweep", o.sweep, "speculative runs: a grid of (steps, topk, draft tokens)");
+  cmd.add_option("--concurrency", o.concurrency,
+                 "speculative runs: also this many concurrent requests, aggregate tok/s with and without drafts "
+                 "(default 4 16; 0 = none)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{256}));
   cmd.add_flag("--all-drafters", o.all_drafters, "plain vs every drafter in one run");
   cmd.add_flag("--json", o.json, "print JSON");
 }
@@ -437,7 +442,7 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   }
   if (algo != sc::SpecAlgorithm::None)
     return bench_speculative(rest, o.prompts, o.max_new_tokens, static_cast<int>(o.repeats ? o.repeats : 2), o.sweep,
-                             o.json, o.chart);
+                             o.json, o.chart, o.concurrency);
   const std::int64_t prompt_tokens = o.prompt_tokens, decode_tokens = o.decode_tokens;
   const std::int64_t repeats = o.repeats ? o.repeats : 3;
   const bool as_json = o.json;

@@ -139,12 +139,20 @@ double CostModel::relative(std::int64_t rows, double mean_context) const {
   return one > 0 ? step_ms(rows, mean_context) / one : 1.0;
 }
 
+// The mean, not the median: the rounds that also catch a head up on many committed rows are a
+// minority but a real, recurring part of what drafting costs (a spike past 5× the mean is clipped).
 void CostModel::observe_draft(std::int64_t levels, double ms) {
-  if (levels > 0) draft_per_level_.add(ms / static_cast<double>(levels));
+  if (levels <= 0 || !std::isfinite(ms) || ms < 0) return;
+  const double v = ms / static_cast<double>(levels);
+  if (draft_rounds_ == 0)
+    draft_per_level_ = v;
+  else
+    draft_per_level_ += 0.1 * (std::min(v, 5.0 * draft_per_level_) - draft_per_level_);
+  ++draft_rounds_;
 }
 
 double CostModel::draft_ms(std::int64_t levels) const {
-  return levels > 0 ? draft_per_level_.median() * static_cast<double>(levels) : 0.0;
+  return levels > 0 ? draft_per_level_ * static_cast<double>(levels) : 0.0;
 }
 
 // --- AcceptanceModel -------------------------------------------------------------------------------
@@ -236,10 +244,42 @@ double AcceptanceModel::calibration_error() const {
   return e;
 }
 
+// --- Feedback --------------------------------------------------------------------------------------
+
+int Feedback::bucket_of(std::int64_t n) { return n <= 1 ? 0 : n == 2 ? 1 : n <= 4 ? 2 : n <= 8 ? 3 : n <= 16 ? 4 : 5; }
+
+void Feedback::relax(std::int64_t requests) {
+  auto& s = scale_[static_cast<std::size_t>(bucket_of(requests))];
+  s = std::max(1.0, s * 0.98);
+}
+
+void Feedback::observe(std::int64_t requests, double tokens, double ms, double plain_ms) {
+  if (requests < 1 || !(ms > 0) || !(plain_ms > 0) || !(tokens > 0)) return;
+  const auto b = static_cast<std::size_t>(bucket_of(requests));
+  const double g = (tokens / ms) / (static_cast<double>(requests) / plain_ms);
+  gain_[b] += 0.1 * (std::clamp(g, 0.0, 10.0) - gain_[b]);
+  if (gain_[b] < 1.0)
+    scale_[b] = std::min(4.0, scale_[b] * 1.1);
+  else if (gain_[b] > 1.05)
+    scale_[b] = std::max(1.0, scale_[b] * 0.97);
+}
+
+void note_plan(RequestAcceptance& r, bool probe, std::int32_t depth) {
+  if (depth <= 0) {
+    ++r.idle_steps;
+    if (r.probing) r.probe_interval = std::min<std::int64_t>(64, 2 * r.probe_interval);
+    r.probing = false;
+    return;
+  }
+  r.probing = probe;
+  if (!probe) r.probe_interval = 4;
+  r.idle_steps = 0;
+}
+
 // --- the budget ------------------------------------------------------------------------------------
 
 std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::int64_t base_rows, double base_tokens,
-                                      double mean_context, const CostModel& cost) {
+                                      double mean_context, const CostModel& cost, double penalty) {
   std::vector<std::int32_t> depth(asks.size(), 0);
   if (!cost.known()) {  // nothing measured yet: the full shape
     for (std::size_t i = 0; i < asks.size(); ++i) depth[i] = asks[i].max_depth;
@@ -256,7 +296,7 @@ std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::in
   for (std::size_t i = 0; i < asks.size(); ++i) {
     const DepthAsk& a = asks[i];
     double p = 1.0;
-    const std::int32_t forced = a.probe ? std::min<std::int32_t>(2, a.max_depth) : 0;
+    const std::int32_t forced = a.probe ? std::min<std::int32_t>(1, a.max_depth) : 0;
     for (std::int32_t d = 1; d <= a.max_depth; ++d) {
       p = std::min(p, d <= static_cast<std::int32_t>(a.level_probs.size())
                           ? a.level_probs[static_cast<std::size_t>(d - 1)]
@@ -272,8 +312,10 @@ std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::in
     }
   }
   std::stable_sort(levels.begin(), levels.end(), [](const Level& x, const Level& y) { return x.prob > y.prob; });
+  const double base_ms = cost.step_ms(base_rows, mean_context);
   auto rate = [&](double tok, double r, std::int64_t lv) {
-    const double t = cost.step_ms(static_cast<std::int64_t>(std::ceil(r)), mean_context) + cost.draft_ms(lv);
+    const double extra = cost.step_ms(static_cast<std::int64_t>(std::ceil(r)), mean_context) - base_ms + cost.draft_ms(lv);
+    const double t = base_ms + penalty * extra;
     return t > 0 ? tok / t : 0.0;
   };
   double best = rate(tokens, rows, drafted_levels);
@@ -289,7 +331,7 @@ std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::in
 }
 
 std::vector<bool> select_nodes(const std::vector<Candidate>& nodes, std::int64_t base_rows, double base_tokens,
-                               double mean_context, const CostModel& cost, double spent_ms) {
+                               double mean_context, const CostModel& cost, double spent_ms, double penalty) {
   std::vector<bool> keep(nodes.size(), !cost.known());
   if (!cost.known()) return keep;
   std::vector<std::size_t> order(nodes.size());
@@ -303,11 +345,13 @@ std::vector<bool> select_nodes(const std::vector<Candidate>& nodes, std::int64_t
   });
   double tokens = base_tokens;
   spent_ms = std::max(0.0, spent_ms);
-  double best = base_tokens / (spent_ms + cost.step_ms(base_rows, mean_context));
+  const double base_ms = cost.step_ms(base_rows, mean_context);
+  double best = base_tokens / (spent_ms + base_ms);
   std::size_t best_k = 0;
   for (std::size_t k = 0; k < order.size(); ++k) {
     tokens += nodes[order[k]].prob;
-    const double v = tokens / (spent_ms + cost.step_ms(base_rows + static_cast<std::int64_t>(k) + 1, mean_context));
+    const double extra = cost.step_ms(base_rows + static_cast<std::int64_t>(k) + 1, mean_context) - base_ms;
+    const double v = tokens / (spent_ms + base_ms + penalty * extra);
     if (v > best) best = v, best_k = k + 1;
   }
   for (std::size_t k = 0; k < best_k; ++k) keep[order[k]] = true;

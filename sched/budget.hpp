@@ -78,7 +78,8 @@ class CostModel {
   std::array<std::array<Cell, kBuckets>, kBands> cells_{};
   mutable std::array<Line, kBands> lines_;
   mutable std::array<bool, kBands> fresh_{};
-  RingMedian draft_per_level_;
+  double draft_per_level_ = 0;  // ms, moving mean
+  std::int64_t draft_rounds_ = 0;
 };
 
 // Acceptance bookkeeping of one request (kept in its Sequence).
@@ -86,6 +87,8 @@ struct RequestAcceptance {
   double observed = 0, predicted = 0;  // decayed Σ accepted nodes and Σ their predicted probabilities
   std::array<double, 33> level_hits{}, level_seen{};  // decayed: steps accepting depth d / reaching d-1 and drafting d
   std::int64_t idle_steps = 0;                        // decode steps in a row without a draft by the budget
+  std::int64_t probe_interval = 4;  // idle steps before the next probe: doubles (to 64) while probes find nothing
+  bool probing = false;             // the last draft was a probe
   double factor() const { return (observed + 1.0) / (predicted + 1.0); }
 };
 
@@ -117,18 +120,46 @@ class AcceptanceModel {
   std::array<double, 10> cal_pred_{}, cal_obs_{}, cal_n_{};
 };
 
+// The check on the models: for steps that drafted, the tokens they emitted per millisecond (draft and
+// verification together) against what the same step would have done without drafts (its decode
+// requests ÷ the cost model's time for their rows), per batch-size bucket. When speculating measures
+// slower than that, the extra costs the budget weighs are scaled up (×1.1 per losing step, at most ×4)
+// until it drafts less; when it measures ≥ 5 % faster, or steps go by without drafts, the scale
+// relaxes back towards 1.
+class Feedback {
+ public:
+  static int bucket_of(std::int64_t requests);  // 1, 2, 3-4, 5-8, 9-16, 17+
+  double penalty(std::int64_t requests) const { return scale_[static_cast<std::size_t>(bucket_of(requests))]; }
+  void observe(std::int64_t requests, double tokens, double ms, double plain_ms);
+  // A step that did not draft: the scale relaxes a little (×0.98), so a batch size that stopped
+  // speculating tries again now and then instead of staying stopped on old evidence.
+  void relax(std::int64_t requests);
+  double measured_gain(std::int64_t requests) const { return gain_[static_cast<std::size_t>(bucket_of(requests))]; }
+
+ private:
+  std::array<double, 6> scale_{1, 1, 1, 1, 1, 1};
+  std::array<double, 6> gain_{1, 1, 1, 1, 1, 1};  // moving mean of realised ÷ plain rate
+};
+
+// Probing a request the budget stopped drafting for: due after `probe_interval` idle steps; a probe
+// that led to no draft on the next plan doubles the interval (to 64), a draft by choice resets it to 4.
+inline bool probe_due(const RequestAcceptance& r) { return r.idle_steps >= r.probe_interval; }
+void note_plan(RequestAcceptance& r, bool probe, std::int32_t depth);
+
 // One request's side of a depth plan.
 struct DepthAsk {
   std::int32_t max_depth = 0;  // what the shape and the request allow
-  bool probe = false;          // idle long enough: draft at least a little whatever the estimate
+  bool probe = false;          // idle long enough: draft one level whatever the estimate
   std::vector<double> level_probs;  // [d-1]: P(reaching depth d), non-increasing
   double rows_per_level = 1;        // nodes the target verifies per level (a tree verifies more)
 };
 
 // Depths that maximise (base_tokens + Σ expected tokens) / (step time + draft time), by adding
 // levels in order of their probability. base_rows: rows the step has anyway (roots, prefill chunks).
+// `penalty` (Feedback) scales the costs drafting adds: draft time and the extra rows.
 std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::int64_t base_rows,
-                                      double base_tokens, double mean_context, const CostModel& cost);
+                                      double base_tokens, double mean_context, const CostModel& cost,
+                                      double penalty = 1.0);
 
 // One proposed node as the selection sees it.
 struct Candidate {
@@ -143,6 +174,7 @@ struct Candidate {
 // this step has taken already (its draft round): it cannot be saved, but it is part of the step's
 // rate, so leaving it out would make every row look dearer than it is.
 std::vector<bool> select_nodes(const std::vector<Candidate>& nodes, std::int64_t base_rows, double base_tokens,
-                               double mean_context, const CostModel& cost, double spent_ms = 0);
+                               double mean_context, const CostModel& cost, double spent_ms = 0,
+                               double penalty = 1.0);
 
 }  // namespace specactor::sched

@@ -372,6 +372,8 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
     const double before = item.prefill ? static_cast<double>(r->prefilled) : static_cast<double>(r->seq.size() - 1);
     plan.base_rows += static_cast<std::int64_t>(item.tokens.size());
     plan.base_tokens += item.sample ? 1.0 : 0.0;
+    plan.prefill = plan.prefill || item.prefill;
+    plan.decoding += item.prefill ? 0 : 1;
     ctx_rows += n * (before + 0.5 * n);
   }
   plan.rows = plan.base_rows;
@@ -399,7 +401,7 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
         std::max<std::int64_t>(0, std::min<std::int64_t>({draft_.num_steps, remaining - 1, room}))));
     DepthAsk a;
     a.max_depth = limit.back();
-    a.probe = r->acc.idle_steps >= kProbeInterval;
+    a.probe = probe_due(r->acc);
     a.rows_per_level = 1;  // the selection after drafting verifies the likeliest node of a level, mostly
     for (std::int32_t d = 1; d <= a.max_depth; ++d) a.level_probs.push_back(accept_.level_prob(d, r->acc));
     asks.push_back(std::move(a));
@@ -409,7 +411,9 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
   // the node selection after it decides what is verified, from each proposal's own scores.
   const double one_row = cost_.step_ms(1, plan.mean_context);
   const bool cheap = cost_.draft_ms(1) <= 0.02 * one_row;
-  if (draft_.adaptive && !cheap) depth = plan_depths(asks, plan.base_rows, plan.base_tokens, plan.mean_context, cost_);
+  const double penalty = feedback_.penalty(plan.decoding);
+  if (draft_.adaptive && !cheap)
+    depth = plan_depths(asks, plan.base_rows, plan.base_tokens, plan.mean_context, cost_, penalty);
   if (spdlog::should_log(spdlog::level::trace))
     for (std::size_t i = 0; i < asks.size(); ++i)
       spdlog::trace("budget: request {} depth {} of {} (P(level) {:.2f} {:.2f} {:.2f}; step {:.2f} ms, 2 rows {:.2f}, "
@@ -420,15 +424,14 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
                     cost_.step_ms(plan.base_rows + 1, plan.mean_context), cost_.draft_ms(1));
   for (std::size_t i = 0; i < decoding.size(); ++i) {
     Sequence* r = decoding[i];
+    if (limit[i] > 0) note_plan(r->acc, asks[i].probe, depth[i]);
     if (depth[i] <= 0) {
       if (limit[i] > 0) {  // the budget's choice, not the end of the request
         ++metrics_.budget_skipped_steps;
         ++r->m.budget_skipped;
-        ++r->acc.idle_steps;
       }
       continue;
     }
-    r->acc.idle_steps = 0;
     plan.draft_levels += depth[i];
     plan.depth_limits.push_back(depth[i]);
     plan.proposal_ids.push_back(r->id());
@@ -488,7 +491,9 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
   // The budget: which of those nodes the target verifies (all of them with a fixed shape).
   std::vector<bool> verify(cands.size(), true);
   if (draft_.adaptive)
-    verify = select_nodes(cands, plan.base_rows, plan.base_tokens, plan.mean_context, cost_, draft_ms);
+    verify = select_nodes(cands, plan.base_rows, plan.base_tokens, plan.mean_context, cost_, draft_ms,
+                          feedback_.penalty(plan.decoding));
+  plan.draft_ms = draft_ms;
   std::vector<std::vector<bool>> chosen(kept.size());
   for (std::size_t i = 0; i < kept.size(); ++i) chosen[i].assign(kept[i].tokens.size(), false);
   for (std::size_t c = 0; c < cands.size(); ++c)
@@ -529,6 +534,7 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
 
 bool Scheduler::proposals_failed(StepPlan& plan) {
   if (stale(plan)) return false;
+  plan.draft_levels = 0;  // nothing drafted: not a speculative step for the feedback
   metrics_.draft_ms += ms_between(plan.started, Clock::now());
   plan.started = Clock::now();
   metrics_.fallback_steps += static_cast<std::int64_t>(plan.proposal_ids.size());
@@ -543,6 +549,13 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
   metrics_.step_wall_ms += wall;
   metrics_.step_compute_ms += res.compute_ms;
   cost_.observe_step(plan.rows, plan.mean_context, wall);
+  // A drafted decode step against the same step without drafts (the feedback on the models).
+  double emitted = 0;
+  for (const auto& item : res.items) emitted += static_cast<double>(item.tokens.size());
+  if (draft_.adaptive && plan.draft_levels > 0 && !plan.prefill)
+    feedback_.observe(plan.decoding, emitted, plan.draft_ms + wall, cost_.step_ms(plan.base_rows, plan.mean_context));
+  else if (draft_.adaptive && plan.decoding > 0)
+    feedback_.relax(plan.decoding);
   ++metrics_.steps;
   const std::size_t width = draft_.needs.hidden_layers.size() * static_cast<std::size_t>(hidden_size_);
   for (auto& item : res.items) {

@@ -116,12 +116,11 @@ struct StepPlan {
   Clock::time_point started;
   // The step's shape for the cost model: rows without drafts, tokens it yields without drafts, all
   // rows, the mean context per row, and the draft levels asked.
-  std::int64_t base_rows = 0, rows = 0, draft_levels = 0;
-  double base_tokens = 0, mean_context = 0;
+  std::int64_t base_rows = 0, rows = 0, draft_levels = 0, decoding = 0;
+  double base_tokens = 0, mean_context = 0, draft_ms = 0;
+  bool prefill = false;  // a prompt chunk is in the step
 };
 
-// How often a request the budget stopped drafting for is probed (decode steps).
-inline constexpr std::int64_t kProbeInterval = 4;
 
 class Scheduler {
  public:
@@ -136,6 +135,7 @@ class Scheduler {
   void seed_costs(const std::vector<std::pair<std::int64_t, double>>& probe);
   const CostModel& cost() const { return cost_; }
   const AcceptanceModel& acceptance() const { return accept_; }
+  const Feedback& feedback() const { return feedback_; }
   // Steps run once the policy is ready (the target is loaded, the draft worker answered or failed).
   void set_ready();
   bool ready() const { return ready_; }
@@ -198,6 +198,7 @@ class Scheduler {
   EngineMetrics metrics_;
   CostModel cost_;
   AcceptanceModel accept_;
+  Feedback feedback_;
   double rows_per_level_ = 1;  // nodes verified per drafted level (trees verify more than one)
 };
 

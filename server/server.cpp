@@ -491,6 +491,23 @@ class Server {
                 static_cast<double>(m.draft_failures));
       x.counter("specactor:spec_decode_fallback_steps_total", "decode steps run without a draft after a failure",
                 static_cast<double>(m.fallback_steps));
+      x.gauge("specactor:spec_budget_adaptive", "1 when the budget decides what is drafted and verified",
+              m.adaptive ? 1 : 0);
+      x.counter("specactor:spec_budget_skipped_steps_total",
+                "per-request decode steps run without a draft because the budget said it would not pay",
+                static_cast<double>(m.budget_skipped_steps));
+      x.family("specactor:spec_budget_verified_nodes_total", "counter",
+               "per-request decode steps by the number of draft nodes verified (the last bucket: that many or more)");
+      for (std::size_t n = 0; n < m.verified_nodes.size(); ++n)
+        x.sample("specactor:spec_budget_verified_nodes_total", static_cast<double>(m.verified_nodes[n]),
+                 {{"nodes", std::to_string(n)}});
+      x.gauge("specactor:spec_budget_calibration_error",
+              "acceptance model: expected calibration error of its node predictions", m.calibration_error);
+      x.gauge("specactor:spec_budget_step_ms", "cost model: one row's step time at a short context (ms)", m.step_ms_1);
+      x.family("specactor:spec_budget_step_cost_ratio", "gauge", "cost model: c(k), k rows' step time over one row's");
+      const std::vector<int> ks{1, 2, 4, 8, 16, 32};
+      for (std::size_t i = 0; i < m.step_cost.size() && i < ks.size(); ++i)
+        x.sample("specactor:spec_budget_step_cost_ratio", m.step_cost[i], {{"rows", std::to_string(ks[i])}});
     }
     {
       std::lock_guard<std::mutex> lock(m_);

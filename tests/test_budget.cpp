@@ -24,7 +24,7 @@ CostModel linear_cost(double a, double b) {
 DepthAsk ask_for(const AcceptanceModel& m, const RequestAcceptance& r, std::int32_t max_depth) {
   DepthAsk a;
   a.max_depth = max_depth;
-  a.probe = r.idle_steps >= kProbeInterval;
+  a.probe = probe_due(r);
   for (std::int32_t d = 1; d <= max_depth; ++d) a.level_probs.push_back(m.level_prob(d, r));
   return a;
 }
@@ -33,12 +33,10 @@ DepthAsk ask_for(const AcceptanceModel& m, const RequestAcceptance& r, std::int3
 // target accepts of a chain of depth d; the models learn from it. Returns the depth drafted.
 template <class Accept>
 std::int32_t one_step(AcceptanceModel& m, RequestAcceptance& r, const CostModel& cost, Accept&& accepted_depth) {
-  const auto depth = plan_depths({ask_for(m, r, 6)}, 1, 1.0, 100, cost)[0];
-  if (depth == 0) {
-    ++r.idle_steps;
-    return 0;
-  }
-  r.idle_steps = 0;
+  const DepthAsk a = ask_for(m, r, 6);
+  const auto depth = plan_depths({a}, 1, 1.0, 100, cost)[0];
+  note_plan(r, a.probe, depth);
+  if (depth == 0) return 0;
   const std::int32_t acc = accepted_depth(depth);
   for (std::int32_t d = 1; d <= depth; ++d) m.observe_node(-1, d, m.node_prob(-1, d, r), d <= acc, r);
   m.observe_levels(depth, acc, r);
@@ -97,15 +95,19 @@ TEST_CASE("budget: drafting deepens when acceptance is high, stops when it colla
   }
   CAPTURE(seen);
   CHECK(skipped >= 15);
-  // Still collapsed: it drafts only when a probe is due (every kProbeInterval idle steps), a little.
-  int drafted = 0;
-  for (int i = 0; i < 4 * static_cast<int>(kProbeInterval); ++i) {
+  // Still collapsed: it drafts only when a probe is due, one level, and ever less often (the interval
+  // doubles while probes find nothing: 4, 8, 16 ...).
+  std::vector<int> probes;
+  for (int i = 0; i < 64; ++i) {
     const std::int32_t d = one_step(m, r, cost, [](std::int32_t) { return 0; });
-    CHECK(d <= 2);
-    drafted += d > 0;
+    CHECK(d <= 1);
+    if (d > 0) probes.push_back(i);
   }
-  CHECK(drafted >= 2);
-  CHECK(drafted <= 6);
+  CAPTURE(probes.size());
+  REQUIRE(probes.size() >= 2);
+  CHECK(probes.size() <= 5);
+  CHECK(probes[1] - probes[0] < probes.back() - probes[probes.size() - 2] + 1);
+  CHECK(r.probe_interval > 4);
   // Acceptance recovers: the probes see it, and drafting returns and deepens again.
   std::int32_t last = 0;
   for (int i = 0; i < 80; ++i) last = one_step(m, r, cost, [](std::int32_t d) { return d; });
