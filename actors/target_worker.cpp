@@ -1,5 +1,6 @@
 #include "actors/target_worker.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <caf/all.hpp>
@@ -109,6 +110,9 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
                                      [&](const StepBatch& b) {
                                        for (const auto& r : st.ranks) self->send(r, step_atom::value, b);
                                      });
+      std::string probe;
+      for (const auto& [rows, ms] : st.step_probe) probe += fmt::format(" {} rows {:.2f} ms", rows, ms);
+      spdlog::debug("target worker: cost probe:{}", probe.empty() ? " nothing measured" : probe);
     }
   } catch (const std::exception& e) {
     drop_after_load_error(self->state, e);

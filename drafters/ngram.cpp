@@ -38,15 +38,20 @@ class NgramDrafter final : public Drafter {
   DraftTree propose(std::uint64_t, const Tokens& ctx, std::int32_t max_nodes, std::int32_t max_depth) override {
     DraftTree out;
     if (max_nodes <= 0 || max_depth <= 0 || ctx.size() < 2) return out;
-    std::vector<Tokens> conts = continuations(ctx, max_depth);
-    // A trie over the continuations, first (best) continuation first.
+    std::vector<std::int64_t> windows;
+    std::vector<Tokens> conts = continuations(ctx, max_depth, windows);
+    // A trie over the continuations, first (best) continuation first. A node's score is w / (w + 2)
+    // for the longest matched window w through it (the scheduler calibrates it; only its order counts).
     struct Node {
       std::int32_t token, parent;
       std::vector<std::int32_t> children;
+      float score = 0;
     };
     std::vector<Node> nodes;  // node i = draft i; parent -1 = root
     std::vector<std::int32_t> root_children;
-    for (const Tokens& c : conts) {
+    for (std::size_t ci = 0; ci < conts.size(); ++ci) {
+      const Tokens& c = conts[ci];
+      const auto w = static_cast<float>(windows[ci]);
       std::int32_t at = -1;
       for (std::int32_t t : c) {
         auto& kids = at < 0 ? root_children : nodes[static_cast<std::size_t>(at)].children;
@@ -59,8 +64,11 @@ class NgramDrafter final : public Drafter {
             break;
           next = static_cast<std::int32_t>(nodes.size());
           kids.push_back(next);
-          nodes.push_back({t, at, {}});
+          nodes.push_back({t, at, {}, 0.0f});
         }
+        auto& nd = nodes[static_cast<std::size_t>(next)];
+        nd.score = std::max(nd.score, w / (w + 2.0f));
+        if (at >= 0) nd.score = std::min(nd.score, nodes[static_cast<std::size_t>(at)].score);
         at = next;
       }
       if (static_cast<std::int32_t>(nodes.size()) >= max_nodes) break;
@@ -69,6 +77,7 @@ class NgramDrafter final : public Drafter {
     for (const Node& n : nodes) {
       out.tokens.push_back(n.token);
       out.parents.push_back(n.parent);
+      out.scores.push_back(n.score);
     }
     return out;
   }
@@ -83,7 +92,7 @@ class NgramDrafter final : public Drafter {
 
  private:
   // Continuations of the longest suffix matches: most recent in the sequence first, then corpus.
-  std::vector<Tokens> continuations(const Tokens& ctx, std::int32_t max_depth) const {
+  std::vector<Tokens> continuations(const Tokens& ctx, std::int32_t max_depth, std::vector<std::int64_t>& windows) const {
     std::vector<Tokens> out;
     const auto n = static_cast<std::int64_t>(ctx.size());
     const std::size_t want = static_cast<std::size_t>(breadth_) * 2;
@@ -93,6 +102,7 @@ class NgramDrafter final : public Drafter {
         return out.size() < want;
       });
       if (!corpus_.empty()) corpus_matches(ctx.data() + (n - w), w, max_depth, out, want);
+      windows.resize(out.size(), w);
       if (!out.empty() && breadth_ == 1) break;
     }
     return out;

@@ -83,20 +83,14 @@ double CostModel::band_estimate(int band, int bucket) const {
 }
 
 // A line through the band's bucket estimates, fitted robustly (Theil–Sen: the median of the slopes
-// between every two buckets, then the median intercept over the buckets real steps measured), so one
-// noisy or stale bucket cannot bend the whole curve; each bucket's estimate is itself a median of
-// recent steps.
+// between every two buckets, then the median intercept), so one noisy or stale bucket cannot bend the
+// whole curve; each bucket's estimate is itself a median of recent steps (or the probe's value).
 const CostModel::Line& CostModel::line(int band) const {
   Line& l = lines_[static_cast<std::size_t>(band)];
   if (fresh_[static_cast<std::size_t>(band)]) return l;
   std::vector<std::pair<double, double>> pts;
-  std::vector<bool> real;  // the band's own measured buckets (not probe values, not borrowed)
-  const auto& row = cells_[static_cast<std::size_t>(band)];
   for (int b = 0; b < kBuckets; ++b)
-    if (const double e = band_estimate(band, b); e > 0) {
-      pts.emplace_back(static_cast<double>(bucket_rows(b)), e);
-      real.push_back(!row[static_cast<std::size_t>(b)].real.empty());
-    }
+    if (const double e = band_estimate(band, b); e > 0) pts.emplace_back(static_cast<double>(bucket_rows(b)), e);
   l = {};
   if (pts.size() == 1) {
     l = {0.0, pts[0].second / pts[0].first, true};  // one point: proportional, the most a row can cost
@@ -110,12 +104,19 @@ const CostModel::Line& CostModel::line(int band) const {
       return v[v.size() / 2];
     };
     const double slope = std::max(0.0, med(slopes));
-    // The level follows what real steps measure (the probe can be stale: the machine's speed drifts);
-    // the slope uses every bucket.
-    const bool any_real = std::find(real.begin(), real.end(), true) != real.end();
-    for (std::size_t i = 0; i < pts.size(); ++i)
-      if (real[i] || !any_real) cuts.push_back(pts[i].second - slope * pts[i].first);
+    for (const auto& [r, t] : pts) cuts.push_back(t - slope * r);
     l = {med(cuts), slope, true};
+  }
+  // The prediction per bucket: where real steps have measured it (three or more), their median;
+  // elsewhere the line; never less than a smaller bucket's.
+  auto& pred = preds_[static_cast<std::size_t>(band)];
+  const auto& row = cells_[static_cast<std::size_t>(band)];
+  double running = 0;
+  for (int b = 0; b < kBuckets; ++b) {
+    const Cell& c = row[static_cast<std::size_t>(b)];
+    const double v = c.real.size() >= 3 ? c.real.median() : l.known ? l.a + l.b * static_cast<double>(bucket_rows(b)) : 0;
+    running = std::max(running, v);
+    pred[static_cast<std::size_t>(b)] = running;
   }
   fresh_[static_cast<std::size_t>(band)] = true;
   return l;
@@ -128,10 +129,22 @@ bool CostModel::known() const {
 }
 
 double CostModel::step_ms(std::int64_t rows, double mean_context) const {
-  const Line& l = line(band_of(mean_context));
+  const int band = band_of(mean_context);
+  const Line& l = line(band);
   if (!l.known) return 0;
-  const double r = static_cast<double>(std::max<std::int64_t>(rows, 1));
-  return std::max(l.a + l.b * r, 1e-3);
+  const auto& pred = preds_[static_cast<std::size_t>(band)];
+  const std::int64_t r = std::max<std::int64_t>(rows, 1);
+  const int b = bucket_of(r);
+  double v;
+  if (r <= 32 || b == kBuckets - 1) {
+    v = pred[static_cast<std::size_t>(b)];
+    if (r > bucket_rows(b)) v += l.b * static_cast<double>(r - bucket_rows(b));  // past the last bucket
+  } else {  // between two buckets' representatives
+    const double r1 = static_cast<double>(bucket_rows(b)), r0 = static_cast<double>(bucket_rows(b - 1));
+    const double t1 = pred[static_cast<std::size_t>(b)], t0 = pred[static_cast<std::size_t>(b - 1)];
+    v = t0 + (t1 - t0) * (static_cast<double>(r) - r0) / (r1 - r0);
+  }
+  return std::max(v, 1e-3);
 }
 
 double CostModel::relative(std::int64_t rows, double mean_context) const {
@@ -139,20 +152,34 @@ double CostModel::relative(std::int64_t rows, double mean_context) const {
   return one > 0 ? step_ms(rows, mean_context) / one : 1.0;
 }
 
-// The mean, not the median: the rounds that also catch a head up on many committed rows are a
-// minority but a real, recurring part of what drafting costs (a spike past 5× the mean is clipped).
 void CostModel::observe_draft(std::int64_t levels, double ms) {
   if (levels <= 0 || !std::isfinite(ms) || ms < 0) return;
-  const double v = ms / static_cast<double>(levels);
-  if (draft_rounds_ == 0)
-    draft_per_level_ = v;
-  else
-    draft_per_level_ += 0.1 * (std::min(v, 5.0 * draft_per_level_) - draft_per_level_);
+  draft_obs_[static_cast<std::size_t>(draft_rounds_ % 32)] = {static_cast<double>(levels), ms};
   ++draft_rounds_;
+  draft_fresh_ = false;
 }
 
 double CostModel::draft_ms(std::int64_t levels) const {
-  return levels > 0 ? draft_per_level_ * static_cast<double>(levels) : 0.0;
+  if (levels <= 0 || draft_rounds_ == 0) return 0.0;
+  if (!draft_fresh_) {
+    const auto n = static_cast<std::size_t>(std::min<std::int64_t>(draft_rounds_, 32));
+    std::vector<double> slopes, cuts, all;
+    for (std::size_t i = 0; i < n; ++i) {
+      all.push_back(draft_obs_[i].second);
+      for (std::size_t j = i + 1; j < n; ++j)
+        if (draft_obs_[j].first != draft_obs_[i].first)
+          slopes.push_back((draft_obs_[j].second - draft_obs_[i].second) / (draft_obs_[j].first - draft_obs_[i].first));
+    }
+    auto med = [](std::vector<double>& v) {
+      std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+      return v[v.size() / 2];
+    };
+    draft_b_ = slopes.empty() ? 0.0 : std::max(0.0, med(slopes));
+    for (std::size_t i = 0; i < n; ++i) cuts.push_back(draft_obs_[i].second - draft_b_ * draft_obs_[i].first);
+    draft_a_ = std::max(0.0, med(cuts));
+    draft_fresh_ = true;
+  }
+  return draft_a_ + draft_b_ * static_cast<double>(levels);
 }
 
 // --- AcceptanceModel -------------------------------------------------------------------------------
@@ -248,20 +275,31 @@ double AcceptanceModel::calibration_error() const {
 
 int Feedback::bucket_of(std::int64_t n) { return n <= 1 ? 0 : n == 2 ? 1 : n <= 4 ? 2 : n <= 8 ? 3 : n <= 16 ? 4 : 5; }
 
-void Feedback::relax(std::int64_t requests) {
-  auto& s = scale_[static_cast<std::size_t>(bucket_of(requests))];
-  s = std::max(1.0, s * 0.98);
+void Feedback::observe(std::int64_t requests, double tokens, double ms, bool drafted) {
+  if (requests < 1 || !(ms > 0) || !(tokens > 0) || !std::isfinite(ms)) return;
+  Bucket& b = b_[static_cast<std::size_t>(bucket_of(requests))];
+  const double rate = tokens / ms;
+  if (!drafted) {
+    b.plain = b.has_plain ? b.plain + 0.2 * (rate - b.plain) : rate;
+    b.has_plain = true;
+    b.since_plain = 0;
+    b.scale = std::max(1.0, b.scale * 0.995);
+    return;
+  }
+  b.spec = b.has_spec ? b.spec + 0.1 * (rate - b.spec) : rate;
+  b.has_spec = true;
+  ++b.since_plain;
+  if (!b.has_plain) return;
+  const double g = b.spec / b.plain;
+  if (g < 1.0)
+    b.scale = std::min(4.0, b.scale * 1.05);
+  else if (g > 1.05)
+    b.scale = std::max(1.0, b.scale * 0.98);
 }
 
-void Feedback::observe(std::int64_t requests, double tokens, double ms, double plain_ms) {
-  if (requests < 1 || !(ms > 0) || !(plain_ms > 0) || !(tokens > 0)) return;
-  const auto b = static_cast<std::size_t>(bucket_of(requests));
-  const double g = (tokens / ms) / (static_cast<double>(requests) / plain_ms);
-  gain_[b] += 0.1 * (std::clamp(g, 0.0, 10.0) - gain_[b]);
-  if (gain_[b] < 1.0)
-    scale_[b] = std::min(4.0, scale_[b] * 1.1);
-  else if (gain_[b] > 1.05)
-    scale_[b] = std::max(1.0, scale_[b] * 0.97);
+double Feedback::measured_gain(std::int64_t requests) const {
+  const Bucket& b = at(requests);
+  return b.has_plain && b.has_spec && b.plain > 0 ? b.spec / b.plain : 1.0;
 }
 
 void note_plan(RequestAcceptance& r, bool probe, std::int32_t depth) {

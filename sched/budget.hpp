@@ -3,7 +3,8 @@
 //
 //   CostModel        what a target step of R rows costs at a given context, and what a draft round
 //                    costs per level; seeded by a start-up probe, refined from every real step by
-//                    ring medians (robust to a noisy machine).
+//                    ring medians (robust to a noisy machine): a row count real steps measured often
+//                    is predicted by its own median, the rest by a robust line through all of them.
 //   AcceptanceModel  the probability that a proposed node is accepted (it and every ancestor): a
 //                    calibration table over (drafter score, depth) shared by all requests, times a
 //                    per-request factor (observed / predicted acceptance, decayed).
@@ -59,8 +60,12 @@ class CostModel {
 
   // A draft round: `levels` = Σ depth asked over its requests, its wall time.
   void observe_draft(std::int64_t levels, double ms);
-  // Predicted wall time of a draft round of `levels` levels (0 for none, and before any round).
+  // Predicted wall time of a draft round of `levels` levels (0 for none, and before any round): a
+  // robust line (fixed cost per round + cost per level) through the last 32 rounds; while they all
+  // asked the same number of levels, their median as a fixed cost (a prompt-lookup round costs the
+  // same at any depth; a head's grows with it: the line finds out once depths vary).
   double draft_ms(std::int64_t levels) const;
+  std::int64_t draft_rounds() const { return draft_rounds_; }
 
  private:
   static constexpr int kBuckets = 64;
@@ -77,9 +82,12 @@ class CostModel {
   const Line& line(int band) const;
   std::array<std::array<Cell, kBuckets>, kBands> cells_{};
   mutable std::array<Line, kBands> lines_;
+  mutable std::array<std::array<double, kBuckets>, kBands> preds_{};
   mutable std::array<bool, kBands> fresh_{};
-  double draft_per_level_ = 0;  // ms, moving mean
+  std::array<std::pair<double, double>, 32> draft_obs_{};  // (levels, ms), a ring
   std::int64_t draft_rounds_ = 0;
+  mutable bool draft_fresh_ = false;
+  mutable double draft_a_ = 0, draft_b_ = 0;
 };
 
 // Acceptance bookkeeping of one request (kept in its Sequence).
@@ -89,6 +97,8 @@ struct RequestAcceptance {
   std::int64_t idle_steps = 0;                        // decode steps in a row without a draft by the budget
   std::int64_t probe_interval = 4;  // idle steps before the next probe: doubles (to 64) while probes find nothing
   bool probing = false;             // the last draft was a probe
+  std::int64_t unverified_steps = 0;        // proposals in a row of which the budget verified nothing
+  std::int64_t verify_probe_interval = 4;   // then its likeliest first node is verified anyway (doubling to 64)
   double factor() const { return (observed + 1.0) / (predicted + 1.0); }
 };
 
@@ -120,25 +130,34 @@ class AcceptanceModel {
   std::array<double, 10> cal_pred_{}, cal_obs_{}, cal_n_{};
 };
 
-// The check on the models: for steps that drafted, the tokens they emitted per millisecond (draft and
-// verification together) against what the same step would have done without drafts (its decode
-// requests ÷ the cost model's time for their rows), per batch-size bucket. When speculating measures
-// slower than that, the extra costs the budget weighs are scaled up (×1.1 per losing step, at most ×4)
-// until it drafts less; when it measures ≥ 5 % faster, or steps go by without drafts, the scale
-// relaxes back towards 1.
+// The check on the models, by measurement: per batch-size bucket, the tokens per millisecond of
+// decode steps that drafted (draft round + verification) against decode steps that did not. Steps
+// without drafts happen by themselves (the budget skipped, plain requests); where none has happened
+// for kExplore drafted steps, the policy runs one step plainly to measure (want_plain). While drafted
+// steps measure slower, the extra costs the budget weighs are scaled up (×1.05 per drafted step, at
+// most ×4), so it drafts less; when they measure ≥ 5 % faster the scale relaxes (×0.98), and a little
+// on every plain step (×0.995), so a batch size that stopped speculating tries again. The cost model
+// can be wrong; this comparison of two measured rates cannot be fooled by it.
 class Feedback {
  public:
+  static constexpr std::int64_t kExplore = 32;
   static int bucket_of(std::int64_t requests);  // 1, 2, 3-4, 5-8, 9-16, 17+
-  double penalty(std::int64_t requests) const { return scale_[static_cast<std::size_t>(bucket_of(requests))]; }
-  void observe(std::int64_t requests, double tokens, double ms, double plain_ms);
-  // A step that did not draft: the scale relaxes a little (×0.98), so a batch size that stopped
-  // speculating tries again now and then instead of staying stopped on old evidence.
-  void relax(std::int64_t requests);
-  double measured_gain(std::int64_t requests) const { return gain_[static_cast<std::size_t>(bucket_of(requests))]; }
+  double penalty(std::int64_t requests) const { return at(requests).scale; }
+  // One decode-only step: its requests, the tokens it emitted, its time, whether it drafted.
+  void observe(std::int64_t requests, double tokens, double ms, bool drafted);
+  bool want_plain(std::int64_t requests) const { return at(requests).since_plain >= kExplore; }
+  // Drafted ÷ plain tokens per ms (1 until both were measured).
+  double measured_gain(std::int64_t requests) const;
 
  private:
-  std::array<double, 6> scale_{1, 1, 1, 1, 1, 1};
-  std::array<double, 6> gain_{1, 1, 1, 1, 1, 1};  // moving mean of realised ÷ plain rate
+  struct Bucket {
+    double plain = 0, spec = 0;  // moving means of tokens per ms
+    bool has_plain = false, has_spec = false;
+    std::int64_t since_plain = 0;
+    double scale = 1;
+  };
+  const Bucket& at(std::int64_t n) const { return b_[static_cast<std::size_t>(bucket_of(n))]; }
+  std::array<Bucket, 6> b_{};
 };
 
 // Probing a request the budget stopped drafting for: due after `probe_interval` idle steps; a probe

@@ -129,6 +129,10 @@ void Scheduler::set_target(std::int64_t kv_pages, std::shared_ptr<const model::T
 
 void Scheduler::set_draft(DraftShape shape) { draft_ = std::move(shape); }
 
+bool Scheduler::probes_allowed(std::int64_t decoding) const {
+  return feedback_.penalty(decoding) < 2.0 && accept_.level_prob(1, RequestAcceptance{}) >= 0.05;
+}
+
 void Scheduler::seed_costs(const std::vector<std::pair<std::int64_t, double>>& probe) {
   for (const auto& [rows, ms] : probe) cost_.seed(rows, ms);
 }
@@ -401,7 +405,9 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
         std::max<std::int64_t>(0, std::min<std::int64_t>({draft_.num_steps, remaining - 1, room}))));
     DepthAsk a;
     a.max_depth = limit.back();
-    a.probe = probe_due(r->acc);
+    // A probe only where speculating has not measured as a loss for this batch size and where the
+    // engine's record over all requests does not say a first draft is mostly wasted.
+    a.probe = probe_due(r->acc) && probes_allowed(plan.decoding);
     a.rows_per_level = 1;  // the selection after drafting verifies the likeliest node of a level, mostly
     for (std::int32_t d = 1; d <= a.max_depth; ++d) a.level_probs.push_back(accept_.level_prob(d, r->acc));
     asks.push_back(std::move(a));
@@ -410,10 +416,16 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
   // A drafter that costs next to nothing (prompt lookup, suffixes) always drafts its whole shape:
   // the node selection after it decides what is verified, from each proposal's own scores.
   const double one_row = cost_.step_ms(1, plan.mean_context);
-  const bool cheap = cost_.draft_ms(1) <= 0.02 * one_row;
+  std::int64_t full = 0;
+  for (auto l : limit) full += l;
+  const bool cheap =
+      cost_.draft_rounds() > 0 && cost_.draft_ms(full) <= 0.02 * cost_.step_ms(plan.base_rows, plan.mean_context);
   const double penalty = feedback_.penalty(plan.decoding);
   if (draft_.adaptive && !cheap)
     depth = plan_depths(asks, plan.base_rows, plan.base_tokens, plan.mean_context, cost_, penalty);
+  // Measuring: a decode step without drafts now and then, so the feedback knows the plain rate.
+  const bool explore = draft_.adaptive && !plan.prefill && feedback_.want_plain(plan.decoding);
+  if (explore) depth.assign(depth.size(), 0);
   if (spdlog::should_log(spdlog::level::trace))
     for (std::size_t i = 0; i < asks.size(); ++i)
       spdlog::trace("budget: request {} depth {} of {} (P(level) {:.2f} {:.2f} {:.2f}; step {:.2f} ms, 2 rows {:.2f}, "
@@ -424,7 +436,7 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
                     cost_.step_ms(plan.base_rows + 1, plan.mean_context), cost_.draft_ms(1));
   for (std::size_t i = 0; i < decoding.size(); ++i) {
     Sequence* r = decoding[i];
-    if (limit[i] > 0) note_plan(r->acc, asks[i].probe, depth[i]);
+    if (limit[i] > 0 && !explore) note_plan(r->acc, asks[i].probe, depth[i]);
     if (depth[i] <= 0) {
       if (limit[i] > 0) {  // the budget's choice, not the end of the request
         ++metrics_.budget_skipped_steps;
@@ -459,6 +471,7 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
   };
   std::vector<Kept> kept(ids.size());
   std::vector<Candidate> cands;
+  std::vector<std::int32_t> depth, keep_index;  // per proposal node (reused)
   for (std::size_t i = 0; i < ids.size() && i < p.tokens.size() && i < p.parents.size(); ++i) {
     Kept& k = kept[i];
     k.req = find_running(ids[i]);
@@ -466,7 +479,8 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
     const auto& toks = p.tokens[i];
     const auto& pars = p.parents[i];
     const std::vector<float>* scores = i < p.scores.size() && p.scores[i].size() == toks.size() ? &p.scores[i] : nullptr;
-    std::vector<std::int32_t> depth(toks.size(), 0), keep_index(toks.size(), -1);
+    depth.assign(toks.size(), 0);
+    keep_index.assign(toks.size(), -1);
     for (std::size_t j = 0; j < toks.size() && j < pars.size(); ++j) {
       const std::int32_t par = pars[j];
       if (par < -1 || par >= static_cast<std::int32_t>(j) ||
@@ -498,6 +512,27 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
   for (std::size_t i = 0; i < kept.size(); ++i) chosen[i].assign(kept[i].tokens.size(), false);
   for (std::size_t c = 0; c < cands.size(); ++c)
     chosen[cands[c].request][static_cast<std::size_t>(cands[c].index)] = verify[c];
+  // A request whose proposals the budget keeps declining gets its likeliest first node verified now
+  // and then (at doubling intervals), so its own acceptance is measured and it can come back.
+  if (draft_.adaptive)
+    for (std::size_t i = 0; i < kept.size(); ++i) {
+      Kept& k = kept[i];
+      if (!k.req || k.tokens.empty()) continue;
+      RequestAcceptance& a = k.req->acc;
+      if (std::find(chosen[i].begin(), chosen[i].end(), true) != chosen[i].end()) {
+        a.unverified_steps = 0;
+        a.verify_probe_interval = 4;
+        continue;
+      }
+      if (++a.unverified_steps < a.verify_probe_interval || !probes_allowed(plan.decoding)) continue;
+      std::size_t best = k.tokens.size();
+      for (std::size_t j = 0; j < k.tokens.size(); ++j)
+        if (k.parents[j] < 0 && (best == k.tokens.size() || k.prob[j] > k.prob[best])) best = j;
+      if (best == k.tokens.size() || k.prob[best] < 0.02) continue;
+      chosen[i][best] = true;
+      a.unverified_steps = 0;
+      a.verify_probe_interval = std::min<std::int64_t>(64, 2 * a.verify_probe_interval);
+    }
   std::int64_t added = 0;
   for (std::size_t i = 0; i < kept.size(); ++i) {
     Kept& k = kept[i];
@@ -552,10 +587,8 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
   // A drafted decode step against the same step without drafts (the feedback on the models).
   double emitted = 0;
   for (const auto& item : res.items) emitted += static_cast<double>(item.tokens.size());
-  if (draft_.adaptive && plan.draft_levels > 0 && !plan.prefill)
-    feedback_.observe(plan.decoding, emitted, plan.draft_ms + wall, cost_.step_ms(plan.base_rows, plan.mean_context));
-  else if (draft_.adaptive && plan.decoding > 0)
-    feedback_.relax(plan.decoding);
+  if (draft_.adaptive && draft_.configured && !plan.prefill && plan.decoding > 0)
+    feedback_.observe(plan.decoding, emitted, plan.draft_ms + wall, plan.draft_levels > 0);
   ++metrics_.steps;
   const std::size_t width = draft_.needs.hidden_layers.size() * static_cast<std::size_t>(hidden_size_);
   for (auto& item : res.items) {

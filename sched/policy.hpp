@@ -182,6 +182,9 @@ class Scheduler {
   std::string emit(Sequence& r, const std::vector<std::int32_t>& tokens);
   std::string refusal(const Sequence& r) const;
   void plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decoding);
+  // Probing requests the budget stopped drafting for pays only where a first draft is accepted at
+  // least 20 % of the time engine-wide and speculating has not measured as a loss for this batch size.
+  bool probes_allowed(std::int64_t decoding) const;
   void observe_verification(Sequence& r, const ItemResult& item);
 
   Limits limits_;

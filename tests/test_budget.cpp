@@ -56,18 +56,30 @@ TEST_CASE("cost model: ring medians shrug off spikes, a line fits the buckets, b
   for (int i = 0; i < 8; ++i) c.observe_step(1, 0, 9.0);
   c.observe_step(1, 0, 90.0);
   CHECK(c.step_ms(1, 0) < 10.0);
-  // One bucket gone wrong (a stale probe of 4 rows at 40 ms) cannot bend the line through the others.
+  // One bucket gone wrong (a stale probe of 4 rows at 40 ms) cannot bend the line through the others,
+  // and a bucket without three real steps is predicted by the line, so the stale value is not used.
   CostModel d = linear_cost(10.0, 0.5);
   d.seed(4, 40.0);
-  CHECK(d.step_ms(4, 0) < 14.0);
+  CHECK(d.step_ms(3, 0) == doctest::Approx(11.5).epsilon(0.02));
+  CHECK(d.step_ms(6, 0) == doctest::Approx(13.0).epsilon(0.02));
+  CHECK(d.step_ms(4, 0) == doctest::Approx(12.0).epsilon(0.02));
+  // One real prefill-sized step does not move the 1-row prediction (only the line's own fit).
+  CostModel e = linear_cost(10.0, 0.5);
+  e.observe_step(30, 0, 3.0);
+  CHECK(e.step_ms(1, 0) == doctest::Approx(10.5).epsilon(0.02));
   // A long-context band that has only seen 1-row steps takes band 0's shape, scaled.
-  c.observe_step(1, 5000, 30.0);
+  for (int i = 0; i < 3; ++i) c.observe_step(1, 5000, 30.0);
   CHECK(c.step_ms(1, 5000) == doctest::Approx(30.0).epsilon(0.05));
   CHECK(c.step_ms(8, 5000) > c.step_ms(8, 0));
-  // Draft rounds: cost per level from their wall time.
+  // Draft rounds: while all asked the same depth, a fixed cost; once depths vary, fixed + per level.
   CHECK(c.draft_ms(3) == 0.0);
   c.observe_draft(4, 2.0);
-  CHECK(c.draft_ms(3) == doctest::Approx(1.5));
+  c.observe_draft(4, 2.2);
+  c.observe_draft(4, 2.0);
+  CHECK(c.draft_ms(1) == doctest::Approx(2.0));
+  for (std::int64_t l : {1, 2, 3, 5, 6}) c.observe_draft(l, 0.2 + 0.45 * static_cast<double>(l));
+  CHECK(c.draft_ms(8) == doctest::Approx(0.2 + 0.45 * 8).epsilon(0.1));
+  CHECK(c.draft_ms(1) < 1.0);
   CostModel empty;
   CHECK_FALSE(empty.known());
   CHECK(empty.step_ms(4, 0) == 0.0);
@@ -77,6 +89,7 @@ TEST_CASE("budget: drafting deepens when acceptance is high, stops when it colla
   const CostModel cost = [] {
     CostModel c = linear_cost(10.0, 2.0);  // a row costs ~17 % of a step, a draft level ~4 %
     c.observe_draft(1, 0.5);
+    c.observe_draft(2, 1.0);
     return c;
   }();
   AcceptanceModel m;
@@ -120,6 +133,7 @@ TEST_CASE("budget: under load the same acceptance stops speculation for the batc
   for (auto [r, t] : std::vector<std::pair<std::int64_t, double>>{{1, 10}, {2, 10.2}, {4, 10.6}, {8, 11.4}})
     cost.seed(r, t);
   cost.observe_draft(1, 0.2);
+  cost.observe_draft(2, 0.4);
   AcceptanceModel m;
   RequestAcceptance r;
   for (int i = 0; i < 50; ++i) m.observe_levels(3, i % 2, r);  // depth 1 accepted half the time
@@ -129,11 +143,37 @@ TEST_CASE("budget: under load the same acceptance stops speculation for the batc
   for (auto [rows, t] : std::vector<std::pair<std::int64_t, double>>{{1, 10}, {8, 12}, {16, 14}, {32, 28}, {64, 56}})
     loaded.seed(rows, t);
   loaded.observe_draft(1, 0.2);
+  loaded.observe_draft(2, 0.4);
   std::vector<DepthAsk> sixteen(16, one);
   const auto depths = plan_depths(sixteen, 16, 16.0, 100, loaded);
   for (auto d : depths) CHECK(d == 0);
   // Nothing measured yet: the full shape (the fixed behaviour).
   CHECK(plan_depths({one}, 1, 1.0, 100, CostModel{})[0] == 3);
+}
+
+TEST_CASE("feedback: drafted steps measured slower than plain ones scale the costs up, faster ones relax them") {
+  Feedback f;
+  CHECK(f.penalty(4) == 1.0);
+  // 4 requests: plain steps give 0.5 tokens/ms, drafted ones 0.4: speculation loses here.
+  f.observe(4, 4, 8.0, false);
+  for (int i = 0; i < 20; ++i) f.observe(4, 4.4, 11.0, true);
+  CHECK(f.measured_gain(4) == doctest::Approx(0.8).epsilon(0.01));
+  CHECK(f.penalty(4) > 2.0);
+  CHECK(f.penalty(1) == 1.0);  // another batch size is untouched
+  // Without a plain step for kExplore drafted steps, one is asked for; it resets the count.
+  for (std::int64_t i = 0; i < Feedback::kExplore; ++i) f.observe(4, 4.4, 11.0, true);
+  CHECK(f.want_plain(4));
+  f.observe(4, 4, 8.0, false);
+  CHECK_FALSE(f.want_plain(4));
+  // Drafted steps become faster (1 token/ms against 0.5): the scale comes back to 1.
+  for (int i = 0; i < 200; ++i) f.observe(4, 8, 8.0, true);
+  CHECK(f.measured_gain(4) > 1.5);
+  CHECK(f.penalty(4) == doctest::Approx(1.0));
+  // The scale makes extra costs dearer in both decisions.
+  const CostModel cost = linear_cost(10.0, 1.0);
+  const std::vector<Candidate> one{{0, 0, -1, 0.2}};
+  CHECK(select_nodes(one, 1, 1.0, 100, cost, 0.0, 1.0) == std::vector<bool>{true});
+  CHECK(select_nodes(one, 1, 1.0, 100, cost, 0.0, 4.0) == std::vector<bool>{false});
 }
 
 TEST_CASE("budget: node selection keeps the likely nodes, closed under ancestors, and counts the spent time") {

@@ -323,6 +323,10 @@ def main():
     check(sp.get("drafted", 0) > 0, f"NGRAM: the response reports drafted tokens ({sp})")
     m = metrics(spec.base)
     check(m.get("specactor:spec_decode_num_draft_tokens_total", 0) > 0, "NGRAM: /metrics counts draft tokens")
+    check(m.get("specactor:spec_budget_adaptive") == 1, "NGRAM: /metrics says the budget decides (adaptive 1)")
+    verified = sum(v for k, v in m.items() if k.startswith("specactor:spec_budget_verified_nodes_total{"))
+    check(verified > 0, f"NGRAM: /metrics has the histogram of draft nodes verified per step (total {verified:.0f})")
+    check(m.get("specactor:spec_budget_step_ms", 0) > 0, "NGRAM: /metrics has the cost model's step time")
     spec.stop(0)
 
     print("serve-e2e: " + load, flush=True)
