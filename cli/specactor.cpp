@@ -272,7 +272,8 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
                 {"accepted", m.accepted},
                 {"mean_accepted_length", m.mean_accepted_length},
                 {"acceptance_rate", m.drafted > 0 ? static_cast<double>(m.accepted) / m.drafted : 0.0},
-                {"fallback_steps", m.fallbacks}}}};
+                {"fallback_steps", m.fallbacks},
+                {"budget_skipped_steps", m.budget_skipped}}}};
     std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
   }
   return cancelled ? 130 : 0;  // 128 + SIGINT, as a shell reports an interrupted command
@@ -397,7 +398,7 @@ void add_bench_flags(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("--concurrency", o.concurrency,
                  "speculative runs: also this many concurrent requests, aggregate tok/s with and without drafts "
                  "(default 4 16; 0 = none)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{256}));
+      ->check(integer_at_least<std::int64_t>(0));
   cmd.add_flag("--all-drafters", o.all_drafters, "plain vs every drafter in one run");
   cmd.add_flag("--json", o.json, "print JSON");
 }
@@ -427,6 +428,8 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
     print_drafter_rows(rows, o.prompts, o.max_new_tokens, repeats);
     return 0;
   }
+  for (const std::int64_t n : o.concurrency)
+    if (n > 256) throw sc::ConfigError("--concurrency: at most 256 concurrent requests (got " + std::to_string(n) + ")");
   // AUTO: speculative with a head that ships for the model, else the plain speed run.
   sc::SpecAlgorithm algo = parsed.speculative_algorithm;
   if (algo == sc::SpecAlgorithm::Auto) algo = resolve_from_args(rest).target->speculative_algorithm;

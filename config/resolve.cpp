@@ -115,9 +115,9 @@ ServerArgs parse_server_args(const std::vector<std::string>& argv, const std::ve
     const std::string field = field_of_flag(flag);
     if (!known_field(field)) throw ConfigError("unknown flag " + flag + suggestion(field, command_flags));
     if (!has_value) {
-      if (is_bool_field(field)) {  // a switch, or followed by true|false
+      if (is_bool_field(field)) {  // a switch, or followed by its value (true|false)
         text = "true";
-        if (i + 1 < argv.size() && (argv[i + 1] == "true" || argv[i + 1] == "false")) text = argv[++i];
+        if (i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0) text = argv[++i];
       } else {
         if (i + 1 >= argv.size() || (argv[i + 1].rfind("--", 0) == 0 && argv[i + 1].size() > 2))
           throw ConfigError(flag + ": expected a value");

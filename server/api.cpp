@@ -342,7 +342,8 @@ json speculative_json(const sched::RequestMetrics& m) {
           {"tau", m.mean_accepted_length},
           {"acceptance_rate", m.drafted > 0 ? static_cast<double>(m.accepted) / m.drafted : 0.0},
           {"acceptance_by_position", by_pos},
-          {"fallback_steps", m.fallbacks}};
+          {"fallback_steps", m.fallbacks},
+          {"budget_skipped_steps", m.budget_skipped}};
 }
 
 json usage_json(const Outcome& o) {

@@ -100,6 +100,10 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
       {"generate --model-path " + tiny_model() + " --prompt hi --max-new-tokens 0",
        "specactor: error: --max-new-tokens: must be >= 1 (got 0)"},
       {"bench --model-path " + tiny_model() + " --repeats 0", "specactor: error: --repeats: must be >= 1"},
+      {"bench --model-path " + tiny_model() + " --concurrency -1", "specactor: error: --concurrency: must be >= 0"},
+      {"bench --model-path " + tiny_model() + " --concurrency 300", "specactor: error: --concurrency: at most 256"},
+      {"generate --model-path " + tiny_model() + " --prompt hi --speculative-adaptive maybe",
+       "--speculative-adaptive: expected a boolean (true|false), got 'maybe'"},
       {"bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --prompts /nonexistent.jsonl",
        "specactor: error: --prompts /nonexistent.jsonl: cannot open the file"},
       {"bench --model-path " + tiny_model() + " --prompt-tokens 4000", "exceed the context length 128"},
@@ -285,6 +289,16 @@ TEST_CASE("specactor generate on the default model: last flag wins, prompt files
   const Run b = run(gen + " --prompt " + specactor::testing::shell_quote("Name a color."));
   REQUIRE_MESSAGE(b.rc == 0, b.err);
   const json want = json::parse(b.out);
+  // On by default: the shipped EAGLE3 head with the budget; NONE gives the same tokens without it.
+  CHECK(want["speculative"]["algorithm"] == "EAGLE3");
+  CHECK(want["speculative"].contains("budget_skipped_steps"));
+  const Run plain = run(gen + " --speculative-algorithm NONE --prompt " + specactor::testing::shell_quote("Name a color."));
+  REQUIRE_MESSAGE(plain.rc == 0, plain.err);
+  CHECK(json::parse(plain.out)["speculative"]["algorithm"] == "NONE");
+  CHECK(json::parse(plain.out)["tokens"] == want["tokens"]);
+  const Run auto_cfg = run("config --log-level warn --model-path " + model);
+  REQUIRE_MESSAGE(auto_cfg.rc == 0, auto_cfg.err);
+  CHECK(auto_cfg.out.find("auto.speculative_algorithm (a head ships for this model)") != std::string::npos);
   // tools/setup run -- --prompt X: the later --prompt replaces setup's own.
   const Run twice =
       run(gen + " --prompt 'What is two plus two?' --prompt " + specactor::testing::shell_quote("Name a color."));
