@@ -112,7 +112,8 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
                                      });
       std::string probe;
       for (const auto& [rows, ms] : st.step_probe) probe += fmt::format(" {} rows {:.2f} ms", rows, ms);
-      spdlog::debug("target worker: cost probe:{}", probe.empty() ? " nothing measured" : probe);
+      spdlog::debug("target worker: cost probe:{}{}", probe.empty() ? " nothing measured" : probe,
+                    st.step->probe_error().empty() ? "" : " (" + st.step->probe_error() + ")");
     }
   } catch (const std::exception& e) {
     drop_after_load_error(self->state, e);

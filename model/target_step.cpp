@@ -242,7 +242,8 @@ std::vector<std::pair<std::int64_t, double>> TargetStep::probe(std::int32_t voca
       std::sort(ms.begin(), ms.end());
       out.emplace_back(rows, ms[ms.size() / 2]);
     }
-  } catch (const StepFailed&) {  // a pool too small for even this: the online model learns alone
+  } catch (const StepFailed& e) {  // e.g. a pool too small for even this: the online model learns alone
+    probe_error_ = e.what();
   }
   release(kProbeRequest);
   return out;

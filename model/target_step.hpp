@@ -57,6 +57,9 @@ class TargetStep {
   std::vector<std::pair<std::int64_t, double>> probe(std::int32_t vocab, double budget_ms,
                                                      const std::function<void(const StepBatch&)>& to_ranks = {});
 
+  // Why the last probe stopped early ("" when it did not).
+  const std::string& probe_error() const { return probe_error_; }
+
   // Frees a request's KV pages (unknown ids are ignored: the request never reached this rank).
   void release(std::uint64_t req);
 
@@ -88,6 +91,7 @@ class TargetStep {
   std::unique_ptr<ForwardRunner> runner_;
   std::shared_ptr<kernels::Communicator> comm_;
   std::map<std::uint64_t, Seq> seqs_;
+  std::string probe_error_;
 };
 
 }  // namespace specactor::model
