@@ -106,10 +106,10 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
     const auto& sn = *self->state.snapshot;
     if (sn.speculative_algorithm != config::SpecAlgorithm::None && sn.speculative_adaptive) {
       auto& st = self->state;
-      st.step_probe = st.step->probe(static_cast<std::int32_t>(st.model->info.vocab_size), 400.0,
-                                     [&](const StepBatch& b) {
-                                       for (const auto& r : st.ranks) self->send(r, step_atom::value, b);
-                                     });
+      st.step_probe =
+          st.step->probe(static_cast<std::int32_t>(st.model->info.vocab_size), 400.0, [&](const StepBatch& b) {
+            for (const auto& r : st.ranks) self->send(r, step_atom::value, b);
+          });
       std::string probe;
       for (const auto& [rows, ms] : st.step_probe) probe += fmt::format(" {} rows {:.2f} ms", rows, ms);
       spdlog::debug("target worker: cost probe:{}{}", probe.empty() ? " nothing measured" : probe,
@@ -124,7 +124,8 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
         if (!s.step) return s.load_error_is_user ? user_error(s.load_error) : internal_error(s.load_error);
         const auto& kv = s.step->kv();
         return TargetInfo{s.model->info,   s.model->tokenizer, kv->capacity_tokens(),
-                          kv->page_size(), s.model->weights,   kv, s.step_probe};
+                          kv->page_size(), s.model->weights,   kv,
+                          s.step_probe};
       },
       [self](step_atom, StepBatch& batch) -> caf::result<StepResult> {
         auto& s = self->state;

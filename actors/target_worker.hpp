@@ -39,8 +39,8 @@ struct TargetWorkerState {
   std::optional<model::LoadedModel> model;
   std::unique_ptr<model::TargetStep> step;  // the KV cache in it is shared with drafters as const (TargetInfo::kv)
   std::string load_error;
-  bool load_error_is_user = false;   // a model file, a setting or a memory budget (not a bug)
-  std::vector<tp_rank_actor> ranks;  // ranks 1 .. T-1
+  bool load_error_is_user = false;                          // a model file, a setting or a memory budget (not a bug)
+  std::vector<tp_rank_actor> ranks;                         // ranks 1 .. T-1
   std::vector<std::pair<std::int64_t, double>> step_probe;  // the cost probe after loading
   static inline const char* name = "target_worker";
 };

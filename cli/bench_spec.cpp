@@ -10,15 +10,15 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
-#include <tuple>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "actors/engine.hpp"
@@ -292,9 +292,10 @@ void print_budget(const json& b) {
   const std::vector<int> ks{1, 2, 4, 8, 16, 32};
   for (std::size_t i = 0; i < b["cost_model_c_k"].size() && i < ks.size(); ++i)
     ck += fmt::format(" c({})={:.2f}", ks[i], b["cost_model_c_k"][i].get<double>());
-  std::cout << fmt::format("  acceptance model: calibration error {:.3f} over {:.0f} nodes; cost model: {:.2f} ms/row{}\n",
-                           b["calibration_error"].get<double>(), b["calibrated_nodes"].get<double>(),
-                           b["cost_model_one_row_ms"].get<double>(), ck);
+  std::cout << fmt::format(
+      "  acceptance model: calibration error {:.3f} over {:.0f} nodes; cost model: {:.2f} ms/row{}\n",
+      b["calibration_error"].get<double>(), b["calibrated_nodes"].get<double>(),
+      b["cost_model_one_row_ms"].get<double>(), ck);
 }
 
 bool is_spec_shape_flag(const std::string& a) {

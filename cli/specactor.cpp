@@ -411,7 +411,8 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   const sc::ServerArgs parsed = sc::parse_server_args(rest);
   if (o.all_drafters && parsed.device != sc::Device::Cuda) {
     // Plain vs every drafter on this device (what `bench --device cuda` ends with).
-    if (parsed.speculative_algorithm != sc::SpecAlgorithm::None && parsed.speculative_algorithm != sc::SpecAlgorithm::Auto)
+    if (parsed.speculative_algorithm != sc::SpecAlgorithm::None &&
+        parsed.speculative_algorithm != sc::SpecAlgorithm::Auto)
       throw sc::ConfigError("--all-drafters: picks the algorithms itself; drop --speculative-algorithm");
     const std::int64_t repeats = o.repeats ? o.repeats : 2;
     const Resolved r = resolve_from_args(rest);
@@ -429,7 +430,8 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
     return 0;
   }
   for (const std::int64_t n : o.concurrency)
-    if (n > 256) throw sc::ConfigError("--concurrency: at most 256 concurrent requests (got " + std::to_string(n) + ")");
+    if (n > 256)
+      throw sc::ConfigError("--concurrency: at most 256 concurrent requests (got " + std::to_string(n) + ")");
   // AUTO: speculative with a head that ships for the model, else the plain speed run.
   sc::SpecAlgorithm algo = parsed.speculative_algorithm;
   if (algo == sc::SpecAlgorithm::Auto) algo = resolve_from_args(rest).target->speculative_algorithm;

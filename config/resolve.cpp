@@ -246,8 +246,9 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
   if (s->speculative_algorithm == SpecAlgorithm::Auto) {
     const bool head = !model.shipped_eagle3_head.empty();
     try {
-      s = derive(s, head ? "auto.speculative_algorithm (a head ships for this model)"
-                         : "auto.speculative_algorithm (no head ships for this model)",
+      s = derive(s,
+                 head ? "auto.speculative_algorithm (a head ships for this model)"
+                      : "auto.speculative_algorithm (no head ships for this model)",
                  {{"speculative_algorithm", head ? "EAGLE3" : "NONE"}});
     } catch (const ConfigError& e) {
       throw ConfigError(std::string(e.what()) + " (--speculative-algorithm AUTO chose " + (head ? "EAGLE3" : "NONE") +

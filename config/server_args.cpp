@@ -318,9 +318,8 @@ void validate(const ServerArgs& a) {
   const bool undecided = a.speculative_algorithm == SpecAlgorithm::Auto;
   const std::string algo(to_string(a.speculative_algorithm));
   if (undecided) {
-    for (auto [field, set] :
-         {std::pair{"speculative_draft_model_path", a.speculative_draft_model_path.has_value()},
-          std::pair{"speculative_draft_num_layers", a.speculative_draft_num_layers.has_value()}})
+    for (auto [field, set] : {std::pair{"speculative_draft_model_path", a.speculative_draft_model_path.has_value()},
+                              std::pair{"speculative_draft_num_layers", a.speculative_draft_num_layers.has_value()}})
       if (set) fail(field, "needs --speculative-algorithm (which algorithm is the draft for?)");
   }
   if (!spec) {

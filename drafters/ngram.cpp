@@ -92,7 +92,8 @@ class NgramDrafter final : public Drafter {
 
  private:
   // Continuations of the longest suffix matches: most recent in the sequence first, then corpus.
-  std::vector<Tokens> continuations(const Tokens& ctx, std::int32_t max_depth, std::vector<std::int64_t>& windows) const {
+  std::vector<Tokens> continuations(const Tokens& ctx, std::int32_t max_depth,
+                                    std::vector<std::int64_t>& windows) const {
     std::vector<Tokens> out;
     const auto n = static_cast<std::int64_t>(ctx.size());
     const std::size_t want = static_cast<std::size_t>(breadth_) * 2;

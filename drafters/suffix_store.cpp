@@ -7,8 +7,8 @@
 namespace specactor::drafters {
 
 namespace {
-constexpr std::size_t kMaxPerKey = 64;     // most recent positions kept per window
-constexpr std::size_t kMaxChecked = 256;   // candidates measured per lookup
+constexpr std::size_t kMaxPerKey = 64;    // most recent positions kept per window
+constexpr std::size_t kMaxChecked = 256;  // candidates measured per lookup
 }  // namespace
 
 SuffixStore::SuffixStore(std::int64_t capacity, std::int64_t anchor)
@@ -124,7 +124,8 @@ std::vector<SuffixStore::Match> SuffixStore::lookup(const std::vector<std::int32
     m.doc = d->id;
     out.push_back(std::move(m));
   }
-  std::stable_sort(out.begin(), out.end(), [](const Match& a, const Match& b) { return a.match_length > b.match_length; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Match& a, const Match& b) { return a.match_length > b.match_length; });
   if (out.size() > max_results) out.resize(max_results);
   return out;
 }

@@ -206,7 +206,9 @@ std::vector<std::pair<std::int64_t, double>> TargetStep::probe(std::int32_t voca
   };
   if (vocab < 2) return out;
   const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
+  auto elapsed = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
   auto tok = [&](std::int64_t i) { return static_cast<std::int32_t>(1 + (i * 7919) % (vocab - 1)); };
   const std::int64_t room = kv_->capacity_tokens() / 2;  // leave the pool to the requests
   std::int64_t used = 0;

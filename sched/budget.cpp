@@ -30,8 +30,8 @@ int CostModel::band_of(double c) { return c < 1024 ? 0 : c < 4096 ? 1 : c < 1638
 int CostModel::bucket_of(std::int64_t rows) {
   if (rows <= 1) return 0;
   if (rows <= 32) return static_cast<int>(rows - 1);
-  if (rows <= 64) return 32 + static_cast<int>((rows - 33) / 8);     // 40, 48, 56, 64
-  if (rows <= 256) return 36 + static_cast<int>((rows - 65) / 32);   // 96 .. 256
+  if (rows <= 64) return 32 + static_cast<int>((rows - 33) / 8);             // 40, 48, 56, 64
+  if (rows <= 256) return 36 + static_cast<int>((rows - 65) / 32);           // 96 .. 256
   return std::min(kBuckets - 1, 42 + static_cast<int>((rows - 257) / 128));  // 384 ..
 }
 
@@ -114,7 +114,9 @@ const CostModel::Line& CostModel::line(int band) const {
   double running = 0;
   for (int b = 0; b < kBuckets; ++b) {
     const Cell& c = row[static_cast<std::size_t>(b)];
-    const double v = c.real.size() >= 3 ? c.real.median() : l.known ? l.a + l.b * static_cast<double>(bucket_rows(b)) : 0;
+    const double v = c.real.size() >= 3 ? c.real.median()
+                     : l.known          ? l.a + l.b * static_cast<double>(bucket_rows(b))
+                                        : 0;
     running = std::max(running, v);
     pred[static_cast<std::size_t>(b)] = running;
   }
@@ -139,7 +141,7 @@ double CostModel::step_ms(std::int64_t rows, double mean_context) const {
   if (r <= 32 || b == kBuckets - 1) {
     v = pred[static_cast<std::size_t>(b)];
     if (r > bucket_rows(b)) v += l.b * static_cast<double>(r - bucket_rows(b));  // past the last bucket
-  } else {  // between two buckets' representatives
+  } else {                                                                       // between two buckets' representatives
     const double r1 = static_cast<double>(bucket_rows(b)), r0 = static_cast<double>(bucket_rows(b - 1));
     const double t1 = pred[static_cast<std::size_t>(b)], t0 = pred[static_cast<std::size_t>(b - 1)];
     v = t0 + (t1 - t0) * (static_cast<double>(r) - r0) / (r1 - r0);
@@ -221,8 +223,8 @@ double AcceptanceModel::level_prob(int depth, const RequestAcceptance& r) const 
     const auto i = static_cast<std::size_t>(d);
     const Beta& g = levels_[i];
     const double gq = (g.hits + 2.0 * g_prev) / (g.seen + 2.0);
-    const double rq = (r.level_hits[i] + 3.0 * (d == 1 ? gq : std::min(gq, r_prev) * 0.5 + gq * 0.5)) /
-                      (r.level_seen[i] + 3.0);
+    const double rq =
+        (r.level_hits[i] + 3.0 * (d == 1 ? gq : std::min(gq, r_prev) * 0.5 + gq * 0.5)) / (r.level_seen[i] + 3.0);
     p *= rq;
     g_prev = gq;
     r_prev = rq;
@@ -352,7 +354,8 @@ std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::in
   std::stable_sort(levels.begin(), levels.end(), [](const Level& x, const Level& y) { return x.prob > y.prob; });
   const double base_ms = cost.step_ms(base_rows, mean_context);
   auto rate = [&](double tok, double r, std::int64_t lv) {
-    const double extra = cost.step_ms(static_cast<std::int64_t>(std::ceil(r)), mean_context) - base_ms + cost.draft_ms(lv);
+    const double extra =
+        cost.step_ms(static_cast<std::int64_t>(std::ceil(r)), mean_context) - base_ms + cost.draft_ms(lv);
     const double t = base_ms + penalty * extra;
     return t > 0 ? tok / t : 0.0;
   };

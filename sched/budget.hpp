@@ -92,13 +92,13 @@ class CostModel {
 
 // Acceptance bookkeeping of one request (kept in its Sequence).
 struct RequestAcceptance {
-  double observed = 0, predicted = 0;  // decayed Σ accepted nodes and Σ their predicted probabilities
+  double observed = 0, predicted = 0;                 // decayed Σ accepted nodes and Σ their predicted probabilities
   std::array<double, 33> level_hits{}, level_seen{};  // decayed: steps accepting depth d / reaching d-1 and drafting d
   std::int64_t idle_steps = 0;                        // decode steps in a row without a draft by the budget
-  std::int64_t probe_interval = 4;  // idle steps before the next probe: doubles (to 64) while probes find nothing
-  bool probing = false;             // the last draft was a probe
-  std::int64_t unverified_steps = 0;        // proposals in a row of which the budget verified nothing
-  std::int64_t verify_probe_interval = 4;   // then its likeliest first node is verified anyway (doubling to 64)
+  std::int64_t probe_interval = 4;    // idle steps before the next probe: doubles (to 64) while probes find nothing
+  bool probing = false;               // the last draft was a probe
+  std::int64_t unverified_steps = 0;  // proposals in a row of which the budget verified nothing
+  std::int64_t verify_probe_interval = 4;  // then its likeliest first node is verified anyway (doubling to 64)
   double factor() const { return (observed + 1.0) / (predicted + 1.0); }
 };
 
@@ -167,8 +167,8 @@ void note_plan(RequestAcceptance& r, bool probe, std::int32_t depth);
 
 // One request's side of a depth plan.
 struct DepthAsk {
-  std::int32_t max_depth = 0;  // what the shape and the request allow
-  bool probe = false;          // idle long enough: draft one level whatever the estimate
+  std::int32_t max_depth = 0;       // what the shape and the request allow
+  bool probe = false;               // idle long enough: draft one level whatever the estimate
   std::vector<double> level_probs;  // [d-1]: P(reaching depth d), non-increasing
   double rows_per_level = 1;        // nodes the target verifies per level (a tree verifies more)
 };
@@ -176,9 +176,8 @@ struct DepthAsk {
 // Depths that maximise (base_tokens + Σ expected tokens) / (step time + draft time), by adding
 // levels in order of their probability. base_rows: rows the step has anyway (roots, prefill chunks).
 // `penalty` (Feedback) scales the costs drafting adds: draft time and the extra rows.
-std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::int64_t base_rows,
-                                      double base_tokens, double mean_context, const CostModel& cost,
-                                      double penalty = 1.0);
+std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::int64_t base_rows, double base_tokens,
+                                      double mean_context, const CostModel& cost, double penalty = 1.0);
 
 // One proposed node as the selection sees it.
 struct Candidate {
@@ -193,7 +192,6 @@ struct Candidate {
 // this step has taken already (its draft round): it cannot be saved, but it is part of the step's
 // rate, so leaving it out would make every row look dearer than it is.
 std::vector<bool> select_nodes(const std::vector<Candidate>& nodes, std::int64_t base_rows, double base_tokens,
-                               double mean_context, const CostModel& cost, double spent_ms = 0,
-                               double penalty = 1.0);
+                               double mean_context, const CostModel& cost, double spent_ms = 0, double penalty = 1.0);
 
 }  // namespace specactor::sched

@@ -428,12 +428,13 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
   if (explore) depth.assign(depth.size(), 0);
   if (spdlog::should_log(spdlog::level::trace))
     for (std::size_t i = 0; i < asks.size(); ++i)
-      spdlog::trace("budget: request {} depth {} of {} (P(level) {:.2f} {:.2f} {:.2f}; step {:.2f} ms, 2 rows {:.2f}, "
-                    "draft level {:.2f} ms)",
-                    decoding[i]->id(), depth[i], limit[i], asks[i].level_probs.size() > 0 ? asks[i].level_probs[0] : 0.0,
-                    asks[i].level_probs.size() > 1 ? asks[i].level_probs[1] : 0.0,
-                    asks[i].level_probs.size() > 2 ? asks[i].level_probs[2] : 0.0, one_row,
-                    cost_.step_ms(plan.base_rows + 1, plan.mean_context), cost_.draft_ms(1));
+      spdlog::trace(
+          "budget: request {} depth {} of {} (P(level) {:.2f} {:.2f} {:.2f}; step {:.2f} ms, 2 rows {:.2f}, "
+          "draft level {:.2f} ms)",
+          decoding[i]->id(), depth[i], limit[i], asks[i].level_probs.size() > 0 ? asks[i].level_probs[0] : 0.0,
+          asks[i].level_probs.size() > 1 ? asks[i].level_probs[1] : 0.0,
+          asks[i].level_probs.size() > 2 ? asks[i].level_probs[2] : 0.0, one_row,
+          cost_.step_ms(plan.base_rows + 1, plan.mean_context), cost_.draft_ms(1));
   for (std::size_t i = 0; i < decoding.size(); ++i) {
     Sequence* r = decoding[i];
     if (limit[i] > 0 && !explore) note_plan(r->acc, asks[i].probe, depth[i]);
@@ -478,7 +479,8 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
     if (!k.req) continue;  // retired while the proposal was out
     const auto& toks = p.tokens[i];
     const auto& pars = p.parents[i];
-    const std::vector<float>* scores = i < p.scores.size() && p.scores[i].size() == toks.size() ? &p.scores[i] : nullptr;
+    const std::vector<float>* scores =
+        i < p.scores.size() && p.scores[i].size() == toks.size() ? &p.scores[i] : nullptr;
     depth.assign(toks.size(), 0);
     keep_index.assign(toks.size(), -1);
     for (std::size_t j = 0; j < toks.size() && j < pars.size(); ++j) {
@@ -551,8 +553,7 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
     }
     k.req->draft_depth = max_depth;
     added += static_cast<std::int64_t>(tokens.size());
-    if (max_depth > 0)
-      rows_per_level_ = 0.9 * rows_per_level_ + 0.1 * static_cast<double>(tokens.size()) / max_depth;
+    if (max_depth > 0) rows_per_level_ = 0.9 * rows_per_level_ + 0.1 * static_cast<double>(tokens.size()) / max_depth;
     for (auto& item : plan.batch.items)
       if (item.req == ids[i]) {
         // Sampled drafts keep their q rows only when the whole chain is verified (a chain cut by the

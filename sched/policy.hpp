@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "drafters/drafter.hpp"
-#include "sched/budget.hpp"
 #include "model/tokenizer.hpp"
+#include "sched/budget.hpp"
 #include "sched/step.hpp"
 #include "sched/types.hpp"
 
@@ -120,7 +120,6 @@ struct StepPlan {
   double base_tokens = 0, mean_context = 0, draft_ms = 0;
   bool prefill = false;  // a prompt chunk is in the step
 };
-
 
 class Scheduler {
  public:

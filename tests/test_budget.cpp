@@ -49,7 +49,7 @@ TEST_CASE("cost model: ring medians shrug off spikes, a line fits the buckets, b
   CostModel c = linear_cost(10.0, 0.5);
   CHECK(c.known());
   CHECK(c.step_ms(1, 0) == doctest::Approx(10.5).epsilon(0.01));
-  CHECK(c.step_ms(6, 0) == doctest::Approx(13.0).epsilon(0.01));  // between probed sizes
+  CHECK(c.step_ms(6, 0) == doctest::Approx(13.0).epsilon(0.01));   // between probed sizes
   CHECK(c.step_ms(64, 0) == doctest::Approx(42.0).epsilon(0.01));  // beyond them, the same line
   CHECK(c.relative(2, 0) == doctest::Approx(11.0 / 10.5).epsilon(0.01));
   // Real steps replace the probe; a preempted step (10× slower) among nine does not move the estimate.
@@ -179,8 +179,8 @@ TEST_CASE("feedback: drafted steps measured slower than plain ones scale the cos
 TEST_CASE("budget: node selection keeps the likely nodes, closed under ancestors, and counts the spent time") {
   const CostModel cost = linear_cost(10.0, 1.0);
   // Request 0: a chain 0.9 → 0.8 → 0.05; request 1: two children 0.6 and 0.02.
-  const std::vector<Candidate> nodes{{0, 0, -1, 0.9}, {0, 1, 0, 0.8}, {0, 2, 1, 0.05}, {1, 0, -1, 0.6},
-                                     {1, 1, -1, 0.02}};
+  const std::vector<Candidate> nodes{
+      {0, 0, -1, 0.9}, {0, 1, 0, 0.8}, {0, 2, 1, 0.05}, {1, 0, -1, 0.6}, {1, 1, -1, 0.02}};
   const auto keep = select_nodes(nodes, 2, 2.0, 100, cost);
   CHECK(keep == std::vector<bool>{true, true, false, true, false});
   // Spent draft time makes a marginal row relatively cheaper: a 0.05 node pays only then.
@@ -236,7 +236,7 @@ TEST_CASE("suffix store: continuations across documents, own earlier text, bound
   s.extend(live, tail.data(), tail.size());
   own.insert(own.end(), tail.begin(), tail.end());
   m = s.lookup(own, 32, 2, 4, live);
-  REQUIRE(m.size() == 1);  // "9 2 3" occurs only in its own text (the other document has "1 2 3")
+  REQUIRE(m.size() == 1);         // "9 2 3" occurs only in its own text (the other document has "1 2 3")
   CHECK(m[0].match_length == 4);  // measured backwards: "9 9 2 3"
   CHECK(m[0].continuation == std::vector<std::int32_t>{4, 7});
   CHECK(m[0].doc == live);
@@ -246,7 +246,7 @@ TEST_CASE("suffix store: continuations across documents, own earlier text, bound
   for (int i = 0; i < 6; ++i) s.add_document({50 + i, 51 + i, 52 + i, 53 + i, 54 + i, 55 + i, 56 + i, 57 + i});
   CHECK(s.tokens() <= 40);
   CHECK(s.length(live) == own.size());
-  CHECK(s.lookup({1, 2, 3}, 32, 3, 4).empty());  // the first document was evicted
+  CHECK(s.lookup({1, 2, 3}, 32, 3, 4).empty());         // the first document was evicted
   CHECK(s.lookup({59, 60, 61}, 32, 3, 4).size() == 1);  // in the last document, followed by 62
   SuffixStore none(0, 3);
   none.add_document({1, 2, 3, 4});

@@ -292,7 +292,8 @@ TEST_CASE("specactor generate on the default model: last flag wins, prompt files
   // On by default: the shipped EAGLE3 head with the budget; NONE gives the same tokens without it.
   CHECK(want["speculative"]["algorithm"] == "EAGLE3");
   CHECK(want["speculative"].contains("budget_skipped_steps"));
-  const Run plain = run(gen + " --speculative-algorithm NONE --prompt " + specactor::testing::shell_quote("Name a color."));
+  const Run plain =
+      run(gen + " --speculative-algorithm NONE --prompt " + specactor::testing::shell_quote("Name a color."));
   REQUIRE_MESSAGE(plain.rc == 0, plain.err);
   CHECK(json::parse(plain.out)["speculative"]["algorithm"] == "NONE");
   CHECK(json::parse(plain.out)["tokens"] == want["tokens"]);

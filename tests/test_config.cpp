@@ -146,7 +146,8 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
       {{"--skip-tokenizer-init=maybe"}, "--skip-tokenizer-init: expected a boolean (true|false), got 'maybe'"},
       {{"--speculative-accept-threshold-acc", "x"}, "--speculative-accept-threshold-acc: expected a number, got 'x'"},
       {{"--speculative-algorithm", "MEDUSA"},
-       "--speculative-algorithm: expected one of NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX|AUTO|NEXTN, got "
+       "--speculative-algorithm: expected one of "
+       "NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX|AUTO|NEXTN, got "
        "'MEDUSA'"},
       {{"--load-format", "pt"}, "--load-format: expected one of auto|gguf|safetensors|dummy, got 'pt'"},
       {{"--cpu-precision", "int8"}, "--cpu-precision: expected one of fast|exact, got 'int8'"},
@@ -357,9 +358,8 @@ TEST_CASE("automatic speculative shape") {
                           e.fields == json{{"speculative_algorithm", "EAGLE3"}});
     CHECK(logged);
     // Head settings without an algorithm follow AUTO's choice.
-    const Snapshot floor =
-        resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-draft-p-min", "0.3"})), f,
-                       no_gpu());
+    const Snapshot floor = resolve_target(
+        freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-draft-p-min", "0.3"})), f, no_gpu());
     CHECK(*floor->speculative_draft_p_min == 0.3);
     f.shipped_eagle3_head.clear();
     f.shipped_head_defaults.reset();
@@ -370,8 +370,9 @@ TEST_CASE("automatic speculative shape") {
                        no_gpu()),
         doctest::Contains("AUTO chose NONE"), ConfigError);
     // A draft model names no algorithm: refused before anything loads.
-    CHECK_THROWS_WITH_AS(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-draft-model-path", "d.gguf"})),
-                         doctest::Contains("needs --speculative-algorithm"), ConfigError);
+    CHECK_THROWS_WITH_AS(
+        freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-draft-model-path", "d.gguf"})),
+        doctest::Contains("needs --speculative-algorithm"), ConfigError);
     // NONE turns it off; --speculative-adaptive takes a value after it, or is a switch.
     CHECK(resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "NONE"})), f,
                          no_gpu())
@@ -385,16 +386,16 @@ TEST_CASE("automatic speculative shape") {
     CHECK(*s->speculative_num_steps == 16);
     CHECK(*s->speculative_eagle_topk == 2);
     CHECK(*s->speculative_num_draft_tokens == 24);
-    CHECK_THROWS_WITH_AS(freeze(parse_server_args({"--speculative-algorithm", "SUFFIX", "--speculative-suffix-min-match",
-                                                   "8", "--speculative-suffix-max-match", "4"})),
-                         doctest::Contains("--speculative-suffix-max-match: must be >= --speculative-suffix-min-match"),
-                         ConfigError);
+    CHECK_THROWS_WITH_AS(
+        freeze(parse_server_args({"--speculative-algorithm", "SUFFIX", "--speculative-suffix-min-match", "8",
+                                  "--speculative-suffix-max-match", "4"})),
+        doctest::Contains("--speculative-suffix-max-match: must be >= --speculative-suffix-min-match"), ConfigError);
     CHECK_THROWS_WITH_AS(
         freeze(parse_server_args({"--speculative-algorithm", "SUFFIX", "--speculative-suffix-cache-tokens", "-1"})),
-                         doctest::Contains("--speculative-suffix-cache-tokens"), ConfigError);
+        doctest::Contains("--speculative-suffix-cache-tokens"), ConfigError);
     CHECK_THROWS_WITH_AS(
         freeze(parse_server_args({"--speculative-algorithm", "NGRAM", "--speculative-draft-suffix-tokens", "4"})),
-                         doctest::Contains("only applies to the head drafters"), ConfigError);
+        doctest::Contains("only applies to the head drafters"), ConfigError);
   }
   SUBCASE("other algorithms: 3/1/4") {
     auto s = resolved({"--speculative-algorithm", "NGRAM"});
