@@ -413,8 +413,8 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
     asks.push_back(std::move(a));
   }
   std::vector<std::int32_t> depth = limit;
-  // A drafter that costs next to nothing (prompt lookup, suffixes) always drafts its whole shape:
-  // the node selection after it decides what is verified, from each proposal's own scores.
+  // A draft round that costs under 2 % of the step at full depth (prompt lookup on a busy step) runs
+  // whole: the node selection after it decides what is verified, from the proposals' own scores.
   const double one_row = cost_.step_ms(1, plan.mean_context);
   std::int64_t full = 0;
   for (auto l : limit) full += l;
