@@ -429,10 +429,11 @@ int make_data(const MakeDataOptions& o, const std::vector<std::string>& server_a
     throw sc::ConfigError("--sampled-share: expected a fraction in [0, 1]");
   if (!(o.temperature > 0)) throw sc::ConfigError("--temperature: expected > 0 (the sampled share's temperature)");
   if (!(o.top_p > 0 && o.top_p <= 1)) throw sc::ConfigError("--top-p: expected a value in (0, 1]");
-  const sc::ServerArgs args = sc::parse_server_args(server_args);
+  sc::ServerArgs args = sc::parse_server_args(server_args);
   spdlog::set_level(spdlog::level::from_str(args.log_level));
-  if (args.speculative_algorithm != sc::SpecAlgorithm::None)
+  if (args.speculative_algorithm != sc::SpecAlgorithm::None && args.speculative_algorithm != sc::SpecAlgorithm::Auto)
     throw sc::ConfigError("--speculative-algorithm: make-data regenerates responses with the target alone; drop it");
+  args.speculative_algorithm = sc::SpecAlgorithm::None;  // the target alone, whatever AUTO would pick
   const auto resolved = sm::resolve_target(args);
   const sc::ServerArgs& s = *resolved.target;
   const std::vector<PromptEntry> prompts = read_prompts(o.prompts, o.limit);
