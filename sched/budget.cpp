@@ -213,20 +213,24 @@ double AcceptanceModel::node_prob(float score, int depth, const RequestAcceptanc
 }
 
 // P(reach d) = Π q_j, q_j = P(depth j accepted | depth j-1 was). Each q_j is estimated from the
-// steps that reached depth j-1 and drafted depth j; a level not seen yet takes the level above's
-// estimate as its prior (acceptance rarely collapses with depth), the first level takes 0.6. The
-// request's own counts (recent, decayed) have the global estimate as their prior.
+// steps that reached depth j-1 and drafted depth j, first over all requests (a level not seen yet
+// takes the level above's estimate as its prior: acceptance rarely collapses with depth; the first
+// level takes 0.6), then over the requests in this request's streak (the pooled estimate its prior),
+// then over this request's own recent counts (decayed; the streak's estimate its prior).
 double AcceptanceModel::level_prob(int depth, const RequestAcceptance& r) const {
   const int D = std::clamp(depth, 1, kMaxDepth);
+  const auto& own = levels_[static_cast<std::size_t>(r.streak)];
   double p = 1.0, g_prev = 0.6, r_prev = 0.6;
   for (int d = 1; d <= D; ++d) {
     const auto i = static_cast<std::size_t>(d);
-    const Beta& g = levels_[i];
-    const double gq = (g.hits + 2.0 * g_prev) / (g.seen + 2.0);
+    double hits = 0, seen = 0;
+    for (const auto& s : levels_) hits += s[i].hits, seen += s[i].seen;
+    const double pooled = (hits + 2.0 * g_prev) / (seen + 2.0);
+    const double gq = (own[i].hits + 2.0 * pooled) / (own[i].seen + 2.0);
     const double rq =
-        (r.level_hits[i] + 3.0 * (d == 1 ? gq : std::min(gq, r_prev) * 0.5 + gq * 0.5)) / (r.level_seen[i] + 3.0);
+        (r.level_hits[i] + 2.0 * (d == 1 ? gq : std::min(gq, r_prev) * 0.5 + gq * 0.5)) / (r.level_seen[i] + 2.0);
     p *= rq;
-    g_prev = gq;
+    g_prev = pooled;
     r_prev = rq;
   }
   return p;
@@ -251,15 +255,17 @@ void AcceptanceModel::observe_levels(int drafted, int accepted, RequestAcceptanc
     r.level_seen[i] *= kRequestDecay;
     r.level_hits[i] *= kRequestDecay;
   }
+  auto& streak = levels_[static_cast<std::size_t>(r.streak)];
   for (int d = 1; d <= std::min({drafted, accepted + 1, kMaxDepth}); ++d) {  // depths whose parent was accepted
     const auto i = static_cast<std::size_t>(d);
     r.level_seen[i] += 1;
     r.level_hits[i] += accepted >= d ? 1 : 0;
-    Beta& g = levels_[i];
+    Beta& g = streak[i];
     if (g.seen >= kGlobalCap) g.hits *= 0.5, g.seen *= 0.5;
     g.seen += 1;
     g.hits += accepted >= d ? 1 : 0;
   }
+  if (drafted > 0) r.streak = accepted >= drafted ? RequestAcceptance::Streak::Full : RequestAcceptance::Streak::Cut;
 }
 
 double AcceptanceModel::calibration_count() const { return std::accumulate(cal_n_.begin(), cal_n_.end(), 0.0); }

@@ -99,6 +99,10 @@ struct RequestAcceptance {
   bool probing = false;               // the last draft was a probe
   std::int64_t unverified_steps = 0;  // proposals in a row of which the budget verified nothing
   std::int64_t verify_probe_interval = 4;  // then its likeliest first node is verified anyway (doubling to 64)
+  // How its last verified draft ended: drafts come in runs (a copied passage, a repeated list, a
+  // template the model fills in), so the next draft's chance depends on it.
+  enum class Streak : std::uint8_t { Unknown = 0, Full = 1, Cut = 2 };
+  Streak streak = Streak::Unknown;
   double factor() const { return (observed + 1.0) / (predicted + 1.0); }
 };
 
@@ -110,7 +114,9 @@ class AcceptanceModel {
 
   // P(node accepted), score < 0: the drafter gave none.
   double node_prob(float score, int depth, const RequestAcceptance& r) const;
-  // P(the chain reaches depth d) for this request, before anything is drafted.
+  // P(the chain reaches depth d) for this request, before anything is drafted. The global estimate
+  // it starts from is the one of requests in the same streak (last draft accepted whole, cut, or none
+  // yet), so a request whose last draft was taken whole is not judged by the engine's average.
   double level_prob(int depth, const RequestAcceptance& r) const;
   // One verified node: its score, depth, what was predicted and whether it was accepted.
   void observe_node(float score, int depth, double predicted, bool accepted, RequestAcceptance& r);
@@ -126,7 +132,8 @@ class AcceptanceModel {
     double hits = 0, seen = 0;
   };
   std::array<std::array<Beta, kMaxDepth + 1>, kScoreBins + 1> table_{};  // [bin or kScoreBins = none][depth]
-  std::array<Beta, kMaxDepth + 1> levels_{};
+  static constexpr std::size_t kStreaks = 3;
+  std::array<std::array<Beta, kMaxDepth + 1>, kStreaks> levels_{};  // [streak][depth]
   std::array<double, 10> cal_pred_{}, cal_obs_{}, cal_n_{};
 };
 

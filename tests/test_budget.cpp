@@ -127,6 +127,44 @@ TEST_CASE("budget: drafting deepens when acceptance is high, stops when it colla
   CHECK(last >= 4);
 }
 
+TEST_CASE(
+    "acceptance model: drafts come in runs, a request whose last draft was taken whole is not judged by the average") {
+  const CostModel cost = [] {
+    CostModel c = linear_cost(10.0, 2.0);
+    c.observe_draft(1, 0.5);
+    c.observe_draft(2, 1.0);
+    return c;
+  }();
+  AcceptanceModel m;
+  // The engine's record: 40 requests whose drafts mostly miss (prose), 4 that copy a passage: once
+  // a draft of theirs is taken whole, the next one is too.
+  for (int q = 0; q < 40; ++q) {
+    RequestAcceptance r;
+    for (int i = 0; i < 10; ++i) m.observe_levels(3, i == 3 ? 1 : 0, r);
+  }
+  for (int q = 0; q < 4; ++q) {
+    RequestAcceptance r;
+    m.observe_levels(3, 0, r);
+    for (int i = 0; i < 10; ++i) m.observe_levels(3, 3, r);
+  }
+  const RequestAcceptance fresh;
+  CHECK(m.level_prob(1, fresh) < 0.4);  // the average over everything seen
+  RequestAcceptance copying;            // a new request whose first draft (a probe) was taken whole
+  m.observe_levels(1, 1, copying);
+  CHECK(copying.streak == RequestAcceptance::Streak::Full);
+  CAPTURE(m.level_prob(1, copying));
+  CAPTURE(m.level_prob(3, copying));
+  CHECK(m.level_prob(1, copying) > 0.75);
+  CHECK(m.level_prob(3, copying) > 0.5);
+  const auto depths = plan_depths({ask_for(m, copying, 6), ask_for(m, fresh, 6)}, 2, 2.0, 100, cost);
+  CHECK(depths[0] >= 3);  // it keeps drafting, deep
+  CHECK(depths[1] == 0);  // a request with no record does not (no probe due yet)
+  // A cut draft ends the run: the estimate falls back to what cut requests show.
+  m.observe_levels(3, 1, copying);
+  CHECK(copying.streak == RequestAcceptance::Streak::Cut);
+  CHECK(m.level_prob(1, copying) < 0.6);
+}
+
 TEST_CASE("budget: under load the same acceptance stops speculation for the batch") {
   CostModel cost;
   // Memory-bound up to 16 rows, then every row costs nearly a whole 1-row step (compute-bound).

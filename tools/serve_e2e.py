@@ -314,19 +314,36 @@ def main():
     check(st == 200, f"the same with max_tokens 8: 200 (got {st})")
     kv_srv.stop(0)
 
-    print("serve-e2e: NGRAM server", flush=True)
-    spec = Server("--speculative-algorithm", "NGRAM")
-    outputs_match(spec, expected_chat, expected_text, "NGRAM")
+    # NGRAM with a fixed shape: every decode step drafts, so the speculative path is exercised for
+    # certain (with the budget, whether a step drafts depends on this machine's measured costs).
+    print("serve-e2e: NGRAM server, fixed shape (--speculative-adaptive false)", flush=True)
+    spec = Server("--speculative-algorithm", "NGRAM", "--speculative-adaptive", "false")
+    outputs_match(spec, expected_chat, expected_text, "NGRAM fixed")
     r = spec.client.completions.create(model=NAME, prompt="1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3", max_tokens=24,
                                        temperature=0)
     sp = r.model_extra.get("speculative", {})
-    check(sp.get("drafted", 0) > 0, f"NGRAM: the response reports drafted tokens ({sp})")
+    check(sp.get("drafted", 0) > 0 and sp.get("budget_skipped_steps", -1) == 0,
+          f"NGRAM fixed: the response reports drafted tokens and no budget skips ({sp})")
     m = metrics(spec.base)
-    check(m.get("specactor:spec_decode_num_draft_tokens_total", 0) > 0, "NGRAM: /metrics counts draft tokens")
-    check(m.get("specactor:spec_budget_adaptive") == 1, "NGRAM: /metrics says the budget decides (adaptive 1)")
+    check(m.get("specactor:spec_decode_num_draft_tokens_total", 0) > 0, "NGRAM fixed: /metrics counts draft tokens")
+    check(m.get("specactor:spec_budget_adaptive") == 0, "NGRAM fixed: /metrics says the shape is fixed (adaptive 0)")
+    spec.stop(0)
+
+    print("serve-e2e: NGRAM server, the budget decides (the default)", flush=True)
+    spec = Server("--speculative-algorithm", "NGRAM")
+    outputs_match(spec, expected_chat, expected_text, "NGRAM budget")
+    r = spec.client.completions.create(model=NAME, prompt="1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3", max_tokens=24,
+                                       temperature=0)
+    sp = r.model_extra.get("speculative", {})
+    check(sp.get("steps", 0) > 0 and "budget_skipped_steps" in sp,
+          f"NGRAM budget: the response reports its steps and the budget's skips ({sp})")
+    print(f"  info the budget on a repeating prompt here: drafted {sp.get('drafted')}, "
+          f"skipped {sp.get('budget_skipped_steps')} of {sp.get('steps')} steps", flush=True)
+    m = metrics(spec.base)
+    check(m.get("specactor:spec_budget_adaptive") == 1, "NGRAM budget: /metrics says the budget decides (adaptive 1)")
     verified = sum(v for k, v in m.items() if k.startswith("specactor:spec_budget_verified_nodes_total{"))
-    check(verified > 0, f"NGRAM: /metrics has the histogram of draft nodes verified per step (total {verified:.0f})")
-    check(m.get("specactor:spec_budget_step_ms", 0) > 0, "NGRAM: /metrics has the cost model's step time")
+    check(verified > 0, f"NGRAM budget: /metrics has the histogram of draft nodes verified per step (total {verified:.0f})")
+    check(m.get("specactor:spec_budget_step_ms", 0) > 0, "NGRAM budget: /metrics has the cost model's step time")
     spec.stop(0)
 
     print("serve-e2e: " + load, flush=True)
