@@ -215,20 +215,23 @@ double AcceptanceModel::node_prob(float score, int depth, const RequestAcceptanc
 // P(reach d) = Π q_j, q_j = P(depth j accepted | depth j-1 was). Each q_j is estimated from the
 // steps that reached depth j-1 and drafted depth j, first over all requests (a level not seen yet
 // takes the level above's estimate as its prior: acceptance rarely collapses with depth; the first
-// level takes 0.6), then over the requests in this request's streak (the pooled estimate its prior),
-// then over this request's own recent counts (decayed; the streak's estimate its prior).
+// level takes 0.6); for a request whose last draft was taken whole, over the steps that followed
+// such a draft where that is higher (the estimate over all its prior: measured, a lower one made
+// EAGLE-3 skip drafts that paid); then over this request's own recent counts (decayed; the engine's
+// estimate their prior).
 double AcceptanceModel::level_prob(int depth, const RequestAcceptance& r) const {
   const int D = std::clamp(depth, 1, kMaxDepth);
-  const auto& own = levels_[static_cast<std::size_t>(r.streak)];
+  const bool full = r.streak == RequestAcceptance::Streak::Full;
   double p = 1.0, g_prev = 0.6, r_prev = 0.6;
   for (int d = 1; d <= D; ++d) {
     const auto i = static_cast<std::size_t>(d);
     double hits = 0, seen = 0;
     for (const auto& s : levels_) hits += s[i].hits, seen += s[i].seen;
     const double pooled = (hits + 2.0 * g_prev) / (seen + 2.0);
-    const double gq = (own[i].hits + 2.0 * pooled) / (own[i].seen + 2.0);
+    const Beta& f = levels_[static_cast<std::size_t>(RequestAcceptance::Streak::Full)][i];
+    const double gq = full ? std::max(pooled, (f.hits + 2.0 * pooled) / (f.seen + 2.0)) : pooled;
     const double rq =
-        (r.level_hits[i] + 2.0 * (d == 1 ? gq : std::min(gq, r_prev) * 0.5 + gq * 0.5)) / (r.level_seen[i] + 2.0);
+        (r.level_hits[i] + 3.0 * (d == 1 ? gq : std::min(gq, r_prev) * 0.5 + gq * 0.5)) / (r.level_seen[i] + 3.0);
     p *= rq;
     g_prev = pooled;
     r_prev = rq;

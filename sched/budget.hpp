@@ -114,9 +114,9 @@ class AcceptanceModel {
 
   // P(node accepted), score < 0: the drafter gave none.
   double node_prob(float score, int depth, const RequestAcceptance& r) const;
-  // P(the chain reaches depth d) for this request, before anything is drafted. The global estimate
-  // it starts from is the one of requests in the same streak (last draft accepted whole, cut, or none
-  // yet), so a request whose last draft was taken whole is not judged by the engine's average.
+  // P(the chain reaches depth d) for this request, before anything is drafted. For a request whose
+  // last draft was taken whole, the global estimate it starts from is what followed such drafts, so
+  // it is not judged by the engine's average.
   double level_prob(int depth, const RequestAcceptance& r) const;
   // One verified node: its score, depth, what was predicted and whether it was accepted.
   void observe_node(float score, int depth, double predicted, bool accepted, RequestAcceptance& r);
