@@ -221,15 +221,13 @@ double AcceptanceModel::node_prob(float score, int depth, const RequestAcceptanc
 // estimate their prior).
 double AcceptanceModel::level_prob(int depth, const RequestAcceptance& r) const {
   const int D = std::clamp(depth, 1, kMaxDepth);
-  const bool full = r.streak == RequestAcceptance::Streak::Full;
   double p = 1.0, g_prev = 0.6, r_prev = 0.6;
   for (int d = 1; d <= D; ++d) {
     const auto i = static_cast<std::size_t>(d);
-    double hits = 0, seen = 0;
-    for (const auto& s : levels_) hits += s[i].hits, seen += s[i].seen;
-    const double pooled = (hits + 2.0 * g_prev) / (seen + 2.0);
-    const Beta& f = levels_[static_cast<std::size_t>(RequestAcceptance::Streak::Full)][i];
-    const double gq = full ? std::max(pooled, (f.hits + 2.0 * pooled) / (f.seen + 2.0)) : pooled;
+    const Beta& g = levels_[i];
+    const double pooled = (g.hits + 2.0 * g_prev) / (g.seen + 2.0);
+    const Beta& w = after_whole_[i];
+    const double gq = r.last_whole ? std::max(pooled, (w.hits + 2.0 * pooled) / (w.seen + 2.0)) : pooled;
     const double rq =
         (r.level_hits[i] + 3.0 * (d == 1 ? gq : std::min(gq, r_prev) * 0.5 + gq * 0.5)) / (r.level_seen[i] + 3.0);
     p *= rq;
@@ -258,17 +256,18 @@ void AcceptanceModel::observe_levels(int drafted, int accepted, RequestAcceptanc
     r.level_seen[i] *= kRequestDecay;
     r.level_hits[i] *= kRequestDecay;
   }
-  auto& streak = levels_[static_cast<std::size_t>(r.streak)];
   for (int d = 1; d <= std::min({drafted, accepted + 1, kMaxDepth}); ++d) {  // depths whose parent was accepted
     const auto i = static_cast<std::size_t>(d);
     r.level_seen[i] += 1;
     r.level_hits[i] += accepted >= d ? 1 : 0;
-    Beta& g = streak[i];
-    if (g.seen >= kGlobalCap) g.hits *= 0.5, g.seen *= 0.5;
-    g.seen += 1;
-    g.hits += accepted >= d ? 1 : 0;
+    for (Beta* g : {&levels_[i], r.last_whole ? &after_whole_[i] : nullptr}) {
+      if (!g) continue;
+      if (g->seen >= kGlobalCap) g->hits *= 0.5, g->seen *= 0.5;
+      g->seen += 1;
+      g->hits += accepted >= d ? 1 : 0;
+    }
   }
-  if (drafted > 0) r.streak = accepted >= drafted ? RequestAcceptance::Streak::Full : RequestAcceptance::Streak::Cut;
+  if (drafted > 0) r.last_whole = accepted >= drafted;
 }
 
 double AcceptanceModel::calibration_count() const { return std::accumulate(cal_n_.begin(), cal_n_.end(), 0.0); }

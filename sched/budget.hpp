@@ -99,10 +99,9 @@ struct RequestAcceptance {
   bool probing = false;               // the last draft was a probe
   std::int64_t unverified_steps = 0;  // proposals in a row of which the budget verified nothing
   std::int64_t verify_probe_interval = 4;  // then its likeliest first node is verified anyway (doubling to 64)
-  // How its last verified draft ended: drafts come in runs (a copied passage, a repeated list, a
-  // template the model fills in), so the next draft's chance depends on it.
-  enum class Streak : std::uint8_t { Unknown = 0, Full = 1, Cut = 2 };
-  Streak streak = Streak::Unknown;
+  // Its last verified draft was accepted whole: drafts come in runs (a copied passage, a repeated
+  // list, a template the model fills in), so the next draft's chance depends on it.
+  bool last_whole = false;
   double factor() const { return (observed + 1.0) / (predicted + 1.0); }
 };
 
@@ -132,8 +131,8 @@ class AcceptanceModel {
     double hits = 0, seen = 0;
   };
   std::array<std::array<Beta, kMaxDepth + 1>, kScoreBins + 1> table_{};  // [bin or kScoreBins = none][depth]
-  static constexpr std::size_t kStreaks = 3;
-  std::array<std::array<Beta, kMaxDepth + 1>, kStreaks> levels_{};  // [streak][depth]
+  std::array<Beta, kMaxDepth + 1> levels_{};                             // every verified proposal, by depth
+  std::array<Beta, kMaxDepth + 1> after_whole_{};                        // those that followed a draft accepted whole
   std::array<double, 10> cal_pred_{}, cal_obs_{}, cal_n_{};
 };
 

@@ -408,7 +408,7 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
     // A probe only where speculating has not measured as a loss for this batch size and where the
     // engine's record over all requests does not say a first draft is mostly wasted.
     // A request whose last verified draft was accepted whole may be probed whatever the record says.
-    a.probe = probe_due(r->acc) && (probes_allowed(plan.decoding) || r->acc.streak == RequestAcceptance::Streak::Full);
+    a.probe = probe_due(r->acc) && (probes_allowed(plan.decoding) || r->acc.last_whole);
     a.rows_per_level = 1;  // the selection after drafting verifies the likeliest node of a level, mostly
     for (std::int32_t d = 1; d <= a.max_depth; ++d) a.level_probs.push_back(accept_.level_prob(d, r->acc));
     asks.push_back(std::move(a));

@@ -151,7 +151,7 @@ TEST_CASE(
   CHECK(m.level_prob(1, fresh) < 0.4);  // the average over everything seen
   RequestAcceptance copying;            // a new request whose first draft (a probe) was taken whole
   m.observe_levels(1, 1, copying);
-  CHECK(copying.streak == RequestAcceptance::Streak::Full);
+  CHECK(copying.last_whole);
   CAPTURE(m.level_prob(1, copying));
   CAPTURE(m.level_prob(3, copying));
   CHECK(m.level_prob(1, copying) > 0.75);
@@ -161,7 +161,7 @@ TEST_CASE(
   CHECK(depths[1] == 0);  // a request with no record does not (no probe due yet)
   // A cut draft ends the run: the estimate falls back to what cut requests show.
   m.observe_levels(3, 1, copying);
-  CHECK(copying.streak == RequestAcceptance::Streak::Cut);
+  CHECK(!copying.last_whole);
   CHECK(m.level_prob(1, copying) < 0.6);
 }
 
