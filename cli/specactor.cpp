@@ -856,8 +856,22 @@ int run(int argc, char** argv) {
       ->add_option("--max-body-bytes", serve_opts.max_body_bytes, "largest request body; larger is 413 (default 8 MiB)")
       ->check(integer_at_least<std::int64_t>(1024));
   serve
-      ->add_option("--grace-period", serve_opts.grace_seconds,
-                   "seconds running requests may finish after SIGINT/SIGTERM (default 30)")
+      ->add_option(
+          "--grace-period", serve_opts.grace_seconds,
+          "seconds running requests may finish after SIGINT/SIGTERM (default 30; a second signal stops at once)")
+      ->check(finite_number());
+  serve->add_option("--http-threads", serve_opts.http_threads,
+                    "HTTP threads, fixed whatever the number of connections (default 4)");
+  serve->add_option("--max-connections", serve_opts.max_connections,
+                    "open connections beyond this are answered 503 + Retry-After (default 1000)");
+  serve
+      ->add_option("--header-timeout", serve_opts.header_timeout_seconds,
+                   "seconds a connection has to send all its headers, from connecting or its previous response; "
+                   "also the keep-alive idle time (default 10)")
+      ->check(finite_number());
+  serve
+      ->add_option("--body-timeout", serve_opts.body_timeout_seconds,
+                   "seconds a request has to send its whole body after its headers (default 60)")
       ->check(finite_number());
   serve->allow_extras()->footer(serve_flags);
 
@@ -940,6 +954,7 @@ int run(int argc, char** argv) {
   if (*serve) {
     if (!(serve_opts.grace_seconds >= 0)) throw sc::ConfigError("--grace-period: must be >= 0");
     serve_opts.api_key_given = serve_opts.api_key_given || serve->count("--api-key") > 0;
+    serve_opts.max_connections_given = serve->count("--max-connections") > 0;
     specactor::server::check_serve_options(serve_opts);  // before the model loads
     const sc::ServerArgs args = sc::parse_server_args(server_rest(*serve));
     spdlog::set_level(spdlog::level::from_str(args.log_level));

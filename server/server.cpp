@@ -1,16 +1,12 @@
 // server/server.cpp — see server.hpp.
 #include "server/server.hpp"
 
-#include <httplib.h>
 #include <pthread.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <csignal>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -22,6 +18,7 @@
 #include "config/snapshot.hpp"
 #include "model/gguf.hpp"
 #include "server/api.hpp"
+#include "server/http.hpp"
 #include "server/metrics.hpp"
 
 namespace specactor::server {
@@ -35,48 +32,51 @@ std::int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// One request's events, handed from the engine's callback to the HTTP thread.
-struct Stream {
-  std::mutex m;
-  std::condition_variable cv;
-  std::deque<actors::TokenEvent> events;
-  bool finished = false;
-};
-
-// What the access log line reports about the request this HTTP thread is serving.
-struct AccessInfo {
-  Clock::time_point start;
-  std::int64_t prompt_tokens = -1, completion_tokens = -1;
-};
-thread_local AccessInfo access;
-
 const char* const kEndpointNames[] = {"chat", "completions", "generate"};
+
+http::Response json_response(int status, const json& body, http::Headers headers = {}) {
+  return {status, "application/json", body.dump(-1, ' ', false, json::error_handler_t::replace), std::move(headers)};
+}
+
+void send_json(const http::Reply& res, int status, const json& body, http::Headers headers = {}) {
+  res.send(json_response(status, body, std::move(headers)));
+}
+
+// A media type is JSON when it is application/json or application/<something>+json, parameters aside.
+bool is_json_type(const std::string& content_type) {
+  std::string t = content_type.substr(0, content_type.find(';'));
+  while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return t == "application/json" ||
+         (t.rfind("application/", 0) == 0 && t.size() > 5 && t.substr(t.size() - 5) == "+json");
+}
+
+// One generation request's state between the engine's callbacks (engine threads) and the HTTP side.
+struct Live {
+  std::mutex m;
+  std::uint64_t id = 0;
+  Outcome outcome;
+  bool finished = false;     // the final event came
+  bool client_gone = false;  // the exchange ended before the final event
+  bool first_chunk = true;
+  Clock::time_point arrived, last;
+  bool first_token = true;
+};
 
 class Server {
  public:
-  Server(const config::ServerArgs& args, const ServeOptions& o) : args_(args), opt_(o) {
+  Server(const config::ServerArgs& args, const ServeOptions& o)
+      : args_(args),
+        opt_(o),
+        http_(
+            http_limits(o), [this](const http::Request& r) { return precheck(r); },
+            [this](const http::Request& r, const http::Reply& res) { route(r, res); }) {
     name_ =
         o.served_model_name.empty() ? std::filesystem::path(args.model_path).filename().string() : o.served_model_name;
     if (name_.empty()) name_ = "specactor";
-    // Every streaming connection holds an HTTP thread: room for the running batch, the queue, and
-    // a few more for /health, /metrics and refusals.
-    const auto threads = static_cast<std::size_t>(
-        std::clamp<std::int64_t>(args.max_running_requests + o.max_queued_requests + 8, 16, 1024));
-    http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    http_.set_payload_max_length(static_cast<std::size_t>(o.max_body_bytes));
-    http_.set_read_timeout(std::chrono::seconds(30));
-    http_.set_write_timeout(std::chrono::seconds(30));
-    // The port is this server's alone: SO_REUSEADDR (restart while old connections linger), never
-    // cpp-httplib's default SO_REUSEPORT, with which a second server on the port silently shares it.
-    http_.set_socket_options([](int sock) {
-      int yes = 1;
-      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    });
-    routes();
   }
 
-  bool bind(const std::string& host, int port) { return http_.bind_to_port(host, port); }
-  void listen() { http_.listen_after_bind(); }
+  void listen(const std::string& host, int port) { http_.listen(host, port); }
   void stop_http() { http_.stop(); }
 
   // Loads the model (the HTTP side answers 503 meanwhile).
@@ -87,17 +87,18 @@ class Server {
     ready_ = true;
   }
 
-  // Stop accepting, let requests finish for up to the grace period, cancel what is left.
-  void drain(double grace_seconds) {
-    stopping_ = true;
-    std::unique_lock<std::mutex> lock(m_);
-    const auto deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_seconds));
-    if (!idle_.wait_until(lock, deadline, [&] { return live_.empty(); })) {
-      spdlog::warn("grace period over: cancelling {} request(s)", live_.size());
-      for (std::uint64_t id : live_) engine_->cancel(id);
-      idle_.wait_for(lock, std::chrono::seconds(10), [&] { return live_.empty(); });
-    }
+  // Nothing left: every engine request has had its final event and every response is out.
+  bool drained() {
+    std::lock_guard<std::mutex> lock(m_);
+    return live_.empty() && http_.open_exchanges() == 0;
+  }
+  void begin_drain() { stopping_ = true; }
+  // The grace period is over: cancel what runs; those requests end as errors (503), not as successes.
+  std::size_t cut_all() {
+    grace_cut_ = true;
+    std::lock_guard<std::mutex> lock(m_);
+    for (const auto& [id, l] : live_) engine_->cancel(id);
+    return live_.size();
   }
 
   void shutdown_engine() {
@@ -110,12 +111,18 @@ class Server {
   }
 
  private:
-  // --- plumbing -----------------------------------------------------------------------------------
-  static void send_json(httplib::Response& res, int status, const json& body) {
-    res.status = status;
-    res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  static http::Limits http_limits(const ServeOptions& o) {
+    http::Limits l;
+    l.threads = static_cast<int>(o.http_threads);
+    l.max_connections = o.max_connections;
+    l.max_body_bytes = o.max_body_bytes;
+    l.header_timeout_s = o.header_timeout_seconds;
+    l.body_timeout_s = o.body_timeout_seconds;
+    return l;
   }
-  void send_error(httplib::Response& res, const ApiError& e) {
+
+  // --- plumbing -----------------------------------------------------------------------------------
+  void send_error(const http::Reply& res, const ApiError& e) {
     if (e.status == 400 || e.status == 404) ++rejected_invalid_;
     send_json(res, e.status, error_body(e));
   }
@@ -124,86 +131,126 @@ class Server {
     return path != "/health" && path != "/metrics" && path != "/v1/models" && path != "/ping";
   }
 
+  // Before the body is read: the route, the API key, the Content-Type.
+  std::optional<http::Response> precheck(const http::Request& req) {
+    const auto it = routes_.find(req.path);
+    if (it == routes_.end())
+      return json_response(404,
+                           status_error_body(404, "no route " + config::printable(req.method + " " + req.path, 200)));
+    if (it->second.method != req.method && !(req.method == "HEAD" && it->second.method == "GET"))
+      return json_response(405, status_error_body(405, req.path + " takes " + it->second.method),
+                           {{"Allow", it->second.method}});
+    if (!opt_.api_key.empty() && protected_path(req.path) && req.header("Authorization") != "Bearer " + opt_.api_key)
+      return json_response(
+          401, error_body(ApiError(401, "missing or wrong API key (expected Authorization: Bearer <key>)", {},
+                                   "authentication_error", "invalid_api_key")));
+    if (req.method == "POST") {
+      const std::string type = req.header("Content-Type");
+      // JSON only: a web page cannot send it to this (unauthenticated, local) server without a CORS preflight.
+      if (!type.empty() && !is_json_type(type))
+        return json_response(
+            415, status_error_body(415, "Content-Type: expected application/json (got " + config::printable(type, 80) +
+                                            "; with curl -d, add -H 'Content-Type: application/json')"));
+    }
+    return std::nullopt;
+  }
+
+  void route(const http::Request& req, const http::Reply& res) {
+    const auto it = routes_.find(req.path);
+    if (it == routes_.end()) return send_json(res, 404, status_error_body(404, "no route"));
+    it->second.fn(req, res);
+  }
+
   // The engine once loaded; otherwise answers 503 and returns null.
-  actors::Engine* engine_or_503(httplib::Response& res) {
+  actors::Engine* engine_or_503(const http::Reply& res) {
     if (!ready_) {
-      send_json(res, 503, status_error_body(503, "the model is still loading"));
-      res.set_header("Retry-After", "5");
+      send_json(res, 503, status_error_body(503, "the model is still loading"), {{"Retry-After", "5"}});
       return nullptr;
     }
     if (stopping_) {
-      send_json(res, 503, status_error_body(503, "the server is shutting down"));
+      send_json(res, 503, status_error_body(503, "the server is shutting down"), {{"Connection", "close"}});
       return nullptr;
     }
     return engine_.get();
   }
 
-  void routes() {
-    http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      access = AccessInfo{Clock::now()};
-      if (opt_.api_key.empty() || !protected_path(req.path)) return httplib::Server::HandlerResponse::Unhandled;
-      if (req.get_header_value("Authorization") == "Bearer " + opt_.api_key)
-        return httplib::Server::HandlerResponse::Unhandled;
-      send_json(res, 401,
-                error_body(ApiError(401, "missing or wrong API key (expected Authorization: Bearer <key>)", {},
-                                    "authentication_error", "invalid_api_key")));
-      return httplib::Server::HandlerResponse::Handled;
-    });
-    http_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      const std::string what = res.status == 404   ? "no route " + req.method + " " + req.path
-                               : res.status == 413 ? "request body too large (--max-body-bytes)"
-                                                   : "HTTP " + std::to_string(res.status);
-      send_json(res, res.status, status_error_body(res.status, what));
-    });
-    http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "unknown error";
-      try {
-        std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      spdlog::error("internal error while serving a request: {}", what);
-      send_json(res, 500, status_error_body(500, "internal error: " + what));
-    });
-    http_.set_logger([](const httplib::Request& req, const httplib::Response& res) {
-      const double ms = seconds(Clock::now() - access.start) * 1000.0;
-      if (access.prompt_tokens >= 0)
-        spdlog::info("{} {} {} {:.1f} ms prompt={} completion={}", req.method, req.path, res.status, ms,
-                     access.prompt_tokens, access.completion_tokens);
-      else
-        spdlog::info("{} {} {} {:.1f} ms", req.method, req.path, res.status, ms);
-    });
-
-    http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      if (!ready_)
-        send_json(res, 503, {{"status", "loading"}});
-      else if (stopping_)
-        send_json(res, 503, {{"status", "stopping"}});
-      else
-        send_json(res, 200, {{"status", "ok"}});
-    });
-    http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      json m = {{"id", name_}, {"object", "model"}, {"created", started_}, {"owned_by", "specactor"}};
-      if (ready_) m["max_model_len"] = context_length_;
-      send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
-    });
-    http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) { metrics(res); });
-    http_.Get("/server_info", [this](const httplib::Request&, httplib::Response& res) { server_info(res); });
-    http_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
-    http_.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
-    http_.Post("/v1/chat/completions",
-               [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, Endpoint::Chat); });
-    http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      generate(req, res, Endpoint::Completion);
-    });
-    http_.Post("/generate",
-               [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, Endpoint::Generate); });
+  struct RouteEntry {
+    std::string method;
+    std::function<void(const http::Request&, const http::Reply&)> fn;
+  };
+  std::map<std::string, RouteEntry> make_routes() {
+    std::map<std::string, RouteEntry> r;
+    r["/health"] = {"GET", [this](const http::Request&, const http::Reply& res) {
+                      if (!ready_)
+                        send_json(res, 503, {{"status", "loading"}});
+                      else if (stopping_)
+                        send_json(res, 503, {{"status", "stopping"}});
+                      else
+                        send_json(res, 200, {{"status", "ok"}});
+                    }};
+    r["/v1/models"] = {
+        "GET", [this](const http::Request&, const http::Reply& res) {
+          json m = {{"id", name_}, {"object", "model"}, {"created", started_}, {"owned_by", "specactor"}};
+          if (ready_) m["max_model_len"] = context_length_;
+          send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
+        }};
+    r["/metrics"] = {"GET", [this](const http::Request&, const http::Reply& res) { metrics(res); }};
+    r["/server_info"] = {"GET", [this](const http::Request&, const http::Reply& res) { server_info(res); }};
+    r["/tokenize"] = {"POST", [this](const http::Request& q, const http::Reply& res) { tokenize(q, res); }};
+    r["/detokenize"] = {"POST", [this](const http::Request& q, const http::Reply& res) { detokenize(q, res); }};
+    r["/v1/chat/completions"] = {
+        "POST", [this](const http::Request& q, const http::Reply& res) { generate(q, res, Endpoint::Chat); }};
+    r["/v1/completions"] = {
+        "POST", [this](const http::Request& q, const http::Reply& res) { generate(q, res, Endpoint::Completion); }};
+    r["/generate"] = {"POST",
+                      [this](const http::Request& q, const http::Reply& res) { generate(q, res, Endpoint::Generate); }};
+    return r;
   }
 
   // --- generation ---------------------------------------------------------------------------------
-  void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
+  // The SSE text for one engine event of a streamed request (`l` locked; the event absorbed).
+  std::string sse_for(Live& l, const actors::TokenEvent& ev, Endpoint ep, const std::string& rid, std::int64_t created,
+                      bool include_usage) {
+    std::string out;
+    const std::string reason = ev.finished ? ev.finish_reason : "";
+    if (ev.finished && ev.finish_reason == "error") {
+      out += sse_event(error_body(ev.invalid_request ? ApiError(400, ev.error, {}, "invalid_request_error")
+                                                     : ApiError(500, ev.error, {}, "server_error")));
+    } else if (ev.finished && ev.finish_reason == "cancelled" && grace_cut_) {
+      out += sse_event(error_body(shutdown_error()));
+    } else if (ep == Endpoint::Chat) {
+      if (!ev.text.empty() || l.first_chunk || ev.finished) {
+        if (l.first_chunk && ev.finished && !ev.text.empty()) {
+          out += sse_event(chat_chunk(rid, created, name_, ev.text, true, ""));
+          out += sse_event(chat_chunk(rid, created, name_, "", false, reason));
+        } else {
+          out += sse_event(chat_chunk(rid, created, name_, ev.text, l.first_chunk, reason));
+        }
+        l.first_chunk = false;
+      }
+    } else if (ep == Endpoint::Completion) {
+      if (!ev.text.empty() || ev.finished) out += sse_event(completion_chunk(rid, created, name_, ev.text, reason));
+    } else {  // sglang: cumulative text so far
+      json chunk = generate_response(rid, l.outcome);
+      if (!ev.finished) chunk["meta_info"]["finish_reason"] = nullptr;
+      out += sse_event(chunk);
+    }
+    if (ev.finished) {
+      if (include_usage && l.outcome.finish_reason != "error" && ep != Endpoint::Generate && !grace_cut_)
+        out += sse_event(usage_chunk(ep, rid, created, name_, l.outcome));
+      out += sse_done();
+    }
+    return out;
+  }
+
+  ApiError shutdown_error() const {
+    return ApiError(503,
+                    "the server shut down before this request finished (--grace-period " +
+                        config::printable(std::to_string(opt_.grace_seconds)) + " s)",
+                    {}, "service_unavailable");
+  }
+
+  void generate(const http::Request& req, const http::Reply& res, Endpoint ep) {
     actors::Engine* engine = engine_or_503(res);
     if (!engine) return;
     ApiRequest a;
@@ -231,175 +278,120 @@ class Server {
       send_error(res, e);
       return;
     }
-    access.prompt_tokens = static_cast<std::int64_t>(ids.size());
 
-    auto stream = std::make_shared<Stream>();
-    const auto arrived = access.start;
-    std::uint64_t id = 0;
+    const std::string rid = (ep == Endpoint::Chat         ? "chatcmpl-"
+                             : ep == Endpoint::Completion ? "cmpl-"
+                                                          : "gen-") +
+                            std::to_string(next_id_++);
+    const std::int64_t created = unix_now();
+    const bool streamed = a.stream, include_usage = a.include_usage;
+    const std::string budget_param = ep == Endpoint::Generate ? "sampling_params.max_new_tokens" : "max_tokens";
+    auto live = std::make_shared<Live>();
+    live->outcome.prompt_tokens = static_cast<std::int64_t>(ids.size());
+    live->arrived = live->last = Clock::now();
+
+    // Runs on an engine thread for each event: keeps the latency histograms, the outcome, and
+    // answers (a streamed request's chunk; a whole request's response on the final event).
+    auto on_event = [this, live, res, ep, rid, created, streamed, include_usage,
+                     budget_param](const actors::TokenEvent& ev) {
+      const auto now = Clock::now();
+      std::unique_lock<std::mutex> lock(live->m);
+      if (!ev.tokens.empty()) {
+        if (live->first_token) {
+          ttft_.observe(seconds(now - live->arrived));
+          live->first_token = false;
+        } else {
+          const double gap = seconds(now - live->last) / static_cast<double>(ev.tokens.size());
+          for (std::size_t i = 0; i < ev.tokens.size(); ++i) itl_.observe(gap);
+        }
+        live->last = now;
+      }
+      Outcome& o = live->outcome;
+      o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      o.text += ev.text;
+      if (ev.finished) {
+        o.finish_reason = ev.finish_reason;
+        o.error = ev.error;
+        o.invalid_request = ev.invalid_request;
+        o.metrics = ev.metrics;
+        live->finished = true;
+        e2e_.observe(seconds(now - live->arrived));
+        res.log_note("prompt=" + std::to_string(o.prompt_tokens) + " completion=" + std::to_string(o.tokens.size()));
+      }
+      if (streamed) {
+        std::string out = sse_for(*live, ev, ep, rid, created, include_usage);
+        if (!out.empty()) res.write(std::move(out));
+        if (ev.finished) res.end();
+      } else if (ev.finished) {
+        if (o.finish_reason == "error") {
+          // A request the engine refused (its KV budget, its context) is the client's: 400 naming it.
+          if (o.invalid_request)
+            send_error(res, ApiError(400, o.error, budget_param));
+          else
+            send_json(res, 500, status_error_body(500, o.error));
+        } else if (o.finish_reason == "cancelled" && grace_cut_) {
+          send_json(res, 503, error_body(shutdown_error()));
+        } else {
+          send_json(res, 200,
+                    ep == Endpoint::Chat         ? chat_response(rid, created, name_, o)
+                    : ep == Endpoint::Completion ? completion_response(rid, created, name_, o)
+                                                 : generate_response(rid, o));
+        }
+      }
+      if (ev.finished) {
+        lock.unlock();
+        // Last: once live_ is empty and the response is out, the drain may end.
+        std::lock_guard<std::mutex> g(m_);
+        ++outcomes_[ev.finish_reason];
+        live_.erase(ev.id);
+      }
+    };
+
     {
       std::lock_guard<std::mutex> lock(m_);
       const auto waiting = static_cast<std::int64_t>(live_.size()) - max_running_;
       if (waiting >= opt_.max_queued_requests) {
         ++rejected_busy_;
-        res.set_header("Retry-After", "1");
         send_json(res, 503,
                   error_body(ApiError(503,
                                       "too many requests waiting (--max-queued-requests " +
                                           std::to_string(opt_.max_queued_requests) + ")",
-                                      {}, "service_unavailable")));
+                                      {}, "service_unavailable")),
+                  {{"Retry-After", "1"}});
         return;
       }
-      // The callback runs on an engine thread: it queues the event for this HTTP thread, keeps the
-      // latency histograms, and ends the request's accounting on the final event.
-      auto first = std::make_shared<bool>(true);
-      auto last = std::make_shared<Clock::time_point>(arrived);
+      // The client going away (a stream closed, or the watchdog's disconnect) cancels the request,
+      // which frees its KV pages.
+      res.on_close([this, live](bool) {
+        std::lock_guard<std::mutex> l(live->m);
+        if (!live->finished && !live->client_gone) {
+          live->client_gone = true;
+          ++client_disconnects_;
+          if (live->id) engine_->cancel(live->id);
+        }
+      });
+      if (streamed) res.stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+      std::unique_lock<std::mutex> l(live->m);  // the callback waits for the id
       try {
-        id = engine->submit(a.request, [this, stream, first, last, arrived](const actors::TokenEvent& ev) {
-          const auto now = Clock::now();
-          if (!ev.tokens.empty()) {
-            if (*first) {
-              ttft_.observe(seconds(now - arrived));
-              *first = false;
-            } else {
-              const double gap = seconds(now - *last) / static_cast<double>(ev.tokens.size());
-              for (std::size_t i = 0; i < ev.tokens.size(); ++i) itl_.observe(gap);
-            }
-            *last = now;
-          }
-          if (ev.finished) {
-            e2e_.observe(seconds(now - arrived));
-            std::lock_guard<std::mutex> lock(m_);
-            ++outcomes_[ev.finish_reason];
-            live_.erase(ev.id);
-            if (live_.empty()) idle_.notify_all();
-          }
-          std::lock_guard<std::mutex> lock(stream->m);
-          stream->events.push_back(ev);
-          if (ev.finished) stream->finished = true;
-          stream->cv.notify_all();
-        });
+        live->id = engine->submit(a.request, on_event);
       } catch (const config::ConfigError& e) {
+        l.unlock();
         send_error(res, ApiError(400, e.what()));
         return;
       } catch (const std::runtime_error& e) {
+        l.unlock();
         send_json(res, 503, status_error_body(503, e.what()));
         return;
       }
-      live_.insert(id);
-    }
-    {
-      std::lock_guard<std::mutex> lock(m_);
+      if (live->client_gone) engine_->cancel(live->id);
+      live_.emplace(live->id, live);
       ++requests_[kEndpointNames[static_cast<int>(ep)]];
     }
     prompt_tokens_ += static_cast<std::int64_t>(ids.size());
-
-    const std::string rid = (ep == Endpoint::Chat         ? "chatcmpl-"
-                             : ep == Endpoint::Completion ? "cmpl-"
-                                                          : "") +
-                            std::to_string(started_) + "-" + std::to_string(id);
-    const std::int64_t created = unix_now();
-    auto outcome = std::make_shared<Outcome>();
-    outcome->prompt_tokens = static_cast<std::int64_t>(ids.size());
-    auto absorb = [outcome](const actors::TokenEvent& ev) {
-      outcome->tokens.insert(outcome->tokens.end(), ev.tokens.begin(), ev.tokens.end());
-      outcome->text += ev.text;
-      if (ev.finished) {
-        outcome->finish_reason = ev.finish_reason;
-        outcome->error = ev.error;
-        outcome->invalid_request = ev.invalid_request;
-        outcome->metrics = ev.metrics;
-      }
-    };
-
-    if (!a.stream) {
-      std::unique_lock<std::mutex> lock(stream->m);
-      stream->cv.wait(lock, [&] { return stream->finished; });
-      for (const auto& ev : stream->events) absorb(ev);
-      lock.unlock();
-      access.completion_tokens = static_cast<std::int64_t>(outcome->tokens.size());
-      if (outcome->finish_reason == "error") {
-        // A request the engine refused (its KV budget, its context) is the client's: 400 naming it.
-        if (outcome->invalid_request)
-          send_error(res, ApiError(400, outcome->error,
-                                   ep == Endpoint::Generate ? "sampling_params.max_new_tokens" : "max_tokens"));
-        else
-          send_json(res, 500, status_error_body(500, outcome->error));
-        return;
-      }
-      send_json(res, 200,
-                ep == Endpoint::Chat         ? chat_response(rid, created, name_, *outcome)
-                : ep == Endpoint::Completion ? completion_response(rid, created, name_, *outcome)
-                                             : generate_response(rid, *outcome));
-      return;
-    }
-
-    // Streaming: the provider runs on this HTTP thread after the handler returns.
-    auto first_chunk = std::make_shared<bool>(true);
-    const bool include_usage = a.include_usage;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, stream, outcome, absorb, first_chunk, rid, created, ep, include_usage](std::size_t,
-                                                                                      httplib::DataSink& sink) {
-          std::deque<actors::TokenEvent> events;
-          {
-            std::unique_lock<std::mutex> lock(stream->m);
-            stream->cv.wait_for(lock, std::chrono::milliseconds(250), [&] { return !stream->events.empty(); });
-            events.swap(stream->events);
-          }
-          if (events.empty()) return sink.is_writable();  // a client that went away ends the stream
-          std::string out;
-          bool done = false;
-          for (const auto& ev : events) {
-            absorb(ev);
-            const std::string reason = ev.finished ? ev.finish_reason : "";
-            if (ev.finished && ev.finish_reason == "error") {
-              out += sse_event(error_body(ev.invalid_request ? ApiError(400, ev.error, {}, "invalid_request_error")
-                                                             : ApiError(500, ev.error, {}, "server_error")));
-            } else if (ep == Endpoint::Chat) {
-              if (!ev.text.empty() || *first_chunk || ev.finished) {
-                if (*first_chunk && ev.finished && !ev.text.empty()) {
-                  out += sse_event(chat_chunk(rid, created, name_, ev.text, true, ""));
-                  out += sse_event(chat_chunk(rid, created, name_, "", false, reason));
-                } else {
-                  out += sse_event(chat_chunk(rid, created, name_, ev.text, *first_chunk, reason));
-                }
-                *first_chunk = false;
-              }
-            } else if (ep == Endpoint::Completion) {
-              if (!ev.text.empty() || ev.finished)
-                out += sse_event(completion_chunk(rid, created, name_, ev.text, reason));
-            } else {  // sglang: cumulative text so far
-              json chunk = generate_response(rid, *outcome);
-              if (!ev.finished) chunk["meta_info"]["finish_reason"] = nullptr;
-              out += sse_event(chunk);
-            }
-            if (ev.finished) done = true;
-          }
-          if (done) {
-            access.completion_tokens = static_cast<std::int64_t>(outcome->tokens.size());
-            if (include_usage && outcome->finish_reason != "error" && ep != Endpoint::Generate)
-              out += sse_event(usage_chunk(ep, rid, created, name_, *outcome));
-            out += sse_done();
-          }
-          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-          if (done) sink.done();
-          return true;
-        },
-        [this, stream, outcome, id](bool) {
-          // However the stream ended (done, or the client went away): a request still running is
-          // cancelled, which frees its KV pages.
-          access.completion_tokens = static_cast<std::int64_t>(outcome->tokens.size());
-          std::lock_guard<std::mutex> lock(stream->m);
-          if (!stream->finished) {
-            ++client_disconnects_;
-            engine_->cancel(id);
-          }
-        });
   }
 
   // --- the other routes ---------------------------------------------------------------------------
-  void tokenize(const httplib::Request& req, httplib::Response& res) {
+  void tokenize(const http::Request& req, const http::Reply& res) {
     actors::Engine* engine = engine_or_503(res);
     if (!engine) return;
     try {
@@ -424,7 +416,7 @@ class Server {
     }
   }
 
-  void detokenize(const httplib::Request& req, httplib::Response& res) {
+  void detokenize(const http::Request& req, const http::Reply& res) {
     actors::Engine* engine = engine_or_503(res);
     if (!engine) return;
     try {
@@ -448,7 +440,7 @@ class Server {
     }
   }
 
-  void server_info(httplib::Response& res) {
+  void server_info(const http::Reply& res) {
     actors::Engine* engine = engine_or_503(res);
     if (!engine) return;
     const actors::SnapshotReport rep = engine->snapshots();
@@ -465,7 +457,7 @@ class Server {
     send_json(res, 200, j);
   }
 
-  void metrics(httplib::Response& res) {
+  void metrics(const http::Reply& res) {
     Exposition x;
     x.gauge("specactor:model_loaded", "1 once the model is loaded and the server answers requests", ready_ ? 1 : 0);
     if (ready_) {
@@ -521,9 +513,18 @@ class Server {
       x.sample("specactor:requests_rejected_total", static_cast<double>(rejected_invalid_.load()),
                {{"reason", "invalid"}});
       x.sample("specactor:requests_rejected_total", static_cast<double>(rejected_busy_.load()), {{"reason", "busy"}});
-      x.counter("specactor:client_disconnects_total", "streams whose client went away before the end",
+      x.counter("specactor:client_disconnects_total", "requests whose client went away before the end",
                 static_cast<double>(client_disconnects_.load()));
     }
+    const http::Stats h = http_.stats();
+    x.gauge("specactor:http_connections_open", "open HTTP connections", static_cast<double>(h.connections_open));
+    x.family("specactor:http_refused_total", "counter", "exchanges the HTTP layer refused or cut, by reason");
+    for (auto [reason, n] :
+         {std::pair{"connection_cap", h.refused_connection_cap},
+          std::pair{"headers_too_large", h.refused_header_too_large},
+          std::pair{"body_too_large", h.refused_body_too_large}, std::pair{"header_timeout", h.header_timeouts},
+          std::pair{"body_timeout", h.body_timeouts}, std::pair{"client_gone", h.clients_gone}})
+      x.sample("specactor:http_refused_total", static_cast<double>(n), {{"reason", reason}});
     x.counter("specactor:prompt_tokens_total", "prompt tokens of accepted requests",
               static_cast<double>(prompt_tokens_.load()));
     x.histogram("specactor:time_to_first_token_seconds", "from the request's arrival to its first token",
@@ -531,26 +532,26 @@ class Server {
     x.histogram("specactor:inter_token_latency_seconds",
                 "time between tokens (a step's wall time shared by the tokens it emitted)", itl_.snapshot());
     x.histogram("specactor:e2e_request_latency_seconds", "from arrival to the final event", e2e_.snapshot());
-    res.status = 200;
-    res.set_content(x.text(), "text/plain; version=0.0.4; charset=utf-8");
+    res.send({200, "text/plain; version=0.0.4; charset=utf-8", x.text(), {}});
   }
 
   config::ServerArgs args_;
   ServeOptions opt_;
   std::string name_;
   std::int64_t started_ = unix_now();
-  httplib::Server http_;
+  std::map<std::string, RouteEntry> routes_ = make_routes();
   std::unique_ptr<actors::Engine> engine_;
-  std::atomic<bool> ready_{false}, stopping_{false};
+  std::atomic<bool> ready_{false}, stopping_{false}, grace_cut_{false};
   std::int64_t context_length_ = 0, max_running_ = 1;
+  std::atomic<std::uint64_t> next_id_{0};
   std::mutex m_;
-  std::condition_variable idle_;
-  std::set<std::uint64_t> live_;  // engine ids of requests that have not had their final event
+  std::map<std::uint64_t, std::shared_ptr<Live>> live_;  // engine requests that have not had their final event
   std::map<std::string, std::int64_t> outcomes_, requests_;
   std::atomic<std::int64_t> rejected_invalid_{0}, rejected_busy_{0}, client_disconnects_{0}, prompt_tokens_{0};
   Histogram ttft_{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram itl_{{0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.5}};
   Histogram e2e_{{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}};
+  http::Server http_;  // last: destroyed (stopped) first, while what its handlers use still exists
 };
 
 }  // namespace
@@ -563,44 +564,90 @@ void check_serve_options(const ServeOptions& o) {
   if (!(o.grace_seconds >= 0 && o.grace_seconds <= kMaxGraceSeconds))
     throw config::ConfigError("--grace-period: must be in [0, " + std::to_string(static_cast<int>(kMaxGraceSeconds)) +
                               "] seconds (got " + config::printable(std::to_string(o.grace_seconds)) + ")");
+  if (o.http_threads < 1 || o.http_threads > kMaxHttpThreads)
+    throw config::ConfigError("--http-threads: must be in [1, " + std::to_string(kMaxHttpThreads) + "] (got " +
+                              std::to_string(o.http_threads) + ")");
+  if (o.max_connections < 1 || o.max_connections > kMaxConnections)
+    throw config::ConfigError("--max-connections: must be in [1, " + std::to_string(kMaxConnections) + "] (got " +
+                              std::to_string(o.max_connections) + ")");
+  for (auto [flag, v] :
+       {std::pair{"--header-timeout", o.header_timeout_seconds}, std::pair{"--body-timeout", o.body_timeout_seconds}})
+    if (!(v >= 0.1 && v <= 3600))
+      throw config::ConfigError(std::string(flag) + ": must be in [0.1, 3600] seconds (got " +
+                                config::printable(std::to_string(v)) + ")");
 }
 
-int serve(const config::ServerArgs& args, const ServeOptions& options) {
-  // SIGINT/SIGTERM are taken by sigwait below, never by a handler: block them before any thread starts.
+int serve(const config::ServerArgs& args, const ServeOptions& given) {
+  // SIGINT/SIGTERM are taken by sigtimedwait below, never by a handler: block them before any thread starts.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A client that resets a connection must not kill the server (libmicrohttpd sends with MSG_NOSIGNAL; this is for the
+  // rest).
+  std::signal(SIGPIPE, SIG_IGN);
 
   if (args.port < 1 || args.port > 65535)
     throw config::ConfigError("--port: must be in [1, 65535] (got " + std::to_string(args.port) + ")");
+  ServeOptions options = given;
   check_serve_options(options);
+  std::int64_t fds = 0;
+  if (!http::ensure_fd_limit(options.max_connections, fds)) {
+    if (options.max_connections_given)
+      throw config::ConfigError("--max-connections " + std::to_string(options.max_connections) +
+                                ": this process may open only " + std::to_string(fds + 128) +
+                                " files (ulimit -n); give at most " + std::to_string(std::max<std::int64_t>(fds, 1)));
+    options.max_connections = std::max<std::int64_t>(fds, 1);
+    http::ensure_fd_limit(options.max_connections, fds);
+    spdlog::warn("--max-connections: {} (what this process's file limit allows)", options.max_connections);
+  }
   Server server(args, options);
-  if (!server.bind(args.host, static_cast<int>(args.port)))
-    throw config::ConfigError("--host " + args.host + " --port " + std::to_string(args.port) +
-                              ": cannot listen there (address in use, or not an address of this machine)");
-  std::thread http([&] { server.listen(); });
+  server.listen(args.host, static_cast<int>(args.port));
   spdlog::info("listening on http://{}:{} (loading the model; /health answers 503 until it is ready)", args.host,
                args.port);
   try {
     server.load();
   } catch (...) {
     server.stop_http();
-    http.join();
     throw;
   }
   spdlog::info("ready: http://{}:{}/v1 serves {}", args.host, args.port, args.model_path);
   int sig = 0;
   sigwait(&signals, &sig);
-  spdlog::info("{}: no new requests; {} in flight, {:.0f} s to finish", sig == SIGINT ? "SIGINT" : "SIGTERM",
+  const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  spdlog::info("{}: no new requests; {} in flight, {:.0f} s to finish (a second signal stops at once)", name,
                server.in_flight(), options.grace_seconds);
-  server.drain(options.grace_seconds);
+  server.begin_drain();
+  // Wait for the drain, with an ear for a second signal.
+  const auto grace_end =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.grace_seconds));
+  auto wait_until = [&](Clock::time_point until) {  // true: drained; false: the time came; throws on a signal
+    const timespec tick{0, 20'000'000};
+    while (!server.drained()) {
+      if (Clock::now() >= until) return false;
+      if (const int second = sigtimedwait(&signals, nullptr, &tick); second > 0) {
+        sig = second;
+        throw std::runtime_error("second signal");
+      }
+    }
+    return true;
+  };
+  int rc = 0;
+  try {
+    if (!wait_until(grace_end)) {
+      spdlog::warn("grace period over: cancelling {} request(s); they end with 503", server.cut_all());
+      if (!wait_until(Clock::now() + std::chrono::seconds(10)))
+        spdlog::warn("{} response(s) still going out after 10 s: closing them", server.in_flight());
+    }
+  } catch (const std::runtime_error&) {
+    spdlog::warn("second signal: stopping now ({} request(s) cut)", server.cut_all());
+    rc = 128 + sig;
+  }
   server.stop_http();
-  http.join();
   server.shutdown_engine();
   spdlog::info("stopped");
-  return 0;
+  return rc;
 }
 
 }  // namespace specactor::server

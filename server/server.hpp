@@ -1,11 +1,13 @@
-// server/server.hpp — `specactor serve`: an OpenAI-compatible HTTP server (cpp-httplib) in front of
-// the Engine facade (no CAF here). Routes:
+// server/server.hpp — `specactor serve`: an OpenAI-compatible HTTP server (server/http.hpp, on
+// libmicrohttpd) in front of the Engine facade (no CAF here). Routes:
 //   POST /v1/chat/completions, /v1/completions   OpenAI requests, JSON or SSE streaming
 //   POST /generate                                sglang's native form
 //   POST /tokenize, /detokenize                   vLLM's forms
 //   GET  /v1/models, /health (503 while loading or stopping), /server_info, /metrics (Prometheus)
-// A streaming client that disconnects cancels its request; SIGINT/SIGTERM stop accepting, let
-// requests finish up to a grace period (then cancel them) and return 0.
+// A client that disconnects (streamed or not) cancels its request. SIGINT/SIGTERM: new requests get
+// 503, running ones finish and their responses go out in full (streams with their last chunk and
+// [DONE]) for up to the grace period; what is still running then is cancelled and answered as an
+// error (503, or an SSE error event); serve() returns 0. A second signal stops at once (128 + signal).
 #pragma once
 
 #include <cstdint>
@@ -22,16 +24,26 @@ struct ServeOptions {
   std::int64_t max_queued_requests = 256;  // waiting beyond the running batch; more → 503 + Retry-After
   std::int64_t max_body_bytes = 8 << 20;   // larger request bodies → 413
   double grace_seconds = 30;               // after SIGINT/SIGTERM: how long running requests may finish
+  std::int64_t http_threads = 4;           // HTTP threads, whatever the number of connections
+  std::int64_t max_connections = 1000;     // open connections beyond this get 503 + Retry-After
+  bool max_connections_given = false;      // else lowered to what the file limit allows
+  double header_timeout_seconds = 10;      // all headers within this of connecting / the previous response
+  double body_timeout_seconds = 60;        // the whole body within this of the last header
 };
+
+inline constexpr std::int64_t kMaxHttpThreads = 256;
+inline constexpr std::int64_t kMaxConnections = 1 << 20;
 
 // The longest --grace-period (a week): longer ones are refused rather than overflowing the deadline.
 inline constexpr double kMaxGraceSeconds = 7 * 24 * 3600.0;
 
-// Refuses serve options that cannot work (an empty API key, a grace period beyond kMaxGraceSeconds).
+// Refuses serve options that cannot work (an empty API key, a grace period beyond kMaxGraceSeconds,
+// thread and connection counts and timeouts out of range).
 void check_serve_options(const ServeOptions& options);
 
-// Binds args.host:args.port (ConfigError when it cannot), answers /health with 503 while the
-// engine loads the model, serves until SIGINT or SIGTERM, drains, and returns 0.
+// Binds args.host:args.port exclusively (ConfigError when it cannot), answers /health with 503 while
+// the engine loads the model, serves until SIGINT or SIGTERM, drains, and returns 0 (128 + the
+// signal when a second one cut the drain short).
 int serve(const config::ServerArgs& args, const ServeOptions& options);
 
 }  // namespace specactor::server

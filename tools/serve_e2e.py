@@ -47,7 +47,7 @@ def free_port():
 def http(method, url, body=None, headers=None, raw=None):
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    if data is not None:
+    if data is not None and not req.has_header("Content-type"):
         req.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
@@ -173,7 +173,13 @@ def main():
     out = subprocess.run(["curl", "-sS", b + "/v1/chat/completions", "-H", "Content-Type: application/json",
                           "-d", body], check=True, capture_output=True, text=True).stdout
     check(json.loads(out)["choices"][0]["message"]["content"] == expected_chat[CHAT_PROMPTS[0]], "curl: chat")
-    sse = subprocess.run(["curl", "-sSN", b + "/v1/completions", "-d",
+    # Without the header curl says application/x-www-form-urlencoded, the type a web page may POST
+    # without a CORS preflight: refused (415) with the fix in the message.
+    st, _, out = http("POST", b + "/v1/completions", headers={"Content-Type": "application/x-www-form-urlencoded"},
+                      raw=json.dumps({"prompt": "hi", "max_tokens": 2}).encode())
+    check(st == 415 and "Content-Type: application/json" in json.loads(out)["error"]["message"],
+          f"a form-encoded POST (curl -d without -H): 415 saying which header to add (got {st})")
+    sse = subprocess.run(["curl", "-sSN", b + "/v1/completions", "-H", "Content-Type: application/json", "-d",
                           json.dumps({"prompt": TEXT_PROMPTS[0], "max_tokens": 32, "stream": True})],
                          check=True, capture_output=True, text=True).stdout
     events = [e for e in sse.split("\n\n") if e]
@@ -250,7 +256,7 @@ def main():
             f"server peak memory {srv.peak_rss_mib():.0f} MiB")
 
     # A client killed mid-stream: its request is cancelled, the batch and the KV pages are freed.
-    curl = subprocess.Popen(["curl", "-sSN", b + "/v1/completions", "-d",
+    curl = subprocess.Popen(["curl", "-sSN", b + "/v1/completions", "-H", "Content-Type: application/json", "-d",
                              json.dumps({"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True,
                                          "stream": True})], stdout=subprocess.PIPE)
     curl.stdout.read(200)
