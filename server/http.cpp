@@ -48,15 +48,20 @@ Clock::duration secs(double s) { return std::chrono::duration_cast<Clock::durati
 
 const char* reason_phrase(int status) {
   switch (status) {
-    case 413: return "request body too large (--max-body-bytes)";
-    case 431: return "request headers too large";
-    default: return "";
+    case 413:
+      return "request body too large (--max-body-bytes)";
+    case 431:
+      return "request headers too large";
+    default:
+      return "";
   }
 }
 
 // A JSON error body of the OpenAI shape, for the refusals this layer makes itself.
 std::string error_json(int status, const std::string& message) {
-  const char* type = status == 413 ? "request_too_large" : status == 503 ? "service_unavailable" : "invalid_request_error";
+  const char* type = status == 413   ? "request_too_large"
+                     : status == 503 ? "service_unavailable"
+                                     : "invalid_request_error";
   std::string m;
   for (char c : message) {
     if (c == '"' || c == '\\') m += '\\';
@@ -89,13 +94,14 @@ struct Reply::Exchange {
   Request req;
   Clock::time_point start = Clock::now();
   int fd = -1;
-  bool too_large = false, dispatched = false, counted = false, suspended = false, queued = false, closed = false, gone = false;
+  bool too_large = false, dispatched = false, counted = false, suspended = false, queued = false, closed = false,
+       gone = false;
   enum class Kind { None, Whole, Stream } kind = Kind::None;
-  Response whole;                // Kind::Whole
-  int stream_status = 200;       // Kind::Stream
+  Response whole;           // Kind::Whole
+  int stream_status = 200;  // Kind::Stream
   std::string stream_type;
   Headers stream_headers;
-  std::string pending;           // written, not yet handed to MHD
+  std::string pending;  // written, not yet handed to MHD
   std::size_t pending_off = 0;
   bool ended = false;
   int status = 0;  // what was queued
@@ -207,7 +213,8 @@ struct Server::Impl {
     if (x.kind == Reply::Exchange::Kind::Whole) return queue_whole(c, x, x.whole, false);
     if (x.kind == Reply::Exchange::Kind::Stream) {
       auto* holder = new std::shared_ptr<Reply::Exchange>(xp);
-      MHD_Response* resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, &read_stream, holder, &free_stream);
+      MHD_Response* resp =
+          MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, &read_stream, holder, &free_stream);
       if (!resp) {
         delete holder;
         return MHD_NO;
@@ -322,7 +329,8 @@ struct Server::Impl {
           std::lock_guard<std::mutex> lock(s.g);
           ++s.stats.refused_body_too_large;
         }
-        Response r{413, "application/json",
+        Response r{413,
+                   "application/json",
                    error_json(413, std::string(reason_phrase(413)) + ": over " +
                                        std::to_string(s.limits.max_body_bytes) + " bytes"),
                    {}};
@@ -375,7 +383,9 @@ struct Server::Impl {
       spdlog::info("{} {} {} {:.1f} ms{}{}", x.req.method, x.req.path, status, ms, x.note.empty() ? "" : " ", x.note);
     else
       spdlog::info("{} {} {} {:.1f} ms, ended early ({}){}{}", x.req.method, x.req.path, status, ms,
-                   x.gone ? "client gone" : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "server stopped" : "cut",
+                   x.gone                                          ? "client gone"
+                   : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "server stopped"
+                                                                   : "cut",
                    x.note.empty() ? "" : " ", x.note);
     if (x.counted) {
       std::lock_guard<std::mutex> lock(s.g);
@@ -528,12 +538,12 @@ void Server::listen(const std::string& host, int port) {
         MHD_OPTION_NOTIFY_COMPLETED, &Impl::completed, &s, MHD_OPTION_NOTIFY_CONNECTION, &Impl::notify_connection, &s,
         MHD_OPTION_EXTERNAL_LOGGER, &Impl::mhd_log, &s, MHD_OPTION_END);
   } else {
-    s.daemon = MHD_start_daemon(flags, 0, nullptr, nullptr, &Impl::access, &s, MHD_OPTION_LISTEN_SOCKET, s.listen_fd,
-                                MHD_OPTION_CONNECTION_LIMIT, cap, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                                s.limits.max_header_bytes, MHD_OPTION_CONNECTION_TIMEOUT, idle,
-                                MHD_OPTION_NOTIFY_COMPLETED, &Impl::completed, &s, MHD_OPTION_NOTIFY_CONNECTION,
-                                &Impl::notify_connection, &s, MHD_OPTION_EXTERNAL_LOGGER, &Impl::mhd_log, &s,
-                                MHD_OPTION_END);
+    s.daemon =
+        MHD_start_daemon(flags, 0, nullptr, nullptr, &Impl::access, &s, MHD_OPTION_LISTEN_SOCKET, s.listen_fd,
+                         MHD_OPTION_CONNECTION_LIMIT, cap, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                         s.limits.max_header_bytes, MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_NOTIFY_COMPLETED,
+                         &Impl::completed, &s, MHD_OPTION_NOTIFY_CONNECTION, &Impl::notify_connection, &s,
+                         MHD_OPTION_EXTERNAL_LOGGER, &Impl::mhd_log, &s, MHD_OPTION_END);
   }
   if (!s.daemon) {
     ::close(s.listen_fd);

@@ -30,15 +30,15 @@
 namespace specactor::server::http {
 
 struct Limits {
-  int threads = 4;                            // HTTP threads, fixed
-  std::int64_t max_connections = 1000;        // open connections beyond this get 503 + Retry-After
-  std::int64_t max_body_bytes = 8 << 20;      // larger bodies: 413
-  std::size_t max_header_bytes = 32 << 10;    // request line + headers (libmicrohttpd's per-connection memory)
-  std::size_t max_headers = 100;              // header lines beyond this: 431
-  double header_timeout_s = 10;               // connect (or previous exchange's end) → last header
-  double body_timeout_s = 60;                 // last header → last body byte
-  double send_idle_timeout_s = 60;            // a response the client stops reading for this long is cut
-  int backlog = 1024;                         // listen(2) backlog
+  int threads = 4;                          // HTTP threads, fixed
+  std::int64_t max_connections = 1000;      // open connections beyond this get 503 + Retry-After
+  std::int64_t max_body_bytes = 8 << 20;    // larger bodies: 413
+  std::size_t max_header_bytes = 32 << 10;  // request line + headers (libmicrohttpd's per-connection memory)
+  std::size_t max_headers = 100;            // header lines beyond this: 431
+  double header_timeout_s = 10;             // connect (or previous exchange's end) → last header
+  double body_timeout_s = 60;               // last header → last body byte
+  double send_idle_timeout_s = 60;          // a response the client stops reading for this long is cut
+  int backlog = 1024;                       // listen(2) backlog
 };
 
 using Headers = std::vector<std::pair<std::string, std::string>>;

@@ -244,10 +244,10 @@ class Server {
   }
 
   ApiError shutdown_error() const {
-    return ApiError(503,
-                    "the server shut down before this request finished (--grace-period " +
-                        config::printable(std::to_string(opt_.grace_seconds)) + " s)",
-                    {}, "service_unavailable");
+    return ApiError(
+        503,
+        fmt::format("the server shut down before this request finished (--grace-period {:g} s)", opt_.grace_seconds),
+        {}, "service_unavailable");
   }
 
   void generate(const http::Request& req, const http::Reply& res, Endpoint ep) {

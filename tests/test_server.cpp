@@ -1,12 +1,22 @@
 // tests/test_server.cpp — the HTTP API without HTTP: request parsing and validation (OpenAI chat and
 // completions, sglang /generate), the max_tokens rule, response and chunk shapes, SSE framing, and
-// the Prometheus text. The end-to-end suite (tools/serve-e2e) drives a real server.
+// the Prometheus text; and the HTTP layer (server/http.hpp) on a loopback port with a handler that
+// answers from other threads. The end-to-end suites (tools/serve-e2e, tools/serve-hostile) drive a
+// real server.
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <limits>
+#include <thread>
 
+#include "config/error.hpp"
 #include "server/api.hpp"
+#include "server/http.hpp"
 #include "server/metrics.hpp"
 
 using namespace specactor::server;
@@ -274,4 +284,177 @@ TEST_CASE("unsupported OpenAI fields: neutral values pass, others are refused, e
   const ApiError e = error_of([&] { parse_body(huge); });
   CHECK(e.status == 400);
   CHECK(std::string(e.what()).size() <= kMaxErrorChars + 8);
+}
+
+// --- the HTTP layer -------------------------------------------------------------------------------------
+
+namespace {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+int dial(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+void send_all(int fd, const std::string& s) {
+  REQUIRE(::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == ssize_t(s.size()));
+}
+
+// Everything until the server closes the connection (or 10 s pass).
+std::string read_to_close(int fd) {
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+TEST_CASE("http layer: answers given later from other threads, whole and streamed, reach the client") {
+  std::atomic<int> closed_ok{0};
+  std::vector<std::thread> workers;
+  std::mutex wm;
+  http::Limits limits;
+  limits.threads = 1;  // one HTTP thread: a waiting exchange must not hold it
+  http::Server server(
+      limits, [](const http::Request&) { return std::optional<http::Response>(); },
+      [&](const http::Request& req, const http::Reply& reply) {
+        reply.on_close([&](bool ok) { closed_ok += ok ? 1 : 0; });
+        std::lock_guard<std::mutex> lock(wm);
+        if (req.path == "/later") {
+          workers.emplace_back([reply] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            reply.send({200, "text/plain", "later", {}});
+          });
+        } else if (req.path == "/stream") {
+          reply.stream(200, "text/event-stream");
+          workers.emplace_back([reply] {
+            for (int i = 0; i < 3; ++i) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(50));
+              reply.write("part" + std::to_string(i) + ";");
+            }
+            reply.end();
+          });
+        } else {
+          reply.send({200, "text/plain", "now:" + req.body, {}});
+        }
+      });
+  const int port = free_port();
+  server.listen("127.0.0.1", port);
+
+  // While /later waits, the single HTTP thread still answers another connection at once.
+  const int slow = dial(port);
+  send_all(slow, "GET /later HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto t0 = Clock::now();
+  const int quick = dial(port);
+  send_all(quick, "POST /now HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello");
+  const std::string q = read_to_close(quick);
+  CHECK(Clock::now() - t0 < std::chrono::milliseconds(200));
+  CHECK(q.find("200 OK") != std::string::npos);
+  CHECK(q.find("now:hello") != std::string::npos);
+  const std::string later = read_to_close(slow);
+  CHECK(later.find("200 OK") != std::string::npos);
+  CHECK(later.substr(later.size() - 5) == "later");
+
+  const int st = dial(port);
+  send_all(st, "GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string body = read_to_close(st);
+  CHECK(body.find("Transfer-Encoding: chunked") != std::string::npos);
+  const auto p0 = body.find("part0;"), p1 = body.find("part1;"), p2 = body.find("part2;");
+  CHECK((p0 != std::string::npos && p0 < p1 && p1 < p2 && p2 != std::string::npos));
+  CHECK(body.substr(body.size() - 5) == "0\r\n\r\n");  // the last chunk: the stream ended
+  for (auto& w : workers) w.join();
+  server.stop();
+  CHECK(closed_ok == 3);
+}
+
+TEST_CASE("http layer: a client that leaves a waiting exchange ends it (on_close false); deadlines are not extended") {
+  std::atomic<int> closed_gone{0};
+  std::vector<http::Reply> held;
+  std::mutex hm;
+  http::Limits limits;
+  limits.threads = 2;
+  limits.header_timeout_s = 1;
+  limits.max_body_bytes = 1000;
+  http::Server server(
+      limits,
+      [](const http::Request& r) {
+        return r.path == "/refused" ? std::optional<http::Response>(http::Response{403, "text/plain", "no", {}})
+                                    : std::optional<http::Response>();
+      },
+      [&](const http::Request&, const http::Reply& reply) {
+        reply.on_close([&](bool ok) { closed_gone += ok ? 0 : 1; });
+        std::lock_guard<std::mutex> lock(hm);
+        held.push_back(reply);  // never answered
+      });
+  const int port = free_port();
+  server.listen("127.0.0.1", port);
+
+  const int c = dial(port);
+  send_all(c, "GET /wait HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(server.open_exchanges() == 1);
+  ::close(c);
+  const auto until = Clock::now() + std::chrono::seconds(3);
+  while (closed_gone == 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(closed_gone == 1);
+  CHECK(server.open_exchanges() == 0);
+  CHECK(server.stats().clients_gone == 1);
+
+  // A trickle of header bytes does not extend the header deadline (1 s).
+  const int t = dial(port);
+  send_all(t, "GET /wait HTTP/1.1\r\n");
+  const auto start = Clock::now();
+  bool cut = false;
+  for (int i = 0; i < 40 && !cut; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    cut = ::send(t, "X: y\r\n", 6, MSG_NOSIGNAL) < 0;
+  }
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  ::close(t);
+  CHECK(cut);
+  CHECK(took < 3.0);
+  CHECK(server.stats().header_timeouts == 1);
+
+  // The precheck refuses before the body; a chunked body over the limit is a 413.
+  const int r = dial(port);
+  send_all(r, "GET /refused HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  CHECK(read_to_close(r).find("403") != std::string::npos);
+  const int big = dial(port);
+  std::string chunked = "POST /wait HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 3; ++i) chunked += "200\r\n" + std::string(512, 'a') + "\r\n";
+  chunked += "0\r\n\r\n";
+  send_all(big, chunked);
+  CHECK(read_to_close(big).find("413") != std::string::npos);
+  CHECK(server.stats().refused_body_too_large == 1);
+
+  // A second server on the held port is refused, naming the flags.
+  http::Server second(
+      limits, [](const http::Request&) { return std::optional<http::Response>(); },
+      [](const http::Request&, const http::Reply&) {});
+  CHECK_THROWS_WITH_AS(second.listen("127.0.0.1", port), doctest::Contains("cannot listen there"),
+                       specactor::config::ConfigError);
+  server.stop();  // the held, never-answered exchanges end too
 }
