@@ -363,11 +363,13 @@ struct Server::Impl {
     *con_cls = nullptr;
     Reply::Exchange& x = *xp;
     std::function<void(bool)> on_close;
-    bool ok = false;
+    bool ok = false, gone = false;
+    std::string note;
     {
       std::lock_guard<std::mutex> lock(x.m);
       x.closed = true;
       ok = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK && x.queued;
+      gone = x.gone;
       on_close.swap(x.on_close);
     }
     if (Conn* cn = conn_of(c)) {
@@ -378,15 +380,20 @@ struct Server::Impl {
     }
     if (on_close) on_close(ok);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - x.start).count();
-    const int status = x.queued ? x.status : 0;
+    int status = 0;
+    {
+      std::lock_guard<std::mutex> lock(x.m);  // the note may come from the caller's thread
+      note = x.note;
+      status = x.queued ? x.status : 0;
+    }
     if (ok)
-      spdlog::info("{} {} {} {:.1f} ms{}{}", x.req.method, x.req.path, status, ms, x.note.empty() ? "" : " ", x.note);
+      spdlog::info("{} {} {} {:.1f} ms{}{}", x.req.method, x.req.path, status, ms, note.empty() ? "" : " ", note);
     else
       spdlog::info("{} {} {} {:.1f} ms, ended early ({}){}{}", x.req.method, x.req.path, status, ms,
-                   x.gone                                          ? "client gone"
+                   gone                                            ? "client gone"
                    : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "server stopped"
                                                                    : "cut",
-                   x.note.empty() ? "" : " ", x.note);
+                   note.empty() ? "" : " ", note);
     if (x.counted) {
       std::lock_guard<std::mutex> lock(s.g);
       --s.open_exchanges;

@@ -55,6 +55,7 @@ bool is_json_type(const std::string& content_type) {
 struct Live {
   std::mutex m;
   std::uint64_t id = 0;
+  bool submitted = false;  // id is the engine's
   Outcome outcome;
   bool finished = false;     // the final event came
   bool client_gone = false;  // the exchange ended before the final event
@@ -367,13 +368,14 @@ class Server {
         if (!live->finished && !live->client_gone) {
           live->client_gone = true;
           ++client_disconnects_;
-          if (live->id) engine_->cancel(live->id);
+          if (live->submitted) engine_->cancel(live->id);
         }
       });
       if (streamed) res.stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
       std::unique_lock<std::mutex> l(live->m);  // the callback waits for the id
       try {
         live->id = engine->submit(a.request, on_event);
+        live->submitted = true;
       } catch (const config::ConfigError& e) {
         l.unlock();
         send_error(res, ApiError(400, e.what()));
@@ -540,7 +542,6 @@ class Server {
   std::string name_;
   std::int64_t started_ = unix_now();
   std::map<std::string, RouteEntry> routes_ = make_routes();
-  std::unique_ptr<actors::Engine> engine_;
   std::atomic<bool> ready_{false}, stopping_{false}, grace_cut_{false};
   std::int64_t context_length_ = 0, max_running_ = 1;
   std::atomic<std::uint64_t> next_id_{0};
@@ -551,7 +552,10 @@ class Server {
   Histogram ttft_{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram itl_{{0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.5}};
   Histogram e2e_{{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}};
-  http::Server http_;  // last: destroyed (stopped) first, while what its handlers use still exists
+  // Last, destroyed first: the engine (whose callbacks use the members above), and before it the
+  // HTTP layer (whose handlers use the engine).
+  std::unique_ptr<actors::Engine> engine_;
+  http::Server http_;
 };
 
 }  // namespace

@@ -340,8 +340,12 @@ def pipelining(srv):
 
 
 def connection_cap(port_flags):
-    print("serve-hostile: --max-connections 20 with 25 idle connections open", flush=True)
-    srv = Server("--max-connections", "20", *port_flags)
+    print("serve-hostile: --max-connections 20 with 25 idle connections open; --max-running-requests 100000",
+          flush=True)
+    srv = Server("--max-connections", "20", "--max-running-requests", "100000", *port_flags)
+    st, _ = post(srv.base + "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    threads = int(srv.rss_mib("Threads:") * 1024)
+    check(st == 200 and threads < 64, f"--max-running-requests 100000: served, with {threads} threads in all")
     idle = [connect(srv.port) for _ in range(25)]
     time.sleep(0.3)
     s = connect(srv.port)
@@ -488,12 +492,14 @@ def sigterm_during_streams(runs, streams=32):
     for run in range(runs):
         srv = Server("--max-running-requests", str(streams))
         events, started = [], threading.Event()
-        threads = [threading.Thread(target=stream_chat, args=(srv.base, 24, events, i, started))
+        # Short and longer answers, and the signal at a random moment: some streams are finishing
+        # just as it arrives (where a drain that only waits for the engine cuts the last chunk).
+        threads = [threading.Thread(target=stream_chat, args=(srv.base, random.choice((4, 8, 24)), events, i, started))
                    for i in range(streams)]
         for t in threads:
             t.start()
         started.wait(60)
-        time.sleep(random.uniform(0, 0.3))
+        time.sleep(random.uniform(0, 1.0))
         srv.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(timeout=120)
