@@ -169,6 +169,8 @@ struct Server::Impl {
     return MHD_YES;
   }
 
+  // Queues a whole response. Called on the connection's MHD thread without x.m (MHD locks the
+  // response while it reads a stream, and the reader takes x.m: never the other way round).
   static MHD_Result queue_whole(MHD_Connection* c, Reply::Exchange& x, const Response& r, bool close_after) {
     MHD_Response* resp =
         MHD_create_response_from_buffer(r.body.size(), const_cast<char*>(r.body.data()), MHD_RESPMEM_MUST_COPY);
@@ -178,6 +180,7 @@ struct Server::Impl {
     if (close_after) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     const MHD_Result ok = MHD_queue_response(c, static_cast<unsigned>(r.status), resp);
     MHD_destroy_response(resp);
+    std::lock_guard<std::mutex> lock(x.m);
     x.queued = true;
     x.status = r.status;
     return ok;
@@ -208,29 +211,43 @@ struct Server::Impl {
   // Queues what the exchange has ready, or suspends the connection until it has something.
   static MHD_Result serve(MHD_Connection* c, const std::shared_ptr<Reply::Exchange>& xp) {
     Reply::Exchange& x = *xp;
-    std::lock_guard<std::mutex> lock(x.m);
-    if (x.queued) return MHD_YES;
-    if (x.kind == Reply::Exchange::Kind::Whole) return queue_whole(c, x, x.whole, false);
-    if (x.kind == Reply::Exchange::Kind::Stream) {
-      auto* holder = new std::shared_ptr<Reply::Exchange>(xp);
-      MHD_Response* resp =
-          MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, &read_stream, holder, &free_stream);
-      if (!resp) {
-        delete holder;
-        return MHD_NO;
+    Response whole;
+    bool is_whole = false;
+    {
+      std::lock_guard<std::mutex> lock(x.m);
+      if (x.queued) return MHD_YES;
+      if (x.kind == Reply::Exchange::Kind::None) {
+        if (x.gone || *x.closing) return MHD_NO;  // nothing to send, nobody to send it to: close
+        x.suspended = true;
+        MHD_suspend_connection(c);
+        return MHD_YES;
       }
-      MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, x.stream_type.c_str());
-      for (const auto& [k, v] : x.stream_headers) MHD_add_response_header(resp, k.c_str(), v.c_str());
-      const MHD_Result ok = MHD_queue_response(c, static_cast<unsigned>(x.stream_status), resp);
-      MHD_destroy_response(resp);
-      x.queued = true;
-      x.status = x.stream_status;
-      return ok;
+      is_whole = x.kind == Reply::Exchange::Kind::Whole;
+      if (is_whole) {
+        whole = std::move(x.whole);
+      } else {
+        whole.status = x.stream_status;
+        whole.content_type = x.stream_type;
+        whole.headers = x.stream_headers;
+      }
     }
-    if (x.gone || *x.closing) return MHD_NO;  // nothing to send, nobody to send it to: close
-    x.suspended = true;
-    MHD_suspend_connection(c);
-    return MHD_YES;
+    // The response is made and queued outside x.m (see queue_whole).
+    if (is_whole) return queue_whole(c, x, whole, false);
+    auto* holder = new std::shared_ptr<Reply::Exchange>(xp);
+    MHD_Response* resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, &read_stream, holder, &free_stream);
+    if (!resp) {
+      delete holder;
+      return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, whole.content_type.c_str());
+    for (const auto& [k, v] : whole.headers) MHD_add_response_header(resp, k.c_str(), v.c_str());
+    const MHD_Result ok = MHD_queue_response(c, static_cast<unsigned>(whole.status), resp);
+    MHD_destroy_response(resp);
+    std::lock_guard<std::mutex> lock(x.m);
+    x.queued = true;
+    x.status = whole.status;
+    return ok;
   }
 
   static MHD_Result access(void* cls, MHD_Connection* c, const char* url, const char* method, const char* version,
@@ -258,7 +275,6 @@ struct Server::Impl {
       }
       auto refuse = [&](int status, const std::string& why, Headers extra = {}) {
         Response r{status, "application/json", error_json(status, why), std::move(extra)};
-        std::lock_guard<std::mutex> lock(x.m);
         return queue_whole(c, x, r, true);
       };
       if (x.req.headers.size() > s.limits.max_headers) {
@@ -294,7 +310,6 @@ struct Server::Impl {
           x.refusal = std::move(*r);  // no body: answered when MHD has the request complete, keeping the connection
           return MHD_YES;
         }
-        std::lock_guard<std::mutex> lock(x.m);
         return queue_whole(c, x, *r, true);  // MHD skips the body and closes the connection after
       }
       return MHD_YES;
@@ -321,7 +336,6 @@ struct Server::Impl {
         cn->since = Clock::now();
       }
       if (x.refusal) {
-        std::lock_guard<std::mutex> lock(x.m);
         return queue_whole(c, x, *x.refusal, false);
       }
       if (x.too_large) {
@@ -334,7 +348,6 @@ struct Server::Impl {
                    error_json(413, std::string(reason_phrase(413)) + ": over " +
                                        std::to_string(s.limits.max_body_bytes) + " bytes"),
                    {}};
-        std::lock_guard<std::mutex> lock(x.m);
         return queue_whole(c, x, r, true);
       }
       {
