@@ -39,6 +39,7 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
     } catch (const std::bad_alloc&) {
       refuse("which could not be allocated");
     }
+  refs_.assign(static_cast<std::size_t>(n_pages_), 0);
   free_.resize(static_cast<std::size_t>(n_pages_));
   for (std::int64_t i = 0; i < n_pages_; ++i)
     free_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(n_pages_ - 1 - i);
@@ -50,15 +51,38 @@ void KvCache::reserve(Seq& seq, std::int64_t new_len) {
   if (need > free_pages()) throw KvExhausted(need, free_pages());
   for (std::int64_t i = 0; i < need; ++i) {
     seq.pages.push_back(free_.back());
+    refs_[static_cast<std::size_t>(free_.back())] = 1;
     free_.pop_back();
   }
+}
+
+void KvCache::adopt(Seq& seq, const std::vector<std::int32_t>& pages, std::int64_t length) {
+  if (!seq.pages.empty() || seq.length != 0) throw std::logic_error("KvCache::adopt: the sequence already holds pages");
+  if (length < 0 || length > static_cast<std::int64_t>(pages.size()) * page_size_)
+    throw std::logic_error("KvCache::adopt: " + std::to_string(length) + " slots in " + std::to_string(pages.size()) +
+                           " pages");
+  for (const std::int32_t p : pages) retain(p);
+  seq.pages = pages;
+  seq.length = length;
+}
+
+void KvCache::retain(std::int32_t page) {
+  if (page < 0 || page >= n_pages_ || refs_[static_cast<std::size_t>(page)] == 0)
+    throw std::logic_error("KvCache::retain: page " + std::to_string(page) + " is not in use");
+  ++refs_[static_cast<std::size_t>(page)];
+}
+
+void KvCache::drop(std::int32_t page) {
+  if (page < 0 || page >= n_pages_ || refs_[static_cast<std::size_t>(page)] == 0)
+    throw std::logic_error("KvCache::drop: page " + std::to_string(page) + " is not in use");
+  if (--refs_[static_cast<std::size_t>(page)] == 0) free_.push_back(page);
 }
 
 void KvCache::truncate(Seq& seq, std::int64_t new_len) {
   new_len = std::clamp<std::int64_t>(new_len, 0, seq.length);
   const auto keep = static_cast<std::size_t>(pages_for(new_len));
   while (seq.pages.size() > keep) {
-    free_.push_back(seq.pages.back());
+    drop(seq.pages.back());
     seq.pages.pop_back();
   }
   seq.length = new_len;

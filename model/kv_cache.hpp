@@ -3,7 +3,8 @@
 // Storage: K and V each hold [layer][page][kv_head][slot][head_dim] floats. A sequence's token at
 // storage slot s lives in page pages[s / page_size], row s % page_size of each head's block, so one
 // head's keys (and values) of a page are contiguous and attention streams them. Pages are taken from
-// a free list on demand and returned on truncate/release; nothing is allocated per token.
+// a free list on demand and returned on truncate/release; nothing is allocated per token. A page may
+// be held by several sequences and the prefix cache at once (reference counts).
 #pragma once
 
 #include <cstdint>
@@ -50,9 +51,17 @@ class KvCache {
   // Grows seq's page table to hold new_len slots. Throws KvExhausted (and changes nothing) when the
   // pool is short.
   void reserve(Seq& seq, std::int64_t new_len);
-  // Rolls seq back to new_len slots (e.g. rejected draft tokens) and returns whole unused pages.
+  // Rolls seq back to new_len slots (e.g. rejected draft tokens) and lets go of whole unused pages.
   void truncate(Seq& seq, std::int64_t new_len);
   void release(Seq& seq) { truncate(seq, 0); }
+
+  // Pages are shared by reference (the prefix cache): a page returns to the free list when its last
+  // holder lets go. reserve() hands out pages with one reference (the sequence's).
+  // An empty seq starts with `pages` (another holder's, full ones) as its first `length` slots.
+  void adopt(Seq& seq, const std::vector<std::int32_t>& pages, std::int64_t length);
+  void retain(std::int32_t page);
+  void drop(std::int32_t page);
+  std::int32_t refs(std::int32_t page) const { return refs_.at(static_cast<std::size_t>(page)); }
 
   // Stores the K and V rows (n_kv_heads × head_dim floats each, heads side by side) of one slot.
   void write(std::int64_t layer, const Seq& seq, std::int64_t slot, const float* k, const float* v);
@@ -70,6 +79,7 @@ class KvCache {
   std::int64_t n_layers_, row_, head_dim_, page_size_, n_pages_, page_stride_, layer_stride_;
   std::unique_ptr<float[]> k_, v_;
   std::vector<std::int32_t> free_;
+  std::vector<std::int32_t> refs_;  // holders of each page (0: on the free list)
 };
 
 }  // namespace specactor::model
