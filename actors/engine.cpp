@@ -257,6 +257,17 @@ EngineMetrics Engine::metrics() {
   return m;
 }
 
+std::int64_t Engine::flush_cache() {
+  caf::scoped_actor self{*impl_->system};
+  std::int64_t n = 0;
+  self->request(impl_->scheduler, std::chrono::seconds(60), flush_atom::value)
+      .receive([&](std::int64_t x) { n = x; },
+               [&](caf::error& err) {
+                 throw std::runtime_error("the prefix cache could not be flushed: " + impl_->system->render(err));
+               });
+  return n;
+}
+
 SnapshotReport Engine::snapshots() {
   caf::scoped_actor self{*impl_->system};
   SnapshotReport r;

@@ -47,6 +47,9 @@ class Engine {
   GenerationResult generate(GenerationRequest request);
   void cancel(std::uint64_t id);
   EngineMetrics metrics();
+  // Empties the prefix cache of every page no running request uses (sglang's /flush_cache);
+  // returns how many pages it gave up.
+  std::int64_t flush_cache();
   // A new draft snapshot derived from the current one (e.g. {"speculative_num_steps": 2}); it
   // reaches the draft worker between steps. The target's snapshot is not touched.
   void reconfigure_draft(const nlohmann::json& fields);

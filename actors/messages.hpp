@@ -34,7 +34,7 @@ namespace specactor::model {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
   return f(caf::meta::type_name("step_item"), x.req, x.tokens, x.parents, x.draft_probs, x.prefill, x.sample, x.params,
-           x.seed, x.want_hidden, x.want_kv);
+           x.seed, x.want_hidden, x.want_kv, x.prefix_pages, x.prefix_len);
 }
 
 template <class Inspector>
@@ -104,6 +104,8 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using ready_atom = caf::atom_constant<caf::atom("ready")>;
 using restart_atom = caf::atom_constant<caf::atom("restart")>;
 using needs_atom = caf::atom_constant<caf::atom("needs")>;
+using cache_atom = caf::atom_constant<caf::atom("cache")>;
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
 
 // Exception handler for the workers: the actor exits with the exception's text as its reason, so
 // whoever monitors it can say what went wrong.

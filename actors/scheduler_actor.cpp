@@ -274,6 +274,12 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
     if (s.target) self->send(s.target, release_atom::value, id);
     if (s.draft) self->send(s.draft, release_atom::value, id);
   });
+  // The prefix cache's page references live with the KV pages, in the target worker; its messages
+  // and the release after them arrive in the order sent.
+  st.policy->set_cache_sink([self](sched::CacheOps ops) {
+    auto& s = self->state;
+    if (s.target) self->send(s.target, cache_atom::value, ops.req, std::move(ops.keep), std::move(ops.drop));
+  });
   st.target = self->spawn<caf::detached + caf::monitored>(target_worker, st.target_snapshot);
   self->set_exception_handler(
       [self](caf::scheduled_actor*, std::exception_ptr& eptr) { return on_exception(self, eptr); });
@@ -309,6 +315,11 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
         if (!self->state.draft) spawn_draft(self);
       },
       [self](tick_atom) { tick(self); },
+      [self](flush_atom) -> std::int64_t {
+        const std::int64_t n = self->state.policy->flush_cache();
+        tick(self);  // room for queued requests
+        return n;
+      },
   };
 }
 

@@ -26,6 +26,8 @@ using scheduler_actor = caf::typed_actor<
     caf::reacts_to<reconf_atom, config::Snapshot>,
     // Spawns a new draft worker after a failure.
     caf::reacts_to<restart_atom>,
+    // Empties the prefix cache of every page no running request uses; replies how many it gave up.
+    caf::replies_to<flush_atom>::with<std::int64_t>,
     // Internal: run the next step.
     caf::reacts_to<tick_atom>>;
 

@@ -93,6 +93,9 @@ tp_rank_actor::behavior_type tp_rank_worker(tp_rank_actor::stateful_pointer<TpRa
   return {
       [self](step_atom, StepBatch& batch) { self->state.step->follow(batch); },
       [self](release_atom, std::uint64_t req) { self->state.step->release(req); },
+      [self](cache_atom, std::uint64_t req, std::vector<std::int32_t>& keep, std::vector<std::int32_t>& drop) {
+        self->state.step->cache_ops(req, keep, drop);
+      },
   };
 }
 
@@ -143,6 +146,11 @@ target_worker_actor::behavior_type target_worker(target_worker_actor::stateful_p
         auto& s = self->state;
         for (const auto& r : s.ranks) self->send(r, release_atom::value, req);
         if (s.step) s.step->release(req);
+      },
+      [self](cache_atom, std::uint64_t req, std::vector<std::int32_t>& keep, std::vector<std::int32_t>& drop) {
+        auto& s = self->state;
+        for (const auto& r : s.ranks) self->send(r, cache_atom::value, req, keep, drop);
+        if (s.step) s.step->cache_ops(req, keep, drop);
       },
       [self](snapshot_atom) -> config::Snapshot { return self->state.snapshot; },
   };

@@ -27,7 +27,8 @@ struct TpRankState {
   static inline const char* name = "tp_rank_worker";
 };
 using tp_rank_actor =
-    caf::typed_actor<caf::reacts_to<step_atom, StepBatch>, caf::reacts_to<release_atom, std::uint64_t>>;
+    caf::typed_actor<caf::reacts_to<step_atom, StepBatch>, caf::reacts_to<release_atom, std::uint64_t>,
+                     caf::reacts_to<cache_atom, std::uint64_t, std::vector<std::int32_t>, std::vector<std::int32_t>>>;
 
 tp_rank_actor::behavior_type tp_rank_worker(tp_rank_actor::stateful_pointer<TpRankState> self,
                                             std::shared_ptr<const model::LlamaWeights> weights,
@@ -54,6 +55,9 @@ using target_worker_actor = caf::typed_actor<
     caf::replies_to<step_atom, StepBatch>::with<StepResult>,
     // Frees a request's KV pages.
     caf::reacts_to<release_atom, std::uint64_t>,
+    // The prefix cache: references on a request's pages the cache keeps (before its release), and
+    // pages the cache gives up (model::TargetStep::cache_ops).
+    caf::reacts_to<cache_atom, std::uint64_t, std::vector<std::int32_t>, std::vector<std::int32_t>>,
     // The snapshot this worker was spawned with (the isolation tests compare pointers).
     caf::replies_to<snapshot_atom>::with<config::Snapshot>>;
 

@@ -209,7 +209,8 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
         not_yet(flag, *v, "attention runs where the forward runs: --device " + device);
     if (s->disable_chunked_prefix_cache)
       not_yet("--disable-chunked-prefix-cache", "true",
-              "specactor has no prefix cache, so there is nothing to disable");
+              "that is sglang's chunked-prefix cache for MLA models; specactor's prefix cache is the radix cache "
+              "(--disable-radix-cache)");
   }
 
   // Tensor parallelism: on the CPU the ranks are threads of this process (any count the model's

@@ -108,7 +108,8 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(OptInt,        max_total_tokens,           {},        "KV-cache capacity in tokens over all requests; unset = max(context length, 32768)") \
   X(std::int64_t,  max_running_requests,       32,        "most requests decoded together in one batch") \
   X(std::int64_t,  chunked_prefill_size,       2048,      "most prompt tokens prefilled per step (longer prompts are chunked)") \
-  X(bool,          disable_chunked_prefix_cache, false,   "do not reuse KV of earlier chunks as a prefix cache") \
+  X(bool,          disable_chunked_prefix_cache, false,   "sglang's chunked-prefix cache for MLA models (refused: specactor's prefix cache is the radix cache)") \
+  X(bool,          disable_radix_cache,        false,     "do not share the KV of earlier requests' prompts and answers (the prefix cache)") \
   X(bool,          disable_cuda_graph,         false,     "--device cuda: run decode/verify steps kernel by kernel instead of as captured CUDA graphs") \
   X(std::string,   attention_backend,          "auto",    "attention kernels: auto|cpu|cuda (auto = follow --device)") \
   X(OptString,     prefill_attention_backend,  {},        "attention kernels for prefill only; unset = --attention-backend") \

@@ -22,7 +22,11 @@ struct StepItem {
   kernels::SamplingParams params;
   std::uint64_t seed = 0;    // used when the worker first sees the request
   bool want_hidden = false;  // return the batch's captured layers for this item's committed rows
-  bool want_kv = false;      // return the item's committed KV page table (FROZEN_KV_MTP)
+  bool want_kv = false;      // return the item's committed KV page table (FROZEN_KV_MTP, the prefix cache)
+  // When the worker first sees the request: it starts on these pages (the prefix cache's, full ones),
+  // holding its first prefix_len tokens; `tokens` continue from there.
+  std::vector<std::int32_t> prefix_pages;
+  std::int64_t prefix_len = 0;
 };
 
 struct StepBatch {

@@ -44,7 +44,18 @@ TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
   std::size_t total = 0;
   for (std::size_t i = 0; i < n_items; ++i) {
     const StepItem& it = batch.items[i];
-    Seq& seq = seqs_.try_emplace(it.req, Seq{{}, kernels::Rng(it.seed)}).first->second;
+    auto [where, fresh] = seqs_.try_emplace(it.req, Seq{{}, kernels::Rng(it.seed)});
+    Seq& seq = where->second;
+    if (fresh && it.prefix_len > 0) {
+      // A prefix cache hit: the request starts on the cache's pages (full ones, never written again).
+      if (it.prefix_len > static_cast<std::int64_t>(it.prefix_pages.size()) * kv_->page_size() ||
+          it.prefix_len % kv_->page_size() != 0) {
+        seqs_.erase(where);
+        throw StepFailed("target worker: a cached prefix of " + std::to_string(it.prefix_len) + " tokens in " +
+                         std::to_string(it.prefix_pages.size()) + " pages");
+      }
+      kv_->adopt(seq.kv, it.prefix_pages, it.prefix_len);
+    }
     ForwardSeq& f = p.fwd[i];
     f.kv = &seq.kv;
     f.tokens = it.tokens;
@@ -249,6 +260,18 @@ std::vector<std::pair<std::int64_t, double>> TargetStep::probe(std::int32_t voca
   }
   release(kProbeRequest);
   return out;
+}
+
+void TargetStep::cache_ops(std::uint64_t req, const std::vector<std::int32_t>& keep,
+                           const std::vector<std::int32_t>& drop) {
+  auto it = seqs_.find(req);
+  if (it != seqs_.end()) {
+    const auto& held = it->second.kv.pages;
+    for (const std::int32_t p : keep)  // only pages the request holds: a reference is never made up
+      if (std::find(held.begin(), held.end(), p) != held.end()) kv_->retain(p);
+  }
+  for (const std::int32_t p : drop)
+    if (p >= 0 && p < kv_->total_pages() && kv_->refs(p) > 0) kv_->drop(p);
 }
 
 void TargetStep::release(std::uint64_t req) {

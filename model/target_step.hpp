@@ -62,6 +62,9 @@ class TargetStep {
 
   // Frees a request's KV pages (unknown ids are ignored: the request never reached this rank).
   void release(std::uint64_t req);
+  // The prefix cache: takes a reference on `keep` (pages request `req` holds, which the cache now
+  // holds too; sent before its release) and lets go of `drop` (pages the cache gave up).
+  void cache_ops(std::uint64_t req, const std::vector<std::int32_t>& keep, const std::vector<std::int32_t>& drop);
 
   ForwardRunner& runner() { return *runner_; }
   const std::shared_ptr<KvCache>& kv() const { return kv_; }

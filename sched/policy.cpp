@@ -91,6 +91,7 @@ Limits limits_of(const config::ServerArgs& t) {
   l.context_length = t.context_length.value_or(0);
   l.page_size = t.page_size;
   l.default_seed = static_cast<std::uint64_t>(t.random_seed);
+  l.prefix_cache = !t.disable_radix_cache;
   return l;
 }
 
@@ -122,12 +123,38 @@ Scheduler::Scheduler(Limits limits, std::function<void(std::uint64_t)> release)
 void Scheduler::set_target(std::int64_t kv_pages, std::shared_ptr<const model::Tokenizer> tokenizer,
                            std::int64_t hidden_size) {
   total_pages_ = free_pages_ = kv_pages;
+  tree_ = limits_.prefix_cache ? std::make_unique<PrefixTree>(limits_.page_size) : nullptr;
   tokenizer_ = std::move(tokenizer);
   hidden_size_ = hidden_size;
   target_known_ = true;
 }
 
 void Scheduler::set_draft(DraftShape shape) { draft_ = std::move(shape); }
+
+// A head drafter catches up on the target's hidden rows of every position; the target computes none
+// for cached positions, so its requests do not use the cache (yet).
+bool Scheduler::cacheable(const Sequence& r) const {
+  return tree_ && (!draft_.configured || draft_.needs.hidden_layers.empty() || !r.sub->request.speculative);
+}
+
+void Scheduler::make_room(std::int64_t need) {
+  if (!tree_ || need <= free_pages_) return;
+  std::vector<std::int32_t> gone = tree_->evict(need - free_pages_);
+  if (gone.empty()) return;
+  free_pages_ += static_cast<std::int64_t>(gone.size());
+  metrics_.cache_evicted_pages += static_cast<std::int64_t>(gone.size());
+  if (cache_sink_) cache_sink_({0, {}, std::move(gone)});
+}
+
+std::int64_t Scheduler::flush_cache() {
+  if (!tree_) return 0;
+  std::vector<std::int32_t> gone = tree_->flush();
+  const auto n = static_cast<std::int64_t>(gone.size());
+  free_pages_ += n;
+  metrics_.cache_evicted_pages += n;
+  if (cache_sink_ && n > 0) cache_sink_({0, {}, std::move(gone)});
+  return n;
+}
 
 bool Scheduler::probes_allowed(std::int64_t decoding) const {
   return feedback_.penalty(decoding) < 2.0 && accept_.level_prob(1, RequestAcceptance{}) >= 0.05;
@@ -168,6 +195,8 @@ EngineMetrics Scheduler::snapshot_metrics() const {
   m.acceptance_rate = m.drafted > 0 ? static_cast<double>(m.accepted) / m.drafted : 0.0;
   m.kv_pages_total = total_pages_;
   m.kv_pages_free = free_pages_;
+  m.prefix_cache = tree_ != nullptr;
+  m.cache_pages = tree_ ? tree_->cached_pages() : 0;
   m.adaptive = draft_.configured && draft_.adaptive;
   m.calibration_error = accept_.calibration_error();
   m.calibrated_nodes = accept_.calibration_count();
@@ -190,8 +219,22 @@ void Scheduler::retire(Sequence& r, const std::string& reason, const std::string
   ev.invalid_request = invalid_request;
   ev.metrics = finish_metrics(r);
   notify(r, std::move(ev));
+  // The prefix cache takes what the request computed (whole pages of its committed KV); those of its
+  // pages it keeps stay in use, the rest return with the request's reservation.
+  std::vector<std::int32_t> keep;
+  if (tree_ && r.cacheable && reason != "error" && r.kv_length >= limits_.page_size &&
+      r.kv_pages.size() * static_cast<std::size_t>(limits_.page_size) >= static_cast<std::size_t>(r.kv_length)) {
+    const auto n = static_cast<std::size_t>(r.kv_length / limits_.page_size);
+    const std::vector<std::int32_t> pages(r.kv_pages.begin(), r.kv_pages.begin() + static_cast<std::ptrdiff_t>(n));
+    const std::vector<bool> taken = tree_->insert(r.seq, pages);
+    for (std::size_t i = 0; i < n; ++i)
+      if (taken[i]) keep.push_back(pages[i]);
+  }
+  if (r.cache_node) tree_->unlock(r.cache_node);
+  r.cache_node = nullptr;
+  if (!keep.empty() && cache_sink_) cache_sink_({r.id(), keep, {}});
   if (release_) release_(r.id());
-  free_pages_ += r.reserved_pages;
+  free_pages_ += r.reserved_pages - static_cast<std::int64_t>(keep.size());
   r.reserved_pages = 0;
   if (reason == "error")
     ++metrics_.requests_failed;
@@ -261,6 +304,7 @@ void Scheduler::fail_everything(const std::string& error) {
   for (auto& r : queue_) retire(*r, "error", error);
   queue_.clear();
   busy_ = false;
+  flush_cache();  // what the target held may be gone with it
 }
 
 // Moves queued requests into the batch while the KV budget and max_running_requests allow; FIFO, so
@@ -274,10 +318,32 @@ void Scheduler::admit() {
       retire(*gone, "error", why, true);
       continue;
     }
-    const std::int64_t pages = pages_for(r.need_tokens + draft_.num_draft_tokens, limits_.page_size);
-    if (pages > free_pages_) break;
+    // The longest cached prefix in whole pages, leaving at least the last prompt token to prefill
+    // (its logits start the answer); the request runs on those pages, locked against eviction.
+    PrefixTree::Match hit;
+    r.cacheable = cacheable(r);
+    if (r.cacheable && r.prompt_len > 1) {
+      hit = tree_->match(r.seq, static_cast<std::int64_t>(r.prompt_len) - 1);
+      tree_->lock(hit.node);
+    }
+    const std::int64_t pages = pages_for(r.need_tokens + draft_.num_draft_tokens, limits_.page_size) -
+                               static_cast<std::int64_t>(hit.pages.size());
+    make_room(pages);
+    if (pages > free_pages_) {
+      if (hit.node) tree_->unlock(hit.node);
+      break;
+    }
     free_pages_ -= pages;
     r.reserved_pages = pages;
+    if (r.cacheable) {
+      r.cache_node = hit.node;
+      r.cache_pages = std::move(hit.pages);
+      r.cached_tokens = hit.tokens;
+      r.prefilled = static_cast<std::size_t>(hit.tokens);
+      r.m.cached_tokens = hit.tokens;
+      metrics_.cache_query_tokens += static_cast<std::int64_t>(r.prompt_len);
+      metrics_.cache_hit_tokens += hit.tokens;
+    }
     if (!r.decoder && tokenizer_) r.decoder = std::make_unique<model::StreamDecoder>(*tokenizer_);
     running_.push_back(std::move(queue_.front()));
     queue_.pop_front();
@@ -346,6 +412,12 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
     if (draft_alive && g.speculative) {
       item.want_hidden = !draft_.needs.hidden_layers.empty();
       item.want_kv = draft_.needs.target_kv;
+    }
+    if (r.cacheable) item.want_kv = true;  // the page table the cache takes pages from at the end
+    if (r.cached_tokens > 0 && r.prefilled == static_cast<std::size_t>(r.cached_tokens)) {
+      // The first chunk after a cache hit: the target starts the request on the cached pages.
+      item.prefix_pages = r.cache_pages;
+      item.prefix_len = r.cached_tokens;
     }
     if (r.prefilled < r.prompt_len) {
       if (prefill_budget <= 0) continue;

@@ -26,6 +26,7 @@
 #include "drafters/drafter.hpp"
 #include "model/tokenizer.hpp"
 #include "sched/budget.hpp"
+#include "sched/prefix_tree.hpp"
 #include "sched/step.hpp"
 #include "sched/types.hpp"
 
@@ -81,6 +82,13 @@ struct Sequence {
   std::int64_t hidden_rows = 0;   // rows received so far (= position after the last row)
   std::vector<std::int32_t> kv_pages;
   std::int64_t kv_length = 0;
+  // The prefix cache: the request runs on cache_pages (its first cached_tokens tokens) under a lock
+  // on cache_node; `cacheable`: its KV may be looked up and inserted (no drafter needs rows the
+  // target would skip).
+  bool cacheable = false;
+  PrefixTree::Node* cache_node = nullptr;
+  std::vector<std::int32_t> cache_pages;
+  std::int64_t cached_tokens = 0;
   Clock::time_point submitted, first_token;
   RequestMetrics m;
   std::uint64_t id() const { return sub->id; }
@@ -93,6 +101,14 @@ struct Limits {
   std::int64_t context_length = 0;
   std::int64_t page_size = 16;
   std::uint64_t default_seed = 0;
+  bool prefix_cache = false;  // share KV of earlier requests (not --disable-radix-cache)
+};
+
+// What the prefix cache asks of the KV owner: before request `req` is released, take a reference on
+// `keep` (its pages the cache now holds); let go of `drop` (pages the cache gave up).
+struct CacheOps {
+  std::uint64_t req = 0;
+  std::vector<std::int32_t> keep, drop;
 };
 Limits limits_of(const config::ServerArgs& target);
 
@@ -130,6 +146,12 @@ class Scheduler {
   // hidden size (the width of captured rows).
   void set_target(std::int64_t kv_pages, std::shared_ptr<const model::Tokenizer> tokenizer, std::int64_t hidden_size);
   void set_draft(DraftShape shape);
+  // Where the prefix cache's page operations go (the target worker); called before `release` for a
+  // request's `keep`.
+  void set_cache_sink(std::function<void(CacheOps)> sink) { cache_sink_ = std::move(sink); }
+  // Gives up every cached page no running request uses (sglang's /flush_cache); returns how many.
+  std::int64_t flush_cache();
+  const PrefixTree* prefix_tree() const { return tree_.get(); }
   // Step times measured at start-up: (rows, ms) at a short context.
   void seed_costs(const std::vector<std::pair<std::int64_t, double>>& probe);
   const CostModel& cost() const { return cost_; }
@@ -185,6 +207,9 @@ class Scheduler {
   // least 20 % of the time engine-wide and speculating has not measured as a loss for this batch size.
   bool probes_allowed(std::int64_t decoding) const;
   void observe_verification(Sequence& r, const ItemResult& item);
+  bool cacheable(const Sequence& r) const;
+  // Evicts cached pages (LRU) until `need` are free, if it can; tells the KV owner.
+  void make_room(std::int64_t need);
 
   Limits limits_;
   std::function<void(std::uint64_t)> release_;
@@ -201,7 +226,9 @@ class Scheduler {
   CostModel cost_;
   AcceptanceModel accept_;
   Feedback feedback_;
-  double rows_per_level_ = 1;  // nodes verified per drafted level (trees verify more than one)
+  double rows_per_level_ = 1;         // nodes verified per drafted level (trees verify more than one)
+  std::unique_ptr<PrefixTree> tree_;  // the prefix cache (null when off)
+  std::function<void(CacheOps)> cache_sink_;
 };
 
 }  // namespace specactor::sched

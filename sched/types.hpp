@@ -42,6 +42,7 @@ struct RequestMetrics {
   std::int64_t budget_skipped = 0;        // steps that ran without a draft because the budget said it would not pay
   std::vector<std::int64_t> drafted_at;   // [d]: this request's steps whose proposal reached depth d+1
   std::vector<std::int64_t> accepted_at;  // [d]: this request's steps that accepted a token at depth d+1
+  std::int64_t cached_tokens = 0;         // prompt tokens taken from the prefix cache (not prefilled)
 };
 
 struct TokenEvent {
@@ -95,7 +96,13 @@ struct EngineMetrics {
   std::vector<std::int64_t> drafted_at;   // [d]: decode steps whose proposal reached depth d+1
   std::vector<std::int64_t> accepted_at;  // [d]: decode steps that accepted a token at depth d+1
   std::string target_error;               // set once the target worker has failed
-  std::int64_t kv_pages_total = 0, kv_pages_free = 0;  // the target's KV pool (pages not reserved by requests)
+  std::int64_t kv_pages_total = 0,
+               kv_pages_free = 0;        // the target's KV pool (pages neither reserved by requests nor cached)
+  bool prefix_cache = false;             // the prefix cache is on
+  std::int64_t cache_query_tokens = 0;   // prompt tokens of requests that looked the cache up
+  std::int64_t cache_hit_tokens = 0;     // of those, found in the cache
+  std::int64_t cache_pages = 0;          // pages the cache holds now
+  std::int64_t cache_evicted_pages = 0;  // pages it gave up for room (or a flush)
 };
 
 // Checks a request's own fields: max_new_tokens >= 1, sampling values finite and in range

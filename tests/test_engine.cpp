@@ -1,6 +1,7 @@
 // tests/test_engine.cpp — the actor engine end to end: config isolation at actor level for every
 // algorithm, continuous batching, KV exhaustion, draft failure and fallback, target failure,
-// cancellation, stop strings, shutdown with requests in flight, NGRAM greedy equality.
+// cancellation, stop strings, shutdown with requests in flight, NGRAM greedy equality, the prefix
+// cache (hits, outputs equal to a cache-less engine, eviction under a small budget, flush).
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "actors/engine.hpp"
@@ -697,4 +699,89 @@ TEST_CASE("default model: --device cuda gives --device cpu's greedy tokens, plai
     }
     gpu->shutdown();
   }
+}
+
+TEST_CASE("prefix cache: a second turn and shared prefixes skip prefill, outputs equal a cache-less engine") {
+  for (const std::string precision : {"fast", "exact"}) {
+    CAPTURE(precision);
+    auto cached = Engine::from_argv(tiny_args({"--page-size", "4", "--cpu-precision", precision}));  // on by default
+    auto plain =
+        Engine::from_argv(tiny_args({"--page-size", "4", "--cpu-precision", precision, "--disable-radix-cache"}));
+    CHECK(cached->metrics().prefix_cache);
+    CHECK_FALSE(plain->metrics().prefix_cache);
+
+    // Two turns: the second prompt is the first, its answer and a new user turn.
+    std::vector<std::int32_t> p1;
+    for (int k = 0; k < 40; ++k) p1.push_back(static_cast<std::int32_t>((k * 7) % 90 + 3));
+    const auto t1 = cached->generate(ids_request(p1, 12));
+    CHECK(t1.tokens == plain->generate(ids_request(p1, 12)).tokens);
+    CHECK(t1.metrics.cached_tokens == 0);
+    std::vector<std::int32_t> p2 = p1;
+    p2.insert(p2.end(), t1.tokens.begin(), t1.tokens.end());
+    for (int k = 0; k < 8; ++k) p2.push_back(static_cast<std::int32_t>(k + 20));
+    const auto t2 = cached->generate(ids_request(p2, 12));
+    // Turn 1 left 40 + 11 tokens in KV (the last token is never written): 12 whole pages of 4.
+    CHECK(t2.metrics.cached_tokens == 48);
+    CHECK(t2.tokens == plain->generate(ids_request(p2, 12)).tokens);
+
+    // Requests interleaved at random over shared bases give what the cache-less engine gives.
+    std::mt19937 rng(3);
+    std::vector<std::vector<std::int32_t>> bases(3);
+    for (auto& b : bases)
+      for (int k = 0; k < 30; ++k) b.push_back(static_cast<std::int32_t>(rng() % 90 + 3));
+    for (int wave = 0; wave < 4; ++wave) {
+      std::vector<GenerationRequest> reqs;
+      for (int i = 0; i < 6; ++i) {
+        std::vector<std::int32_t> p = bases[rng() % bases.size()];
+        p.resize(static_cast<std::size_t>(5 + rng() % 26));
+        for (std::uint32_t k = rng() % 9; k > 0; --k) p.push_back(static_cast<std::int32_t>(rng() % 90 + 3));
+        reqs.push_back(ids_request(p, static_cast<std::int64_t>(3 + rng() % 10)));
+      }
+      const auto a = run_all(*cached, reqs), b = run_all(*plain, reqs);
+      for (std::size_t i = 0; i < reqs.size(); ++i) {
+        CAPTURE(wave);
+        CAPTURE(i);
+        CHECK(a[i].tokens == b[i].tokens);
+      }
+    }
+    const EngineMetrics m = cached->metrics();
+    CHECK(m.cache_hit_tokens > 0);
+    CHECK(m.cache_pages > 0);
+    CHECK(m.kv_pages_free + m.cache_pages == m.kv_pages_total);  // nothing held but the cache
+    MESSAGE(precision << ": prefix cache hit " << m.cache_hit_tokens << " of " << m.cache_query_tokens
+                      << " prompt tokens, " << m.cache_pages << " pages cached");
+    CHECK(cached->flush_cache() == m.cache_pages);
+    const EngineMetrics f = cached->metrics();
+    CHECK(f.cache_pages == 0);
+    CHECK(f.kv_pages_free == f.kv_pages_total);
+    // The pages went back to the target's pool too: a request that needs nearly all of it runs.
+    CHECK(cached->generate(ids_request(p1, 12)).tokens == t1.tokens);
+    cached->shutdown();
+    plain->shutdown();
+  }
+}
+
+TEST_CASE("prefix cache: under a small KV budget every request finishes, the cache gives pages back") {
+  // 128 tokens of KV in pages of 16 (as the exhaustion case): requests share a 32-token prefix.
+  auto engine = Engine::from_argv(
+      {"--model-path", tiny_model(), "--log-level", "warn", "--max-total-tokens", "128", "--page-size", "16"});
+  auto plain = Engine::from_argv({"--model-path", tiny_model(), "--log-level", "warn", "--max-total-tokens", "128",
+                                  "--page-size", "16", "--disable-radix-cache"});
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<std::int32_t> p(32, 9);
+    for (int k = 0; k < 8; ++k) p.push_back(10 + i);
+    reqs.push_back(ids_request(p, 20));
+  }
+  const auto a = run_all(*engine, reqs), b = run_all(*plain, reqs);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(a[i].finish_reason == "length");
+    CHECK(a[i].tokens == b[i].tokens);
+  }
+  const EngineMetrics m = engine->metrics();
+  CHECK(m.cache_hit_tokens > 0);
+  CHECK(m.cache_evicted_pages > 0);
+  CHECK(m.kv_pages_free + m.cache_pages == m.kv_pages_total);
+  MESSAGE("small budget: hit " << m.cache_hit_tokens << " tokens, evicted " << m.cache_evicted_pages << " pages");
 }

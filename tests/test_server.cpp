@@ -390,7 +390,7 @@ TEST_CASE("http layer: answers given later from other threads, whole and streame
   CHECK(closed_ok == 3);
 }
 
-TEST_CASE("http layer: a client that leaves a waiting exchange ends it (on_close false); deadlines are not extended") {
+TEST_CASE("http layer: a client that leaves a waiting exchange ends it (on_close false), deadlines are not extended") {
   std::atomic<int> closed_gone{0};
   std::vector<http::Reply> held;
   std::mutex hm;
