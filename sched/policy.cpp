@@ -146,6 +146,46 @@ void Scheduler::make_room(std::int64_t need) {
   if (cache_sink_) cache_sink_({0, {}, std::move(gone)});
 }
 
+// A prompt just prefilled goes into the tree at once (its whole pages), so requests admitted with the
+// same prefix meanwhile can start on it (rematch). The pages the tree takes are the cache's from now
+// on: out of the request's reservation, locked while it runs.
+void Scheduler::cache_prompt(Sequence& r) {
+  if (!tree_ || !r.cacheable || r.kv_length < limits_.page_size ||
+      r.kv_pages.size() * static_cast<std::size_t>(limits_.page_size) < static_cast<std::size_t>(r.kv_length))
+    return;
+  const auto n = static_cast<std::size_t>(r.kv_length / limits_.page_size);
+  const std::vector<std::int32_t> pages(r.kv_pages.begin(), r.kv_pages.begin() + static_cast<std::ptrdiff_t>(n));
+  const std::vector<bool> taken = tree_->insert(r.seq, pages);
+  std::vector<std::int32_t> keep;
+  for (std::size_t i = 0; i < n; ++i)
+    if (taken[i]) keep.push_back(pages[i]);
+  const PrefixTree::Match m = tree_->match(r.seq, static_cast<std::int64_t>(n) * limits_.page_size);
+  tree_->lock(m.node);
+  if (r.cache_node) tree_->unlock(r.cache_node);
+  r.cache_node = m.node;
+  r.reserved_pages -= static_cast<std::int64_t>(keep.size());
+  if (!keep.empty() && cache_sink_) cache_sink_({r.id(), std::move(keep), {}});
+}
+
+// Before a request's first prompt chunk: a longer prefix may have been cached since its admission
+// (a request with the same prompt prefilled meanwhile); it starts there instead.
+void Scheduler::rematch(Sequence& r) {
+  if (!tree_ || !r.cacheable || r.prefilled != static_cast<std::size_t>(r.cached_tokens) || r.prompt_len < 2) return;
+  PrefixTree::Match m = tree_->match(r.seq, static_cast<std::int64_t>(r.prompt_len) - 1);
+  if (m.tokens <= r.cached_tokens) return;
+  tree_->lock(m.node);
+  if (r.cache_node) tree_->unlock(r.cache_node);
+  const auto gained = static_cast<std::int64_t>(m.pages.size() - r.cache_pages.size());
+  r.reserved_pages -= gained;  // those pages are the cache's: the reservation gives them back
+  free_pages_ += gained;
+  metrics_.cache_hit_tokens += m.tokens - r.cached_tokens;
+  r.cache_node = m.node;
+  r.cache_pages = std::move(m.pages);
+  r.cached_tokens = m.tokens;
+  r.prefilled = static_cast<std::size_t>(m.tokens);
+  r.m.cached_tokens = m.tokens;
+}
+
 std::int64_t Scheduler::flush_cache() {
   if (!tree_) return 0;
   std::vector<std::int32_t> gone = tree_->flush();
@@ -413,7 +453,8 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
       item.want_hidden = !draft_.needs.hidden_layers.empty();
       item.want_kv = draft_.needs.target_kv;
     }
-    if (r.cacheable) item.want_kv = true;  // the page table the cache takes pages from at the end
+    if (r.prefilled < r.prompt_len && prefill_budget > 0) rematch(r);
+    if (r.cacheable) item.want_kv = true;  // the page table the cache takes pages from
     if (r.cached_tokens > 0 && r.prefilled == static_cast<std::size_t>(r.cached_tokens)) {
       // The first chunk after a cache hit: the target starts the request on the cached pages.
       item.prefix_pages = r.cache_pages;
@@ -683,6 +724,7 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
     if (r.prefilled < r.prompt_len) {
       r.prefilled += r.chunk;
       r.chunk = 0;
+      if (r.prefilled == r.prompt_len) cache_prompt(r);
       if (!item.tokens.empty()) reason = emit(r, item.tokens);
     } else {
       ++r.m.steps;

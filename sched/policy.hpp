@@ -208,6 +208,8 @@ class Scheduler {
   bool probes_allowed(std::int64_t decoding) const;
   void observe_verification(Sequence& r, const ItemResult& item);
   bool cacheable(const Sequence& r) const;
+  void cache_prompt(Sequence& r);
+  void rematch(Sequence& r);
   // Evicts cached pages (LRU) until `need` are free, if it can; tells the KV owner.
   void make_room(std::int64_t need);
 

@@ -350,7 +350,8 @@ json usage_json(const Outcome& o) {
   const auto completion = static_cast<std::int64_t>(o.tokens.size());
   return {{"prompt_tokens", o.prompt_tokens},
           {"completion_tokens", completion},
-          {"total_tokens", o.prompt_tokens + completion}};
+          {"total_tokens", o.prompt_tokens + completion},
+          {"prompt_tokens_details", {{"cached_tokens", o.metrics.cached_tokens}}}};
 }
 
 json chat_response(const std::string& id, std::int64_t created, const std::string& model, const Outcome& o) {

@@ -197,6 +197,16 @@ class Server {
         }};
     r["/metrics"] = {"GET", [this](const http::Request&, const http::Reply& res) { metrics(res); }};
     r["/server_info"] = {"GET", [this](const http::Request&, const http::Reply& res) { server_info(res); }};
+    r["/flush_cache"] = {"POST", [this](const http::Request&, const http::Reply& res) {
+                           actors::Engine* engine = engine_or_503(res);
+                           if (!engine) return;
+                           try {
+                             const std::int64_t n = engine->flush_cache();
+                             send_json(res, 200, {{"flushed_pages", n}});
+                           } catch (const std::exception& e) {
+                             send_json(res, 503, status_error_body(503, e.what()));
+                           }
+                         }};
     r["/tokenize"] = {"POST", [this](const http::Request& q, const http::Reply& res) { tokenize(q, res); }};
     r["/detokenize"] = {"POST", [this](const http::Request& q, const http::Reply& res) { detokenize(q, res); }};
     r["/v1/chat/completions"] = {
@@ -468,7 +478,16 @@ class Server {
       x.gauge("specactor:num_requests_waiting", "requests queued for the batch", static_cast<double>(m.queued));
       x.gauge("specactor:kv_pages_total", "pages of the target's KV pool", static_cast<double>(m.kv_pages_total));
       x.gauge("specactor:kv_pages_used", "KV pages reserved by admitted requests",
-              static_cast<double>(m.kv_pages_total - m.kv_pages_free));
+              static_cast<double>(m.kv_pages_total - m.kv_pages_free - m.cache_pages));
+      x.gauge("specactor:prefix_cache_enabled", "1 when the prefix cache is on (not --disable-radix-cache)",
+              m.prefix_cache ? 1 : 0);
+      x.gauge("specactor:prefix_cache_pages", "KV pages the prefix cache holds", static_cast<double>(m.cache_pages));
+      x.counter("specactor:prefix_cache_queries_total", "prompt tokens of requests that looked the cache up",
+                static_cast<double>(m.cache_query_tokens));
+      x.counter("specactor:prefix_cache_hits_total", "of those, tokens found in the cache (not prefilled)",
+                static_cast<double>(m.cache_hit_tokens));
+      x.counter("specactor:prefix_cache_evicted_pages_total", "pages the cache gave up for room or a flush",
+                static_cast<double>(m.cache_evicted_pages));
       x.counter("specactor:generation_tokens_total", "tokens generated", static_cast<double>(m.generated_tokens));
       x.counter("specactor:spec_decode_num_drafts_total", "decode steps whose request got a proposal",
                 m.drafted_at.empty() ? 0.0 : static_cast<double>(m.drafted_at[0]));

@@ -785,3 +785,28 @@ TEST_CASE("prefix cache: under a small KV budget every request finishes, the cac
   CHECK(m.kv_pages_free + m.cache_pages == m.kv_pages_total);
   MESSAGE("small budget: hit " << m.cache_hit_tokens << " tokens, evicted " << m.cache_evicted_pages << " pages");
 }
+
+TEST_CASE("prefix cache: requests arriving together with one long prefix prefill it about once") {
+  // Chunks of 64: the first request's 104-token prompt takes two steps; the requests that have not
+  // started by then begin on its pages (the prompt is cached as soon as it is prefilled).
+  auto cached = Engine::from_argv(tiny_args({"--page-size", "4", "--chunked-prefill-size", "64"}));
+  auto plain =
+      Engine::from_argv(tiny_args({"--page-size", "4", "--chunked-prefill-size", "64", "--disable-radix-cache"}));
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<std::int32_t> p;
+    for (int k = 0; k < 100; ++k) p.push_back(static_cast<std::int32_t>((k * 13) % 90 + 3));
+    for (int k = 0; k < 4; ++k) p.push_back(static_cast<std::int32_t>(i * 4 + k + 3));
+    reqs.push_back(ids_request(p, 8));
+  }
+  const auto a = run_all(*cached, reqs), b = run_all(*plain, reqs);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(a[i].tokens == b[i].tokens);
+  }
+  const EngineMetrics m = cached->metrics();
+  MESSAGE("8 requests with a 100-token prefix: " << m.cache_hit_tokens << " of " << m.cache_query_tokens
+                                                 << " prompt tokens from the cache");
+  CHECK(m.cache_hit_tokens >= 6 * 100);
+  CHECK(m.kv_pages_free + m.cache_pages == m.kv_pages_total);
+}

@@ -202,11 +202,15 @@ TEST_CASE("responses, chunks and SSE framing") {
   o.metrics.mean_accepted_length = 1.5;
   o.metrics.drafted_at = {2, 2};
   o.metrics.accepted_at = {1};
+  o.metrics.cached_tokens = 2;
   const json c = chat_response("chatcmpl-1", 100, "smol", o);
   CHECK(c["object"] == "chat.completion");
   CHECK(c["choices"][0]["message"]["content"] == o.text);
   CHECK(c["choices"][0]["finish_reason"] == "length");
-  CHECK(c["usage"] == json{{"prompt_tokens", 4}, {"completion_tokens", 3}, {"total_tokens", 7}});
+  CHECK(c["usage"] == json{{"prompt_tokens", 4},
+                           {"completion_tokens", 3},
+                           {"total_tokens", 7},
+                           {"prompt_tokens_details", {{"cached_tokens", 2}}}});
   CHECK(c["speculative"]["acceptance_by_position"][0]["rate"] == doctest::Approx(0.5));
   CHECK(c["speculative"]["acceptance_by_position"][1]["accepted"] == 0);
   CHECK(completion_response("cmpl-1", 100, "smol", o)["choices"][0]["text"] == o.text);

@@ -575,6 +575,30 @@ def second_signal():
     os.unlink(srv.log.name)
 
 
+def prefix_cache():
+    print("serve-hostile: the prefix cache through the server (a second turn, /metrics, /flush_cache)", flush=True)
+    srv = Server()
+    msgs = [{"role": "user", "content": "Explain in three sentences how a bicycle gear works."}]
+    st, out = post(srv.base + "/v1/chat/completions", {"messages": msgs, "max_tokens": 40, "temperature": 0})
+    r1 = json.loads(out)
+    msgs += [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "And why do racing bikes have so many gears?"}]
+    st2, out2 = post(srv.base + "/v1/chat/completions", {"messages": msgs, "max_tokens": 16, "temperature": 0})
+    u = json.loads(out2)["usage"]
+    cached = u.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    check(st == 200 and st2 == 200 and cached >= 32 and cached < u["prompt_tokens"],
+          f"the second turn reports cached prompt tokens ({cached} of {u['prompt_tokens']})")
+    m = metrics(srv)
+    check(m.get("specactor:prefix_cache_enabled") == 1 and m.get("specactor:prefix_cache_hits_total", 0) >= cached
+          and m.get("specactor:prefix_cache_pages", 0) > 0 and m.get("specactor:kv_pages_used") == 0,
+          "/metrics: the cache is on, counts the hit, holds pages; no pages reserved by requests")
+    st, out = post(srv.base + "/flush_cache", {})
+    m = metrics(srv)
+    check(st == 200 and json.loads(out).get("flushed_pages", 0) > 0 and m.get("specactor:prefix_cache_pages") == 0,
+          f"POST /flush_cache gives every cached page back ({out.strip()})")
+    srv.stop()
+
+
 def load(n):
     print(f"serve-hostile: {n} concurrent streams", flush=True)
     # The default batch (--max-running-requests 32): the rest wait in the queue, so aggregate tok/s
@@ -631,7 +655,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sigterm-runs", type=int, default=5)
     ap.add_argument("--load", type=int, default=0, help="also run this many concurrent streams and report")
-    ap.add_argument("--only", default="", help="comma-separated: basic, cap, sigterm, grace, second, load")
+    ap.add_argument("--only", default="", help="comma-separated: basic, cap, sigterm, grace, second, cache, load")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda name: not only or name in only
@@ -656,6 +680,8 @@ def main():
         grace_cut()
     if want("second"):
         second_signal()
+    if want("cache"):
+        prefix_cache()
     if args.load and want("load"):
         load(args.load)
     print("serve-hostile: every check passed", flush=True)
