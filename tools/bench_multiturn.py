@@ -10,6 +10,7 @@ Checks that the cached and the cache-less server give the same answers (greedy) 
 
   python3 tools/bench_multiturn.py [--conversations 4] [--turns 8] [--answer 48] [--shared 16]
                                    [--system-tokens 1000] [--algorithm NONE] [--json FILE]
+                                   [--llama-server PATH]   (tools/compare-llamacpp --build-only builds it)
 """
 import argparse
 import json
@@ -51,12 +52,16 @@ def free_port():
 
 
 class Server:
-    def __init__(self, *flags):
+    def __init__(self, *flags, llama_server=None, threads=2, slots=16):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="specactor-multiturn-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([BIN, "serve", "--model-path", MODEL, "--host", "127.0.0.1", "--port",
-                                      str(self.port), *flags], stdout=self.log, stderr=subprocess.STDOUT)
+        if llama_server:  # llama.cpp's server: the same GGUF and threads, one slot per concurrent request
+            cmd = [llama_server, "-m", MODEL, "-t", str(threads), "--host", "127.0.0.1", "--port", str(self.port),
+                   "-np", str(slots), "-c", str(2048 * slots)]
+        else:
+            cmd = [BIN, "serve", "--model-path", MODEL, "--host", "127.0.0.1", "--port", str(self.port), *flags]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 180
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -160,11 +165,16 @@ def main():
     ap.add_argument("--system-tokens", type=int, default=1000)
     ap.add_argument("--algorithm", default="NONE")
     ap.add_argument("--json", default="")
+    ap.add_argument("--llama-server", default="", help="also run llama.cpp's llama-server binary (cache_prompt on)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     args = ap.parse_args()
-    flags = ["--speculative-algorithm", args.algorithm, "--log-level", "warn"]
+    flags = ["--speculative-algorithm", args.algorithm, "--log-level", "warn", "--threads", str(args.threads)]
     out = {}
-    for label, extra in (("cache", []), ("no cache", ["--disable-radix-cache"])):
-        srv = Server(*flags, *extra)
+    runs = [("cache", [], None), ("no cache", ["--disable-radix-cache"], None)]
+    if args.llama_server:
+        runs.append(("llama-server", [], args.llama_server))
+    for label, extra, llama in runs:
+        srv = Server(*flags, *extra, llama_server=llama, threads=args.threads, slots=args.shared)
         try:
             out[label] = {"conv": conversations(srv.base, args.conversations, args.turns, args.answer),
                           "shared": shared_prefix(srv.base, args.shared, args.system_tokens, args.answer)}
@@ -190,6 +200,15 @@ def main():
           f"{a['shared']['wall_s']:.2f} s with the cache (cached tokens median "
           f"{statistics.median(a['shared']['cached']):.0f}; prompt tokens prefilled = {prefills:.1f} prompts' worth), "
           f"{b['shared']['wall_s']:.2f} s without ({b['shared']['wall_s'] / a['shared']['wall_s']:.2f}x)")
+    if args.llama_server:
+        c = out["llama-server"]
+        later_c = statistics.median([x for t in range(1, args.turns) for x in c["conv"]["ttft"][t]])
+        print("llama-server (the same questions; its answers differ, so its contexts do too): per-turn median TTFT "
+              + ", ".join(f"{statistics.median(c['conv']['ttft'][t]) * 1000:.0f}" for t in range(args.turns)) + " ms")
+        print(f"turns 2..{args.turns}: median TTFT {later_a * 1000:.1f} ms specactor, {later_c * 1000:.1f} ms "
+              f"llama-server ({later_c / later_a:.2f}x); conversations' total {a['conv']['total_s']:.1f} s vs "
+              f"{c['conv']['total_s']:.1f} s; shared prompt x{args.shared}: {a['shared']['wall_s']:.2f} s vs "
+              f"{c['shared']['wall_s']:.2f} s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f)
