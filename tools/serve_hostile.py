@@ -598,6 +598,39 @@ def prefix_cache():
           f"POST /flush_cache gives every cached page back ({out.strip()})")
     srv.stop()
 
+    print("serve-hostile: 64 streams with shared prefixes through a 2,048-token KV budget", flush=True)
+    srv = Server("--max-total-tokens", "2048", "--max-queued-requests", "64")
+    events = []
+    lock = threading.Lock()
+
+    def one(i):
+        system = "You answer in one short sentence. " * (4 + i % 4)  # four shared system prompts
+        body = {"messages": [{"role": "system", "content": system},
+                             {"role": "user", "content": f"Name a colour, number {i}."}],
+                "max_tokens": 24, "temperature": 0}
+        st, out = post(srv.base + "/v1/chat/completions", body, timeout=600)
+        with lock:
+            events.append((st, json.loads(out).get("usage", {}) if st == 200 else out[:200]))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    ok = [e for e in events if e[0] == 200]
+    hits = sum(e[1].get("prompt_tokens_details", {}).get("cached_tokens", 0) for e in ok)
+    m = metrics(srv)
+    check(len(ok) == 64, f"64 streams under a small KV budget: every one finished ({len(ok)}; "
+                         f"others: {[e for e in events if e[0] != 200][:2]})")
+    check(hits > 0 and m.get("specactor:prefix_cache_evicted_pages_total", 0) > 0,
+          f"... with cache hits ({hits} tokens) and evictions counted "
+          f"({m.get('specactor:prefix_cache_evicted_pages_total', 0):.0f} pages)")
+    post(srv.base + "/flush_cache", {})
+    m = metrics(srv)
+    check(m.get("specactor:kv_pages_used") == 0 and m.get("specactor:prefix_cache_pages") == 0,
+          "after a flush no page is held: the pool is whole again")
+    srv.stop()
+
 
 def load(n):
     print(f"serve-hostile: {n} concurrent streams", flush=True)
