@@ -174,7 +174,12 @@ struct Server::Impl {
   static MHD_Result queue_whole(MHD_Connection* c, Reply::Exchange& x, const Response& r, bool close_after) {
     MHD_Response* resp =
         MHD_create_response_from_buffer(r.body.size(), const_cast<char*>(r.body.data()), MHD_RESPMEM_MUST_COPY);
-    if (!resp) return MHD_NO;
+    return resp ? queue(c, x, resp, r, close_after) : MHD_NO;
+  }
+
+  // Gives `resp` r's status, Content-Type and headers, queues it, and marks the exchange answered.
+  static MHD_Result queue(MHD_Connection* c, Reply::Exchange& x, MHD_Response* resp, const Response& r,
+                          bool close_after) {
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r.content_type.c_str());
     for (const auto& [k, v] : r.headers) MHD_add_response_header(resp, k.c_str(), v.c_str());
     if (close_after) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
@@ -240,14 +245,7 @@ struct Server::Impl {
       delete holder;
       return MHD_NO;
     }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, whole.content_type.c_str());
-    for (const auto& [k, v] : whole.headers) MHD_add_response_header(resp, k.c_str(), v.c_str());
-    const MHD_Result ok = MHD_queue_response(c, static_cast<unsigned>(whole.status), resp);
-    MHD_destroy_response(resp);
-    std::lock_guard<std::mutex> lock(x.m);
-    x.queued = true;
-    x.status = whole.status;
-    return ok;
+    return queue(c, x, resp, whole, false);
   }
 
   static MHD_Result access(void* cls, MHD_Connection* c, const char* url, const char* method, const char* version,

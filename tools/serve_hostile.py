@@ -75,14 +75,19 @@ class Server:
 
     def stop(self, expect_rc=0, what="SIGTERM: the server exits 0"):
         self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = "hung"
+        rc = wait_exit(self.proc, 120)
         self.log.close()
         check(rc == expect_rc, f"{what} (got {rc}; log: {self.log.name})")
         os.unlink(self.log.name)
+
+
+def wait_exit(proc, timeout):
+    """The exit status, or "hung" (and the process killed) after `timeout` seconds."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return "hung"
 
 
 def get(url, timeout=10):
@@ -562,11 +567,7 @@ def second_signal():
     check(srv.alive(), "second signal: after the first the server drains (still running)")
     t0 = time.time()
     srv.proc.send_signal(signal.SIGINT)
-    try:
-        rc = srv.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        srv.proc.kill()
-        rc = "hung"
+    rc = wait_exit(srv.proc, 10)
     check(rc == 128 + signal.SIGINT and time.time() - t0 < 5,
           f"second signal: exits {128 + signal.SIGINT} within 5 s (got {rc} in {time.time() - t0:.1f} s)")
     for t in threads:
