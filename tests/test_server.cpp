@@ -5,6 +5,7 @@
 // real server.
 #include <doctest/doctest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -461,4 +462,18 @@ TEST_CASE("http layer: a client that leaves a waiting exchange ends it (on_close
   CHECK_THROWS_WITH_AS(second.listen("127.0.0.1", port), doctest::Contains("cannot listen there"),
                        specactor::config::ConfigError);
   server.stop();  // the held, never-answered exchanges end too
+}
+
+TEST_CASE("http layer: connections beyond the process's file limit are refused, within it the limit is raised") {
+  // This test case runs in its own process under CTest; lowering the hard limit stays there.
+  rlimit rl{256, 256};
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &rl) == 0);
+  std::int64_t have = 0;
+  CHECK_FALSE(http::ensure_fd_limit(1000, have));
+  CHECK(have == 256 - 128);  // what serve offers instead ("give at most 128")
+  rl = {64, 256};
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &rl) == 0);
+  CHECK(http::ensure_fd_limit(100, have));  // 100 connections + 128 spare fit under 256: raised
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &rl) == 0);
+  CHECK(rl.rlim_cur == 228);
 }
