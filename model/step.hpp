@@ -23,6 +23,9 @@ struct StepItem {
   std::uint64_t seed = 0;    // used when the worker first sees the request
   bool want_hidden = false;  // return the batch's captured layers for this item's committed rows
   bool want_kv = false;      // return the item's committed KV page table (FROZEN_KV_MTP, the prefix cache)
+  // Keep the batch's captured layers of the committed rows with the KV pages (the prefix cache: a
+  // later request that starts on those pages gets them back as its first hidden rows).
+  bool keep_hidden = false;
   // When the worker first sees the request: it starts on these pages (the prefix cache's, full ones),
   // holding its first prefix_len tokens; `tokens` continue from there.
   std::vector<std::int32_t> prefix_pages;
@@ -40,6 +43,7 @@ struct ItemResult {
   std::int32_t accepted = 0;           // how many of the drafts were accepted
   std::int32_t drafted = 0;            // how many drafts were verified
   std::vector<float> hidden;           // want_hidden: committed rows (prefill rows, or root + accepted path)
+  std::int64_t hidden_first = 0;       // the context position of hidden's first row (0 after a cache hit with rows)
   std::vector<std::int32_t> kv_pages;  // want_kv: the request's page table after the step
   std::int64_t kv_length = 0;
 };

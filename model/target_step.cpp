@@ -20,6 +20,7 @@ struct TargetStep::Plan {
   std::vector<kernels::Tree> trees;
   std::vector<std::int32_t> decisions;
   std::vector<std::size_t> offset;
+  std::vector<std::int64_t> prefix_rows;  // rows of a cache hit's prefix to hand out first (want_hidden)
 };
 
 namespace {
@@ -30,7 +31,10 @@ std::string with_prefix(const char* what) { return std::string("target worker: "
 
 TargetStep::TargetStep(std::shared_ptr<KvCache> kv, std::unique_ptr<ForwardRunner> runner,
                        std::shared_ptr<kernels::Communicator> comm)
-    : kv_(std::move(kv)), runner_(std::move(runner)), comm_(std::move(comm)) {}
+    : kv_(std::move(kv)),
+      runner_(std::move(runner)),
+      comm_(std::move(comm)),
+      page_rows_(kv_->total_pages(), kv_->page_size()) {}
 
 TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
   for (const StepItem& it : batch.items)
@@ -41,6 +45,8 @@ TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
   p.fwd.assign(n_items, {});
   p.old_len.assign(n_items, 0);
   p.trees.assign(n_items, {});
+  p.prefix_rows.assign(n_items, 0);
+  const std::vector<int> capture(batch.capture.begin(), batch.capture.end());
   std::size_t total = 0;
   for (std::size_t i = 0; i < n_items; ++i) {
     const StepItem& it = batch.items[i];
@@ -55,6 +61,7 @@ TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
                          std::to_string(it.prefix_pages.size()) + " pages");
       }
       kv_->adopt(seq.kv, it.prefix_pages, it.prefix_len);
+      if (it.want_hidden && page_rows_.has(capture, seq.kv.pages, it.prefix_len)) p.prefix_rows[i] = it.prefix_len;
     }
     ForwardSeq& f = p.fwd[i];
     f.kv = &seq.kv;
@@ -80,8 +87,8 @@ TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
 
 std::vector<int> TargetStep::capture_layers(const StepBatch& batch) const {
   std::vector<int> capture;
-  const bool any_hidden =
-      std::any_of(batch.items.begin(), batch.items.end(), [](const StepItem& it) { return it.want_hidden; });
+  const bool any_hidden = std::any_of(batch.items.begin(), batch.items.end(),
+                                      [](const StepItem& it) { return it.want_hidden || it.keep_hidden; });
   if (!any_hidden) return capture;
   const std::int32_t layers = runner_->weights().config().n_layers;
   for (const auto l : batch.capture) {
@@ -109,7 +116,6 @@ void TargetStep::forward(Plan& p, const std::vector<int>& capture, ForwardResult
 void TargetStep::verify(const StepBatch& batch, Plan& p, const std::vector<int>& capture, const ForwardResult& out,
                         StepResult& res) {
   const std::int64_t vocab = runner_->weights().config().vocab_size;
-  const std::int64_t H = runner_->weights().config().hidden;
   std::size_t logit_row = 0;
   std::int64_t first_row = 0;  // the item's first row in the forward batch
   for (std::size_t i = 0; i < batch.items.size(); ++i) {
@@ -119,7 +125,7 @@ void TargetStep::verify(const StepBatch& batch, Plan& p, const std::vector<int>&
     const float* logits = out.logits.data() + logit_row * static_cast<std::size_t>(vocab);
     logit_row += p.fwd[i].logit_rows.size();
     std::vector<std::int32_t> committed;  // rows whose KV stays: prefill rows, or root + accepted path
-    ItemResult r{it.req, {}, 0, 0, {}, {}, 0};
+    ItemResult r{it.req, {}, 0, 0, {}, 0, {}, 0};
     if (!it.sample || it.prefill) {
       if (it.sample) r.tokens = {kernels::sample(logits, vocab, it.params, seq.rng)};
       for (std::int32_t row = 0; row < n_tok; ++row) committed.push_back(row);
@@ -133,17 +139,36 @@ void TargetStep::verify(const StepBatch& batch, Plan& p, const std::vector<int>&
       r.accepted = v.accepted;
       r.drafted = v.drafted;
     }
-    if (it.want_hidden && !capture.empty()) {  // the captured layers of the committed rows, per row
-      r.hidden.resize(committed.size() * capture.size() * static_cast<std::size_t>(H));
-      float* dst = r.hidden.data();
-      for (const auto row : committed)
-        for (const auto& layer : out.hidden) {
-          const float* src = layer.data() + (first_row + row) * H;
-          dst = std::copy(src, src + H, dst);
-        }
-    }
+    if ((it.want_hidden || it.keep_hidden) && !capture.empty()) rows(it, p, i, capture, out, first_row, committed, r);
     res.items.push_back(std::move(r));
     first_row += n_tok;
+  }
+}
+
+// The captured layers of the committed rows, per row: kept with the KV pages (keep_hidden) and/or
+// returned (want_hidden; after a cache hit with kept rows, the prefix's rows come first).
+void TargetStep::rows(const StepItem& it, const Plan& p, std::size_t i, const std::vector<int>& capture,
+                      const ForwardResult& out, std::int64_t first_row, const std::vector<std::int32_t>& committed,
+                      ItemResult& r) {
+  const std::int64_t H = runner_->weights().config().hidden;
+  const auto width = static_cast<std::int64_t>(capture.size()) * H;
+  const KvCache::Seq& kv = *p.fwd[i].kv;
+  if (it.want_hidden) {
+    r.hidden_first = p.old_len[i] - p.prefix_rows[i];
+    r.hidden.reserve(
+        static_cast<std::size_t>((p.prefix_rows[i] + static_cast<std::int64_t>(committed.size())) * width));
+    if (p.prefix_rows[i] > 0) page_rows_.read(kv.pages, p.prefix_rows[i], r.hidden);
+  }
+  std::vector<float> row(static_cast<std::size_t>(width));
+  for (std::size_t j = 0; j < committed.size(); ++j) {
+    float* dst = row.data();
+    for (const auto& layer : out.hidden) {
+      const float* src = layer.data() + (first_row + committed[j]) * H;
+      dst = std::copy(src, src + H, dst);
+    }
+    if (it.keep_hidden)
+      page_rows_.write(capture, width, it.req, kv.pages, p.old_len[i] + static_cast<std::int64_t>(j), row.data());
+    if (it.want_hidden) r.hidden.insert(r.hidden.end(), row.begin(), row.end());
   }
 }
 
@@ -268,7 +293,10 @@ void TargetStep::cache_ops(std::uint64_t req, const std::vector<std::int32_t>& k
   if (it != seqs_.end()) {
     const auto& held = it->second.kv.pages;
     for (const std::int32_t p : keep)  // only pages the request holds: a reference is never made up
-      if (std::find(held.begin(), held.end(), p) != held.end()) kv_->retain(p);
+      if (std::find(held.begin(), held.end(), p) != held.end()) {
+        kv_->retain(p);
+        page_rows_.kept(req, p);
+      }
   }
   for (const std::int32_t p : drop)
     if (p >= 0 && p < kv_->total_pages() && kv_->refs(p) > 0) kv_->drop(p);

@@ -22,6 +22,7 @@
 #include "kernels/cpu/sampling.hpp"
 #include "model/kv_cache.hpp"
 #include "model/llama.hpp"
+#include "model/page_rows.hpp"
 #include "model/step.hpp"
 
 namespace specactor::model {
@@ -87,6 +88,8 @@ class TargetStep {
   void forward(Plan& p, const std::vector<int>& capture, ForwardResult& out);
   void verify(const StepBatch& batch, Plan& p, const std::vector<int>& capture, const ForwardResult& out,
               StepResult& res);
+  void rows(const StepItem& it, const Plan& p, std::size_t i, const std::vector<int>& capture, const ForwardResult& out,
+            std::int64_t first_row, const std::vector<std::int32_t>& committed, ItemResult& r);
   void share_decisions(Plan& p);
   void compact(const Plan& p);
 
@@ -94,6 +97,7 @@ class TargetStep {
   std::unique_ptr<ForwardRunner> runner_;
   std::shared_ptr<kernels::Communicator> comm_;
   std::map<std::uint64_t, Seq> seqs_;
+  PageRows page_rows_;  // captured rows of cached pages (keep_hidden), for requests that start on them
   std::string probe_error_;
 };
 

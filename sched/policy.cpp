@@ -131,11 +131,10 @@ void Scheduler::set_target(std::int64_t kv_pages, std::shared_ptr<const model::T
 
 void Scheduler::set_draft(DraftShape shape) { draft_ = std::move(shape); }
 
-// A head drafter catches up on the target's hidden rows of every position; the target computes none
-// for cached positions, so its requests do not use the cache (yet).
-bool Scheduler::cacheable(const Sequence& r) const {
-  return tree_ && (!draft_.configured || draft_.needs.hidden_layers.empty() || !r.sub->request.speculative);
-}
+// Every request may use the cache. A head drafter catches up on the target's hidden rows of every
+// position, and the target computes none for cached positions: so with such a drafter every cacheable
+// request keeps its captured rows with its pages (keep_hidden), and a hit hands them out again.
+bool Scheduler::cacheable(const Sequence&) const { return tree_ != nullptr; }
 
 void Scheduler::make_room(std::int64_t need) {
   if (!tree_ || need <= free_pages_) return;
@@ -454,7 +453,10 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
       item.want_kv = draft_.needs.target_kv;
     }
     if (r.prefilled < r.prompt_len && prefill_budget > 0) rematch(r);
-    if (r.cacheable) item.want_kv = true;  // the page table the cache takes pages from
+    if (r.cacheable) {
+      item.want_kv = true;  // the page table the cache takes pages from
+      item.keep_hidden = !plan.batch.capture.empty();
+    }
     if (r.cached_tokens > 0 && r.prefilled == static_cast<std::size_t>(r.cached_tokens)) {
       // The first chunk after a cache hit: the target starts the request on the cached pages.
       item.prefix_pages = r.cache_pages;
@@ -711,10 +713,15 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
     if (it == running_.end()) continue;
     Sequence& r = **it;
     r.in_step = false;
-    if (!item.hidden.empty()) {
-      if (r.hidden.empty()) r.hidden_first = r.hidden_rows;
+    if (!item.hidden.empty() && width > 0) {
+      // Rows continue where the last ones ended; after a gap (a cache hit without kept rows) they
+      // start over at their own position, and the drafter sees the gap.
+      if (r.hidden.empty() || item.hidden_first != r.hidden_rows) {
+        r.hidden.clear();
+        r.hidden_first = item.hidden_first;
+      }
       r.hidden.insert(r.hidden.end(), item.hidden.begin(), item.hidden.end());
-      if (width > 0) r.hidden_rows += static_cast<std::int64_t>(item.hidden.size() / width);
+      r.hidden_rows = item.hidden_first + static_cast<std::int64_t>(item.hidden.size() / width);
     }
     if (item.kv_length > 0) {
       r.kv_pages = std::move(item.kv_pages);

@@ -83,8 +83,7 @@ struct Sequence {
   std::vector<std::int32_t> kv_pages;
   std::int64_t kv_length = 0;
   // The prefix cache: the request runs on cache_pages (its first cached_tokens tokens) under a lock
-  // on cache_node; `cacheable`: its KV may be looked up and inserted (no drafter needs rows the
-  // target would skip).
+  // on cache_node; `cacheable`: its KV may be looked up and inserted.
   bool cacheable = false;
   PrefixTree::Node* cache_node = nullptr;
   std::vector<std::int32_t> cache_pages;

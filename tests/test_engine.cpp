@@ -761,6 +761,60 @@ TEST_CASE("prefix cache: a second turn and shared prefixes skip prefill, outputs
   }
 }
 
+TEST_CASE(
+    "prefix cache: head drafters get the cached prefix's hidden rows, so a hit drafts what a cache-less engine "
+    "drafts") {
+  for (const std::string algo : {"EAGLE3", "EAGLE", "FROZEN_KV_MTP"}) {
+    CAPTURE(algo);
+    const std::string a = algo;
+    const std::string head = tiny_head(a == "EAGLE3"          ? model::HeadKind::Eagle3
+                                       : a == "FROZEN_KV_MTP" ? model::HeadKind::Mtp
+                                                              : model::HeadKind::Eagle);
+    const std::vector<std::string> spec = {"--page-size",
+                                           "4",
+                                           "--speculative-algorithm",
+                                           algo,
+                                           "--speculative-draft-model-path",
+                                           head,
+                                           "--speculative-adaptive",
+                                           "false"};
+    auto cached = Engine::from_argv(tiny_args(spec));
+    std::vector<std::string> off = spec;
+    off.push_back("--disable-radix-cache");
+    auto plain = Engine::from_argv(tiny_args(off));
+    // Turn 1 without drafting: its rows are kept all the same, for the speculative turn 2.
+    std::vector<std::int32_t> p1;
+    for (int k = 0; k < 40; ++k) p1.push_back(static_cast<std::int32_t>((k * 5) % 80 + 7));
+    GenerationRequest r1 = ids_request(p1, 12);
+    r1.speculative = false;
+    const auto t1 = cached->generate(r1);
+    CHECK(t1.tokens == plain->generate(r1).tokens);
+    std::vector<std::int32_t> p2 = p1;
+    p2.insert(p2.end(), t1.tokens.begin(), t1.tokens.end());
+    for (int k = 0; k < 6; ++k) p2.push_back(static_cast<std::int32_t>(k + 30));
+    const auto t2 = cached->generate(ids_request(p2, 24)), want = plain->generate(ids_request(p2, 24));
+    CHECK(t2.metrics.cached_tokens == 48);
+    CHECK(t2.tokens == want.tokens);
+    // The head saw the same rows: the same drafts, the same accepted ones.
+    CHECK(t2.metrics.drafted > 0);
+    CHECK(t2.metrics.drafted == want.metrics.drafted);
+    CHECK(t2.metrics.accepted == want.metrics.accepted);
+    // Turn 3 hits what the speculative turn 2 left (its rows kept while it drafted).
+    std::vector<std::int32_t> p3 = p2;
+    p3.insert(p3.end(), t2.tokens.begin(), t2.tokens.end());
+    p3.push_back(50);
+    const auto t3 = cached->generate(ids_request(p3, 16)), want3 = plain->generate(ids_request(p3, 16));
+    CHECK(t3.metrics.cached_tokens >= 64);
+    CHECK(t3.tokens == want3.tokens);
+    CHECK(t3.metrics.drafted == want3.metrics.drafted);
+    CHECK(t3.metrics.accepted == want3.metrics.accepted);
+    MESSAGE(a << ": turn 2 drafted " << t2.metrics.drafted << ", accepted " << t2.metrics.accepted << "; turn 3 "
+              << t3.metrics.cached_tokens << " tokens cached");
+    cached->shutdown();
+    plain->shutdown();
+  }
+}
+
 TEST_CASE("prefix cache: under a small KV budget every request finishes, the cache gives pages back") {
   // 128 tokens of KV in pages of 16 (as the exhaustion case): requests share a 32-token prefix.
   auto engine = Engine::from_argv(

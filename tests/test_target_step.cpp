@@ -221,3 +221,87 @@ TEST_CASE("target step, two ranks: the follower applies rank 0's decisions, toke
   follower->release(1);
   CHECK(follower->sequences() == 0);
 }
+
+TEST_CASE("target step: captured rows kept with cached pages come back after a hit, bit for bit") {
+  const Tiny m = tiny_model({}, "rows");
+  auto step = make_step(m, 512);
+  const auto H = static_cast<std::size_t>(m.cfg.hidden);
+  const std::size_t W = 2 * H;  // layers 0 and 1
+  std::vector<std::int32_t> prompt;
+  for (int k = 0; k < 40; ++k) prompt.push_back(static_cast<std::int32_t>((k * 7) % 50 + 2));
+  auto run = [&](StepItem it, std::vector<std::int32_t> capture = {0, 1}) {
+    StepBatch b;
+    b.capture = std::move(capture);
+    b.items.push_back(std::move(it));
+    return step->run(b);
+  };
+  // Reference: request 1 decodes plainly, one token per step, returning every row.
+  StepItem p1 = prefill(1, prompt);
+  p1.want_hidden = true;
+  StepResult r = run(p1);
+  std::vector<float> rows = r.items[0].hidden;
+  std::vector<std::int32_t> g = {r.items[0].tokens.at(0)};
+  while (g.size() < 30) {
+    StepItem d = decode(1, {g.back()});
+    d.want_hidden = true;
+    r = run(d);
+    rows.insert(rows.end(), r.items[0].hidden.begin(), r.items[0].hidden.end());
+    g.push_back(r.items[0].tokens.at(0));
+  }
+  // Request 2 keeps its rows (returning none) while verified trees are accepted along a branch that
+  // is not the first: the kept rows are the compacted, accepted ones.
+  StepItem p2 = prefill(2, prompt);
+  p2.keep_hidden = true;
+  CHECK(run(p2).items[0].hidden.empty());
+  std::size_t at = 0;  // g[at] is the root
+  while (step->length(2) < 64) {
+    StepItem d = decode(2, {g[at], other_than(g[at + 1]), g[at + 1], g[at + 2]}, {-1, -1, 1});
+    d.keep_hidden = true;
+    r = run(d);
+    REQUIRE(r.items[0].accepted == 2);
+    at += 3;
+  }
+  StepItem want_kv = decode(2, {g[at]});
+  want_kv.want_kv = true;
+  const std::vector<std::int32_t> table = run(want_kv).items[0].kv_pages;
+  REQUIRE(table.size() >= 4);
+  const std::vector<std::int32_t> cached(table.begin(), table.begin() + 4);  // 64 slots in pages of 16
+  step->cache_ops(2, cached, {});
+  step->release(2);
+
+  // Request 3 starts on the cached pages and asks for rows: the prefix's rows first, then its own.
+  StepItem hit = prefill(3, {g[24], g[25]});  // slots 40..63 hold g[0..23]
+  REQUIRE(static_cast<std::int64_t>(prompt.size()) + 24 == 64);
+  hit.prefix_pages = cached;
+  hit.prefix_len = 64;
+  hit.want_hidden = true;
+  r = run(hit);
+  CHECK(r.items[0].hidden_first == 0);
+  REQUIRE(r.items[0].hidden.size() == 66 * W);
+  CHECK(std::equal(r.items[0].hidden.begin(), r.items[0].hidden.end(), rows.begin()));
+  CHECK(r.items[0].tokens == std::vector<std::int32_t>{g[26]});
+
+  // Other layers than the kept ones: no prefix rows, the gap is said by hidden_first.
+  StepItem other = hit;
+  other.req = 4;
+  r = run(other, {1});
+  CHECK(r.items[0].hidden_first == 64);
+  CHECK(r.items[0].hidden.size() == 2 * H);
+
+  // Pages taken into the cache from a request that kept no rows give none.
+  StepItem p5 = prefill(5, std::vector<std::int32_t>(prompt.begin(), prompt.begin() + 33));
+  p5.want_kv = true;
+  const std::vector<std::int32_t> t5 = run(p5).items[0].kv_pages;
+  step->cache_ops(5, {t5[0], t5[1]}, {});
+  StepItem miss = prefill(6, {prompt[32]});
+  miss.prefix_pages = {t5[0], t5[1]};
+  miss.prefix_len = 32;
+  miss.want_hidden = true;
+  r = run(miss);
+  CHECK(r.items[0].hidden_first == 32);
+  CHECK(r.items[0].hidden.size() == W);
+  for (const std::int32_t p : cached) step->cache_ops(0, {}, {p});
+  step->cache_ops(0, {}, {t5[0], t5[1]});
+  for (std::uint64_t req : {1, 3, 4, 5, 6}) step->release(req);
+  CHECK(step->kv()->free_pages() == step->kv()->total_pages());
+}
