@@ -27,10 +27,12 @@ draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_poin
           out.probs.push_back(std::move(t.probs));
           out.scores.push_back(std::move(t.scores));
         }
+        out.cache = self->state.drafter->cache_stats();
         out.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         return out;
       },
       [self](release_atom, std::uint64_t req) { self->state.drafter->release(req); },
+      [self](flush_atom) { self->state.drafter->flush_cache(); },
       [self](reconf_atom, config::Snapshot& s) {
         self->state.snapshot = std::move(s);
         self->state.drafter->reconfigure(self->state.snapshot);

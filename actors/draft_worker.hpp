@@ -26,6 +26,8 @@ using draft_worker_actor = caf::typed_actor<
     caf::replies_to<propose_atom, ProposeBatch>::with<Proposals>,
     // The request is gone: drop its state.
     caf::reacts_to<release_atom, std::uint64_t>,
+    // Empty the drafter's own prefix cache (with the target's /flush_cache).
+    caf::reacts_to<flush_atom>,
     // A new draft snapshot (between steps): the worker swaps its pointer and tells the drafter.
     caf::reacts_to<reconf_atom, config::Snapshot>,
     // What the drafter needs from the target (hidden layers, KV view).

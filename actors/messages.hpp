@@ -59,7 +59,8 @@ namespace specactor::sched {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Proposals& x) {
-  return f(caf::meta::type_name("proposals"), x.tokens, x.parents, x.probs, x.compute_ms);
+  return f(caf::meta::type_name("proposals"), x.tokens, x.parents, x.probs, x.scores, x.compute_ms,
+           x.cache.query_tokens, x.cache.hit_tokens, x.cache.pages, x.cache.evicted_pages);
 }
 
 template <class Inspector>

@@ -317,6 +317,7 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
       [self](tick_atom) { tick(self); },
       [self](flush_atom) -> std::int64_t {
         const std::int64_t n = self->state.policy->flush_cache();
+        if (self->state.draft) self->send(self->state.draft, flush_atom::value);
         tick(self);  // room for queued requests
         return n;
       },

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/snapshot.hpp"
+#include "drafters/draft_cache.hpp"
 #include "drafters/suffix_store.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/kv_cache.hpp"
@@ -82,6 +83,10 @@ class Drafter {
   virtual std::string model_config() const { return "{}"; }
   // A new draft snapshot arrived (e.g. another step count); the drafter reads what it needs.
   virtual void reconfigure(const config::Snapshot& snapshot) { (void)snapshot; }
+  // The drafter's own prefix cache (drafters/draft_cache.hpp), for drafters with KV of their own.
+  virtual DraftCacheStats cache_stats() const { return {}; }
+  // Empties it of every page no request runs on (with the target's /flush_cache); returns how many.
+  virtual std::int64_t flush_cache() { return 0; }
 };
 
 // Prompt lookup (drafters/ngram.cpp): what followed the latest earlier occurrence of the longest

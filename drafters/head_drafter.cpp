@@ -70,6 +70,9 @@ class HeadDrafter final : public Drafter {
     if (!frozen)
       for (int l = 0; l < layers_; ++l)
         kv_.push_back(std::make_unique<model::KvCache>(1, hc.n_kv_heads, hc.head_dim, page_size_, max_tokens_));
+    // The head's own prefix cache: one layer only (the layers of a deeper head take pages in their own
+    // order while drafting, so one tree could not name one page for all of them).
+    if (!frozen && layers_ == 1) cache_ = std::make_unique<DraftCache>(*kv_[0], !s->disable_radix_cache);
   }
 
   DrafterNeeds needs() const override { return {head_->config().aux_layers, frozen_}; }
@@ -83,6 +86,8 @@ class HeadDrafter final : public Drafter {
   }
 
   void reconfigure(const config::Snapshot& s) override { configure(s); }
+  DraftCacheStats cache_stats() const override { return cache_ ? cache_->stats() : DraftCacheStats{}; }
+  std::int64_t flush_cache() override { return cache_ ? cache_->flush() : 0; }
 
   void observe(std::uint64_t req, const TargetFeatures& f) override {
     State& st = states_[req];
@@ -157,6 +162,10 @@ class HeadDrafter final : public Drafter {
     auto it = states_.find(req);
     if (it == states_.end()) return;
     if (it->second.doc != 0) suffix_.close(it->second.doc);
+    if (cache_) {
+      cache_insert(it->second);
+      cache_->finish(it->second.entry);
+    }
     for (std::size_t l = 0; l < kv_.size() && l < it->second.seqs.size(); ++l) kv_[l]->release(it->second.seqs[l]);
     states_.erase(it);
   }
@@ -172,7 +181,36 @@ class HeadDrafter final : public Drafter {
     std::vector<std::int32_t> kv_pages;     // FROZEN: the target's committed pages
     std::int64_t kv_length = 0;
     SuffixStore::Handle doc = 0;  // this request in the suffix branch's store (0: none yet)
+    // The head's prefix cache: slot p (the pair at position p+1) depends on t_0 .. t_{p+1}, so the key
+    // of slot p is t_{p+1} (ctx[1..]) and a tree serves one first token t_0 (key_first_).
+    bool started = false, inserted = false, uncached = false;
+    std::vector<std::int32_t> key;
+    DraftCache::Entry entry;
   };
+
+  // The head's prefix cache at a request's first proposal: start on the longest cached run of pairs
+  // (leaving at least the root's pair to compute, whose output starts the tree), and put the pairs
+  // caught up on into the tree.
+  void cache_start(State& st, const std::vector<std::int32_t>& ctx) {
+    st.started = true;
+    if (!cache_) return;
+    if (key_first_ < 0) key_first_ = ctx[0];
+    if (ctx[0] != key_first_) {
+      st.uncached = true;
+      return;
+    }
+    st.seqs.resize(static_cast<std::size_t>(layers_));
+    cache_key(st, ctx);
+    st.fed = cache_->start(st.entry, st.key, static_cast<std::int64_t>(st.key.size()) - 1, st.seqs[0]);
+  }
+  // The key follows the context (which only grows between proposals: committed tokens and the root).
+  void cache_key(State& st, const std::vector<std::int32_t>& ctx) {
+    if (!cache_ || st.uncached || ctx.size() <= st.key.size() + 1) return;
+    st.key.insert(st.key.end(), ctx.begin() + 1 + static_cast<std::ptrdiff_t>(st.key.size()), ctx.end());
+  }
+  void cache_insert(State& st) {
+    if (cache_ && !st.uncached && !st.seqs.empty()) cache_->insert(st.entry, st.key, st.fed, st.seqs[0]);
+  }
 
   // A node computed in this proposal: which layer, which masked slot, its parent node (-1: none).
   struct Node {
@@ -338,7 +376,16 @@ class HeadDrafter final : public Drafter {
     const auto n = static_cast<std::int64_t>(ctx.size());
     for (int l = 0; l < static_cast<int>(st.seqs.size()); ++l)
       kv_[static_cast<std::size_t>(l)]->truncate(st.seqs[static_cast<std::size_t>(l)], st.fed);
+    if (!st.started) cache_start(st, ctx);
+    cache_key(st, ctx);
+    if (cache_)
+      cache_->make_room(kv_[0]->pages_for(n + config::kMaxHeadDraftNodes) -
+                        static_cast<std::int64_t>(st.seqs.empty() ? 0 : st.seqs[0].pages.size()));
     if (st.fed < n - 1 || st.root_hidden.empty()) catch_up(st, ctx);
+    if (!st.inserted) {
+      st.inserted = true;
+      cache_insert(st);
+    }
     std::vector<Node> nodes;
     std::vector<float> hidden;
     const std::int64_t width = head_->config().hidden;
@@ -414,6 +461,8 @@ class HeadDrafter final : public Drafter {
   std::shared_ptr<const model::HeadWeights> head_;
   std::unique_ptr<model::HeadRunner> runner_;
   std::vector<std::unique_ptr<model::KvCache>> kv_;  // per head layer (not FROZEN_KV_MTP)
+  std::unique_ptr<DraftCache> cache_;                // over kv_[0] (one-layer heads), declared after it
+  std::int32_t key_first_ = -1;                      // the first token of every sequence in cache_
   std::vector<float> scratch_k_, scratch_v_;
   std::int64_t draft_vocab_ = 0, page_size_ = 0, max_tokens_ = 0;
   int layers_ = 1;

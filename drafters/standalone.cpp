@@ -34,6 +34,7 @@ class StandaloneDrafter final : public Drafter {
                                            s->device != config::Device::Cuda);
     runner_ =
         model::make_runner(model_.weights, *s, 0, static_cast<int>(s->threads), *kv_);  // the draft snapshot's device
+    cache_ = std::make_unique<DraftCache>(*kv_, !s->disable_radix_cache);
   }
 
   DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
@@ -42,6 +43,11 @@ class StandaloneDrafter final : public Drafter {
     if (depth <= 0 || ctx.empty()) return {};
     // The draft's forward runs on the engine's one compute pool, every core (kernels/cpu/pool.hpp).
     State& st = states_[req];
+    if (!st.started) {  // the draft's KV of the longest cached prefix (its last token is fed below)
+      st.started = true;
+      const std::int64_t hit = cache_->start(st.entry, ctx, static_cast<std::int64_t>(ctx.size()) - 1, st.seq);
+      st.fed.assign(ctx.begin(), ctx.begin() + hit);
+    }
     // Reuse the KV of the common prefix; roll back the rest (last step's drafts, rejected tokens).
     std::size_t common = 0;
     while (common < st.fed.size() && common + 1 < ctx.size() && st.fed[common] == ctx[common]) ++common;
@@ -50,6 +56,8 @@ class StandaloneDrafter final : public Drafter {
     std::vector<std::int32_t> drafts;
     std::vector<float> q_rows, q;
     const bool sample = sampling_ && !st.params.greedy();
+    cache_->make_room(kv_->pages_for(static_cast<std::int64_t>(ctx.size()) + depth) -
+                      static_cast<std::int64_t>(st.seq.pages.size()));
     try {
       std::vector<model::ForwardSeq> b(1);
       b[0].kv = &st.seq;
@@ -77,6 +85,10 @@ class StandaloneDrafter final : public Drafter {
       // The draft's cache is full: no proposal this step (the target decodes plainly).
     }
     kv_->truncate(st.seq, static_cast<std::int64_t>(st.fed.size()));  // drafts are not kept
+    if (!st.inserted) {  // the prompt's pages, for requests that start on the same prefix meanwhile
+      st.inserted = true;
+      cache_->insert(st.entry, st.fed, static_cast<std::int64_t>(st.fed.size()), st.seq);
+    }
     DraftTree t = DraftTree::chain(std::move(drafts));
     if (sample && q_rows.size() == t.tokens.size() * static_cast<std::size_t>(model_.config.vocab_size))
       t.probs = std::move(q_rows);
@@ -95,9 +107,15 @@ class StandaloneDrafter final : public Drafter {
   void release(std::uint64_t req) override {
     auto it = states_.find(req);
     if (it == states_.end()) return;
-    kv_->release(it->second.seq);
+    State& st = it->second;
+    cache_->insert(st.entry, st.fed, static_cast<std::int64_t>(st.fed.size()), st.seq);
+    cache_->finish(st.entry);
+    kv_->release(st.seq);
     states_.erase(it);
   }
+
+  DraftCacheStats cache_stats() const override { return cache_->stats(); }
+  std::int64_t flush_cache() override { return cache_->flush(); }
 
  private:
   struct State {
@@ -106,11 +124,14 @@ class StandaloneDrafter final : public Drafter {
     kernels::SamplingParams params;
     kernels::Rng rng;
     bool seeded = false;
+    bool started = false, inserted = false;  // the draft's prefix cache: looked up, prompt inserted
+    DraftCache::Entry entry;
   };
   bool sampling_;  // --speculative-use-rejection-sampling: draw drafts from q instead of argmax
   model::LoadedModel model_;
   std::unique_ptr<model::KvCache> kv_;
   std::unique_ptr<model::ForwardRunner> runner_;
+  std::unique_ptr<DraftCache> cache_;  // over kv_, declared after it
   std::map<std::uint64_t, State> states_;
 };
 

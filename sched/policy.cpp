@@ -577,6 +577,10 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
   const double draft_ms = ms_between(plan.started, Clock::now());
   metrics_.draft_ms += draft_ms;
   cost_.observe_draft(plan.draft_levels, draft_ms);
+  metrics_.draft_cache_query_tokens = p.cache.query_tokens;
+  metrics_.draft_cache_hit_tokens = p.cache.hit_tokens;
+  metrics_.draft_cache_pages = p.cache.pages;
+  metrics_.draft_cache_evicted_pages = p.cache.evicted_pages;
   const auto& ids = plan.proposal_ids;
   // Keep only well-formed nodes (parents before children) within the depth and tree limits: a
   // drafter bug must not reach the target. Then the acceptance model's probability of each.

@@ -24,13 +24,15 @@
 #include <vector>
 
 #include "drafters/drafter.hpp"
+#include "model/prefix_tree.hpp"
 #include "model/tokenizer.hpp"
 #include "sched/budget.hpp"
-#include "sched/prefix_tree.hpp"
 #include "sched/step.hpp"
 #include "sched/types.hpp"
 
 namespace specactor::sched {
+
+using model::PrefixTree;
 
 using Clock = std::chrono::steady_clock;
 

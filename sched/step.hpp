@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "drafters/draft_cache.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/step.hpp"
 #include "sched/types.hpp"
@@ -43,6 +44,7 @@ struct Proposals {
   std::vector<std::vector<float>> probs;           // per item: q rows when the drafter sampled
   std::vector<std::vector<float>> scores;          // per item: each node's score (drafters::DraftTree), or none
   double compute_ms = 0;
+  drafters::DraftCacheStats cache;  // the drafter's own prefix cache, so far
 };
 
 // A submission: the request and where its tokens go (host callbacks never leave the process).

@@ -103,6 +103,10 @@ struct EngineMetrics {
   std::int64_t cache_hit_tokens = 0;     // of those, found in the cache
   std::int64_t cache_pages = 0;          // pages the cache holds now
   std::int64_t cache_evicted_pages = 0;  // pages it gave up for room (or a flush)
+  // The drafter's own prefix cache (STANDALONE's draft KV, a one-layer head's KV), as of its last
+  // proposal: slots asked for at requests' starts, found cached, pages held, pages given up.
+  std::int64_t draft_cache_query_tokens = 0, draft_cache_hit_tokens = 0, draft_cache_pages = 0,
+               draft_cache_evicted_pages = 0;
 };
 
 // Checks a request's own fields: max_new_tokens >= 1, sampling values finite and in range

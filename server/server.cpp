@@ -488,6 +488,13 @@ class Server {
                 static_cast<double>(m.cache_hit_tokens));
       x.counter("specactor:prefix_cache_evicted_pages_total", "pages the cache gave up for room or a flush",
                 static_cast<double>(m.cache_evicted_pages));
+      x.counter("specactor:draft_prefix_cache_queries_total",
+                "draft KV slots asked for at requests' starts (STANDALONE, one-layer heads)",
+                static_cast<double>(m.draft_cache_query_tokens));
+      x.counter("specactor:draft_prefix_cache_hits_total", "of those, found in the drafter's own prefix cache",
+                static_cast<double>(m.draft_cache_hit_tokens));
+      x.gauge("specactor:draft_prefix_cache_pages", "draft KV pages the drafter's prefix cache holds",
+              static_cast<double>(m.draft_cache_pages));
       x.counter("specactor:generation_tokens_total", "tokens generated", static_cast<double>(m.generated_tokens));
       x.counter("specactor:spec_decode_num_drafts_total", "decode steps whose request got a proposal",
                 m.drafted_at.empty() ? 0.0 : static_cast<double>(m.drafted_at[0]));

@@ -762,14 +762,16 @@ TEST_CASE("prefix cache: a second turn and shared prefixes skip prefill, outputs
 }
 
 TEST_CASE(
-    "prefix cache: head drafters get the cached prefix's hidden rows, so a hit drafts what a cache-less engine "
-    "drafts") {
-  for (const std::string algo : {"EAGLE3", "EAGLE", "FROZEN_KV_MTP"}) {
+    "prefix cache: every drafter's state is cached with the target's, a hit drafts what a cache-less engine drafts") {
+  // Head drafters get the cached prefix's hidden rows from the target and start on their own cached
+  // KV (one-layer heads); STANDALONE's draft model starts on its cached KV.
+  for (const std::string algo : {"EAGLE3", "EAGLE", "FROZEN_KV_MTP", "STANDALONE"}) {
     CAPTURE(algo);
     const std::string a = algo;
-    const std::string head = tiny_head(a == "EAGLE3"          ? model::HeadKind::Eagle3
-                                       : a == "FROZEN_KV_MTP" ? model::HeadKind::Mtp
-                                                              : model::HeadKind::Eagle);
+    const std::string head = a == "STANDALONE"      ? tiny_model()
+                             : a == "EAGLE3"        ? tiny_head(model::HeadKind::Eagle3)
+                             : a == "FROZEN_KV_MTP" ? tiny_head(model::HeadKind::Mtp)
+                                                    : tiny_head(model::HeadKind::Eagle);
     const std::vector<std::string> spec = {"--page-size",
                                            "4",
                                            "--speculative-algorithm",
@@ -808,7 +810,11 @@ TEST_CASE(
     CHECK(t3.tokens == want3.tokens);
     CHECK(t3.metrics.drafted == want3.metrics.drafted);
     CHECK(t3.metrics.accepted == want3.metrics.accepted);
-    MESSAGE(a << ": turn 2 drafted " << t2.metrics.drafted << ", accepted " << t2.metrics.accepted << "; turn 3 "
+    const EngineMetrics m = cached->metrics();
+    if (a != "FROZEN_KV_MTP") CHECK(m.draft_cache_hit_tokens > 0);  // the draft's own prefill was skipped too
+    CHECK(plain->metrics().draft_cache_hit_tokens == 0);
+    MESSAGE(a << ": draft cache hit " << m.draft_cache_hit_tokens << " of " << m.draft_cache_query_tokens
+              << "; turn 2 drafted " << t2.metrics.drafted << ", accepted " << t2.metrics.accepted << "; turn 3 "
               << t3.metrics.cached_tokens << " tokens cached");
     cached->shutdown();
     plain->shutdown();

@@ -10,10 +10,10 @@
 #include <set>
 
 #include "model/kv_cache.hpp"
-#include "sched/prefix_tree.hpp"
+#include "model/prefix_tree.hpp"
 
 using specactor::model::KvCache;
-using specactor::sched::PrefixTree;
+using specactor::model::PrefixTree;
 
 namespace {
 

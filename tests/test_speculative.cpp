@@ -347,6 +347,90 @@ struct HeadDrafterFixture {
   }
 };
 
+TEST_CASE("drafters' own prefix cache: STANDALONE and a one-layer head start on cached draft KV, drafts unchanged") {
+  const std::string model = write_tiny_model("draft_cache");
+  specactor::config::ServerArgs base;
+  base.model_path = model;
+  base.max_total_tokens = 1024;
+  const auto target = specactor::model::load_model(base);
+  const std::string head = model + ".eagle3.gguf";
+  specactor::model::HeadSpec spec;
+  spec.kind = specactor::model::HeadKind::Eagle3;
+  spec.seed = 5;
+  specactor::model::write_random_head(target.info, spec, head);
+  auto kv = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
+                                                        target.config.head_dim, 16, 1024);
+  // A: 40 tokens; B: A and 10 more; C: A's first 32 tokens, then others (it parts from A at index 32).
+  std::vector<std::int32_t> a, b, c;
+  for (int k = 0; k < 40; ++k) a.push_back((k * 17 + 3) % 90 + 3);
+  b = a;
+  for (int k = 0; k < 10; ++k) b.push_back((k * 7 + 1) % 90 + 3);
+  c.assign(a.begin(), a.begin() + 32);
+  for (int k = 0; k < 12; ++k) c.push_back((k * 11 + 5) % 90 + 3);
+  for (const std::string algo : {"STANDALONE", "EAGLE3"}) {
+    CAPTURE(algo);
+    const bool is_head = algo == "EAGLE3";
+    auto make = [&](bool cache) {
+      specactor::config::ServerArgs d = base;
+      d.speculative_algorithm =
+          is_head ? specactor::config::SpecAlgorithm::Eagle3 : specactor::config::SpecAlgorithm::Standalone;
+      d.speculative_draft_model_path = is_head ? head : model;
+      d.disable_radix_cache = !cache;
+      const auto snap = specactor::config::freeze(d);
+      return find_drafter(snap)(snap, DraftContext{target.info, target.tokenizer, target.weights, kv});
+    };
+    auto cached = make(true), plain = make(false);
+    // The target's captured rows of toks[0..n-2], as the target worker hands them over.
+    auto features = [&](const std::vector<std::int32_t>& toks) {
+      std::vector<float> hidden;
+      if (!is_head) return hidden;
+      std::vector<int> layers;
+      for (auto l : cached->needs().hidden_layers) layers.push_back(l);
+      specactor::model::LlamaRunner runner(target.weights, 1);
+      specactor::model::KvCache::Seq seq;
+      const specactor::model::ForwardResult out = commit_all_but_root(runner, *kv, seq, toks, layers);
+      const auto H = static_cast<std::size_t>(target.config.hidden);
+      for (std::size_t r = 0; r + 1 < toks.size(); ++r)
+        for (const auto& l : out.hidden)
+          hidden.insert(hidden.end(), l.begin() + static_cast<long>(r * H), l.begin() + static_cast<long>((r + 1) * H));
+      kv->release(seq);
+      return hidden;
+    };
+    const std::vector<std::int32_t> no_pages;
+    auto propose = [&](Drafter& d, std::uint64_t req, const std::vector<std::int32_t>& toks) {
+      const std::vector<float> f = features(toks);
+      if (!f.empty()) d.observe(req, TargetFeatures{f, 0, no_pages, 0});
+      return d.propose(req, toks, 3, 3);
+    };
+    propose(*cached, 1, a);
+    cached->release(1);
+    // B extends A: A's whole pages are reused (STANDALONE: slots 0..31 hold t_0..t_31; the head: slot p
+    // holds the pair at position p+1, so A's 39 pairs fill two whole pages too).
+    const DraftTree tb = propose(*cached, 2, b), want_b = propose(*plain, 2, b);
+    CHECK(cached->cache_stats().hit_tokens == 32);
+    CHECK(!tb.tokens.empty());
+    CHECK(tb.tokens == want_b.tokens);
+    CHECK(tb.scores == want_b.scores);
+    // C parts from A at token 32: STANDALONE's slots 0..31 still match; the head's slot 31 (the pair
+    // at position 32) holds t_32, so only its first page matches.
+    const std::int64_t before = cached->cache_stats().hit_tokens;
+    const DraftTree tc = propose(*cached, 3, c), want_c = propose(*plain, 3, c);
+    CHECK(cached->cache_stats().hit_tokens - before == (is_head ? 16 : 32));
+    CHECK(tc.tokens == want_c.tokens);
+    CHECK(tc.scores == want_c.scores);
+    CHECK(plain->cache_stats().hit_tokens == 0);
+    for (std::uint64_t r : {2, 3}) {
+      cached->release(r);
+      plain->release(r);
+    }
+    CHECK(cached->cache_stats().pages > 0);
+    CHECK(cached->flush_cache() > 0);
+    CHECK(cached->cache_stats().pages == 0);
+  }
+  fs::remove(head);
+  fs::remove(model);
+}
+
 TEST_CASE("head drafters: --speculative-draft-p-min proposes exactly the nodes whose path probability reaches it") {
   std::vector<std::int32_t> toks;
   for (int k = 0; k < 20; ++k) toks.push_back((k * 11 + 4) % 90 + 3);

@@ -1,5 +1,6 @@
-// sched/prefix_tree.hpp — the prefix cache's index: a radix tree over token ids at page
-// granularity, owned by the scheduling policy (no CAF, no KV storage here).
+// model/prefix_tree.hpp — the prefix cache's index: a radix tree over token ids at page
+// granularity (no CAF, no KV storage here). The scheduling policy owns the one over the target's
+// pages; the STANDALONE and head drafters keep one over their own KV pages (the same token ids).
 //
 // Every edge holds a whole number of KV pages: its tokens (a multiple of the page size) and, for each
 // page, the id of the KV page that holds those tokens' keys and values. A lookup finds the longest
@@ -15,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-namespace specactor::sched {
+namespace specactor::model {
 
 class PrefixTree {
  public:
@@ -78,4 +79,4 @@ struct PrefixTree::Node {
   std::uint64_t used = 0;
 };
 
-}  // namespace specactor::sched
+}  // namespace specactor::model

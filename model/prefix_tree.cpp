@@ -1,11 +1,11 @@
-// sched/prefix_tree.cpp — see prefix_tree.hpp.
-#include "sched/prefix_tree.hpp"
+// model/prefix_tree.cpp — see prefix_tree.hpp.
+#include "model/prefix_tree.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
-namespace specactor::sched {
+namespace specactor::model {
 
 namespace {
 
@@ -146,4 +146,4 @@ std::vector<std::int32_t> PrefixTree::evict(std::int64_t need) {
 
 std::vector<std::int32_t> PrefixTree::flush() { return evict(cached_pages_); }
 
-}  // namespace specactor::sched
+}  // namespace specactor::model
