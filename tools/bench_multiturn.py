@@ -11,10 +11,12 @@ Checks that the cached and the cache-less server give the same answers (greedy) 
   python3 tools/bench_multiturn.py [--conversations 4] [--turns 8] [--answer 48] [--shared 16]
                                    [--system-tokens 1000] [--algorithm NONE] [--json FILE]
                                    [--llama-server PATH]   (tools/compare-llamacpp --build-only builds it)
+                                   [--serve-flags "FLAGS"] [--skip-shared]
 """
 import argparse
 import json
 import os
+import shlex
 import signal
 import socket
 import statistics
@@ -167,19 +169,67 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--llama-server", default="", help="also run llama.cpp's llama-server binary (cache_prompt on)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--serve-flags", default="", help="more flags for both specactor servers (one string)")
+    ap.add_argument("--skip-shared", action="store_true", help="run the conversations only")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat, alternating the order of the servers")
     args = ap.parse_args()
-    flags = ["--speculative-algorithm", args.algorithm, "--log-level", "warn", "--threads", str(args.threads)]
-    out = {}
+    flags = ["--speculative-algorithm", args.algorithm, "--log-level", "warn", "--threads", str(args.threads),
+             *shlex.split(args.serve_flags)]
     runs = [("cache", [], None), ("no cache", ["--disable-radix-cache"], None)]
     if args.llama_server:
         runs.append(("llama-server", [], args.llama_server))
-    for label, extra, llama in runs:
-        srv = Server(*flags, *extra, llama_server=llama, threads=args.threads, slots=args.shared)
-        try:
-            out[label] = {"conv": conversations(srv.base, args.conversations, args.turns, args.answer),
-                          "shared": shared_prefix(srv.base, args.shared, args.system_tokens, args.answer)}
-        finally:
-            srv.stop()
+    rounds, failed = [], False
+    for rnd in range(args.rounds):  # alternating: every other round runs the servers in reverse order
+        out = {}
+        for label, extra, llama in (runs if rnd % 2 == 0 else list(reversed(runs))):
+            srv = Server(*flags, *extra, llama_server=llama, threads=args.threads, slots=args.shared)
+            try:
+                out[label] = {"conv": conversations(srv.base, args.conversations, args.turns, args.answer),
+                              "shared": {"wall_s": float("nan"), "answers": [], "cached": [0], "prompt_tokens": 0}
+                              if args.skip_shared else shared_prefix(srv.base, args.shared, args.system_tokens,
+                                                                     args.answer)}
+                if not llama:
+                    out[label]["metrics"] = scrape(srv.base)
+            finally:
+                srv.stop()
+        if args.rounds > 1:
+            print(f"--- round {rnd + 1} of {args.rounds} (order: "
+                  f"{', '.join(x[0] for x in (runs if rnd % 2 == 0 else reversed(runs)))})")
+        rounds.append(out)
+        failed |= not report(args, out)
+    if args.rounds > 1:
+        def best(label, key):
+            return min(r[label][key] for r in rounds)
+        line = (f"over {args.rounds} alternating rounds, best of each: turns 2..{args.turns} median TTFT "
+                f"{best('cache', 'later') * 1000:.1f} ms with the cache, {best('no cache', 'later') * 1000:.1f} ms "
+                f"without; totals {best('cache', 'total'):.1f} s vs {best('no cache', 'total'):.1f} s")
+        if args.llama_server:
+            line += (f"; llama-server {best('llama-server', 'later') * 1000:.1f} ms, "
+                     f"{best('llama-server', 'total'):.1f} s")
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rounds, f)
+    if failed:
+        raise SystemExit("bench-multiturn: the answers differ with and without the cache")
+
+
+def scrape(base):
+    """The server's /metrics counters as {name: value}."""
+    values = {}
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                try:
+                    values[name] = float(value)
+                except ValueError:
+                    pass
+    return values
+
+
+def report(args, out):
+    """Prints one round; returns whether the answers were the same with and without the cache."""
     a, b = out["cache"], out["no cache"]
     same = a["conv"]["answers"] == b["conv"]["answers"] and a["shared"]["answers"] == b["shared"]["answers"]
     print(f"bench-multiturn: {args.conversations} conversations x {args.turns} turns, answers of {args.answer} "
@@ -194,12 +244,17 @@ def main():
     later_b = statistics.median([x for t in range(1, args.turns) for x in b["conv"]["ttft"][t]])
     print(f"turns 2..{args.turns}: median TTFT {later_a * 1000:.1f} ms with the cache, {later_b * 1000:.1f} ms without "
           f"({later_b / later_a:.2f}x); conversations' total {a['conv']['total_s']:.1f} s vs {b['conv']['total_s']:.1f} s")
-    pt = a["shared"]["prompt_tokens"]
-    prefills = (args.shared * pt - sum(a["shared"]["cached"])) / pt if pt else float("nan")
-    print(f"shared {args.system_tokens}-token system prompt ({pt} prompt tokens), {args.shared} concurrent: "
-          f"{a['shared']['wall_s']:.2f} s with the cache (cached tokens median "
-          f"{statistics.median(a['shared']['cached']):.0f}; prompt tokens prefilled = {prefills:.1f} prompts' worth), "
-          f"{b['shared']['wall_s']:.2f} s without ({b['shared']['wall_s'] / a['shared']['wall_s']:.2f}x)")
+    hit = sum(x for t in range(1, args.turns) for x in a["conv"]["cached"][t])
+    asked = sum(x for t in range(1, args.turns) for x in a["conv"]["prompt"][t])
+    print(f"turns 2..{args.turns}: hit rate {100.0 * hit / asked if asked else 0.0:.1f} % "
+          f"({hit} of {asked} prompt tokens from the cache)")
+    if not args.skip_shared:
+        pt = a["shared"]["prompt_tokens"]
+        prefills = (args.shared * pt - sum(a["shared"]["cached"])) / pt if pt else float("nan")
+        print(f"shared {args.system_tokens}-token system prompt ({pt} prompt tokens), {args.shared} concurrent: "
+              f"{a['shared']['wall_s']:.2f} s with the cache (cached tokens median "
+              f"{statistics.median(a['shared']['cached']):.0f}; prompt tokens prefilled = {prefills:.1f} prompts' "
+              f"worth), {b['shared']['wall_s']:.2f} s without ({b['shared']['wall_s'] / a['shared']['wall_s']:.2f}x)")
     if args.llama_server:
         c = out["llama-server"]
         later_c = statistics.median([x for t in range(1, args.turns) for x in c["conv"]["ttft"][t]])
@@ -209,11 +264,17 @@ def main():
               f"llama-server ({later_c / later_a:.2f}x); conversations' total {a['conv']['total_s']:.1f} s vs "
               f"{c['conv']['total_s']:.1f} s; shared prompt x{args.shared}: {a['shared']['wall_s']:.2f} s vs "
               f"{c['shared']['wall_s']:.2f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f)
-    if not same:
-        raise SystemExit("bench-multiturn: the answers differ with and without the cache")
+    for label in ("cache", "no cache", "llama-server"):
+        if label in out:
+            out[label]["later"] = statistics.median(
+                [x for t in range(1, args.turns) for x in out[label]["conv"]["ttft"][t]])
+            out[label]["total"] = out[label]["conv"]["total_s"]
+    m = a.get("metrics", {})
+    if m.get("specactor:draft_prefix_cache_queries_total", 0) > 0:
+        print(f"the drafter's own prefix cache: {m['specactor:draft_prefix_cache_hits_total']:.0f} of "
+              f"{m['specactor:draft_prefix_cache_queries_total']:.0f} draft KV slots found cached "
+              f"({100.0 * m['specactor:draft_prefix_cache_hits_total'] / m['specactor:draft_prefix_cache_queries_total']:.1f} %)")
+    return same
 
 
 if __name__ == "__main__":
