@@ -22,8 +22,12 @@ class PageRows {
   // whose page table is `table`. A new capture set or width forgets every page.
   void write(const std::vector<int>& capture, std::int64_t width, std::uint64_t req,
              const std::vector<std::int32_t>& table, std::int64_t slot, const float* row);
-  // The cache took `page` from request req: its rows are served from now on if req wrote all of them.
+  // The cache took `page` from request req: the rows req wrote into it in order are served from now
+  // on (a whole page's, or a tail's first ones).
   void kept(std::uint64_t req, std::int32_t page);
+  // Request req copied the first n slots of cached page `from` into its page `to`: their rows too,
+  // if `from` serves them. Returns whether it did (`to` then continues in order from slot n).
+  bool copy(std::uint64_t req, std::int32_t from, std::int32_t to, std::int64_t n);
   // Whether every page of `table` covering slots [0, len) has rows for `capture`.
   bool has(const std::vector<int>& capture, const std::vector<std::int32_t>& table, std::int64_t len) const;
   // Appends the rows of slots [0, len) to `out` (has() must hold).
@@ -35,7 +39,7 @@ class PageRows {
   struct Page {
     std::uint64_t writer = 0;
     std::int64_t filled = 0;  // slots written in order by `writer` (-1: out of order)
-    bool served = false;      // taken into the cache complete: read() may hand the rows out
+    std::int64_t served = 0;  // rows taken into the cache (in order, by `writer`): read() may hand them out
   };
   float* at(std::int32_t page, std::int64_t row) const {
     return rows_.get() + (static_cast<std::int64_t>(page) * page_size_ + row) * width_;

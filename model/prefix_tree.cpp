@@ -116,25 +116,79 @@ std::int64_t PrefixTree::evictable_pages() const {
   while (!stack.empty()) {
     const Node* x = stack.back();
     stack.pop_back();
-    if (x != root_.get() && x->locks == 0) n += static_cast<std::int64_t>(x->pages.size());
+    if (x != root_.get() && x->locks == 0)
+      n += static_cast<std::int64_t>(x->pages.size()) + (x->tail_page >= 0 ? 1 : 0);
     for (const auto& [k, c] : x->children) stack.push_back(c.get());
   }
   return n;
 }
 
+PrefixTree::Partial PrefixTree::partial(const Match& m, const std::vector<std::int32_t>& tokens,
+                                        std::int64_t limit) const {
+  Partial best;
+  const Node* n = m.node ? m.node : root_.get();
+  const auto at = static_cast<std::size_t>(m.tokens);
+  const std::size_t end = static_cast<std::size_t>(std::clamp<std::int64_t>(limit, 0, std::int64_t(tokens.size())));
+  if (at >= end) return best;
+  auto common = [&](const std::vector<std::int32_t>& run, std::size_t len) {
+    std::size_t j = 0;
+    while (j < len && at + j < end && run[j] == tokens[at + j]) ++j;
+    return static_cast<std::int64_t>(std::min<std::size_t>(j, static_cast<std::size_t>(page_size_ - 1)));
+  };
+  // Children are keyed by their first page: those that can share a first token sit together.
+  for (auto it = n->children.lower_bound(Tokens{tokens[at]}); it != n->children.end() && it->first[0] == tokens[at];
+       ++it) {
+    const std::int64_t j = common(it->second->tokens, static_cast<std::size_t>(page_size_));
+    if (j > best.tokens) best = {it->second->pages[0], j, it->second.get()};
+  }
+  if (n != root_.get() && n->tail_page >= 0) {
+    const std::int64_t j = common(n->tail_tokens, n->tail_tokens.size());
+    if (j > best.tokens) best = {n->tail_page, j, const_cast<Node*>(n)};
+  }
+  return best;
+}
+
+PrefixTree::Tail PrefixTree::set_tail(Node* node, std::vector<std::int32_t> tokens, std::int32_t page) {
+  Tail t;
+  if (!node || node == root_.get() || tokens.empty() || static_cast<std::int64_t>(tokens.size()) >= page_size_)
+    return t;
+  if (node->tail_page >= 0) {
+    const bool covered = tokens.size() <= node->tail_tokens.size() &&
+                         std::equal(tokens.begin(), tokens.end(), node->tail_tokens.begin());
+    if (covered || node->locks > 0) return t;  // nothing new, or a request may be copying the old one
+    t.gone.push_back(node->tail_page);
+    --cached_pages_;
+  }
+  node->tail_tokens = std::move(tokens);
+  node->tail_page = page;
+  node->used = ++clock_;
+  ++cached_pages_;
+  t.taken = true;
+  return t;
+}
+
 std::vector<std::int32_t> PrefixTree::evict(std::int64_t need) {
   std::vector<std::int32_t> freed;
   while (static_cast<std::int64_t>(freed.size()) < need) {
-    // The least recently used unlocked leaf.
+    // The least recently used unlocked leaf or unlocked node's tail.
     Node* best = nullptr;
     std::vector<Node*> stack{root_.get()};
     while (!stack.empty()) {
       Node* x = stack.back();
       stack.pop_back();
-      if (x != root_.get() && x->children.empty() && x->locks == 0 && (!best || x->used < best->used)) best = x;
+      if (x != root_.get() && x->locks == 0 && (x->children.empty() || x->tail_page >= 0) &&
+          (!best || x->used < best->used))
+        best = x;
       for (auto& [k, c] : x->children) stack.push_back(c.get());
     }
     if (!best) break;
+    if (best->tail_page >= 0) {
+      freed.push_back(best->tail_page);
+      best->tail_page = -1;
+      best->tail_tokens.clear();
+      --cached_pages_;
+    }
+    if (!best->children.empty()) continue;  // only its tail went
     freed.insert(freed.end(), best->pages.begin(), best->pages.end());
     cached_pages_ -= static_cast<std::int64_t>(best->pages.size());
     Node* parent = best->parent;

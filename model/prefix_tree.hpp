@@ -46,12 +46,34 @@ class PrefixTree {
   // under another page, and stays the caller's. The path is marked used now.
   std::vector<bool> insert(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& pages);
 
+  // Past a whole-page match `m` of tokens[0, limit): the longest run of the next tokens that a cached
+  // page starts with — the first page of one of m.node's children (the sequences part inside that
+  // page), or m.node's tail (the partly filled last page a finished request left) — for a request to
+  // copy into a page of its own (it cannot write into a shared page). `node` holds `page`: lock it
+  // until the copy is made. tokens == 0: none.
+  struct Partial {
+    std::int32_t page = -1;
+    std::int64_t tokens = 0;
+    Node* node = nullptr;
+  };
+  Partial partial(const Match& m, const std::vector<std::int32_t>& tokens, std::int64_t limit) const;
+
+  // A finished request's partly filled last page: `tokens` (fewer than a page) follow the whole pages
+  // of the path root → node and sit at the start of `page`. The node keeps one tail: a new one
+  // replaces a shorter or different one unless the node is locked (a request may be copying it) or is
+  // the root. `gone`: the page of the tail replaced.
+  struct Tail {
+    bool taken = false;
+    std::vector<std::int32_t> gone;
+  };
+  Tail set_tail(Node* node, std::vector<std::int32_t> tokens, std::int32_t page);
+
   // A request runs on the pages of the path root → node: none of them may be evicted until unlock.
   void lock(Node* node);
   void unlock(Node* node);
 
-  // Frees at least `need` pages if it can, least-recently-used unlocked leaves first (a leaf goes
-  // whole); returns the page ids given up.
+  // Frees at least `need` pages if it can, least-recently-used first among unlocked leaves (a leaf
+  // goes whole, with its tail) and unlocked nodes' tails; returns the page ids given up.
   std::vector<std::int32_t> evict(std::int64_t need);
   // Gives up every page not under a lock (sglang's /flush_cache); returns them.
   std::vector<std::int32_t> flush();
@@ -75,6 +97,8 @@ struct PrefixTree::Node {
   std::vector<std::int32_t> tokens;
   std::vector<std::int32_t> pages;
   std::map<std::vector<std::int32_t>, std::unique_ptr<Node>> children;
+  std::vector<std::int32_t> tail_tokens;  // the tail (see set_tail): fewer than a page of tokens
+  std::int32_t tail_page = -1;
   std::int64_t locks = 0;
   std::uint64_t used = 0;
 };

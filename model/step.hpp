@@ -30,6 +30,10 @@ struct StepItem {
   // holding its first prefix_len tokens; `tokens` continue from there.
   std::vector<std::int32_t> prefix_pages;
   std::int64_t prefix_len = 0;
+  // Then the first copy_len slots of cached page copy_page (a partly matched page), copied into a
+  // page of the request's own: `tokens` continue after prefix_len + copy_len.
+  std::int32_t copy_page = -1;
+  std::int64_t copy_len = 0;
 };
 
 struct StepBatch {

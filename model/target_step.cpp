@@ -52,16 +52,14 @@ TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
     const StepItem& it = batch.items[i];
     auto [where, fresh] = seqs_.try_emplace(it.req, Seq{{}, kernels::Rng(it.seed)});
     Seq& seq = where->second;
-    if (fresh && it.prefix_len > 0) {
-      // A prefix cache hit: the request starts on the cache's pages (full ones, never written again).
-      if (it.prefix_len > static_cast<std::int64_t>(it.prefix_pages.size()) * kv_->page_size() ||
-          it.prefix_len % kv_->page_size() != 0) {
+    if (fresh && (it.prefix_len > 0 || it.copy_len > 0)) {
+      try {
+        start_on_cache(it, seq, capture, p.prefix_rows[i]);
+      } catch (...) {
+        kv_->release(seq.kv);
         seqs_.erase(where);
-        throw StepFailed("target worker: a cached prefix of " + std::to_string(it.prefix_len) + " tokens in " +
-                         std::to_string(it.prefix_pages.size()) + " pages");
+        throw;
       }
-      kv_->adopt(seq.kv, it.prefix_pages, it.prefix_len);
-      if (it.want_hidden && page_rows_.has(capture, seq.kv.pages, it.prefix_len)) p.prefix_rows[i] = it.prefix_len;
     }
     ForwardSeq& f = p.fwd[i];
     f.kv = &seq.kv;
@@ -83,6 +81,37 @@ TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
   }
   p.decisions.assign(total, -1);
   return p;
+}
+
+// A prefix cache hit: the request starts on the cache's pages (full ones, never written again), then
+// copies the first copy_len slots of a partly matched cached page into a page of its own. `rows`:
+// how many of the prefix's captured rows it can hand out (want_hidden).
+void TargetStep::start_on_cache(const StepItem& it, Seq& seq, const std::vector<int>& capture, std::int64_t& rows) {
+  const std::int64_t P = kv_->page_size();
+  if (it.prefix_len < 0 || it.prefix_len > static_cast<std::int64_t>(it.prefix_pages.size()) * P ||
+      it.prefix_len % P != 0)
+    throw StepFailed("target worker: a cached prefix of " + std::to_string(it.prefix_len) + " tokens in " +
+                     std::to_string(it.prefix_pages.size()) + " pages");
+  if (it.copy_len < 0 || it.copy_len >= P ||
+      (it.copy_len > 0 && (it.copy_page < 0 || it.copy_page >= kv_->total_pages() || kv_->refs(it.copy_page) == 0)))
+    throw StepFailed("target worker: a partly cached page " + std::to_string(it.copy_page) + " of " +
+                     std::to_string(it.copy_len) + " tokens");
+  kv_->adopt(seq.kv, it.prefix_pages, it.prefix_len);
+  const bool whole_rows = it.want_hidden && page_rows_.has(capture, seq.kv.pages, it.prefix_len);
+  rows = whole_rows ? it.prefix_len : 0;
+  if (it.copy_len == 0) return;
+  try {
+    kv_->reserve(seq.kv, it.prefix_len + it.copy_len);
+  } catch (const KvExhausted& e) {
+    throw StepFailed(with_prefix(e.what()));
+  }
+  // Slot s of the cached page is slot P + s of a two-page table [copy_page, own page].
+  const std::int32_t own = seq.kv.pages.back();
+  const KvCache::Seq pair{{it.copy_page, own}, 2 * P};
+  for (std::int64_t s = 0; s < it.copy_len; ++s) runner_->copy_slot(*kv_, pair, s, P + s);
+  seq.kv.length = it.prefix_len + it.copy_len;
+  const bool copied_rows = page_rows_.copy(it.req, it.copy_page, own, it.copy_len);
+  if (whole_rows && copied_rows) rows = seq.kv.length;
 }
 
 std::vector<int> TargetStep::capture_layers(const StepBatch& batch) const {

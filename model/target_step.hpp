@@ -84,6 +84,7 @@ class TargetStep {
   struct Plan;
 
   Plan plan(const StepBatch& batch, bool logits);
+  void start_on_cache(const StepItem& it, Seq& seq, const std::vector<int>& capture, std::int64_t& rows);
   std::vector<int> capture_layers(const StepBatch& batch) const;
   void forward(Plan& p, const std::vector<int>& capture, ForwardResult& out);
   void verify(const StepBatch& batch, Plan& p, const std::vector<int>& capture, const ForwardResult& out,

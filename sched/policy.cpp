@@ -170,19 +170,29 @@ void Scheduler::cache_prompt(Sequence& r) {
 // (a request with the same prompt prefilled meanwhile); it starts there instead.
 void Scheduler::rematch(Sequence& r) {
   if (!tree_ || !r.cacheable || r.prefilled != static_cast<std::size_t>(r.cached_tokens) || r.prompt_len < 2) return;
-  PrefixTree::Match m = tree_->match(r.seq, static_cast<std::int64_t>(r.prompt_len) - 1);
-  if (m.tokens <= r.cached_tokens) return;
-  tree_->lock(m.node);
+  const auto limit = static_cast<std::int64_t>(r.prompt_len) - 1;
+  PrefixTree::Match m = tree_->match(r.seq, limit);
+  const PrefixTree::Partial part = tree_->partial(m, r.seq, limit);
+  if (m.tokens + part.tokens <= r.cached_tokens) return;
+  PrefixTree::Node* lock = part.tokens > 0 ? part.node : m.node;
+  tree_->lock(lock);
   if (r.cache_node) tree_->unlock(r.cache_node);
   const auto gained = static_cast<std::int64_t>(m.pages.size() - r.cache_pages.size());
   r.reserved_pages -= gained;  // those pages are the cache's: the reservation gives them back
   free_pages_ += gained;
-  metrics_.cache_hit_tokens += m.tokens - r.cached_tokens;
-  r.cache_node = m.node;
+  metrics_.cache_hit_tokens += m.tokens + part.tokens - r.cached_tokens;
+  take_hit(r, lock, std::move(m), part);
+}
+
+// The request starts on a cache hit: whole pages, then a partly matched page to copy (if any).
+void Scheduler::take_hit(Sequence& r, PrefixTree::Node* lock, PrefixTree::Match m, const PrefixTree::Partial& part) {
+  r.cache_node = lock;
   r.cache_pages = std::move(m.pages);
-  r.cached_tokens = m.tokens;
-  r.prefilled = static_cast<std::size_t>(m.tokens);
-  r.m.cached_tokens = m.tokens;
+  r.copy_page = part.tokens > 0 ? part.page : -1;
+  r.copy_len = part.tokens;
+  r.cached_tokens = m.tokens + part.tokens;
+  r.prefilled = static_cast<std::size_t>(r.cached_tokens);
+  r.m.cached_tokens = r.cached_tokens;
 }
 
 std::int64_t Scheduler::flush_cache() {
@@ -261,8 +271,10 @@ void Scheduler::retire(Sequence& r, const std::string& reason, const std::string
   // The prefix cache takes what the request computed (whole pages of its committed KV); those of its
   // pages it keeps stay in use, the rest return with the request's reservation.
   std::vector<std::int32_t> keep;
-  if (tree_ && r.cacheable && reason != "error" && r.kv_length >= limits_.page_size &&
-      r.kv_pages.size() * static_cast<std::size_t>(limits_.page_size) >= static_cast<std::size_t>(r.kv_length)) {
+  const bool insert =
+      tree_ && r.cacheable && reason != "error" && r.kv_length >= limits_.page_size &&
+      r.kv_pages.size() * static_cast<std::size_t>(limits_.page_size) >= static_cast<std::size_t>(r.kv_length);
+  if (insert) {
     const auto n = static_cast<std::size_t>(r.kv_length / limits_.page_size);
     const std::vector<std::int32_t> pages(r.kv_pages.begin(), r.kv_pages.begin() + static_cast<std::ptrdiff_t>(n));
     const std::vector<bool> taken = tree_->insert(r.seq, pages);
@@ -271,7 +283,25 @@ void Scheduler::retire(Sequence& r, const std::string& reason, const std::string
   }
   if (r.cache_node) tree_->unlock(r.cache_node);
   r.cache_node = nullptr;
-  if (!keep.empty() && cache_sink_) cache_sink_({r.id(), keep, {}});
+  std::vector<std::int32_t> drop;
+  if (insert && r.kv_length % limits_.page_size != 0) {
+    // The partly filled last page becomes the tail of the node its whole pages end at: the next turn
+    // of a conversation copies it instead of prefilling those tokens again.
+    const auto whole = static_cast<std::size_t>(r.kv_length / limits_.page_size);
+    const PrefixTree::Match m = tree_->match(r.seq, static_cast<std::int64_t>(whole) * limits_.page_size);
+    if (m.tokens == static_cast<std::int64_t>(whole) * limits_.page_size && r.kv_pages.size() > whole) {
+      PrefixTree::Tail t =
+          tree_->set_tail(m.node,
+                          std::vector<std::int32_t>(r.seq.begin() + static_cast<std::ptrdiff_t>(m.tokens),
+                                                    r.seq.begin() + static_cast<std::ptrdiff_t>(r.kv_length)),
+                          r.kv_pages[whole]);
+      if (t.taken) keep.push_back(r.kv_pages[whole]);
+      drop = std::move(t.gone);
+      free_pages_ += static_cast<std::int64_t>(drop.size());
+      metrics_.cache_evicted_pages += static_cast<std::int64_t>(drop.size());
+    }
+  }
+  if ((!keep.empty() || !drop.empty()) && cache_sink_) cache_sink_({r.id(), keep, drop});
   if (release_) release_(r.id());
   free_pages_ += r.reserved_pages - static_cast<std::int64_t>(keep.size());
   r.reserved_pages = 0;
@@ -359,29 +389,32 @@ void Scheduler::admit() {
     }
     // The longest cached prefix in whole pages, leaving at least the last prompt token to prefill
     // (its logits start the answer); the request runs on those pages, locked against eviction.
+    // A partly matched page after them is copied into a page of the request's own (its reservation
+    // holds it); the page it copies from stays locked until the request's prompt is cached.
     PrefixTree::Match hit;
+    PrefixTree::Partial part;
+    PrefixTree::Node* lock = nullptr;
     r.cacheable = cacheable(r);
     if (r.cacheable && r.prompt_len > 1) {
-      hit = tree_->match(r.seq, static_cast<std::int64_t>(r.prompt_len) - 1);
-      tree_->lock(hit.node);
+      const auto limit = static_cast<std::int64_t>(r.prompt_len) - 1;
+      hit = tree_->match(r.seq, limit);
+      part = tree_->partial(hit, r.seq, limit);
+      lock = part.tokens > 0 ? part.node : hit.node;
+      tree_->lock(lock);
     }
     const std::int64_t pages = pages_for(r.need_tokens + draft_.num_draft_tokens, limits_.page_size) -
                                static_cast<std::int64_t>(hit.pages.size());
     make_room(pages);
     if (pages > free_pages_) {
-      if (hit.node) tree_->unlock(hit.node);
+      if (lock) tree_->unlock(lock);
       break;
     }
     free_pages_ -= pages;
     r.reserved_pages = pages;
     if (r.cacheable) {
-      r.cache_node = hit.node;
-      r.cache_pages = std::move(hit.pages);
-      r.cached_tokens = hit.tokens;
-      r.prefilled = static_cast<std::size_t>(hit.tokens);
-      r.m.cached_tokens = hit.tokens;
       metrics_.cache_query_tokens += static_cast<std::int64_t>(r.prompt_len);
-      metrics_.cache_hit_tokens += hit.tokens;
+      metrics_.cache_hit_tokens += hit.tokens + part.tokens;
+      take_hit(r, lock, std::move(hit), part);
     }
     if (!r.decoder && tokenizer_) r.decoder = std::make_unique<model::StreamDecoder>(*tokenizer_);
     running_.push_back(std::move(queue_.front()));
@@ -460,7 +493,9 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
     if (r.cached_tokens > 0 && r.prefilled == static_cast<std::size_t>(r.cached_tokens)) {
       // The first chunk after a cache hit: the target starts the request on the cached pages.
       item.prefix_pages = r.cache_pages;
-      item.prefix_len = r.cached_tokens;
+      item.prefix_len = r.cached_tokens - r.copy_len;
+      item.copy_page = r.copy_page;
+      item.copy_len = r.copy_len;
     }
     if (r.prefilled < r.prompt_len) {
       if (prefill_budget <= 0) continue;

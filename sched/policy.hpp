@@ -84,12 +84,15 @@ struct Sequence {
   std::int64_t hidden_rows = 0;   // rows received so far (= position after the last row)
   std::vector<std::int32_t> kv_pages;
   std::int64_t kv_length = 0;
-  // The prefix cache: the request runs on cache_pages (its first cached_tokens tokens) under a lock
-  // on cache_node; `cacheable`: its KV may be looked up and inserted.
+  // The prefix cache: the request runs on cache_pages (whole pages) and the first copy_len slots of
+  // copy_page copied into a page of its own (a partly matched page) — its first cached_tokens tokens
+  // — under a lock on cache_node; `cacheable`: its KV may be looked up and inserted.
   bool cacheable = false;
   PrefixTree::Node* cache_node = nullptr;
   std::vector<std::int32_t> cache_pages;
   std::int64_t cached_tokens = 0;
+  std::int32_t copy_page = -1;
+  std::int64_t copy_len = 0;
   Clock::time_point submitted, first_token;
   RequestMetrics m;
   std::uint64_t id() const { return sub->id; }
@@ -209,6 +212,7 @@ class Scheduler {
   bool probes_allowed(std::int64_t decoding) const;
   void observe_verification(Sequence& r, const ItemResult& item);
   bool cacheable(const Sequence& r) const;
+  void take_hit(Sequence& r, PrefixTree::Node* lock, PrefixTree::Match m, const PrefixTree::Partial& part);
   void cache_prompt(Sequence& r);
   void rematch(Sequence& r);
   // Evicts cached pages (LRU) until `need` are free, if it can; tells the KV owner.

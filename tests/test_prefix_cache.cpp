@@ -79,6 +79,64 @@ TEST_CASE("prefix tree: locks keep a path from eviction, LRU leaves go first, fl
   CHECK(t.nodes() == 0);
 }
 
+TEST_CASE("prefix tree: a partly matched page is found in a child's first page or a node's tail, tails evict") {
+  PrefixTree t(4);
+  t.insert(seq({1, 2, 3, 4, 5, 6, 7, 8}), {10, 11});
+  // [1 2 3 4] matched whole, then 5 6 of page 11 (the sequences part inside it).
+  auto m = t.match(seq({1, 2, 3, 4, 5, 6, 9, 9, 9}), 8);
+  CHECK(m.tokens == 4);
+  auto p = t.partial(m, seq({1, 2, 3, 4, 5, 6, 9, 9, 9}), 8);
+  CHECK(p.page == 11);
+  CHECK(p.tokens == 2);
+  REQUIRE(p.node != nullptr);
+  CHECK(p.node->pages == std::vector<std::int32_t>{11});
+  // The limit bounds it, and never a whole page: 5 6 7 8 then more is a whole-page match instead.
+  CHECK(t.partial(m, seq({1, 2, 3, 4, 5, 6, 9}), 5).tokens == 1);
+  CHECK(t.partial(t.match(seq({1, 2, 3}), 3), seq({1, 2, 3}), 3).tokens == 3);  // inside the first page
+  CHECK(t.partial(m, seq({1, 2, 3, 4, 8}), 5).tokens == 0);
+
+  // A tail: 3 tokens after [1..8], in page 12.
+  m = t.match(seq({1, 2, 3, 4, 5, 6, 7, 8}), 8);
+  REQUIRE(m.tokens == 8);
+  auto tail = t.set_tail(m.node, seq({20, 21, 22}), 12);
+  CHECK(tail.taken);
+  CHECK(tail.gone.empty());
+  CHECK(t.cached_pages() == 3);
+  const auto q = seq({1, 2, 3, 4, 5, 6, 7, 8, 20, 21, 30});
+  auto mq = t.match(q, 10);
+  p = t.partial(mq, q, 10);
+  CHECK(p.page == 12);
+  CHECK(p.tokens == 2);
+  CHECK(p.node == mq.node);
+  // A tail that adds nothing is not taken; a longer one replaces it, unless the node is locked.
+  CHECK_FALSE(t.set_tail(m.node, seq({20, 21}), 13).taken);
+  t.lock(p.node);
+  CHECK_FALSE(t.set_tail(m.node, seq({20, 21, 22, 23}), 13).taken);
+  CHECK(t.evictable_pages() == 0);
+  t.unlock(p.node);
+  tail = t.set_tail(m.node, seq({40, 41}), 13);  // a different one
+  CHECK(tail.taken);
+  CHECK(tail.gone == std::vector<std::int32_t>{12});
+  CHECK(t.cached_pages() == 3);
+  // No tail on the root, none of a whole page.
+  CHECK_FALSE(t.set_tail(t.match(seq({7}), 1).node, seq({7}), 14).taken);
+  CHECK_FALSE(t.set_tail(m.node, seq({1, 2, 3, 4}), 14).taken);
+
+  // An interior node's tail can go alone; a leaf goes with its tail.
+  t.insert(seq({1, 2, 3, 4, 9, 9, 9, 9}), {10, 15});  // [1 2 3 4] becomes an interior node
+  const auto up = t.match(seq({1, 2, 3, 4}), 4);
+  REQUIRE(up.tokens == 4);
+  CHECK(t.set_tail(up.node, seq({50}), 16).taken);
+  CHECK(t.cached_pages() == 5);               // 10, 11, 13 (tail), 15, 16 (tail)
+  t.match(seq({1, 2, 3, 4, 9, 9, 9, 9}), 8);  // the [9 9 9 9] leaf and [1 2 3 4] used last
+  t.match(seq({1, 2, 3, 4, 50}), 4);
+  CHECK(t.evict(1) == std::vector<std::int32_t>{13, 11});  // the least recently used: the [5..8] leaf and its tail
+  auto rest = t.flush();
+  std::sort(rest.begin(), rest.end());
+  CHECK(rest == std::vector<std::int32_t>{10, 15, 16});
+  CHECK(t.cached_pages() == 0);
+}
+
 TEST_CASE("prefix tree: random inserts and lookups agree with a brute-force model, every page accounted for") {
   std::mt19937 rng(7);
   const std::int64_t P = 4;

@@ -281,6 +281,26 @@ TEST_CASE("target step: captured rows kept with cached pages come back after a h
   CHECK(std::equal(r.items[0].hidden.begin(), r.items[0].hidden.end(), rows.begin()));
   CHECK(r.items[0].tokens == std::vector<std::int32_t>{g[26]});
 
+  // A partly matched page: three whole pages, then slots 48..52 copied out of the fourth into a page
+  // of the request's own; the rows and the next token are those of the cache-less run.
+  StepItem part = prefill(7, {g[13], g[14]});  // slot 53 holds g[13]
+  part.prefix_pages = {cached[0], cached[1], cached[2]};
+  part.prefix_len = 48;
+  part.copy_page = cached[3];
+  part.copy_len = 5;
+  part.want_hidden = true;
+  r = run(part);
+  CHECK(r.items[0].hidden_first == 0);
+  REQUIRE(r.items[0].hidden.size() == 55 * W);
+  CHECK(std::equal(r.items[0].hidden.begin(), r.items[0].hidden.end(), rows.begin()));
+  CHECK(r.items[0].tokens == std::vector<std::int32_t>{g[15]});
+  CHECK(step->length(7) == 55);
+  StepItem bad = prefill(8, {g[13]});
+  bad.copy_page = 9999;
+  bad.copy_len = 5;
+  CHECK_THROWS_AS(run(bad), model::StepFailed);
+  CHECK(step->length(8) == -1);
+
   // Other layers than the kept ones: no prefix rows, the gap is said by hidden_first.
   StepItem other = hit;
   other.req = 4;
@@ -302,6 +322,6 @@ TEST_CASE("target step: captured rows kept with cached pages come back after a h
   CHECK(r.items[0].hidden.size() == W);
   for (const std::int32_t p : cached) step->cache_ops(0, {}, {p});
   step->cache_ops(0, {}, {t5[0], t5[1]});
-  for (std::uint64_t req : {1, 3, 4, 5, 6}) step->release(req);
+  for (std::uint64_t req : {1, 3, 4, 5, 6, 7}) step->release(req);
   CHECK(step->kv()->free_pages() == step->kv()->total_pages());
 }
