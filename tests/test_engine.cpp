@@ -825,6 +825,56 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "prefix cache: EAGLE3, interleaved requests over shared prefixes draft and accept what a cache-less engine does") {
+  // Per request, a head's drafts depend only on its own tokens and the target's rows (bit-identical
+  // however requests are batched), so with fixed shapes every request's drafted and accepted counts
+  // must match a cache-less engine's, hits (whole pages, partly matched pages, tails) or not.
+  const std::vector<std::string> spec = {"--page-size",
+                                         "4",
+                                         "--speculative-algorithm",
+                                         "EAGLE3",
+                                         "--speculative-draft-model-path",
+                                         tiny_head(model::HeadKind::Eagle3),
+                                         "--speculative-adaptive",
+                                         "false"};
+  auto cached = Engine::from_argv(tiny_args(spec));
+  std::vector<std::string> off = spec;
+  off.push_back("--disable-radix-cache");
+  auto plain = Engine::from_argv(tiny_args(off));
+  std::mt19937 rng(11);
+  std::vector<std::vector<std::int32_t>> bases(3);
+  for (auto& b : bases)
+    for (int k = 0; k < 30; ++k) b.push_back(static_cast<std::int32_t>(rng() % 90 + 3));
+  std::int64_t drafted = 0;
+  for (int wave = 0; wave < 4; ++wave) {
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 6; ++i) {
+      std::vector<std::int32_t> p = bases[rng() % bases.size()];
+      p.resize(static_cast<std::size_t>(5 + rng() % 26));
+      for (std::uint32_t k = rng() % 9; k > 0; --k) p.push_back(static_cast<std::int32_t>(rng() % 90 + 3));
+      reqs.push_back(ids_request(p, static_cast<std::int64_t>(3 + rng() % 10)));
+    }
+    const auto a = run_all(*cached, reqs), b = run_all(*plain, reqs);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      CAPTURE(wave);
+      CAPTURE(i);
+      CHECK(a[i].tokens == b[i].tokens);
+      CHECK(a[i].metrics.drafted == b[i].metrics.drafted);
+      CHECK(a[i].metrics.accepted == b[i].metrics.accepted);
+      drafted += a[i].metrics.drafted;
+    }
+  }
+  const EngineMetrics m = cached->metrics();
+  CHECK(m.cache_hit_tokens > 0);
+  CHECK(m.draft_cache_hit_tokens > 0);
+  CHECK(drafted > 0);
+  CHECK(m.kv_pages_free + m.cache_pages == m.kv_pages_total);
+  MESSAGE("EAGLE3 interleaved: target cache hit " << m.cache_hit_tokens << " of " << m.cache_query_tokens
+                                                  << ", the head's own " << m.draft_cache_hit_tokens << " of "
+                                                  << m.draft_cache_query_tokens << ", drafted " << drafted);
+}
+
 TEST_CASE("prefix cache: under a small KV budget every request finishes, the cache gives pages back") {
   // 128 tokens of KV in pages of 16 (as the exhaustion case): requests share a 32-token prefix.
   auto engine = Engine::from_argv(
