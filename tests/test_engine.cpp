@@ -66,6 +66,24 @@ GenerationRequest ids_request(std::vector<std::int32_t> ids, std::int64_t max_ne
   return r;
 }
 
+// Four waves of six requests over three shared 30-token bases (cut at random, with random tokens
+// after), for the prefix cache's randomized tests.
+std::vector<std::vector<GenerationRequest>> shared_prefix_waves(std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<std::int32_t>> bases(3);
+  for (auto& b : bases)
+    for (int k = 0; k < 30; ++k) b.push_back(static_cast<std::int32_t>(rng() % 90 + 3));
+  std::vector<std::vector<GenerationRequest>> waves(4);
+  for (auto& reqs : waves)
+    for (int i = 0; i < 6; ++i) {
+      std::vector<std::int32_t> p = bases[rng() % bases.size()];
+      p.resize(static_cast<std::size_t>(5 + rng() % 26));
+      for (std::uint32_t k = rng() % 9; k > 0; --k) p.push_back(static_cast<std::int32_t>(rng() % 90 + 3));
+      reqs.push_back(ids_request(p, static_cast<std::int64_t>(3 + rng() % 10)));
+    }
+  return waves;
+}
+
 // Prompts of different lengths with repetition, so n-gram drafts get accepted sometimes.
 std::vector<std::int32_t> tiny_prompt(int i) {
   std::vector<std::int32_t> p;
@@ -729,18 +747,9 @@ TEST_CASE("prefix cache: a second turn and shared prefixes skip prefill, outputs
     CHECK(t2.tokens == plain->generate(ids_request(p2, 12)).tokens);
 
     // Requests interleaved at random over shared bases give what the cache-less engine gives.
-    std::mt19937 rng(3);
-    std::vector<std::vector<std::int32_t>> bases(3);
-    for (auto& b : bases)
-      for (int k = 0; k < 30; ++k) b.push_back(static_cast<std::int32_t>(rng() % 90 + 3));
-    for (int wave = 0; wave < 4; ++wave) {
-      std::vector<GenerationRequest> reqs;
-      for (int i = 0; i < 6; ++i) {
-        std::vector<std::int32_t> p = bases[rng() % bases.size()];
-        p.resize(static_cast<std::size_t>(5 + rng() % 26));
-        for (std::uint32_t k = rng() % 9; k > 0; --k) p.push_back(static_cast<std::int32_t>(rng() % 90 + 3));
-        reqs.push_back(ids_request(p, static_cast<std::int64_t>(3 + rng() % 10)));
-      }
+    const auto waves = shared_prefix_waves(3);
+    for (std::size_t wave = 0; wave < waves.size(); ++wave) {
+      const std::vector<GenerationRequest>& reqs = waves[wave];
       const auto a = run_all(*cached, reqs), b = run_all(*plain, reqs);
       for (std::size_t i = 0; i < reqs.size(); ++i) {
         CAPTURE(wave);
@@ -842,19 +851,10 @@ TEST_CASE(
   std::vector<std::string> off = spec;
   off.push_back("--disable-radix-cache");
   auto plain = Engine::from_argv(tiny_args(off));
-  std::mt19937 rng(11);
-  std::vector<std::vector<std::int32_t>> bases(3);
-  for (auto& b : bases)
-    for (int k = 0; k < 30; ++k) b.push_back(static_cast<std::int32_t>(rng() % 90 + 3));
   std::int64_t drafted = 0;
-  for (int wave = 0; wave < 4; ++wave) {
-    std::vector<GenerationRequest> reqs;
-    for (int i = 0; i < 6; ++i) {
-      std::vector<std::int32_t> p = bases[rng() % bases.size()];
-      p.resize(static_cast<std::size_t>(5 + rng() % 26));
-      for (std::uint32_t k = rng() % 9; k > 0; --k) p.push_back(static_cast<std::int32_t>(rng() % 90 + 3));
-      reqs.push_back(ids_request(p, static_cast<std::int64_t>(3 + rng() % 10)));
-    }
+  const auto waves = shared_prefix_waves(11);
+  for (std::size_t wave = 0; wave < waves.size(); ++wave) {
+    const std::vector<GenerationRequest>& reqs = waves[wave];
     const auto a = run_all(*cached, reqs), b = run_all(*plain, reqs);
     for (std::size_t i = 0; i < reqs.size(); ++i) {
       CAPTURE(wave);
