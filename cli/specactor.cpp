@@ -501,7 +501,8 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   if (s.threads > 0) specactor::kernels::ComputePool::instance().set_threads(static_cast<int>(s.threads));
   sm::KvCache kv(m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, s.page_size,
                  (prompt_tokens + std::max<std::int64_t>(decode_tokens, 16) + s.page_size) / s.page_size * s.page_size +
-                     s.page_size);
+                     s.page_size,
+                 true, sm::kv_type(s));
   sm::LlamaRunner runner(m.weights, static_cast<int>(s.threads), sm::cpu_precision(s));
   run_once(runner, kv, prompt, 4, s.chunked_prefill_size, m.config.vocab_size);  // warm-up
   double best_prefill = 1e30, best_decode = 1e30;
@@ -524,7 +525,7 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
       macs += static_cast<std::uint64_t>(w->out_dim * w->in_dim);
   macs += static_cast<std::uint64_t>(m.weights->output().out_dim * m.weights->output().in_dim);
   const double mean_ctx = prompt_tokens + decode_tokens / 2.0;
-  const double kv_bytes = 2.0 * m.config.n_layers * m.config.kv_dim() * sizeof(float) * mean_ctx;
+  const double kv_bytes = static_cast<double>(kv.bytes_per_token()) * mean_ctx;
   const double bytes_per_token = static_cast<double>(m.weights->weight_bytes()) + kv_bytes;
   const double ceiling_tps = bw.read_gbps * 1e9 / bytes_per_token;
   const double achieved_gbps = bytes_per_token * decode_tps / 1e9;
@@ -538,6 +539,7 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
     json j = {{"model", s.model_path},
               {"cpu_path", precision_path},
               {"cpu_precision", sc::to_string(s.cpu_precision)},
+              {"kv_cache_dtype", s.kv_cache_dtype},
               {"threads", threads},
               {"memory_read_gbps", bw.read_gbps},
               {"memory_copy_gbps", bw.copy_gbps},
@@ -563,9 +565,10 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
     return 0;
   }
   std::cout << fmt::format(
-      "specactor bench: {} ({} layers, {:.1f} MiB of weights), --cpu-precision {} (path {}), {} threads\n",
+      "specactor bench: {} ({} layers, {:.1f} MiB of weights), --cpu-precision {} (path {}), KV cache {}, {} "
+      "threads\n",
       s.model_path, m.config.n_layers, m.weights->weight_bytes() / 1048576.0, sc::to_string(s.cpu_precision),
-      precision_path, threads);
+      precision_path, s.kv_cache_dtype, threads);
   std::cout << fmt::format(
       "machine:  memory read {:.1f} GB/s (copy {:.1f} GB/s, {} MiB buffer); peak FMA {:.1f} GFLOP/s\n", bw.read_gbps,
       bw.copy_gbps, bw.bytes >> 20, peak_gflops);

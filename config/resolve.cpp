@@ -193,13 +193,8 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
       throw ConfigError(flag + " " + value + ": not supported yet (" + why + ")");
     };
     const std::string device(to_string(s->device));
-    for (const auto& [flag, v] : {std::pair<std::string, std::optional<std::string>>{"--dtype", s->dtype},
-                                  {"--kv-cache-dtype", s->kv_cache_dtype},
-                                  {"--speculative-draft-kv-cache-dtype", s->speculative_draft_kv_cache_dtype}})
-      if (v && *v != "auto" && *v != "float32")
-        not_yet(flag, *v,
-                flag == "--dtype" ? "activations and weights are computed in float32; see --cpu-precision"
-                                  : "the KV cache holds float32");
+    if (s->dtype != "auto" && s->dtype != "float32")
+      not_yet("--dtype", s->dtype, "activations and weights are computed in float32; see --cpu-precision");
     for (const auto& [flag, v] :
          {std::pair<std::string, std::optional<std::string>>{"--attention-backend", s->attention_backend},
           {"--prefill-attention-backend", s->prefill_attention_backend},
@@ -212,6 +207,21 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
               "that is sglang's chunked-prefix cache for MLA models; specactor's prefix cache is the radix cache "
               "(--disable-radix-cache)");
   }
+
+  // KV cache element type: 16-bit on the CPU in the fast precision (half the bytes attention reads),
+  // float32 in the exact precision and on CUDA (the device keeps float32 rows).
+  if (s->device == Device::Cuda && s->kv_cache_dtype != "auto" && s->kv_cache_dtype != "float32")
+    throw ConfigError("--kv-cache-dtype " + s->kv_cache_dtype +
+                      ": the CUDA forward keeps its KV cache in float32 on the device; use float32 (or auto), or "
+                      "--device cpu");
+  if (s->device == Device::Cuda && s->speculative_draft_kv_cache_dtype &&
+      *s->speculative_draft_kv_cache_dtype != "auto" && *s->speculative_draft_kv_cache_dtype != "float32")
+    throw ConfigError("--speculative-draft-kv-cache-dtype " + *s->speculative_draft_kv_cache_dtype +
+                      ": with --device cuda the draft's KV cache is float32; use float32 (or auto), or --device cpu");
+  if (s->kv_cache_dtype == "auto")
+    s = derive(s, "auto.kv_cache_dtype",
+               {{"kv_cache_dtype",
+                 s->device == Device::Cpu && s->cpu_precision == CpuPrecision::Fast ? "float16" : "float32"}});
 
   // Tensor parallelism: on the CPU the ranks are threads of this process (any count the model's
   // heads and MLP width divide by — checked when the weights are bound); on CUDA one device per rank.
@@ -323,7 +333,9 @@ Snapshot derive_draft(const Snapshot& target_resolved, const ModelFacts& target_
     f["prefill_attention_backend"] = nullptr;
     f["decode_attention_backend"] = nullptr;
   }
-  if (t.speculative_draft_kv_cache_dtype) f["kv_cache_dtype"] = *t.speculative_draft_kv_cache_dtype;
+  // "auto" (like unset) keeps the target's resolved type.
+  if (t.speculative_draft_kv_cache_dtype && *t.speculative_draft_kv_cache_dtype != "auto")
+    f["kv_cache_dtype"] = *t.speculative_draft_kv_cache_dtype;
   if (t.speculative_draft_model_path) f["model_path"] = *t.speculative_draft_model_path;
   // Never empty (context_length is always set), so the draft always gets its own object.
   return derive(target_resolved, "draft.per_runner", f);

@@ -103,7 +103,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(std::int64_t,  tp_size,                    1,         "tensor-parallel ranks for the target model") \
   X(std::int64_t,  threads,                    0,         "CPU compute threads; 0 = all cores") \
   X(CpuPrecision,  cpu_precision,              CpuPrecision::Fast, "CPU matrix products: fast (int8-quantized activations, integer dot products) | exact (float32 activations, matches a float64 reference to ~1e-5)") \
-  X(std::string,   kv_cache_dtype,             "auto",    "KV cache element type: auto|float32 (auto = float32; float16 and bfloat16 are refused: not supported yet)") \
+  X(std::string,   kv_cache_dtype,             "auto",    "KV cache element type: auto|float32|float16|bfloat16 (auto = float16 on the CPU in the fast precision, else float32; CUDA keeps float32)") \
   X(std::int64_t,  page_size,                  16,        "tokens per KV-cache page") \
   X(OptInt,        max_total_tokens,           {},        "KV-cache capacity in tokens over all requests; unset = max(context length, 32768)") \
   X(std::int64_t,  max_running_requests,       32,        "most requests decoded together in one batch") \
@@ -131,7 +131,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(double,        speculative_accept_threshold_acc, 1.0, "sglang's relaxed acceptance (lossy below 1): only 1 is accepted, verification is lossless") \
   X(OptString,     speculative_token_map,      {},        "hot-vocabulary file (FR-Spec): the draft's output head keeps only these token ids") \
   X(OptString,     speculative_draft_attention_backend, {}, "attention kernels of the draft; unset = the target's") \
-  X(OptString,     speculative_draft_kv_cache_dtype, {},  "KV cache element type of the draft: auto|float32 (others refused: not supported yet); unset = the target's") \
+  X(OptString,     speculative_draft_kv_cache_dtype, {},  "KV cache element type of the draft's own cache: auto|float32|float16|bfloat16; unset or auto = the target's") \
   X(std::string,   speculative_draft_quantization, "auto", "head drafters in the fast precision: the integer format float head weights are quantized to at load, q8_0|q4_1|none (none = keep them in float); auto = q8_0, or the shipped head's measured choice") \
   X(bool,          speculative_use_rejection_sampling, false, "chain rejection sampling with the draft's probabilities (topk = 1 drafters that sample)") \
   X(OptInt,        speculative_draft_num_layers, {},      "STANDALONE self-speculation: run only the target's first K layers as the draft") \

@@ -31,7 +31,7 @@ class StandaloneDrafter final : public Drafter {
         if (model_.tokenizer->token_bytes(id) != ctx.tokenizer->token_bytes(id))
           throw std::runtime_error(what + ": token " + std::to_string(id) + " differs from the target's vocabulary");
     kv_ = std::make_unique<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, *s->max_total_tokens,
-                                           s->device != config::Device::Cuda);
+                                           s->device != config::Device::Cuda, model::kv_type(*s));
     runner_ =
         model::make_runner(model_.weights, *s, 0, static_cast<int>(s->threads), *kv_);  // the draft snapshot's device
     cache_ = std::make_unique<DraftCache>(*kv_, !s->disable_radix_cache);

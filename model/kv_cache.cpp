@@ -6,12 +6,18 @@
 #include <cstring>
 
 #include "config/error.hpp"
+#include "kernels/cpu/quant.hpp"
 
 namespace specactor::model {
 
 KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t page_size,
-                 std::int64_t max_total_tokens, bool host_storage)
-    : n_layers_(n_layers), row_(n_kv_heads * head_dim), head_dim_(head_dim), page_size_(page_size) {
+                 std::int64_t max_total_tokens, bool host_storage, kernels::KvType type)
+    : n_layers_(n_layers),
+      row_(n_kv_heads * head_dim),
+      head_dim_(head_dim),
+      page_size_(page_size),
+      type_(type),
+      elem_(kernels::kv_type_bytes(type)) {
   if (n_layers <= 0 || row_ <= 0 || page_size <= 0 || max_total_tokens < page_size)
     throw std::invalid_argument("KvCache: bad shape (layers " + std::to_string(n_layers) + ", row " +
                                 std::to_string(row_) + ", page " + std::to_string(page_size) + ", tokens " +
@@ -20,7 +26,7 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
   page_stride_ = page_size_ * row_;
   // K and V of every layer, in bytes, computed in floating point first (no integer overflow).
   const double bytes = 2.0 * static_cast<double>(n_layers_) * static_cast<double>(n_pages_) *
-                       static_cast<double>(page_stride_) * sizeof(float);
+                       static_cast<double>(page_stride_) * static_cast<double>(elem_);
   const double phys = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
   auto refuse = [&](const std::string& why) {
     throw config::ConfigError("KV cache: " + std::to_string(max_total_tokens) + " tokens (--max-total-tokens) need " +
@@ -31,11 +37,11 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
     refuse("more than this machine's " + std::to_string(static_cast<long long>(phys / (1 << 20))) + " MiB of memory");
   if (bytes > 9.0e18) refuse("more than any address space");
   layer_stride_ = n_pages_ * page_stride_;
-  const std::size_t n = static_cast<std::size_t>(n_layers_ * layer_stride_);
+  const std::size_t n = static_cast<std::size_t>(n_layers_ * layer_stride_ * elem_);
   if (host_storage) try {
       // Not value-initialised: pages become resident only when written.
-      k_ = std::make_unique_for_overwrite<float[]>(n);
-      v_ = std::make_unique_for_overwrite<float[]>(n);
+      k_ = std::make_unique_for_overwrite<unsigned char[]>(n);
+      v_ = std::make_unique_for_overwrite<unsigned char[]>(n);
     } catch (const std::bad_alloc&) {
       refuse("which could not be allocated");
     }
@@ -88,54 +94,84 @@ void KvCache::truncate(Seq& seq, std::int64_t new_len) {
   seq.length = new_len;
 }
 
-std::int64_t KvCache::slot_offset(std::int64_t layer, const Seq& seq, std::int64_t slot) const {
-  return layer * layer_stride_ + seq.pages[static_cast<std::size_t>(slot / page_size_)] * page_stride_ +
-         (slot % page_size_) * head_dim_;
+std::int64_t KvCache::page_offset(std::int64_t layer, const Seq& seq, std::int64_t slot) const {
+  return layer * layer_stride_ + seq.pages[static_cast<std::size_t>(slot / page_size_)] * page_stride_;
 }
 
-template <class Copy>
-void KvCache::each_head(Copy&& copy) const {
-  const std::int64_t hs = page_size_ * head_dim_;  // between one KV head's block of a page and the next
-  for (std::int64_t h = 0; h * head_dim_ < row_; ++h) copy(h * hs, h * head_dim_);
+namespace {
+// One element of a pool of `type` at element index i.
+void put(unsigned char* pool, kernels::KvType type, std::int64_t i, float x) {
+  switch (type) {
+    case kernels::KvType::F32:
+      std::memcpy(pool + i * 4, &x, 4);
+      return;
+    case kernels::KvType::F16: {
+      const std::uint16_t h = kernels::f32_to_f16(x);
+      std::memcpy(pool + i * 2, &h, 2);
+      return;
+    }
+    case kernels::KvType::BF16: {
+      const std::uint16_t h = kernels::f32_to_bf16(x);
+      std::memcpy(pool + i * 2, &h, 2);
+      return;
+    }
+  }
 }
+float get(const unsigned char* pool, kernels::KvType type, std::int64_t i) {
+  if (type == kernels::KvType::F32) {
+    float x;
+    std::memcpy(&x, pool + i * 4, 4);
+    return x;
+  }
+  std::uint16_t h;
+  std::memcpy(&h, pool + i * 2, 2);
+  return type == kernels::KvType::F16 ? kernels::f16_to_f32(h) : kernels::bf16_to_f32(h);
+}
+}  // namespace
 
 void KvCache::write(std::int64_t layer, const Seq& seq, std::int64_t slot, const float* k, const float* v) {
-  const std::int64_t at = slot_offset(layer, seq, slot);
-  const auto bytes = static_cast<std::size_t>(head_dim_) * sizeof(float);
-  each_head([&](std::int64_t pool, std::int64_t row) {
-    std::memcpy(k_.get() + at + pool, k + row, bytes);
-    std::memcpy(v_.get() + at + pool, v + row, bytes);
-  });
+  const std::int64_t at = page_offset(layer, seq, slot), r = slot % page_size_;
+  for (std::int64_t h = 0; h * head_dim_ < row_; ++h)
+    for (std::int64_t d = 0; d < head_dim_; ++d) {
+      put(k_.get(), type_, at + k_at(h, d, r), k[h * head_dim_ + d]);
+      put(v_.get(), type_, at + v_at(h, d, r), v[h * head_dim_ + d]);
+    }
 }
 
 void KvCache::read(std::int64_t layer, const Seq& seq, std::int64_t slot, float* k, float* v) const {
-  const std::int64_t at = slot_offset(layer, seq, slot);
-  const auto bytes = static_cast<std::size_t>(head_dim_) * sizeof(float);
-  each_head([&](std::int64_t pool, std::int64_t row) {
-    std::memcpy(k + row, k_.get() + at + pool, bytes);
-    std::memcpy(v + row, v_.get() + at + pool, bytes);
-  });
+  const std::int64_t at = page_offset(layer, seq, slot), r = slot % page_size_;
+  for (std::int64_t h = 0; h * head_dim_ < row_; ++h)
+    for (std::int64_t d = 0; d < head_dim_; ++d) {
+      k[h * head_dim_ + d] = get(k_.get(), type_, at + k_at(h, d, r));
+      v[h * head_dim_ + d] = get(v_.get(), type_, at + v_at(h, d, r));
+    }
 }
 
 kernels::PagedKvView KvCache::view(std::int64_t layer, const Seq& seq) const {
-  return {k_.get() + layer * layer_stride_,
-          v_.get() + layer * layer_stride_,
+  return {k_.get() + layer * layer_stride_ * elem_,
+          v_.get() + layer * layer_stride_ * elem_,
           seq.pages.data(),
           page_size_,
           page_stride_,
           head_dim_,
-          page_size_ * head_dim_};
+          page_size_ * head_dim_,
+          type_,
+          true};
 }
 
 void KvCache::copy_slot(const Seq& seq, std::int64_t from, std::int64_t to) {
   if (from == to) return;
-  const auto bytes = static_cast<std::size_t>(head_dim_) * sizeof(float);
+  const std::int64_t rt = to % page_size_, rf = from % page_size_;
+  const auto e = static_cast<std::size_t>(elem_);
   for (std::int64_t l = 0; l < n_layers_; ++l) {
-    const std::int64_t a = slot_offset(l, seq, to), b = slot_offset(l, seq, from);
-    each_head([&](std::int64_t pool, std::int64_t) {
-      std::memcpy(k_.get() + a + pool, k_.get() + b + pool, bytes);
-      std::memcpy(v_.get() + a + pool, v_.get() + b + pool, bytes);
-    });
+    const std::int64_t a = page_offset(l, seq, to), b = page_offset(l, seq, from);
+    for (std::int64_t h = 0; h * head_dim_ < row_; ++h) {
+      // V: the slot's row at once; K: one element per dimension.
+      std::memcpy(v_.get() + (a + v_at(h, 0, rt)) * elem_, v_.get() + (b + v_at(h, 0, rf)) * elem_,
+                  e * static_cast<std::size_t>(head_dim_));
+      for (std::int64_t d = 0; d < head_dim_; ++d)
+        std::memcpy(k_.get() + (a + k_at(h, d, rt)) * elem_, k_.get() + (b + k_at(h, d, rf)) * elem_, e);
+    }
   }
 }
 

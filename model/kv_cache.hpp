@@ -1,8 +1,11 @@
 // model/kv_cache.hpp — the paged KV cache: one pool of pages per model, a page table per sequence.
 //
-// Storage: K and V each hold [layer][page][kv_head][slot][head_dim] floats. A sequence's token at
-// storage slot s lives in page pages[s / page_size], row s % page_size of each head's block, so one
-// head's keys (and values) of a page are contiguous and attention streams them. Pages are taken from
+// Storage: K and V each hold [layer][page][kv_head][page_size · head_dim] elements (float32, or
+// float16/bfloat16 rounded to nearest even when written). A sequence's token at storage slot s lives
+// in page pages[s / page_size], row s % page_size of each head's block, so one head's keys (and
+// values) of a page are contiguous and attention streams them: V row by row (slot r at r · head_dim),
+// K dimension by dimension (element d of slot r at d · page_size + r), so one vector load holds a
+// dimension of 16 slots. Pages are taken from
 // a free list on demand and returned on truncate/release; nothing is allocated per token. A page may
 // be held by several sequences and the prefix cache at once (reference counts).
 #pragma once
@@ -13,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/ops.hpp"  // PagedKvView, KvType
 
 namespace specactor::model {
 
@@ -38,8 +41,11 @@ class KvCache {
   // host_storage false: page tables only (the rows live elsewhere, e.g. in a CUDA runner's device
   // pool); write/read/view/copy_slot must not be used then.
   KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t page_size,
-          std::int64_t max_total_tokens, bool host_storage = true);
+          std::int64_t max_total_tokens, bool host_storage = true, kernels::KvType type = kernels::KvType::F32);
   bool has_host_storage() const { return k_ != nullptr; }
+  kernels::KvType type() const { return type_; }
+  // Bytes of K and V per token over every layer.
+  std::int64_t bytes_per_token() const { return 2 * n_layers_ * row_ * kernels::kv_type_bytes(type_); }
 
   std::int64_t page_size() const { return page_size_; }
   std::int64_t total_pages() const { return n_pages_; }
@@ -63,7 +69,8 @@ class KvCache {
   void drop(std::int32_t page);
   std::int32_t refs(std::int32_t page) const { return refs_.at(static_cast<std::size_t>(page)); }
 
-  // Stores the K and V rows (n_kv_heads × head_dim floats each, heads side by side) of one slot.
+  // Stores the K and V rows (n_kv_heads × head_dim floats each, heads side by side) of one slot,
+  // rounded to the cache's element type.
   void write(std::int64_t layer, const Seq& seq, std::int64_t slot, const float* k, const float* v);
   // Reads them back in the same form.
   void read(std::int64_t layer, const Seq& seq, std::int64_t slot, float* k, float* v) const;
@@ -72,12 +79,18 @@ class KvCache {
   void copy_slot(const Seq& seq, std::int64_t from, std::int64_t to);
 
  private:
-  std::int64_t slot_offset(std::int64_t layer, const Seq& seq, std::int64_t slot) const;  // head 0
-  // copy(offset of KV head h from head 0 in the pool, offset of its head_dim floats in a row), per head.
-  template <class Copy>
-  void each_head(Copy&& copy) const;
+  // Element offset of slot's page in a layer; k_at/v_at add the element's place within the page.
+  std::int64_t page_offset(std::int64_t layer, const Seq& seq, std::int64_t slot) const;
+  std::int64_t k_at(std::int64_t h, std::int64_t d, std::int64_t row) const {
+    return h * page_size_ * head_dim_ + d * page_size_ + row;
+  }
+  std::int64_t v_at(std::int64_t h, std::int64_t d, std::int64_t row) const {
+    return h * page_size_ * head_dim_ + row * head_dim_ + d;
+  }
   std::int64_t n_layers_, row_, head_dim_, page_size_, n_pages_, page_stride_, layer_stride_;
-  std::unique_ptr<float[]> k_, v_;
+  kernels::KvType type_;
+  std::int64_t elem_;  // bytes per element
+  std::unique_ptr<unsigned char[]> k_, v_;
   std::vector<std::int32_t> free_;
   std::vector<std::int32_t> refs_;  // holders of each page (0: on the free list)
 };

@@ -88,6 +88,14 @@ class CudaLlamaRunner final : public ForwardRunner {
 }  // namespace
 #endif
 
+kernels::KvType kv_type(const config::ServerArgs& snap) {
+  if (snap.kv_cache_dtype == "float16") return kernels::KvType::F16;
+  if (snap.kv_cache_dtype == "bfloat16") return kernels::KvType::BF16;
+  // "auto" is resolved by config::resolve_target; a snapshot made by hand without it (unit tests) gets
+  // float32, the type that needs no rounding.
+  return kernels::KvType::F32;
+}
+
 kernels::Precision cpu_precision(const config::ServerArgs& snap) {
   return snap.cpu_precision == config::CpuPrecision::Exact ? kernels::Precision::Exact : kernels::Precision::Fast;
 }

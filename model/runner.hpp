@@ -23,6 +23,8 @@ std::vector<std::unique_ptr<kernels::Communicator>> make_tp_group(const config::
 
 // The snapshot's --cpu-precision as the kernels' enum.
 kernels::Precision cpu_precision(const config::ServerArgs& snap);
+// The snapshot's KV cache element type (kv_cache_dtype, resolved: float32, float16 or bfloat16).
+kernels::KvType kv_type(const config::ServerArgs& snap);
 
 // Whether this build has the CUDA forward pass.
 bool cuda_forward_compiled();

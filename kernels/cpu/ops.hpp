@@ -34,20 +34,31 @@ void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n
 // head drafters' probabilities.
 void softmax_cpu(float* x, std::int64_t n);
 
+// Element type of a KV cache's rows: float32, or IEEE half / bfloat16 (converted to float exactly
+// when read; rounded to nearest even when written).
+enum class KvType : std::uint8_t { F32, F16, BF16 };
+inline std::int64_t kv_type_bytes(KvType t) { return t == KvType::F32 ? 4 : 2; }
+const char* kv_type_name(KvType t);
+
 // The KV cache of one sequence in one layer, as plain memory: slot s lives in page pages[s / page_size]
-// at row s % page_size. KV head h of slot s (head_dim floats, K and the same for V) starts at
+// at row s % page_size. KV head h of slot s (head_dim elements, K and the same for V) starts at
 //   pages[s / page_size] · page_stride + (s % page_size) · row + h · head_stride
 // where head_stride 0 means head_dim (the heads of a slot side by side, as the head drafters' scratch
 // rows are). The KV cache keeps each head's slots of a page contiguous instead (row = head_dim,
-// head_stride = page_size · head_dim), so attention streams a head's keys and values.
+// head_stride = page_size · head_dim), so attention streams a head's keys and values, and stores
+// K by dimension (k_by_dim): element d of the slot at row r of a page is at
+//   page · page_stride + h · head_stride + d · page_size + r
+// so 16 consecutive slots' values of one dimension are one vector load. Offsets count elements.
 struct PagedKvView {
-  const float* k = nullptr;  // layer base of the K pool
-  const float* v = nullptr;  // layer base of the V pool
+  const void* k = nullptr;  // layer base of the K pool
+  const void* v = nullptr;  // layer base of the V pool
   const std::int32_t* pages = nullptr;
   std::int64_t page_size = 0;
-  std::int64_t page_stride = 0;  // floats per page
-  std::int64_t row = 0;          // floats between consecutive slots of a page
-  std::int64_t head_stride = 0;  // floats between consecutive KV heads of a slot (0: head_dim)
+  std::int64_t page_stride = 0;  // elements per page
+  std::int64_t row = 0;          // elements between consecutive slots of a page (V; K too unless k_by_dim)
+  std::int64_t head_stride = 0;  // elements between consecutive KV heads of a slot (0: head_dim)
+  KvType type = KvType::F32;
+  bool k_by_dim = false;
 };
 inline std::int64_t kv_head_stride(const PagedKvView& v, std::int64_t head_dim) {
   return v.head_stride > 0 ? v.head_stride : head_dim;
@@ -89,5 +100,9 @@ struct AttentionJob {
 };
 void attention_many_cpu(const AttentionJob* jobs, int n_jobs, std::int64_t n_heads, std::int64_t n_kv_heads,
                         std::int64_t head_dim, float scale);
+// The same on a chosen instruction path (0 scalar, 1 AVX2, 2 AVX-512; the tests compare the twins) and
+// number of threads (0: the pool's).
+void attention_many_path(int path, int threads, const AttentionJob* jobs, int n_jobs, std::int64_t n_heads,
+                         std::int64_t n_kv_heads, std::int64_t head_dim, float scale);
 
 }  // namespace specactor::kernels

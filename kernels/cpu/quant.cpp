@@ -123,6 +123,14 @@ float bf16_to_f32(std::uint16_t h) {
   return f;
 }
 
+std::uint16_t f32_to_bf16(float f) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);  // NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // to nearest even (a carry into the exponent is correct)
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
 void q4k_scale_min(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m) {
   if (j < 4) {
     sc = q[j] & 63;

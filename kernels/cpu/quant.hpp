@@ -35,6 +35,7 @@ std::size_t row_bytes(WeightType t, std::size_t n);
 float f16_to_f32(std::uint16_t h);
 std::uint16_t f32_to_f16(float f);  // round to nearest even
 float bf16_to_f32(std::uint16_t h);
+std::uint16_t f32_to_bf16(float f);  // round to nearest even; NaN stays a (quiet) NaN
 
 // Scale and min (6 bits each) of sub-block j (0..7) of a Q4_K super-block, from its 12 scale bytes.
 void q4k_scale_min(int j, const std::uint8_t* scales, std::uint8_t& sc, std::uint8_t& m);
