@@ -1,5 +1,6 @@
 #include "model/kv_cache.hpp"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,10 +24,11 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
                                 std::to_string(row_) + ", page " + std::to_string(page_size) + ", tokens " +
                                 std::to_string(max_total_tokens) + ")");
   n_pages_ = max_total_tokens / page_size;
-  page_stride_ = page_size_ * row_;
+  page_stride_ = page_size_ * head_dim_;  // one KV head's block of a page
+  head_region_ = n_pages_ * page_stride_;
   // K and V of every layer, in bytes, computed in floating point first (no integer overflow).
   const double bytes = 2.0 * static_cast<double>(n_layers_) * static_cast<double>(n_pages_) *
-                       static_cast<double>(page_stride_) * static_cast<double>(elem_);
+                       static_cast<double>(page_size_ * row_) * static_cast<double>(elem_);
   const double phys = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
   auto refuse = [&](const std::string& why) {
     throw config::ConfigError("KV cache: " + std::to_string(max_total_tokens) + " tokens (--max-total-tokens) need " +
@@ -36,12 +38,18 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
   if (host_storage && phys > 0 && bytes > phys)
     refuse("more than this machine's " + std::to_string(static_cast<long long>(phys / (1 << 20))) + " MiB of memory");
   if (bytes > 9.0e18) refuse("more than any address space");
-  layer_stride_ = n_pages_ * page_stride_;
+  layer_stride_ = n_pages_ * page_size_ * row_;
   const std::size_t n = static_cast<std::size_t>(n_layers_ * layer_stride_ * elem_);
   if (host_storage) try {
       // Not value-initialised: pages become resident only when written.
-      k_ = std::make_unique_for_overwrite<unsigned char[]>(n);
-      v_ = std::make_unique_for_overwrite<unsigned char[]>(n);
+      auto map = [&]() {
+        void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) throw std::bad_alloc();
+        ::madvise(p, n, MADV_HUGEPAGE);  // a hint: where the kernel has none to give, 4 KiB pages serve
+        return std::unique_ptr<unsigned char[], KvUnmap>(static_cast<unsigned char*>(p), KvUnmap{n});
+      };
+      k_ = map();
+      v_ = map();
     } catch (const std::bad_alloc&) {
       refuse("which could not be allocated");
     }
@@ -49,6 +57,10 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
   free_.resize(static_cast<std::size_t>(n_pages_));
   for (std::int64_t i = 0; i < n_pages_; ++i)
     free_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(n_pages_ - 1 - i);
+}
+
+void KvUnmap::operator()(unsigned char* p) const {
+  if (p) ::munmap(p, bytes);
 }
 
 void KvCache::reserve(Seq& seq, std::int64_t new_len) {
@@ -154,7 +166,7 @@ kernels::PagedKvView KvCache::view(std::int64_t layer, const Seq& seq) const {
           page_size_,
           page_stride_,
           head_dim_,
-          page_size_ * head_dim_,
+          head_region_,
           type_,
           true};
 }

@@ -1,6 +1,6 @@
 // model/kv_cache.hpp — the paged KV cache: one pool of pages per model, a page table per sequence.
 //
-// Storage: K and V each hold [layer][page][kv_head][page_size · head_dim] elements (float32, or
+// Storage: K and V each hold [layer][kv_head][page][page_size · head_dim] elements (float32, or
 // float16/bfloat16 rounded to nearest even when written). A sequence's token at storage slot s lives
 // in page pages[s / page_size], row s % page_size of each head's block, so one head's keys (and
 // values) of a page are contiguous and attention streams them: V row by row (slot r at r · head_dim),
@@ -29,6 +29,12 @@ class KvExhausted : public std::runtime_error {
         need(need_pages),
         free(free_pages) {}
   std::int64_t need, free;
+};
+
+// Deleter of the KV cache's anonymous mappings.
+struct KvUnmap {
+  std::size_t bytes = 0;
+  void operator()(unsigned char* p) const;
 };
 
 class KvCache {
@@ -79,18 +85,21 @@ class KvCache {
   void copy_slot(const Seq& seq, std::int64_t from, std::int64_t to);
 
  private:
-  // Element offset of slot's page in a layer; k_at/v_at add the element's place within the page.
+  // Element offset of slot's page in a layer (KV head 0); k_at/v_at add the element's place: each KV
+  // head has its own region of every page's blocks, so one head's pages follow each other in memory.
   std::int64_t page_offset(std::int64_t layer, const Seq& seq, std::int64_t slot) const;
   std::int64_t k_at(std::int64_t h, std::int64_t d, std::int64_t row) const {
-    return h * page_size_ * head_dim_ + d * page_size_ + row;
+    return h * head_region_ + d * page_size_ + row;
   }
   std::int64_t v_at(std::int64_t h, std::int64_t d, std::int64_t row) const {
-    return h * page_size_ * head_dim_ + row * head_dim_ + d;
+    return h * head_region_ + row * head_dim_ + d;
   }
-  std::int64_t n_layers_, row_, head_dim_, page_size_, n_pages_, page_stride_, layer_stride_;
+  std::int64_t n_layers_, row_, head_dim_, page_size_, n_pages_, page_stride_, head_region_, layer_stride_;
   kernels::KvType type_;
   std::int64_t elem_;  // bytes per element
-  std::unique_ptr<unsigned char[]> k_, v_;
+  // Anonymous mappings asked to be backed by huge pages (attention walks a head's blocks of every
+  // page; with 4 KiB pages nearly every block is a TLB miss). Resident only where written.
+  std::unique_ptr<unsigned char[], KvUnmap> k_, v_;
   std::vector<std::int32_t> free_;
   std::vector<std::int32_t> refs_;  // holders of each page (0: on the free list)
 };

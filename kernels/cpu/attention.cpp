@@ -71,13 +71,18 @@ inline float element(const void* base, std::int64_t i) {
 }
 
 // 16 elements from `at` (the first n of them; the rest read as 0).
+// (Masked loads and stores only where a run ends inside 16 slots: on some cores, Zen 4 among them,
+// they cost several times a plain one.)
 template <KvType T>
 SPECACTOR_ATT_AVX512 inline __m512 load16(const void* base, std::int64_t at, int n) {
   const auto m = static_cast<__mmask16>(n >= 16 ? 0xffffu : (1u << n) - 1u);
   if constexpr (T == KvType::F32) {
+    if (n >= 16) return _mm512_loadu_ps(static_cast<const float*>(base) + at);
     return _mm512_maskz_loadu_ps(m, static_cast<const float*>(base) + at);
   } else {
-    const __m256i x = _mm256_maskz_loadu_epi16(m, static_cast<const std::uint16_t*>(base) + at);
+    const __m256i x =
+        n >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(base) + at))
+                : _mm256_maskz_loadu_epi16(m, static_cast<const std::uint16_t*>(base) + at);
     if constexpr (T == KvType::F16) return _mm512_cvtph_ps(x);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
   }
@@ -112,12 +117,17 @@ SPECACTOR_ATT_AVX2 inline __m256 load8(const void* base, std::int64_t at, int n)
 template <KvType T>
 SPECACTOR_ATT_AVX512 void read_run512(const PagedKvView& v, std::int64_t base, std::int64_t r, std::int64_t len,
                                       std::int64_t D, float* kt, float* vt) {
-  for (std::int64_t i0 = 0; i0 < len; i0 += 16) {
+  const void* K = v.k;
+  const std::int64_t ps = v.page_size;
+  for (std::int64_t i0 = 0; v.k_by_dim && i0 < len; i0 += 16) {
     const int c = static_cast<int>(std::min<std::int64_t>(16, len - i0));
-    const auto m = static_cast<__mmask16>(c >= 16 ? 0xffffu : (1u << c) - 1u);
-    if (v.k_by_dim)
+    if (c == 16) {
+      for (std::int64_t d = 0; d < D; ++d) _mm512_storeu_ps(kt + d * kTile + i0, load16<T>(K, base + d * ps + r + i0, 16));
+    } else {
+      const auto m = static_cast<__mmask16>((1u << c) - 1u);
       for (std::int64_t d = 0; d < D; ++d)
-        _mm512_mask_storeu_ps(kt + d * kTile + i0, m, load16<T>(v.k, base + d * v.page_size + r + i0, c));
+        _mm512_mask_storeu_ps(kt + d * kTile + i0, m, load16<T>(K, base + d * ps + r + i0, c));
+    }
   }
   if (!v.k_by_dim)
     for (std::int64_t i = 0; i < len; ++i)
@@ -126,9 +136,10 @@ SPECACTOR_ATT_AVX512 void read_run512(const PagedKvView& v, std::int64_t base, s
         _mm512_store_ps(row, load16<T>(v.k, base + (r + i) * v.row + d0, 16));
         for (int d = 0; d < 16; ++d) kt[(d0 + d) * kTile + i] = row[d];
       }
+  const void* V = v.v;
+  const std::int64_t row = v.row;
   for (std::int64_t i = 0; i < len; ++i)
-    for (std::int64_t d0 = 0; d0 < D; d0 += 16)
-      _mm512_storeu_ps(vt + i * D + d0, load16<T>(v.v, base + (r + i) * v.row + d0, 16));
+    for (std::int64_t d0 = 0; d0 < D; d0 += 16) _mm512_storeu_ps(vt + i * D + d0, load16<T>(V, base + (r + i) * row + d0, 16));
 }
 
 template <KvType T>
@@ -232,26 +243,6 @@ void gather(int path, const AttentionJob& job, const RowKeys& rk, std::int64_t k
     gather_path<kAvx2>(job, rk, kvh, D, t0, t1, kt, vt);
   else
     gather_path<kScalar>(job, rk, kvh, D, t0, t1, kt, vt);
-}
-
-// Software prefetch of the pages holding prefix keys [t0, t1) of KV head kvh: a head's keys and
-// values of one page are 2 KiB apart from the next page's, which the hardware prefetcher does not
-// follow. Issued a couple of tiles ahead of the reads.
-void prefetch_keys(const AttentionJob& job, std::int64_t kvh, std::int64_t D, std::int64_t t0, std::int64_t t1) {
-  const PagedKvView& v = job.prefix.view;
-  t1 = std::min(t1, job.prefix.count);
-  if (t0 >= t1 || !v.k_by_dim) return;
-  const std::int64_t eb = kv_type_bytes(v.type), hs = kv_head_stride(v, D);
-  for (std::int64_t t = t0; t < t1;) {
-    const std::int64_t s = job.prefix.first + t, r = s % v.page_size;
-    const std::int64_t len = std::min(t1 - t, v.page_size - r);
-    const std::int64_t at = (v.pages[s / v.page_size] * v.page_stride + kvh * hs) * eb;
-    const char* k = static_cast<const char*>(v.k) + at;
-    const char* val = static_cast<const char*>(v.v) + at + r * v.row * eb;
-    for (std::int64_t off = 0; off < v.page_size * D * eb; off += 64) __builtin_prefetch(k + off, 0, 3);
-    for (std::int64_t off = 0; off < len * v.row * eb; off += 64) __builtin_prefetch(val + off, 0, 3);
-    t += len;
-  }
 }
 
 // ---- scores: S[q · kTile + j] = fma chain over d of q[d] · kt[d][j], blocks [b0, b1) -----------------
@@ -549,6 +540,106 @@ void tile(int path, float* const* st, int nq, const float* S, const int* nk, con
   }
 }
 
+// ---- one row's queries straight from the cache's pages (decode, AVX-512) --------------------------
+// Blocks of 16 whole slots of one page, K stored by dimension: scores read K and the weighted sums
+// read V without the float tile, with block_scalar's operations in its order.
+
+template <KvType T, int NQ, int NB>
+SPECACTOR_ATT_AVX512 void direct_scores512(const float* const* q, const void* K, const std::int64_t* kb,
+                                           std::int64_t ps, std::int64_t D, float* S) {
+  __m512 acc[NQ][NB];
+  for (int i = 0; i < NQ; ++i)
+    for (int b = 0; b < NB; ++b) acc[i][b] = _mm512_setzero_ps();
+  for (std::int64_t d = 0; d < D; ++d) {
+    __m512 k[NB];
+    for (int b = 0; b < NB; ++b) k[b] = load16<T>(K, kb[b] + d * ps, 16);
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 qd = _mm512_set1_ps(q[i][d]);
+      for (int b = 0; b < NB; ++b) acc[i][b] = _mm512_fmadd_ps(qd, k[b], acc[i][b]);
+    }
+  }
+  for (int i = 0; i < NQ; ++i)
+    for (int b = 0; b < NB; ++b) _mm512_storeu_ps(S + i * kTile + b * kLanes, acc[i][b]);
+}
+
+template <KvType T, int NQ>
+SPECACTOR_ATT_AVX512 void direct_pv512(float* const* o, const Steps& w, const void* V, const std::int64_t* vb,
+                                       std::int64_t row, int nblocks, std::int64_t D) {
+  for (std::int64_t d0 = 0; d0 < D; d0 += 64) {
+    __m512 acc[NQ][4];
+    for (int q = 0; q < NQ; ++q)
+      for (int x = 0; x < 4; ++x) acc[q][x] = _mm512_loadu_ps(o[q] + d0 + 16 * x);
+    for (int b = 0; b < nblocks; ++b) {
+      for (int q = 0; q < NQ; ++q)
+        if (w.rescale[q][b]) {
+          const __m512 av = _mm512_set1_ps(w.a[q][b]);
+          for (int x = 0; x < 4; ++x) acc[q][x] = _mm512_mul_ps(acc[q][x], av);
+        }
+      for (int j = 0; j < kLanes; ++j) {
+        __m512 v[4];
+        for (int x = 0; x < 4; ++x) v[x] = load16<T>(V, vb[b] + j * row + d0 + 16 * x, 16);
+        for (int q = 0; q < NQ; ++q) {
+          const __m512 pj = _mm512_set1_ps(w.p[q][b * kLanes + j]);
+          for (int x = 0; x < 4; ++x) acc[q][x] = _mm512_fmadd_ps(pj, v[x], acc[q][x]);
+        }
+      }
+    }
+    for (int q = 0; q < NQ; ++q)
+      for (int x = 0; x < 4; ++x) _mm512_storeu_ps(o[q] + d0 + 16 * x, acc[q][x]);
+  }
+}
+
+// The whole blocks of keys [t0, t1) of a row that has keys t ↔ prefix slots, when they can be read in
+// place; returns how many keys it did (a multiple of 16, from t0), 0 when it cannot.
+std::int64_t direct_tile(int path, const AttentionJob& job, std::int64_t kvh, std::int64_t D, std::int64_t t0,
+                         std::int64_t t1, const float* const* q, float* const* st, int nq, float scale, float* S,
+                         Steps& w) {
+  const PagedKvView& v = job.prefix.view;
+  const std::int64_t end = std::min(t1, job.prefix.count);
+  const int nblocks = static_cast<int>((end - t0) / kLanes);
+  if (path != kAvx512 || nblocks == 0 || !v.k_by_dim || v.page_size % kLanes != 0 || D % 64 != 0 || nq > 3 ||
+      (job.prefix.first + t0) % kLanes != 0)
+    return 0;
+  std::int64_t blocks[kTile / kLanes];
+  for (int b = 0; b < nblocks; ++b) {
+    const std::int64_t s = job.prefix.first + t0 + b * kLanes;
+    blocks[b] = v.pages[s / v.page_size] * v.page_stride + kvh * kv_head_stride(v, D) + s % v.page_size;
+  }
+  // V rows of block b start at blocks[b] − r + r · row; K's dimension d at blocks[b] + d · page_size.
+  std::int64_t vblocks[kTile / kLanes];
+  for (int b = 0; b < nblocks; ++b) {
+    const std::int64_t r = (job.prefix.first + t0 + b * kLanes) % v.page_size;
+    vblocks[b] = blocks[b] - r + r * v.row;
+  }
+  auto go = [&](auto tag, auto nq_c) {
+    constexpr KvType T = decltype(tag)::value;
+    constexpr int NQ = decltype(nq_c)::value;
+    int b = 0;
+    for (; b + 4 <= nblocks; b += 4) direct_scores512<T, NQ, 4>(q, v.k, blocks + b, v.page_size, D, S + b * kLanes);
+    for (; b < nblocks; ++b) direct_scores512<T, NQ, 1>(q, v.k, blocks + b, v.page_size, D, S + b * kLanes);
+    float* o[NQ];
+    for (int i = 0; i < NQ; ++i) {
+      steps512(st[i], S + i * kTile, nblocks * kLanes, scale, w.p[i], w.a[i], w.rescale[i]);
+      o[i] = st[i] + kStateHead;
+    }
+    direct_pv512<T, NQ>(o, w, v.v, vblocks, v.row, nblocks, D);
+  };
+  auto with_type = [&](auto nq_c) {
+    switch (v.type) {
+      case KvType::F16:
+        return go(std::integral_constant<KvType, KvType::F16>{}, nq_c);
+      case KvType::BF16:
+        return go(std::integral_constant<KvType, KvType::BF16>{}, nq_c);
+      case KvType::F32:
+        return go(std::integral_constant<KvType, KvType::F32>{}, nq_c);
+    }
+  };
+  if (nq == 1) with_type(std::integral_constant<int, 1>{});
+  if (nq == 2) with_type(std::integral_constant<int, 2>{});
+  if (nq == 3) with_type(std::integral_constant<int, 3>{});
+  return nblocks * kLanes;
+}
+
 // ---- states: start, merge (chunk order), finish -------------------------------------------------
 
 inline void state_start(float* st, std::int64_t D) {
@@ -721,11 +812,24 @@ void run_chunks(Plan& p, const Run& r, std::int64_t c0, std::int64_t c1, Scratch
     const std::int64_t cb = c * kChunk, ce = std::min(r.nmax, cb + kChunk);
     for (std::int64_t q = 0; q < nq; ++q) state_start(w.cur.data() + q * SS, D);
     for (std::int64_t t0 = cb; t0 < ce; t0 += kTile) {
-      if (t0 == cb) prefetch_keys(job, kvh, D, cb, std::min(ce, cb + 2 * kTile));
-      prefetch_keys(job, kvh, D, t0 + 2 * kTile, std::min(ce, t0 + 3 * kTile));
       // Where every row's keys agree (all of them for causal rows, whose key t is slot t), one tile
       // read serves every row, each up to its own count; past that each row reads its own.
       const std::int64_t t1 = std::min(t0 + kTile, ce);
+      if (nr == 1 && t1 <= r.shared) {  // one row (a decode step): its whole blocks straight from the pages
+        float* st[kMaxQ];
+        for (std::int64_t q = 0; q < nq; ++q) st[q] = w.cur.data() + q * SS;
+        const std::int64_t done = direct_tile(p.path, job, kvh, D, t0, t1, qp, st, static_cast<int>(nq), p.scale,
+                                              w.S.data(), w.steps);
+        if (done > 0) {
+          if (t0 + done < t1) {  // the rest (a partial block, the new keys) through the tile
+            gather(p.path, job, rows[static_cast<std::size_t>(r.ia)], kvh, D, t0 + done, t1, w.kt.data(), w.vt.data());
+            scores(p.path, qp, static_cast<int>(nq), w.kt.data(), D,
+                   static_cast<int>((t1 - t0 - done + kLanes - 1) / kLanes), w.S.data());
+            update(0, nq, t0 + done, ce);
+          }
+          continue;
+        }
+      }
       if (t1 <= r.shared) {
         gather(p.path, job, rows[static_cast<std::size_t>(r.ib - 1)], kvh, D, t0, t1, w.kt.data(), w.vt.data());
         scores(p.path, qp, static_cast<int>(nq), w.kt.data(), D, static_cast<int>((t1 - t0 + kLanes - 1) / kLanes),

@@ -45,7 +45,8 @@ const char* kv_type_name(KvType t);
 //   pages[s / page_size] · page_stride + (s % page_size) · row + h · head_stride
 // where head_stride 0 means head_dim (the heads of a slot side by side, as the head drafters' scratch
 // rows are). The KV cache keeps each head's slots of a page contiguous instead (row = head_dim,
-// head_stride = page_size · head_dim), so attention streams a head's keys and values, and stores
+// page_stride = page_size · head_dim) and each head's pages in a region of their own (head_stride =
+// the pool's pages · page_stride), so attention streams a head's keys and values, and stores
 // K by dimension (k_by_dim): element d of the slot at row r of a page is at
 //   page · page_stride + h · head_stride + d · page_size + r
 // so 16 consecutive slots' values of one dimension are one vector load. Offsets count elements.
