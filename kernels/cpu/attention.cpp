@@ -53,7 +53,7 @@ namespace {
 constexpr int kLanes = 16;            // keys per block: the lanes of a block's scores and sums
 constexpr std::int64_t kTile = 64;    // keys gathered into float at once (4 blocks)
 constexpr std::int64_t kChunk = 512;  // keys per chunk (threads may share a query's chunks)
-constexpr int kMaxQ = 12;             // queries (rows × heads of one KV head) sharing a tile
+constexpr int kMaxQ = 24;             // queries (rows × heads of one KV head) sharing a tile
 
 enum Path { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
@@ -381,7 +381,7 @@ SPECACTOR_ATT_AVX512 void steps512(float* st, const float* Sq, int nk, float sca
     const float bm = _mm512_reduce_max_ps(s);
     rs[b] = bm > m;
     if (rs[b]) {
-      a[b] = exp_approx(m - bm);
+      a[b] = _mm512_cvtss_f32(expdef::exp16(_mm512_set1_ps(m - bm)));  // exp_approx(m − bm), its twin
       l = _mm512_mul_ps(l, _mm512_set1_ps(a[b]));
       m = bm;
     }
@@ -442,7 +442,7 @@ SPECACTOR_ATT_AVX2 void steps256(float* st, const float* Sq, int nk, float scale
     }
     rs[b] = bm > m;
     if (rs[b]) {
-      a[b] = exp_approx(m - bm);
+      a[b] = _mm256_cvtss_f32(expdef::exp8(_mm256_set1_ps(m - bm)));  // exp_approx(m − bm), its twin
       const __m256 av = _mm256_set1_ps(a[b]);
       l0 = _mm256_mul_ps(l0, av);
       l1 = _mm256_mul_ps(l1, av);
