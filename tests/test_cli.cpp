@@ -266,7 +266,7 @@ TEST_CASE("specactor generate: flags a newcomer types (typos, -m/--model, help, 
   };
   CHECK(line_of("--tokenizer-path").find("tokenizer.json is not read") != std::string::npos);
   CHECK(line_of("--dtype").find("refused") != std::string::npos);
-  CHECK(line_of("--kv-cache-dtype").find("refused") != std::string::npos);
+  CHECK(line_of("--kv-cache-dtype").find("auto = float16 on the CPU in the fast precision") != std::string::npos);
   CHECK(line_of("--speculative-accept-threshold-single").find("only 1 is accepted") != std::string::npos);
   // --system belongs to a chat.
   const Run sys = run("generate --model-path " + tiny_model() + " -p hi --system brief");

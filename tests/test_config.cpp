@@ -496,6 +496,45 @@ TEST_CASE("load-time resolution: context length, KV budget, device") {
                        doctest::Contains("--tp-size 3: FROZEN_KV_MTP reads the target's whole KV cache"), ConfigError);
 }
 
+TEST_CASE("KV cache type: auto is float16 on the CPU in the fast precision, else float32; CUDA keeps float32") {
+  auto resolved = [](std::vector<std::string> argv, RuntimeFacts rt) {
+    argv.insert(argv.begin(), {"--model-path", "m.gguf"});
+    return resolve_target(freeze(parse(argv)), llama_facts(), rt);
+  };
+  CHECK(resolved({}, no_gpu())->kv_cache_dtype == "float16");
+  CHECK(resolved({"--cpu-precision", "exact"}, no_gpu())->kv_cache_dtype == "float32");
+  CHECK(resolved({"--device", "cuda"}, {true, "", true})->kv_cache_dtype == "float32");
+  CHECK(resolved({}, {true, "", true})->kv_cache_dtype == "float32");  // auto chose CUDA
+  // Explicit values are honoured, in either precision.
+  CHECK(resolved({"--kv-cache-dtype", "bfloat16"}, no_gpu())->kv_cache_dtype == "bfloat16");
+  CHECK(resolved({"--kv-cache-dtype", "float32"}, no_gpu())->kv_cache_dtype == "float32");
+  CHECK(resolved({"--cpu-precision", "exact", "--kv-cache-dtype", "float16"}, no_gpu())->kv_cache_dtype == "float16");
+  // The override log says who chose it.
+  const json log = override_log_json(*resolved({}, no_gpu()));
+  bool logged = false;
+  for (const auto& e : log)
+    if (e["source"] == "auto.kv_cache_dtype" && e["fields"]["kv_cache_dtype"] == "float16") logged = true;
+  CHECK(logged);
+  CHECK_THROWS_WITH_AS(resolved({"--device", "cuda", "--kv-cache-dtype", "float16"}, {true, "", true}),
+                       "--kv-cache-dtype float16: the CUDA forward keeps its KV cache in float32 on the device; use "
+                       "float32 (or auto), or --device cpu",
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(
+      resolved({"--device", "cuda", "--speculative-draft-kv-cache-dtype", "bfloat16"}, {true, "", true}),
+      doctest::Contains("--speculative-draft-kv-cache-dtype bfloat16: with --device cuda the draft's KV cache is float32"),
+      ConfigError);
+  // The draft's own cache: unset or auto keep the target's type, a value is the draft's alone.
+  const Snapshot t = resolved({"--speculative-algorithm", "NGRAM"}, no_gpu());
+  CHECK(derive_draft(t, llama_facts())->kv_cache_dtype == "float16");
+  const Snapshot t2 =
+      resolved({"--speculative-algorithm", "NGRAM", "--speculative-draft-kv-cache-dtype", "auto"}, no_gpu());
+  CHECK(derive_draft(t2, llama_facts())->kv_cache_dtype == "float16");
+  const Snapshot t3 =
+      resolved({"--speculative-algorithm", "NGRAM", "--speculative-draft-kv-cache-dtype", "float32"}, no_gpu());
+  CHECK(derive_draft(t3, llama_facts())->kv_cache_dtype == "float32");
+  CHECK(t3->kv_cache_dtype == "float16");  // the target's own is untouched
+}
+
 TEST_CASE("snapshots round-trip through JSON with their override log") {
   const Snapshot user = freeze(parse({"--model-path", "m.gguf", "--speculative-algorithm", "NGRAM"}));
   const Snapshot t = resolve_target(user, llama_facts(), no_gpu());

@@ -110,7 +110,7 @@ TEST_CASE("draft-specific fields win over resolved ones") {
   CHECK(d2->kv_cache_dtype == "float32");
   CHECK(with_backends->attention_backend == "auto");
   CHECK(with_backends->prefill_attention_backend == "cpu");
-  CHECK(with_backends->kv_cache_dtype == "auto");
+  CHECK(with_backends->kv_cache_dtype == "float16");  // auto, resolved for the fast precision on the CPU
 }
 
 TEST_CASE("the override log names every source and field, in order, and prints as JSON") {
@@ -121,21 +121,23 @@ TEST_CASE("the override log names every source and field, in order, and prints a
   std::vector<std::string> sources;
   for (const auto& e : log) sources.push_back(e["source"]);
   CHECK(sources == std::vector<std::string>{"user.argv", "load.model_config", "auto.memory", "auto.device",
-                                            "auto.speculative", "load.test_decision", "draft.per_runner"});
+                                            "auto.kv_cache_dtype", "auto.speculative", "load.test_decision",
+                                            "draft.per_runner"});
   CHECK(log[0]["fields"]["speculative_algorithm"] == "EAGLE");
   CHECK(log[0]["fields"]["tp_size"] == 1);
   CHECK(log[1]["fields"] == json{{"context_length", 4096}});
-  CHECK(log[4]["fields"] == json{{"speculative_num_steps", 5},
+  CHECK(log[4]["fields"] == json{{"kv_cache_dtype", "float16"}});
+  CHECK(log[5]["fields"] == json{{"speculative_num_steps", 5},
                                  {"speculative_eagle_topk", 4},
                                  {"speculative_num_draft_tokens", 8},
                                  {"speculative_draft_p_min", 0.0},
                                  {"speculative_draft_ngram_tokens", 0},
                                  {"speculative_draft_quantization", "q8_0"}});
-  CHECK(log[5]["fields"] == json{{"disable_chunked_prefix_cache", true}});
-  CHECK(log[6]["fields"] ==
+  CHECK(log[6]["fields"] == json{{"disable_chunked_prefix_cache", true}});
+  CHECK(log[7]["fields"] ==
         json{{"context_length", 4096}, {"load_format", "dummy"}, {"model_path", "head.safetensors"}});
   // The parent's log is a prefix of the child's and was not extended.
-  CHECK(override_log_json(*target).size() == 5);
+  CHECK(override_log_json(*target).size() == 6);
   CHECK(json::parse(to_json(*draft).dump())["override_log"] == log);
 }
 
