@@ -83,11 +83,15 @@ TEST_CASE("attention: scalar, AVX2 and AVX-512 twins give the same bits for ever
     std::int64_t hd, keys, nq;
     bool tree;
   };
-  // 5 rows make a run of 4 and a run of 1, which reads its whole prefix blocks in place and the rest
-  // (a partial block and the new keys, 18 of them here) through the tile.
+  // Row counts of 5, 9, 17 and 25 leave a run of one row after runs of 4 or 8 (whatever the run
+  // size), which reads its whole prefix blocks in place and the rest (a partial block and the new
+  // keys, 18 of them at 690 keys) through the tile.
   const Shape shapes[] = {{64, 1300, 1, false}, {64, 700, 40, false}, {64, 600, 6, true}, {64, 690, 5, false},
-                          {64, 690, 5, true},   {48, 530, 3, false},  {40, 90, 5, true},  {20, 70, 2, false}};
-  const std::uint64_t tree[6] = {0b1, 0b11, 0b101, 0b1101, 0b10011, 0b101101};
+                          {64, 690, 5, true},   {64, 690, 9, false},  {64, 700, 17, true}, {64, 90, 25, false},
+                          {48, 530, 3, false},  {40, 90, 5, true},    {20, 70, 2, false}};
+  // A binary tree over up to 64 nodes: node i's parent is (i − 1) / 2; each row sees its ancestors.
+  std::uint64_t tree[64];
+  for (int i = 0; i < 64; ++i) tree[i] = (i == 0 ? 0 : tree[(i - 1) / 2]) | (std::uint64_t{1} << i);
   const auto paths = paths_here();
   for (const KvType type : kTypes)
     for (const Shape& sh : shapes) {
@@ -111,7 +115,7 @@ TEST_CASE("attention: scalar, AVX2 and AVX-512 twins give the same bits for ever
           CHECK(same_bits(run(path, threads, jobs, 9, 3, sh.hd, outs), ref));
         }
       // Each query alone (decode of one row, the verify of one tree node) gets its bits in the batch.
-      for (std::int64_t i = 0; i < sh.nq; i += 7) {
+      for (std::int64_t i = 0; i < sh.nq; i += (sh.nq > 8 ? 4 : 1)) {
         const std::int64_t pre = sh.keys - sh.nq;
         const AttentionJob one = sh.tree ? AttentionJob{a.q.data() + i * 9 * sh.hd, 1, {va, 0, pre}, {va, pre, sh.nq},
                                                         tree + i, nullptr}
@@ -121,6 +125,32 @@ TEST_CASE("attention: scalar, AVX2 and AVX-512 twins give the same bits for ever
         CHECK(std::memcmp(alone.data(), ref.data() + i * 9 * sh.hd, alone.size() * sizeof(float)) == 0);
       }
     }
+}
+
+TEST_CASE("attention: causal rows give the same bits however the keys before them are split into a prefix") {
+  // A prefix-cache hit or a prefill chunk: rows [pre, N) over a prefix of `pre` keys must give the
+  // bits those rows get in one causal batch of all N, on every path and thread split.
+  for (const KvType type : kTypes)
+    for (const std::int64_t N : {66, 90, 700})
+      for (const std::int64_t pre : {9, 16, 25, 33, 49, 64, 530}) {
+        if (pre >= N) continue;
+        CAPTURE(kv_type_name(type));
+        CAPTURE(N);
+        CAPTURE(pre);
+        Case c(type, 9, 3, 64, 16, N, N, static_cast<std::uint32_t>(N * 100 + pre));
+        const auto v = c.kv.view(0, c.seq);
+        std::vector<std::vector<float>> outs;
+        const std::vector<float> whole = run(0, 1, {{c.q.data(), N, {v, 0, 0}, {v, 0, N}, nullptr, nullptr}}, 9, 3, 64, outs);
+        for (const int path : paths_here())
+          for (const int threads : {1, 2, 3}) {
+            CAPTURE(path);
+            CAPTURE(threads);
+            const std::vector<float> part = run(
+                path, threads, {{c.q.data() + pre * 9 * 64, N - pre, {v, 0, pre}, {v, pre, N - pre}, nullptr, nullptr}}, 9,
+                3, 64, outs);
+            CHECK(std::memcmp(part.data(), whole.data() + pre * 9 * 64, part.size() * sizeof(float)) == 0);
+          }
+      }
 }
 
 TEST_CASE("attention: a 16-bit cache gives the bits of a float32 cache holding its rounded values") {

@@ -496,7 +496,7 @@ TEST_CASE("load-time resolution: context length, KV budget, device") {
                        doctest::Contains("--tp-size 3: FROZEN_KV_MTP reads the target's whole KV cache"), ConfigError);
 }
 
-TEST_CASE("KV cache type: auto is float16 on the CPU in the fast precision, else float32; CUDA keeps float32") {
+TEST_CASE("KV cache type: auto is float16 on the CPU in the fast precision, else float32, and CUDA keeps float32") {
   auto resolved = [](std::vector<std::string> argv, RuntimeFacts rt) {
     argv.insert(argv.begin(), {"--model-path", "m.gguf"});
     return resolve_target(freeze(parse(argv)), llama_facts(), rt);

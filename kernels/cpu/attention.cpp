@@ -596,7 +596,7 @@ std::int64_t direct_tile(int path, const AttentionJob& job, std::int64_t kvh, st
                          Steps& w) {
   const PagedKvView& v = job.prefix.view;
   const std::int64_t end = std::min(t1, job.prefix.count);
-  const int nblocks = static_cast<int>((end - t0) / kLanes);
+  const int nblocks = end > t0 ? static_cast<int>((end - t0) / kLanes) : 0;
   if (path != kAvx512 || nblocks == 0 || !v.k_by_dim || v.page_size % kLanes != 0 || D % 64 != 0 || nq > 3 ||
       (job.prefix.first + t0) % kLanes != 0)
     return 0;
@@ -798,13 +798,13 @@ void run_chunks(Plan& p, const Run& r, std::int64_t c0, std::int64_t c1, Scratch
   for (std::int64_t i = 0; i < nr; ++i)
     for (std::int64_t h = 0; h < r.nh; ++h) qp[i * r.nh + h] = job.q + ((r.ia + i) * p.n_heads + r.h0 + h) * D;
   auto n_of = [&](std::int64_t i) { return rows[static_cast<std::size_t>(r.ia + i)].n; };
-  // The tile from key t0 for queries [qa, qa + n), each up to its row's keys and the chunk's end.
-  auto update = [&](std::int64_t qa, std::int64_t n, std::int64_t t0, std::int64_t ce) {
+  // The tile holding keys [t0, t1) for queries [qa, qa + n), each up to its row's keys.
+  auto update = [&](std::int64_t qa, std::int64_t n, std::int64_t t0, std::int64_t t1) {
     float* st[kMaxQ];
     int nk[kMaxQ];
     for (std::int64_t q = 0; q < n; ++q) {
       st[q] = w.cur.data() + (qa + q) * SS;
-      nk[q] = static_cast<int>(std::clamp<std::int64_t>(std::min(ce, n_of((qa + q) / r.nh)) - t0, 0, kTile));
+      nk[q] = static_cast<int>(std::max<std::int64_t>(0, std::min(t1, n_of((qa + q) / r.nh)) - t0));
     }
     tile(p.path, st, static_cast<int>(n), w.S.data() + qa * kTile, nk, w.vt.data(), D, p.scale, w.steps);
   };
@@ -825,7 +825,7 @@ void run_chunks(Plan& p, const Run& r, std::int64_t c0, std::int64_t c1, Scratch
             gather(p.path, job, rows[static_cast<std::size_t>(r.ia)], kvh, D, t0 + done, t1, w.kt.data(), w.vt.data());
             scores(p.path, qp, static_cast<int>(nq), w.kt.data(), D,
                    static_cast<int>((t1 - t0 - done + kLanes - 1) / kLanes), w.S.data());
-            update(0, nq, t0 + done, ce);
+            update(0, nq, t0 + done, t1);
           }
           continue;
         }
@@ -834,7 +834,7 @@ void run_chunks(Plan& p, const Run& r, std::int64_t c0, std::int64_t c1, Scratch
         gather(p.path, job, rows[static_cast<std::size_t>(r.ib - 1)], kvh, D, t0, t1, w.kt.data(), w.vt.data());
         scores(p.path, qp, static_cast<int>(nq), w.kt.data(), D, static_cast<int>((t1 - t0 + kLanes - 1) / kLanes),
                w.S.data());
-        update(0, nq, t0, ce);
+        update(0, nq, t0, t1);
         continue;
       }
       for (std::int64_t i = 0; i < nr; ++i) {
@@ -843,7 +843,7 @@ void run_chunks(Plan& p, const Run& r, std::int64_t c0, std::int64_t c1, Scratch
         gather(p.path, job, rows[static_cast<std::size_t>(r.ia + i)], kvh, D, t0, ti, w.kt.data(), w.vt.data());
         const int nblocks = static_cast<int>((ti - t0 + kLanes - 1) / kLanes);
         scores(p.path, qp + i * r.nh, static_cast<int>(r.nh), w.kt.data(), D, nblocks, w.S.data() + i * r.nh * kTile);
-        update(i * r.nh, r.nh, t0, ce);
+        update(i * r.nh, r.nh, t0, ti);
       }
     }
     for (std::int64_t q = 0; q < nq; ++q) {
