@@ -21,8 +21,7 @@ std::unique_ptr<model::TargetStep> make_step(const std::shared_ptr<const model::
                                              std::shared_ptr<kernels::Communicator> comm) {
   const auto& c = w->config();
   auto kv = std::make_shared<model::KvCache>(c.n_layers, w->local_kv_heads(), c.head_dim, s.page_size,
-                                             *s.max_total_tokens, s.device != config::Device::Cuda,
-                                             model::kv_type(s));
+                                             *s.max_total_tokens, s.device != config::Device::Cuda, model::kv_type(s));
   auto runner = model::make_runner(w, s, rank, static_cast<int>(s.threads), *kv);
   return std::make_unique<model::TargetStep>(std::move(kv), std::move(runner), std::move(comm));
 }

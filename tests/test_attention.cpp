@@ -86,7 +86,7 @@ TEST_CASE("attention: scalar, AVX2 and AVX-512 twins give the same bits for ever
   // Row counts of 5, 9, 17 and 25 leave a run of one row after runs of 4 or 8 (whatever the run
   // size), which reads its whole prefix blocks in place and the rest (a partial block and the new
   // keys, 18 of them at 690 keys) through the tile.
-  const Shape shapes[] = {{64, 1300, 1, false}, {64, 700, 40, false}, {64, 600, 6, true}, {64, 690, 5, false},
+  const Shape shapes[] = {{64, 1300, 1, false}, {64, 700, 40, false}, {64, 600, 6, true},  {64, 690, 5, false},
                           {64, 690, 5, true},   {64, 690, 9, false},  {64, 700, 17, true}, {64, 90, 25, false},
                           {48, 530, 3, false},  {40, 90, 5, true},    {20, 70, 2, false}};
   // A binary tree over up to 64 nodes: node i's parent is (i − 1) / 2; each row sees its ancestors.
@@ -102,9 +102,13 @@ TEST_CASE("attention: scalar, AVX2 and AVX-512 twins give the same bits for ever
       Case a(type, 9, 3, sh.hd, 16, sh.keys, sh.nq, static_cast<std::uint32_t>(sh.keys + sh.nq));
       Case b(type, 9, 3, sh.hd, 16, 37, 1, 5);  // a second, short sequence in the same call
       const auto va = a.kv.view(0, a.seq), vb = b.kv.view(0, b.seq);
-      const std::vector<AttentionJob> jobs = {
-          {a.q.data(), sh.nq, {va, 0, sh.keys - sh.nq}, {va, sh.keys - sh.nq, sh.nq}, sh.tree ? tree : nullptr, nullptr},
-          {b.q.data(), 1, {vb, 0, 36}, {vb, 36, 1}, nullptr, nullptr}};
+      const std::vector<AttentionJob> jobs = {{a.q.data(),
+                                               sh.nq,
+                                               {va, 0, sh.keys - sh.nq},
+                                               {va, sh.keys - sh.nq, sh.nq},
+                                               sh.tree ? tree : nullptr,
+                                               nullptr},
+                                              {b.q.data(), 1, {vb, 0, 36}, {vb, 36, 1}, nullptr, nullptr}};
       std::vector<std::vector<float>> outs;
       const std::vector<float> ref = run(0, 1, jobs, 9, 3, sh.hd, outs);
       for (const float x : ref) REQUIRE(std::isfinite(x));
@@ -117,10 +121,9 @@ TEST_CASE("attention: scalar, AVX2 and AVX-512 twins give the same bits for ever
       // Each query alone (decode of one row, the verify of one tree node) gets its bits in the batch.
       for (std::int64_t i = 0; i < sh.nq; i += (sh.nq > 8 ? 4 : 1)) {
         const std::int64_t pre = sh.keys - sh.nq;
-        const AttentionJob one = sh.tree ? AttentionJob{a.q.data() + i * 9 * sh.hd, 1, {va, 0, pre}, {va, pre, sh.nq},
-                                                        tree + i, nullptr}
-                                         : AttentionJob{a.q.data() + i * 9 * sh.hd, 1, {va, 0, pre + i}, {va, pre + i, 1},
-                                                        nullptr, nullptr};
+        const AttentionJob one =
+            sh.tree ? AttentionJob{a.q.data() + i * 9 * sh.hd, 1, {va, 0, pre}, {va, pre, sh.nq}, tree + i, nullptr}
+                    : AttentionJob{a.q.data() + i * 9 * sh.hd, 1, {va, 0, pre + i}, {va, pre + i, 1}, nullptr, nullptr};
         const std::vector<float> alone = run(paths.back(), 2, {one}, 9, 3, sh.hd, outs);
         CHECK(std::memcmp(alone.data(), ref.data() + i * 9 * sh.hd, alone.size() * sizeof(float)) == 0);
       }
@@ -140,14 +143,15 @@ TEST_CASE("attention: causal rows give the same bits however the keys before the
         Case c(type, 9, 3, 64, 16, N, N, static_cast<std::uint32_t>(N * 100 + pre));
         const auto v = c.kv.view(0, c.seq);
         std::vector<std::vector<float>> outs;
-        const std::vector<float> whole = run(0, 1, {{c.q.data(), N, {v, 0, 0}, {v, 0, N}, nullptr, nullptr}}, 9, 3, 64, outs);
+        const std::vector<float> whole =
+            run(0, 1, {{c.q.data(), N, {v, 0, 0}, {v, 0, N}, nullptr, nullptr}}, 9, 3, 64, outs);
         for (const int path : paths_here())
           for (const int threads : {1, 2, 3}) {
             CAPTURE(path);
             CAPTURE(threads);
             const std::vector<float> part = run(
-                path, threads, {{c.q.data() + pre * 9 * 64, N - pre, {v, 0, pre}, {v, pre, N - pre}, nullptr, nullptr}}, 9,
-                3, 64, outs);
+                path, threads, {{c.q.data() + pre * 9 * 64, N - pre, {v, 0, pre}, {v, pre, N - pre}, nullptr, nullptr}},
+                9, 3, 64, outs);
             CHECK(std::memcmp(part.data(), whole.data() + pre * 9 * 64, part.size() * sizeof(float)) == 0);
           }
       }
@@ -172,10 +176,10 @@ TEST_CASE("attention: a 16-bit cache gives the bits of a float32 cache holding i
     std::vector<std::vector<float>> outs;
     for (const int path : paths_here()) {
       CAPTURE(path);
-      const auto a = run(path, 2, {{h.q.data(), nq, {vh, 0, slots - nq}, {vh, slots - nq, nq}, nullptr, nullptr}}, 9,
-                         3, hd, outs);
-      const auto b = run(path, 2, {{h.q.data(), nq, {vf, 0, slots - nq}, {vf, slots - nq, nq}, nullptr, nullptr}}, 9,
-                         3, hd, outs);
+      const auto a =
+          run(path, 2, {{h.q.data(), nq, {vh, 0, slots - nq}, {vh, slots - nq, nq}, nullptr, nullptr}}, 9, 3, hd, outs);
+      const auto b =
+          run(path, 2, {{h.q.data(), nq, {vf, 0, slots - nq}, {vf, slots - nq, nq}, nullptr, nullptr}}, 9, 3, hd, outs);
       CHECK(same_bits(a, b));
     }
   }
@@ -194,7 +198,8 @@ TEST_CASE("attention: close to a float64 softmax(QKᵀ)V over the values the cac
   const std::int32_t page0 = 0;
   const PagedKvView scratch{sk.data(), sv.data(), &page0, 64, 64 * row, row};
   const std::uint64_t mask[4] = {0b1, 0b11, 0b101, 0b1011};
-  const std::vector<AttentionJob> jobs = {{c.q.data(), nq, {c.kv.view(0, c.seq), 0, pre}, {scratch, 0, nq}, mask, nullptr}};
+  const std::vector<AttentionJob> jobs = {
+      {c.q.data(), nq, {c.kv.view(0, c.seq), 0, pre}, {scratch, 0, nq}, mask, nullptr}};
   std::vector<std::vector<float>> outs;
   const auto paths = paths_here();
   const std::vector<float> got = run(paths.back(), 2, jobs, heads, kvh, hd, outs);

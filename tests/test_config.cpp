@@ -521,7 +521,8 @@ TEST_CASE("KV cache type: auto is float16 on the CPU in the fast precision, else
                        ConfigError);
   CHECK_THROWS_WITH_AS(
       resolved({"--device", "cuda", "--speculative-draft-kv-cache-dtype", "bfloat16"}, {true, "", true}),
-      doctest::Contains("--speculative-draft-kv-cache-dtype bfloat16: with --device cuda the draft's KV cache is float32"),
+      doctest::Contains(
+          "--speculative-draft-kv-cache-dtype bfloat16: with --device cuda the draft's KV cache is float32"),
       ConfigError);
   // The draft's own cache: unset or auto keep the target's type, a value is the draft's alone.
   const Snapshot t = resolved({"--speculative-algorithm", "NGRAM"}, no_gpu());

@@ -497,7 +497,7 @@ TEST_CASE("attention: the KV cache's per-head pages and rows with the heads side
   const std::int32_t page0 = 0;
   const specactor::kernels::PagedKvView rows{k_rows.data(), v_rows.data(), &page0, slots, slots * row, row};
   const specactor::kernels::PagedKvView cache = a.kv.view(0, a.seq);
-  CHECK(cache.page_stride == page * hd);  // the cache keeps a head's slots of a page together,
+  CHECK(cache.page_stride == page * hd);                       // the cache keeps a head's slots of a page together,
   CHECK(cache.head_stride == a.kv.total_pages() * page * hd);  // and a head's pages one after another
   for (std::int64_t nq : {std::int64_t{1}, n}) {
     const std::int64_t pre = slots - nq;

@@ -64,13 +64,19 @@ std::vector<std::vector<std::int32_t>> run(Engine& e, const std::vector<Generati
 }
 
 // Greedy speculative decoding equals plain greedy decoding, request by request, alone and 8 at a
-// time — in each CPU precision (plain and speculative compared within the same precision).
+// time — in each CPU precision and KV cache type (plain and speculative compared within the same
+// arithmetic): fast with its default float16 cache, exact with its float32 one, fast with bfloat16.
 void check_lossless(const std::vector<std::string>& base_args, const std::vector<GenerationRequest>& reqs,
                     const std::vector<std::vector<std::string>>& configs) {
-  for (const char* precision : {"fast", "exact"}) {
+  const std::vector<std::vector<std::string>> arms = {{"--cpu-precision", "fast"},
+                                                      {"--cpu-precision", "exact"},
+                                                      {"--cpu-precision", "fast", "--kv-cache-dtype", "bfloat16"}};
+  for (const auto& arm : arms) {
+    std::string precision;
+    for (const auto& a : arm) precision += a + " ";
     CAPTURE(precision);
     std::vector<std::string> base = base_args;
-    base.insert(base.end(), {"--cpu-precision", precision});
+    base.insert(base.end(), arm.begin(), arm.end());
     auto plain = Engine::from_argv(base);
     const auto want = run(*plain, reqs, false);
     const std::vector<GenerationRequest> first8(

@@ -122,7 +122,8 @@ SPECACTOR_ATT_AVX512 void read_run512(const PagedKvView& v, std::int64_t base, s
   for (std::int64_t i0 = 0; v.k_by_dim && i0 < len; i0 += 16) {
     const int c = static_cast<int>(std::min<std::int64_t>(16, len - i0));
     if (c == 16) {
-      for (std::int64_t d = 0; d < D; ++d) _mm512_storeu_ps(kt + d * kTile + i0, load16<T>(K, base + d * ps + r + i0, 16));
+      for (std::int64_t d = 0; d < D; ++d)
+        _mm512_storeu_ps(kt + d * kTile + i0, load16<T>(K, base + d * ps + r + i0, 16));
     } else {
       const auto m = static_cast<__mmask16>((1u << c) - 1u);
       for (std::int64_t d = 0; d < D; ++d)
@@ -139,7 +140,8 @@ SPECACTOR_ATT_AVX512 void read_run512(const PagedKvView& v, std::int64_t base, s
   const void* V = v.v;
   const std::int64_t row = v.row;
   for (std::int64_t i = 0; i < len; ++i)
-    for (std::int64_t d0 = 0; d0 < D; d0 += 16) _mm512_storeu_ps(vt + i * D + d0, load16<T>(V, base + (r + i) * row + d0, 16));
+    for (std::int64_t d0 = 0; d0 < D; d0 += 16)
+      _mm512_storeu_ps(vt + i * D + d0, load16<T>(V, base + (r + i) * row + d0, 16));
 }
 
 template <KvType T>
@@ -148,7 +150,8 @@ SPECACTOR_ATT_AVX2 void read_run256(const PagedKvView& v, std::int64_t base, std
   if (v.k_by_dim) {
     for (std::int64_t d = 0; d < D; ++d) {
       std::int64_t i = 0;
-      for (; i + 8 <= len; i += 8) _mm256_storeu_ps(kt + d * kTile + i, load8<T>(v.k, base + d * v.page_size + r + i, 8));
+      for (; i + 8 <= len; i += 8)
+        _mm256_storeu_ps(kt + d * kTile + i, load8<T>(v.k, base + d * v.page_size + r + i, 8));
       for (; i < len; ++i) kt[d * kTile + i] = element<T>(v.k, base + d * v.page_size + r + i);
     }
   } else {
@@ -316,18 +319,42 @@ void scores(int path, const float* const* q, int nq, const float* kt, std::int64
     const float* const* qi = q + i;
     float* Si = S + i * kTile;
     switch (n) {
-      case 1: scores_group<1>(path, qi, kt, D, nblocks, Si); break;
-      case 2: scores_group<2>(path, qi, kt, D, nblocks, Si); break;
-      case 3: scores_group<3>(path, qi, kt, D, nblocks, Si); break;
-      case 4: scores_group<4>(path, qi, kt, D, nblocks, Si); break;
-      case 5: scores_group<5>(path, qi, kt, D, nblocks, Si); break;
-      case 6: scores_group<6>(path, qi, kt, D, nblocks, Si); break;
-      case 7: scores_group<7>(path, qi, kt, D, nblocks, Si); break;
-      case 8: scores_group<8>(path, qi, kt, D, nblocks, Si); break;
-      case 9: scores_group<9>(path, qi, kt, D, nblocks, Si); break;
-      case 10: scores_group<10>(path, qi, kt, D, nblocks, Si); break;
-      case 11: scores_group<11>(path, qi, kt, D, nblocks, Si); break;
-      default: scores_group<12>(path, qi, kt, D, nblocks, Si); break;
+      case 1:
+        scores_group<1>(path, qi, kt, D, nblocks, Si);
+        break;
+      case 2:
+        scores_group<2>(path, qi, kt, D, nblocks, Si);
+        break;
+      case 3:
+        scores_group<3>(path, qi, kt, D, nblocks, Si);
+        break;
+      case 4:
+        scores_group<4>(path, qi, kt, D, nblocks, Si);
+        break;
+      case 5:
+        scores_group<5>(path, qi, kt, D, nblocks, Si);
+        break;
+      case 6:
+        scores_group<6>(path, qi, kt, D, nblocks, Si);
+        break;
+      case 7:
+        scores_group<7>(path, qi, kt, D, nblocks, Si);
+        break;
+      case 8:
+        scores_group<8>(path, qi, kt, D, nblocks, Si);
+        break;
+      case 9:
+        scores_group<9>(path, qi, kt, D, nblocks, Si);
+        break;
+      case 10:
+        scores_group<10>(path, qi, kt, D, nblocks, Si);
+        break;
+      case 11:
+        scores_group<11>(path, qi, kt, D, nblocks, Si);
+        break;
+      default:
+        scores_group<12>(path, qi, kt, D, nblocks, Si);
+        break;
     }
   }
 }
@@ -462,8 +489,8 @@ SPECACTOR_ATT_AVX2 void steps256(float* st, const float* Sq, int nk, float scale
 }
 
 template <int NQ, int W>
-SPECACTOR_ATT_AVX2 void pv256(float* const* o, const Steps& w, int q0, int j0, int j1, const float* vt,
-                              std::int64_t D, std::int64_t d0) {
+SPECACTOR_ATT_AVX2 void pv256(float* const* o, const Steps& w, int q0, int j0, int j1, const float* vt, std::int64_t D,
+                              std::int64_t d0) {
   __m256 acc[NQ][W];
   for (int q = 0; q < NQ; ++q)
     for (int x = 0; x < W; ++x) acc[q][x] = _mm256_loadu_ps(o[q] + d0 + 8 * x);
@@ -673,8 +700,8 @@ struct Run {
   std::int64_t nmax = 0;        // most keys of a row
   std::int64_t shared = 0;      // keys t < shared are the same key for every row
   std::int64_t chunks = 0;
-  std::int64_t item0 = 0;    // its first item (one item per chunk)
-  std::int64_t spill = -1;   // first state of its spilled chunks (runs whose chunks several threads share)
+  std::int64_t item0 = 0;   // its first item (one item per chunk)
+  std::int64_t spill = -1;  // first state of its spilled chunks (runs whose chunks several threads share)
 };
 
 struct Plan {
@@ -682,8 +709,8 @@ struct Plan {
   std::int64_t n_heads = 0, group = 0, D = 0;
   float scale = 0.0f;
   const AttentionJob* jobs = nullptr;
-  std::vector<std::vector<RowKeys>> rows;             // per job, per row
-  std::vector<std::vector<std::int32_t>> lists;       // per job: the masked lists of its rows, concatenated
+  std::vector<std::vector<RowKeys>> rows;        // per job, per row
+  std::vector<std::vector<std::int32_t>> lists;  // per job: the masked lists of its rows, concatenated
   std::vector<Run> runs;
   std::vector<std::int64_t> list_at;           // scratch of make_plan
   std::vector<std::int64_t> item_cost_prefix;  // cumulative cost before item i
@@ -712,13 +739,15 @@ void make_plan(Plan& p, const AttentionJob* jobs, int n_jobs) {
         at[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(lists.size());
         for (std::int64_t m = 0; m < mc; ++m)
           if ((job.mask[i] >> m) & 1u) lists.push_back(static_cast<std::int32_t>(m));
-        rows[static_cast<std::size_t>(i)].n = pc + static_cast<std::int64_t>(lists.size()) - at[static_cast<std::size_t>(i)];
+        rows[static_cast<std::size_t>(i)].n =
+            pc + static_cast<std::int64_t>(lists.size()) - at[static_cast<std::size_t>(i)];
       } else {
         rows[static_cast<std::size_t>(i)].n = pc + std::clamp<std::int64_t>(i + lag + 1, 0, mc);
       }
     }
     if (job.mask)
-      for (std::int64_t i = 0; i < job.n_q; ++i) rows[static_cast<std::size_t>(i)].list = lists.data() + at[static_cast<std::size_t>(i)];
+      for (std::int64_t i = 0; i < job.n_q; ++i)
+        rows[static_cast<std::size_t>(i)].list = lists.data() + at[static_cast<std::size_t>(i)];
     for (std::int64_t ia = 0; ia < job.n_q; ia += R) {
       const std::int64_t ib = std::min(job.n_q, ia + R);
       std::int64_t nmax = 0, nmin = std::numeric_limits<std::int64_t>::max();
@@ -818,8 +847,8 @@ void run_chunks(Plan& p, const Run& r, std::int64_t c0, std::int64_t c1, Scratch
       if (nr == 1 && t1 <= r.shared) {  // one row (a decode step): its whole blocks straight from the pages
         float* st[kMaxQ];
         for (std::int64_t q = 0; q < nq; ++q) st[q] = w.cur.data() + q * SS;
-        const std::int64_t done = direct_tile(p.path, job, kvh, D, t0, t1, qp, st, static_cast<int>(nq), p.scale,
-                                              w.S.data(), w.steps);
+        const std::int64_t done =
+            direct_tile(p.path, job, kvh, D, t0, t1, qp, st, static_cast<int>(nq), p.scale, w.S.data(), w.steps);
         if (done > 0) {
           if (t0 + done < t1) {  // the rest (a partial block, the new keys) through the tile
             gather(p.path, job, rows[static_cast<std::size_t>(r.ia)], kvh, D, t0 + done, t1, w.kt.data(), w.vt.data());
@@ -889,8 +918,8 @@ void run_share(Plan& p, int tid, int nth) {
   const std::int64_t begin = boundary(p, tid, nth), end = boundary(p, tid + 1, nth);
   if (begin >= end) return;
   // The run holding item `begin`, then on.
-  auto it = std::upper_bound(p.runs.begin(), p.runs.end(), begin,
-                             [](std::int64_t v, const Run& r) { return v < r.item0; });
+  auto it =
+      std::upper_bound(p.runs.begin(), p.runs.end(), begin, [](std::int64_t v, const Run& r) { return v < r.item0; });
   for (auto r = it - 1; r != p.runs.end() && r->item0 < end; ++r) {
     const std::int64_t c0 = std::max(begin, r->item0) - r->item0, c1 = std::min(end, r->item0 + r->chunks) - r->item0;
     if (c1 > c0) run_chunks(p, *r, c0, c1, w);

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/cpu/matmul.hpp"  // cpu_path
 #include "kernels/cpu/exp_simd.hpp"
+#include "kernels/cpu/matmul.hpp"  // cpu_path
 #include "kernels/cpu/pool.hpp"
 
 namespace specactor::kernels {
