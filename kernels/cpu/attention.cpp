@@ -723,15 +723,17 @@ std::int64_t stride_of(std::int64_t D) { return kStateHead + D; }
 void make_plan(Plan& p, const AttentionJob* jobs, int n_jobs) {
   const std::int64_t G = p.group, nh = std::min<std::int64_t>(G, kMaxQ), R = std::max<std::int64_t>(1, kMaxQ / nh);
   p.jobs = jobs;
-  p.rows.assign(static_cast<std::size_t>(n_jobs), {});
-  p.lists.assign(static_cast<std::size_t>(n_jobs), {});
+  // Reused between calls (a decode batch calls this once per layer): clear, keep the capacity.
+  if (p.rows.size() < static_cast<std::size_t>(n_jobs)) p.rows.resize(static_cast<std::size_t>(n_jobs));
+  if (p.lists.size() < static_cast<std::size_t>(n_jobs)) p.lists.resize(static_cast<std::size_t>(n_jobs));
   p.runs.clear();
   for (int j = 0; j < n_jobs; ++j) {
     const AttentionJob& job = jobs[j];
     const std::int64_t pc = job.prefix.count, mc = job.masked.count, lag = mc - job.n_q;
     auto& rows = p.rows[static_cast<std::size_t>(j)];
     auto& lists = p.lists[static_cast<std::size_t>(j)];
-    rows.resize(static_cast<std::size_t>(job.n_q));
+    lists.clear();
+    rows.assign(static_cast<std::size_t>(job.n_q), RowKeys{});
     std::vector<std::int64_t>& at = p.list_at;
     at.assign(static_cast<std::size_t>(job.n_q), 0);
     for (std::int64_t i = 0; i < job.n_q; ++i) {
