@@ -352,8 +352,8 @@ TEST_CASE(
   for (const Arm& arm : arms) {
     const double kld = arm.kld_sum / static_cast<double>(positions),
                  top1 = static_cast<double>(arm.agree) / static_cast<double>(positions);
-    MESSAGE(std::string(arm.name) << " vs exact over " << positions << " positions: mean KLD " << kld << " (max " << arm.kld_max
-                     << "), top-1 agreement " << 100 * top1 << " %");
+    MESSAGE(std::string(arm.name) << " vs exact over " << positions << " positions: mean KLD " << kld << " (max "
+                                  << arm.kld_max << "), top-1 agreement " << 100 * top1 << " %");
     CAPTURE(arm.name);
     // Measured on the default model (2026-12-03, docs/architecture.md "CPU precision"): fast with a
     // float32 / float16 / bfloat16 KV cache: mean KLD 0.00284 / 0.00280 / 0.00281, top-1 95.7 / 95.7 /
