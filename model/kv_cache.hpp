@@ -97,8 +97,7 @@ class KvCache {
   std::int64_t n_layers_, row_, head_dim_, page_size_, n_pages_, page_stride_, head_region_, layer_stride_;
   kernels::KvType type_;
   std::int64_t elem_;  // bytes per element
-  // Anonymous mappings asked to be backed by huge pages (attention walks a head's blocks of every
-  // page; with 4 KiB pages nearly every block is a TLB miss). Resident only where written.
+  // Anonymous mappings with a huge-page hint, resident only where written (see the constructor).
   std::unique_ptr<unsigned char[], KvUnmap> k_, v_;
   std::vector<std::int32_t> free_;
   std::vector<std::int32_t> refs_;  // holders of each page (0: on the free list)

@@ -281,3 +281,54 @@ TEST_CASE("KV cache: 16-bit rows round to nearest even, read back exactly, copy_
   CHECK(bf16_to_f32(f32_to_bf16(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256);
   CHECK(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
 }
+
+TEST_CASE("16-bit conversions: the SIMD path writes the scalar conversions' bits for every kind of float") {
+  // Inputs chosen where the rounding is decided: for every sign, exponent and top mantissa bits, the
+  // low bits at zero, one, just below/at/above the halfway point and all ones, for both the normal
+  // range and every subnormal shift of float16; NaNs with payloads and infinities come with exponent
+  // 0xff; then random patterns.
+  std::vector<std::uint32_t> bits;
+  for (std::uint32_t hi = 0; hi < (1u << 19); ++hi)
+    for (const std::uint32_t lo : {0x0u, 0x1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu}) bits.push_back(hi << 13 | lo);
+  for (std::uint32_t sign = 0; sign < 2; ++sign)
+    for (std::uint32_t exp = 101; exp <= 113; ++exp)  // float16's subnormal results and the edges
+      for (std::uint32_t top = 0; top < 64; ++top) {
+        const int shift = 126 - static_cast<int>(exp);  // the bits below float16's last subnormal bit (+13)
+        const std::uint32_t full = (1u << 23) - 1, base = top << 17;
+        for (const std::uint32_t lo :
+             {0u, 1u, full, shift > 0 ? (1u << (shift + 13 - 1)) : 0u, shift > 0 ? (1u << (shift + 13 - 1)) + 1 : 1u,
+              shift > 0 ? (1u << (shift + 13 - 1)) - 1 : 2u})
+          bits.push_back(sign << 31 | exp << 23 | ((base | (lo & full)) & full));
+      }
+  for (std::uint32_t hi = 0; hi < (1u << 16); ++hi)  // bfloat16's halfway points
+    for (const std::uint32_t lo : {0x7fffu, 0x8000u, 0x8001u, 0xffffu}) bits.push_back(hi << 16 | lo);
+  std::mt19937 rng(11);
+  for (int i = 0; i < 1 << 20; ++i) bits.push_back(static_cast<std::uint32_t>(rng()));
+  bits.resize(bits.size() + 5, 0x3f800000u);  // a length that leaves a tail for the scalar loop
+  std::vector<float> x(bits.size());
+  std::memcpy(x.data(), bits.data(), bits.size() * 4);
+  std::vector<std::uint16_t> s(x.size()), v(x.size());
+  for (const bool bf : {false, true}) {
+    CAPTURE(bf);
+    (bf ? f32_to_bf16_n : f32_to_f16_n)(x.data(), s.data(), x.size(), false);
+    (bf ? f32_to_bf16_n : f32_to_f16_n)(x.data(), v.data(), x.size(), true);
+    std::size_t bad = 0, first = 0;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (s[i] != v[i] && bad++ == 0) first = i;
+    CAPTURE(first);
+    CAPTURE(bits[first]);
+    CHECK(bad == 0);
+  }
+  // The scalar conversions themselves, at points whose answers are known.
+  CHECK(f32_to_f16(65504.0f) == 0x7bff);
+  CHECK(f32_to_f16(65520.0f) == 0x7c00);               // halfway to the next binade: to even = inf
+  CHECK(f32_to_f16(std::ldexp(1.0f, -24)) == 0x0001);  // the smallest subnormal
+  CHECK(f32_to_f16(std::ldexp(1.0f, -25)) == 0x0000);  // half of it: to even = 0
+  CHECK(f32_to_f16(std::ldexp(1.5f, -25)) == 0x0001);  // above half
+  CHECK(f32_to_f16(std::ldexp(3.0f, -25)) == 0x0002);  // 1.5 subnormal units: to even = 2
+  std::uint32_t nan_bits = 0xffc12345u;                // a negative quiet NaN with a payload
+  float nan_f;
+  std::memcpy(&nan_f, &nan_bits, 4);
+  CHECK(f32_to_f16(nan_f) == (0x8000 | 0x7c00 | 0x200 | (0x412345u >> 13)));
+  if (!cpu_path_available(CpuPath::Avx2)) MESSAGE("no AVX2 + F16C here: only the scalar conversion ran");
+}

@@ -1,8 +1,11 @@
 // kernels/cpu/quant.cpp — scalar reference dequantization of every supported weight format.
 #include "kernels/cpu/quant.hpp"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -98,7 +101,8 @@ std::uint16_t f32_to_f16(float f) {
   const std::uint32_t sign = (x >> 16) & 0x8000;
   const std::uint32_t exp = (x >> 23) & 0xff;
   std::uint32_t mant = x & 0x7fffff;
-  if (exp == 0xff) return static_cast<std::uint16_t>(sign | 0x7c00 | (mant ? 0x200 : 0));
+  // Infinity; a NaN becomes quiet and keeps the top 9 bits of its payload (what vcvtps2ph does).
+  if (exp == 0xff) return static_cast<std::uint16_t>(sign | 0x7c00 | (mant ? 0x200 | (mant >> 13) : 0));
   int e = static_cast<int>(exp) - 127 + 15;
   if (e >= 0x1f) return static_cast<std::uint16_t>(sign | 0x7c00);
   if (e <= 0) {
@@ -129,6 +133,59 @@ std::uint16_t f32_to_bf16(float f) {
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);  // NaN
   bits += 0x7fffu + ((bits >> 16) & 1u);  // to nearest even (a carry into the exponent is correct)
   return static_cast<std::uint16_t>(bits >> 16);
+}
+
+namespace {
+
+__attribute__((target("avx2,f16c"))) void f32_to_f16_avx2(const float* x, std::uint16_t* out, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) out[i] = f32_to_f16(x[i]);
+}
+
+// f32_to_bf16's integer steps, 8 lanes at a time.
+__attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* x, std::uint16_t* out, std::size_t n) {
+  const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000),
+                bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i h[2];
+    for (int k = 0; k < 2; ++k) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8 * k));
+      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, abs), inf);
+      const __m256i r = _mm256_srli_epi32(
+          _mm256_add_epi32(b, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(b, 16), one))), 16);
+      h[k] = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(b, 16), quiet), nan);
+    }
+    // Every lane is in [0, 0xffff]: the unsigned saturating pack is exact; packs work per 128-bit lane.
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(h[0], h[1]), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), p);
+  }
+  for (; i < n; ++i) out[i] = f32_to_bf16(x[i]);
+}
+
+bool simd_conversions() {
+  static const bool ok = [] {
+    const char* env = std::getenv("SPECACTOR_CPU_PATH");
+    if (env && std::string(env) == "scalar") return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  }();
+  return ok;
+}
+
+}  // namespace
+
+void f32_to_f16_n(const float* x, std::uint16_t* out, std::size_t n, bool simd) {
+  if (simd && simd_conversions()) return f32_to_f16_avx2(x, out, n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
+}
+
+void f32_to_bf16_n(const float* x, std::uint16_t* out, std::size_t n, bool simd) {
+  if (simd && simd_conversions()) return f32_to_bf16_avx2(x, out, n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(x[i]);
 }
 
 void q4k_scale_min(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m) {
