@@ -534,10 +534,14 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   const char* precision_path =
       s.cpu_precision == sc::CpuPrecision::Fast ? specactor::kernels::qpath_name(specactor::kernels::qpath()) : path;
   const int threads = specactor::kernels::ComputePool::instance().threads();
+  const std::string path_reason = s.cpu_precision == sc::CpuPrecision::Fast
+                                      ? specactor::kernels::qpath_reason()
+                                      : std::string(path) + ": the exact precision's float kernels";
 
   if (as_json) {
     json j = {{"model", s.model_path},
               {"cpu_path", precision_path},
+              {"cpu_path_reason", path_reason},
               {"cpu_precision", sc::to_string(s.cpu_precision)},
               {"kv_cache_dtype", s.kv_cache_dtype},
               {"threads", threads},
@@ -569,6 +573,7 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
       "threads\n",
       s.model_path, m.config.n_layers, m.weights->weight_bytes() / 1048576.0, sc::to_string(s.cpu_precision),
       precision_path, s.kv_cache_dtype, threads);
+  std::cout << "path:     " << path_reason << "\n";
   std::cout << fmt::format(
       "machine:  memory read {:.1f} GB/s (copy {:.1f} GB/s, {} MiB buffer); peak FMA {:.1f} GFLOP/s\n", bw.read_gbps,
       bw.copy_gbps, bw.bytes >> 20, peak_gflops);
@@ -770,7 +775,10 @@ int cmd_shrink(const ShrinkOptions& o) {
 
 int cmd_devices() {
   const sk::DeviceProbe& p = sk::probe_devices();
-  json j = {{"cuda_compiled", p.cuda_compiled},
+  json j = {{"cpu_float_path", sk::cpu_path_name(sk::cpu_path())},
+            {"cpu_integer_path", sk::qpath_name(sk::qpath())},
+            {"cpu_integer_path_reason", sk::qpath_reason()},
+            {"cuda_compiled", p.cuda_compiled},
             {"cuda_usable", p.cuda_usable},
             {"device_count", p.device_count},
             {"device_name", p.device_name},

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/quant.hpp"
@@ -64,10 +65,16 @@ enum class Precision { Fast, Exact };
 const char* precision_name(Precision p);
 
 // The instruction paths of the fast precision: a scalar twin that defines the arithmetic, AVX2
-// (maddubs/madd) and VNNI (AVX512-VNNI with VL, 256-bit dpbusd).
-enum class QPath { Scalar, Avx2, Vnni };
-// The widest available unless SPECACTOR_CPU_PATH=scalar|avx2.
+// (maddubs/madd), VNNI (AVX512-VNNI with VL, 256-bit dpbusd: one panel of 8 outputs per register)
+// and Vnni512 (calls of more than 8 rows with 512-bit dpbusd, two panels per register, for
+// Q4_0/Q4_1/Q8_0; up to 8 rows, and Q4_K/Q6_K, as Vnni). All four give the same bits.
+enum class QPath { Scalar, Avx2, Vnni, Vnni512 };
+// The path the fast precision runs: the widest available; between Vnni and Vnni512 the faster on
+// this CPU, timed once at first use (a few milliseconds: a small matrix in cache, 16 rows). Forced by
+// SPECACTOR_CPU_PATH=scalar|avx2|vnni256|vnni512 (a path the CPU lacks is not taken).
 QPath qpath();
+// Why qpath() is what it is, in a sentence (the CPU's features, the timing, an override, AMX).
+const std::string& qpath_reason();
 const char* qpath_name(QPath p);
 bool qpath_available(QPath p);
 // Whether `t` has an integer kernel (else Fast computes it with the exact path).

@@ -28,11 +28,14 @@
 // Every (row, output) runs these operations in this order whatever the number of rows in the call
 // and however threads split the outputs (in units of 8 output rows), on every path: a scalar twin
 // defines each, the AVX2 and VNNI paths perform the same operations (tested bit for bit).
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -349,22 +352,137 @@ namespace {
 #undef QMM_DOT4
 #undef QMM_DPB
 
+// ---- two panels at once in 512-bit registers (QPath::Vnni512) ----------------------------------------
+// Lane k of a register is output row o0 + k of two consecutive panels (k < 8: the first). Every lane
+// performs panel<T, RT>'s operations in its order (the same dpbusd sums, the same fma chains), so the
+// results are the 256-bit kernel's bits; only the instruction count per output halves.
+namespace vnni512 {
+
+#define QMM512_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define QMM512_DPB(acc, u, p) \
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const std::int32_t*>(p)))
+
+QMM512_TARGET inline __m512i join(const std::uint8_t* a, const std::uint8_t* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+// 8 f16 values at a and 8 at b as 16 floats.
+QMM512_TARGET inline __m512 join_ph(const std::uint8_t* a, const std::uint8_t* b) {
+  return _mm512_cvtph_ps(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
+}
+
+// Panels at pa and pb (= pa + one panel's bytes) against RT activation rows from r0; writes
+// y[(r0 + r)·y_stride + o0 + k] for k < nvalid (≤ 16).
+template <WeightType T, int RT>
+QMM512_TARGET void panel2(const std::uint8_t* pa, const std::uint8_t* pb, std::int64_t nc, const QRows& xq,
+                          std::int64_t r0, float* y, std::int64_t y_stride, std::int64_t o0, int nvalid) {
+  constexpr bool Q8 = T == WeightType::Q8_0, U = !Q8;
+  constexpr std::int64_t CB = packed::panel_chunk_bytes(T), SB = packed::scale_bytes(T);
+  const std::int8_t* xc = xq.qblock(r0, 0);
+  const std::int64_t xstep = xq.rows * 32;
+  const float* xd_p[RT];
+  const float* xs_p[RT];
+  [[maybe_unused]] const std::int32_t* xb_p[RT];
+#pragma GCC unroll 8
+  for (int r = 0; r < RT; ++r) {
+    xd_p[r] = xq.drow(r0 + r);
+    xs_p[r] = xq.srow(r0 + r);
+    xb_p[r] = xq.brow(r0 + r);
+  }
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512 acc[RT];
+#pragma GCC unroll 8
+  for (int r = 0; r < RT; ++r) acc[r] = _mm512_setzero_ps();
+  for (std::int64_t c = 0; c < nc; ++c, xc += xstep) {
+    const std::uint8_t* ba = pa + c * CB;
+    const std::uint8_t* bb = pb + c * CB;
+    __m512i isum[RT];
+#pragma GCC unroll 8
+    for (int r = 0; r < RT; ++r) isum[r] = _mm512_setzero_si512();
+    if constexpr (Q8) {
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        const __m512i w =
+            _mm512_xor_si512(join(ba + SB + 32 * g, bb + SB + 32 * g), _mm512_set1_epi8(static_cast<char>(0x80)));
+#pragma GCC unroll 8
+        for (int r = 0; r < RT; ++r) QMM512_DPB(isum[r], w, xc + 32 * r + 4 * g);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < RT; ++r) isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(xb_p[r][c]));
+    } else {
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        const __m512i v = join(ba + SB + 32 * g, bb + SB + 32 * g);
+        const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+#pragma GCC unroll 8
+        for (int r = 0; r < RT; ++r) {
+          QMM512_DPB(isum[r], lo, xc + 32 * r + 4 * g);
+          QMM512_DPB(isum[r], hi, xc + 32 * r + 16 + 4 * g);
+        }
+      }
+    }
+    const __m512 d = join_ph(ba, bb);
+#pragma GCC unroll 8
+    for (int r = 0; r < RT; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xd_p[r][c])), _mm512_cvtepi32_ps(isum[r]), acc[r]);
+  }
+  __m512 mn[RT];
+#pragma GCC unroll 8
+  for (int r = 0; r < RT; ++r) mn[r] = _mm512_setzero_ps();
+  if constexpr (U) {
+    for (std::int64_t c = 0; c < nc; ++c) {
+      const std::uint8_t* ba = pa + c * CB;
+      const std::uint8_t* bb = pb + c * CB;
+      __m512 wm;
+      if constexpr (T == WeightType::Q4_1)
+        wm = join_ph(ba + 16, bb + 16);
+      else
+        wm = _mm512_mul_ps(_mm512_set1_ps(-8.0f), join_ph(ba, bb));
+#pragma GCC unroll 8
+      for (int r = 0; r < RT; ++r) mn[r] = _mm512_fmadd_ps(wm, _mm512_set1_ps(xs_p[r][c]), mn[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RT; ++r) {
+    const __m512 out = U ? _mm512_add_ps(acc[r], mn[r]) : acc[r];
+    float* yr = y + (r0 + r) * y_stride + o0;
+    if (nvalid == 16) {
+      _mm512_storeu_ps(yr, out);
+    } else {
+      alignas(64) float t[16];
+      _mm512_store_ps(t, out);
+      for (int k = 0; k < nvalid; ++k) yr[k] = t[k];
+    }
+  }
+}
+
+#undef QMM512_DPB
+#undef QMM512_TARGET
+
+}  // namespace vnni512
+
 bool has_vnni() {  // the AVX-512 the exact path checks (F, BW, VL), plus VNNI
   __builtin_cpu_init();
   return cpu_path_available(CpuPath::Avx512) && __builtin_cpu_supports("avx512vnni");
 }
 
+// One panel (pan2 null) or two consecutive ones (pan2 = the second, Vnni512 only; nvalid ≤ 16).
 template <WeightType T, int RT>
-void panel_rows(QPath path, const std::uint8_t* pan, std::int64_t nc, const QRows& xq, std::int64_t r0, float* y,
-                std::int64_t y_stride, std::int64_t o0, int nvalid) {
+void panel_rows(QPath path, const std::uint8_t* pan, const std::uint8_t* pan2, std::int64_t nc, const QRows& xq,
+                std::int64_t r0, float* y, std::int64_t y_stride, std::int64_t o0, int nvalid) {
   if constexpr (RT <= 4) {
     if (path == QPath::Avx2) return avx2::panel<T, RT>(pan, nc, xq, r0, y, y_stride, o0, nvalid);
   }
+  if (pan2) return vnni512::panel2<T, RT>(pan, pan2, nc, xq, r0, y, y_stride, o0, nvalid);
   vnni::panel<T, RT>(pan, nc, xq, r0, y, y_stride, o0, nvalid);
 }
 
 // Activation rows per pass over a panel: the VNNI kernel has 32 vector registers (8 rows), AVX2 16.
-constexpr std::int64_t rows_per_pass(QPath path) { return path == QPath::Vnni ? 8 : 4; }
+// Vnni512 runs calls of up to kNarrowRows rows with the 256-bit kernel (see panel_range).
+constexpr std::int64_t kNarrowRows = 8;
+constexpr std::int64_t rows_per_pass(QPath path) { return path == QPath::Avx2 ? 4 : 8; }
 
 // One pass over a panel for rows [r0, r0 + rt), rt ≤ rows_per_pass(path): panel_rows<T, rt>.
 template <WeightType T, std::size_t... R>
@@ -372,10 +490,10 @@ constexpr auto pass_table(std::index_sequence<R...>) {
   return std::array{&panel_rows<T, static_cast<int>(R) + 1>...};
 }
 template <WeightType T>
-void panel_pass(QPath path, const std::uint8_t* pan, std::int64_t nc, const QRows& xq, std::int64_t r0, int rt,
-                float* y, std::int64_t y_stride, std::int64_t o0, int nvalid) {
+void panel_pass(QPath path, const std::uint8_t* pan, const std::uint8_t* pan2, std::int64_t nc, const QRows& xq,
+                std::int64_t r0, int rt, float* y, std::int64_t y_stride, std::int64_t o0, int nvalid) {
   static constexpr auto kPasses = pass_table<T>(std::make_index_sequence<8>{});
-  kPasses[static_cast<std::size_t>(rt - 1)](path, pan, nc, xq, r0, y, y_stride, o0, nvalid);
+  kPasses[static_cast<std::size_t>(rt - 1)](path, pan, pan2, nc, xq, r0, y, y_stride, o0, nvalid);
 }
 
 // Bytes of weights ahead of the panel being computed that are prefetched: the hardware prefetcher
@@ -397,18 +515,25 @@ void panel_range(QPath path, const WeightMatrix& w, std::int64_t pb, std::int64_
   const std::uint8_t* end = packed::panel_chunk(w, pe, 0);
   if (path != QPath::Scalar)
     prefetch_range(packed::panel_chunk(w, pb, 0), std::min(end, packed::panel_chunk(w, pb, 0) + kPrefetchAhead));
-  for (std::int64_t p = pb; p < pe; ++p) {
+  // Vnni512 takes the panels two at a time (a lone last panel goes through the 256-bit kernel) when
+  // the call has more rows than one pass: up to 8 rows the weights' stream from memory sets the pace,
+  // and there the 512-bit kernel measured 1.2–1.3× slower (two panels' streams at once; Zen 4).
+  const std::int64_t step = path == QPath::Vnni512 && xq.rows > kNarrowRows ? 2 : 1;
+  for (std::int64_t p = pb; p < pe; p += step) {
     const std::uint8_t* pan = packed::panel_chunk(w, p, 0);
     const std::int64_t o0 = p * packed::kPanel;
-    const int nvalid = static_cast<int>(std::min<std::int64_t>(packed::kPanel, w.out_dim - o0));
     if (path == QPath::Scalar) {
-      panel_scalar<T>(pan, nc, xq, y, y_stride, o0, nvalid);
+      panel_scalar<T>(pan, nc, xq, y, y_stride, o0, static_cast<int>(std::min(packed::kPanel, w.out_dim - o0)));
       continue;
     }
-    prefetch_range(std::min(end, pan + kPrefetchAhead), std::min(end, pan + kPrefetchAhead + pbytes));
+    const std::int64_t np = std::min(step, pe - p);
+    const std::uint8_t* pan2 = np == 2 ? pan + pbytes : nullptr;
+    const int nvalid = static_cast<int>(std::min(np * packed::kPanel, w.out_dim - o0));
+    prefetch_range(std::min(end, pan + kPrefetchAhead), std::min(end, pan + kPrefetchAhead + np * pbytes));
     const std::int64_t per = rows_per_pass(path);
     for (std::int64_t r0 = 0; r0 < xq.rows; r0 += per)
-      panel_pass<T>(path, pan, nc, xq, r0, static_cast<int>(std::min(per, xq.rows - r0)), y, y_stride, o0, nvalid);
+      panel_pass<T>(path, pan, pan2, nc, xq, r0, static_cast<int>(std::min(per, xq.rows - r0)), y, y_stride, o0,
+                    nvalid);
   }
 }
 
@@ -429,6 +554,7 @@ DecodeFn decode_for(QPath p, WeightType t) {
 ApplyFn apply_for(QPath p, bool s) {
   switch (p) {
     case QPath::Vnni:
+    case QPath::Vnni512:  // the decoded-row tiles have no 512-bit twin
       return s ? &vnni::apply<true> : &vnni::apply<false>;
     case QPath::Avx2:
       return s ? &avx2::apply<true> : &avx2::apply<false>;
@@ -521,23 +647,96 @@ bool has_integer_path(WeightType t) {
          t == WeightType::Q6_K;
 }
 
-QPath qpath() {  // follows the exact precision's choice (and its SPECACTOR_CPU_PATH override)
-  static const QPath path = [] {
-    switch (cpu_path()) {
-      case CpuPath::Scalar:
-        return QPath::Scalar;
-      case CpuPath::Avx2:
-        return QPath::Avx2;
-      case CpuPath::Avx512:
-        break;
-    }
-    return has_vnni() ? QPath::Vnni : QPath::Avx2;
-  }();
-  return path;
+namespace {
+
+// CPUID leaf 7: AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25). Reported only: there is no AMX kernel.
+bool cpu_reports_amx() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return ((d >> 24) & 1u) && ((d >> 25) & 1u);
 }
+
+// Seconds for one product of a small Q4_1 matrix (32 panels × 576, in L2) with 16 activation rows
+// (where Vnni512 uses its 512-bit kernel) on this thread, best of `reps`, the two widths alternating.
+std::pair<double, double> time_vnni_widths(int reps) {
+  constexpr std::int64_t out = 256, in = 576, rows = 16;
+  const std::int64_t nc = in / 32;
+  AVec<std::uint8_t> bytes(static_cast<std::size_t>(packed::packed_bytes(WeightType::Q4_1, out, in)));
+  std::uint32_t seed = 12345;
+  for (auto& b : bytes) b = static_cast<std::uint8_t>((seed = seed * 1664525u + 1013904223u) >> 24);
+  for (std::int64_t p = 0; p < out / packed::kPanel; ++p)  // finite f16 scales: 0x3c00 | low bits
+    for (std::int64_t c = 0; c < nc; ++c) {
+      std::uint8_t* b = bytes.data() + (p * nc + c) * packed::panel_chunk_bytes(WeightType::Q4_1);
+      for (int k = 0; k < 16; ++k) b[2 * k + 1] = 0x3c;
+    }
+  WeightMatrix w{WeightType::Q4_1, out, in, bytes.data(), row_bytes(WeightType::Q4_1, in), true};
+  std::vector<float> x(static_cast<std::size_t>(rows * in)), y(static_cast<std::size_t>(rows * out));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i * 7919 % 255) - 127);
+  QRows xq;
+  quantize_shape(rows, in, xq);
+  quantize_blocks(x.data(), in, xq, 0, rows * xq.nc);
+  double best[2] = {1e9, 1e9};
+  for (int i = 0; i < reps; ++i)
+    for (int k = 0; k < 2; ++k) {
+      const QPath p = k == 0 ? QPath::Vnni : QPath::Vnni512;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int j = 0; j < 4; ++j) panel_range<WeightType::Q4_1>(p, w, 0, out / packed::kPanel, xq, y.data(), out);
+      best[k] = std::min(best[k], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 4);
+    }
+  return {best[0], best[1]};
+}
+
+struct QPathChoice {
+  QPath path = QPath::Scalar;
+  std::string reason;
+};
+
+QPathChoice choose_qpath() {
+  const char* env = std::getenv("SPECACTOR_CPU_PATH");
+  const std::string want = env ? env : "";
+  const std::string amx = cpu_reports_amx() ? "; the CPU reports AMX-INT8, for which there is no kernel yet"
+                                            : "; no AMX (CPUID reports no AMX-TILE/AMX-INT8)";
+  switch (cpu_path()) {  // the exact precision's choice and its overrides (scalar, avx2) first
+    case CpuPath::Scalar:
+      return {QPath::Scalar,
+              "scalar: " + std::string(want == "scalar" ? "SPECACTOR_CPU_PATH=scalar" : "no AVX2 + FMA + F16C") + amx};
+    case CpuPath::Avx2:
+      if (want == "avx2") return {QPath::Avx2, "avx2: SPECACTOR_CPU_PATH=avx2" + amx};
+      return {QPath::Avx2, "avx2: no AVX-512 F/BW/VL" + amx};
+    case CpuPath::Avx512:
+      break;
+  }
+  if (!has_vnni()) return {QPath::Avx2, "avx2: AVX-512 without VNNI" + amx};
+  if (want == "vnni256") return {QPath::Vnni, "avx512-vnni (256-bit): SPECACTOR_CPU_PATH=vnni256" + amx};
+  if (want == "vnni512")
+    return {QPath::Vnni512,
+            "avx512-vnni-512 (512-bit above 8 rows, 256-bit up to 8): SPECACTOR_CPU_PATH=vnni512" + amx};
+  const auto [t256, t512] = time_vnni_widths(7);
+  // 512-bit only when it is clearly faster (5 %): the two give the same bits, so a wrong pick costs
+  // speed only, and a VM's noise should not flip a tie.
+  const bool wide = t512 < 0.95 * t256;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "a 16-row product timed at start took %.2fx the time with 512-bit dpbusd",
+                t512 / t256);
+  return {wide ? QPath::Vnni512 : QPath::Vnni,
+          std::string(wide ? "avx512-vnni-512 (512-bit above 8 rows, 256-bit up to 8): " : "avx512-vnni (256-bit): ") +
+              buf + amx};
+}
+
+const QPathChoice& qpath_choice() {
+  static const QPathChoice choice = choose_qpath();
+  return choice;
+}
+
+}  // namespace
+
+QPath qpath() { return qpath_choice().path; }
+const std::string& qpath_reason() { return qpath_choice().reason; }
 
 const char* qpath_name(QPath p) {
   switch (p) {
+    case QPath::Vnni512:
+      return "avx512-vnni-512";
     case QPath::Vnni:
       return "avx512-vnni";
     case QPath::Avx2:
@@ -551,6 +750,7 @@ const char* qpath_name(QPath p) {
 bool qpath_available(QPath p) {
   switch (p) {
     case QPath::Vnni:
+    case QPath::Vnni512:
       return has_vnni();
     case QPath::Avx2:
       return cpu_path_available(CpuPath::Avx2);
