@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -176,6 +177,28 @@ TEST_CASE("specactor inspect and devices") {
   const json dj = json::parse(d.out);
   CHECK((dj["backend"] == "cpu" || dj["backend"] == "cuda"));
   CHECK(dj["cuda_usable"] == (dj["backend"] == "cuda"));
+  // The CPU's integer path and why: the reason starts with the path's name; an override is followed
+  // and named (vnni256 only where the CPU has VNNI).
+  const std::string ip = dj["cpu_integer_path"];
+  CHECK(dj["cpu_integer_path_reason"].get<std::string>().rfind(ip, 0) == 0);
+  for (const char* want : {"scalar", "vnni256"}) {
+    CAPTURE(want);
+    ::setenv("SPECACTOR_CPU_PATH", want, 1);
+    const Run o = run("devices");
+    ::unsetenv("SPECACTOR_CPU_PATH");
+    REQUIRE(o.rc == 0);
+    const json oj = json::parse(o.out);
+    const std::string path = oj["cpu_integer_path"], why = oj["cpu_integer_path_reason"];
+    CHECK(why.rfind(path, 0) == 0);
+    if (std::string(want) == "scalar") {
+      CHECK(path == "scalar");
+      CHECK(oj["cpu_float_path"] == "scalar");
+    }
+    if (std::string(want) == "scalar" || ip == "avx512-vnni" || ip == "avx512-vnni-512") {
+      CHECK(why.find(std::string("SPECACTOR_CPU_PATH=") + want) != std::string::npos);
+      if (std::string(want) == "vnni256") CHECK(path == "avx512-vnni");
+    }
+  }
 }
 
 TEST_CASE("specactor config --help lists every flag") {
