@@ -380,6 +380,7 @@ struct BenchOptions {
   std::string prompts, chart;  // prompts: default the shipped set (cli/bench_prompts.jsonl), found beside the binary
   bool json = false, sweep = false, all_drafters = false;
   std::vector<std::int64_t> concurrency{4, 16};
+  std::vector<std::int64_t> depths;  // speed run: also prefill of / decode after each of these contexts
 };
 
 void add_bench_flags(CLI::App& cmd, BenchOptions& o) {
@@ -398,6 +399,12 @@ void add_bench_flags(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("--concurrency", o.concurrency,
                  "speculative runs: also this many concurrent requests, aggregate tok/s with and without drafts "
                  "(default 4 16; 0 = none)")
+      ->check(integer_at_least<std::int64_t>(0));
+  cmd.add_option("--depths", o.depths,
+                 "speed run (--speculative-algorithm NONE): also prefill of D tokens and batch-1 decode after them, "
+                 "with the bandwidth limit at that depth, for each D (e.g. 0,2048,7936; 0 = decode from a 1-token "
+                 "prompt)")
+      ->delimiter(',')
       ->check(integer_at_least<std::int64_t>(0));
   cmd.add_flag("--all-drafters", o.all_drafters, "plain vs every drafter in one run");
   cmd.add_flag("--json", o.json, "print JSON");
@@ -435,6 +442,9 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   // AUTO: speculative with a head that ships for the model, else the plain speed run.
   sc::SpecAlgorithm algo = parsed.speculative_algorithm;
   if (algo == sc::SpecAlgorithm::Auto) algo = resolve_from_args(rest).target->speculative_algorithm;
+  if (!o.depths.empty() && (algo != sc::SpecAlgorithm::None || parsed.device == sc::Device::Cuda || o.all_drafters))
+    throw sc::ConfigError(
+        "--depths: only with the CPU speed run (--speculative-algorithm NONE, not --device cuda or --all-drafters)");
   if (parsed.device == sc::Device::Cuda && algo == sc::SpecAlgorithm::None) {
     CudaBenchOptions c;
     c.prompt_tokens = o.prompt_tokens;
@@ -458,6 +468,13 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   if (prompt_tokens + decode_tokens > *s.context_length)
     throw sc::ConfigError("--prompt-tokens + --decode-tokens (" + std::to_string(prompt_tokens + decode_tokens) +
                           ") exceed the context length " + std::to_string(*s.context_length));
+  std::int64_t deepest = prompt_tokens;
+  for (const std::int64_t d : o.depths) {
+    if (d + decode_tokens > *s.context_length)
+      throw sc::ConfigError("--depths: " + std::to_string(d) + " + --decode-tokens " + std::to_string(decode_tokens) +
+                            " exceed the context length " + std::to_string(*s.context_length));
+    deepest = std::max(deepest, d);
+  }
   // 1) Through the actor engine (scheduler -> target worker messages per step).
   auto engine = sa::Engine::create(sc::parse_server_args(rest));
   // A prompt of exactly prompt_tokens ids: a fixed text, repeated.
@@ -465,10 +482,17 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
       "Speculative decoding lets a small draft propose several tokens that the large target model then verifies in "
       "one forward pass, so that every accepted token costs a fraction of a full decoding step. ";
   std::vector<std::int32_t> prompt;
-  const auto piece = engine->tokenizer() ? engine->tokenizer()->encode(text) : std::vector<std::int32_t>{1, 2, 3};
-  while (static_cast<std::int64_t>(prompt.size()) < prompt_tokens)
-    prompt.insert(prompt.end(), piece.begin(), piece.end());
-  prompt.resize(static_cast<std::size_t>(prompt_tokens));
+  auto piece = engine->tokenizer() ? engine->tokenizer()->encode(text) : std::vector<std::int32_t>{};
+  if (piece.empty()) piece = {1, 2, 3};  // no tokenizer, or one that encodes none of the text (test models)
+  // The first n tokens of the repeated text (at least one).
+  auto prompt_of = [&](std::int64_t n) {
+    std::vector<std::int32_t> ids;
+    while (static_cast<std::int64_t>(ids.size()) < std::max<std::int64_t>(n, 1))
+      ids.insert(ids.end(), piece.begin(), piece.end());
+    ids.resize(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)));
+    return ids;
+  };
+  prompt = prompt_of(prompt_tokens);
   sa::GenerationRequest req;
   req.prompt_ids = prompt;
   req.max_new_tokens = decode_tokens + 1;  // the first token comes from the prefill
@@ -485,6 +509,26 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   std::vector<std::pair<std::int64_t, double>> concurrent;
   for (const std::int64_t n : {1, 4, 16})
     concurrent.emplace_back(n, concurrent_tokens_per_s(*engine, short_prompt, n, decode_tokens));
+  // --depths: batch-1 decode through the engine after each context (the first request prefills it; the
+  // repeats find it in the prefix cache and measure decode only).
+  struct DepthRun {
+    std::int64_t depth = 0;
+    double prefill_tps = 0, decode_tps = 0, direct_decode_tps = 0, bytes_per_token = 0, ceiling_tps = 0;
+  };
+  std::vector<DepthRun> depth_runs;
+  for (const std::int64_t d : o.depths) {
+    spdlog::info("--depths: decode after {} tokens through the engine", d);
+    sa::GenerationRequest dr;
+    dr.prompt_ids = prompt_of(d);
+    dr.max_new_tokens = decode_tokens + 1;
+    dr.ignore_eos = true;
+    engine->generate(dr);
+    DepthRun run;
+    run.depth = d;
+    for (std::int64_t i = 0; i < repeats; ++i)
+      run.decode_tps = std::max(run.decode_tps, engine->generate(dr).metrics.decode_tokens_per_s);
+    depth_runs.push_back(run);
+  }
   engine->shutdown();
   const double step_wall = after.step_wall_ms - before.step_wall_ms;
   const double step_compute = after.step_compute_ms - before.step_compute_ms;
@@ -499,10 +543,10 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   // 2) The model alone, no actors, after the engine has stopped: the kernel-level reference.
   const sm::LoadedModel m = sm::load_model(s);
   if (s.threads > 0) specactor::kernels::ComputePool::instance().set_threads(static_cast<int>(s.threads));
-  sm::KvCache kv(m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, s.page_size,
-                 (prompt_tokens + std::max<std::int64_t>(decode_tokens, 16) + s.page_size) / s.page_size * s.page_size +
-                     s.page_size,
-                 true, sm::kv_type(s));
+  sm::KvCache kv(
+      m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, s.page_size,
+      (deepest + std::max<std::int64_t>(decode_tokens, 16) + s.page_size) / s.page_size * s.page_size + s.page_size,
+      true, sm::kv_type(s));
   sm::LlamaRunner runner(m.weights, static_cast<int>(s.threads), sm::cpu_precision(s));
   run_once(runner, kv, prompt, 4, s.chunked_prefill_size, m.config.vocab_size);  // warm-up
   double best_prefill = 1e30, best_decode = 1e30;
@@ -513,6 +557,18 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   }
   const double prefill_tps = prompt_tokens / best_prefill;
   const double direct_decode_tps = decode_tokens / best_decode;
+  for (DepthRun& run : depth_runs) {  // prefill of each depth and decode after it, the model alone
+    spdlog::info("--depths: prefill of {} tokens and decode after them, the model alone", run.depth);
+    const auto ids = prompt_of(run.depth);
+    double bp = 1e30, bd = 1e30;
+    for (std::int64_t i = 0; i < repeats; ++i) {
+      const auto [p, d] = run_once(runner, kv, ids, decode_tokens, s.chunked_prefill_size, m.config.vocab_size);
+      bp = std::min(bp, p);
+      bd = std::min(bd, d);
+    }
+    run.prefill_tps = run.depth > 0 ? static_cast<double>(ids.size()) / bp : 0.0;
+    run.direct_decode_tps = decode_tokens / bd;
+  }
   // c(k) at the prompt's context (256 by default).
   const auto rows_times =
       measure_forward_rows(runner, kv, prompt, {1, 2, 4, 8, 16}, static_cast<int>(std::max<std::int64_t>(repeats, 3)),
@@ -530,6 +586,12 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   const double ceiling_tps = bw.read_gbps * 1e9 / bytes_per_token;
   const double achieved_gbps = bytes_per_token * decode_tps / 1e9;
   const double achieved_gflops = 2.0 * static_cast<double>(macs) * decode_tps / 1e9;
+  for (DepthRun& run : depth_runs) {
+    run.bytes_per_token = static_cast<double>(m.weights->weight_bytes()) +
+                          static_cast<double>(kv.bytes_per_token()) *
+                              (static_cast<double>(std::max<std::int64_t>(run.depth, 1)) + decode_tokens / 2.0);
+    run.ceiling_tps = bw.read_gbps * 1e9 / run.bytes_per_token;
+  }
   const char* path = specactor::kernels::cpu_path_name(specactor::kernels::cpu_path());
   const char* precision_path =
       s.cpu_precision == sc::CpuPrecision::Fast ? specactor::kernels::qpath_name(specactor::kernels::qpath()) : path;
@@ -565,6 +627,14 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
       j["forward_rows"].push_back({{"rows", k}, {"ms", 1000 * t}, {"c", t / rows_times[0].second}});
     for (const auto& [n, tps] : concurrent)
       j["concurrent"].push_back({{"requests", n}, {"tokens_per_s", tps}, {"ratio_to_one", tps / concurrent[0].second}});
+    for (const DepthRun& run : depth_runs)
+      j["depths"].push_back({{"depth", run.depth},
+                             {"prefill_tokens_per_s", run.prefill_tps},
+                             {"decode_tokens_per_s", run.decode_tps},
+                             {"decode_tokens_per_s_without_actors", run.direct_decode_tps},
+                             {"bytes_per_decode_token", run.bytes_per_token},
+                             {"bandwidth_ceiling_tokens_per_s", run.ceiling_tps},
+                             {"fraction_of_bandwidth_ceiling", run.decode_tps / run.ceiling_tps}});
     std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
     return 0;
   }
@@ -607,6 +677,17 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   for (const auto& [n, tps] : concurrent)
     cc += fmt::format("  n={}: {:.1f} ({:.2f}x)", n, tps, tps / concurrent[0].second);
   std::cout << cc << "\n";
+  if (!depth_runs.empty())
+    std::cout << fmt::format(
+        "depths:   prefill of D tokens (the model alone) and batch-1 decode of {} tokens after them (through the "
+        "engine; best of {}), against the bandwidth limit of the bytes each token reads (weights + KV):\n",
+        decode_tokens, repeats);
+  for (const DepthRun& run : depth_runs)
+    std::cout << fmt::format(
+        "          D={}: {}decode {:.1f} tok/s ({:.1f} without actors); {:.1f} MB per token -> "
+        "limit {:.1f} tok/s; reached {:.1f}%\n",
+        run.depth, run.depth > 0 ? fmt::format("prefill {:.1f} tok/s, ", run.prefill_tps) : "", run.decode_tps,
+        run.direct_decode_tps, run.bytes_per_token / 1e6, run.ceiling_tps, 100.0 * run.decode_tps / run.ceiling_tps);
   return 0;
 }
 

@@ -201,6 +201,38 @@ TEST_CASE("specactor inspect and devices") {
   }
 }
 
+TEST_CASE("specactor bench --depths: prefill of and decode after each context, against the bandwidth limit") {
+  const Run r =
+      run("bench --model-path " + tiny_model() +
+          " --speculative-algorithm NONE --prompt-tokens 8 --decode-tokens 4 --repeats 1 --depths 0,40 --json "
+          "--log-level warn");
+  REQUIRE_MESSAGE(r.rc == 0, r.err);
+  const json j = json::parse(r.out);
+  REQUIRE(j["depths"].size() == 2);
+  CHECK(j["depths"][0]["depth"] == 0);
+  CHECK(j["depths"][0]["prefill_tokens_per_s"] == 0.0);  // nothing to prefill
+  CHECK(j["depths"][1]["depth"] == 40);
+  CHECK(j["depths"][1]["prefill_tokens_per_s"].get<double>() > 0);
+  for (const auto& d : j["depths"]) {
+    CHECK(d["decode_tokens_per_s"].get<double>() > 0);
+    CHECK(d["decode_tokens_per_s_without_actors"].get<double>() > 0);
+    CHECK(d["fraction_of_bandwidth_ceiling"].get<double>() > 0);
+  }
+  // A deeper context reads more bytes per token, so its limit is lower.
+  CHECK(j["depths"][1]["bytes_per_decode_token"].get<double>() >
+        j["depths"][0]["bytes_per_decode_token"].get<double>());
+  CHECK(!j["cpu_path_reason"].get<std::string>().empty());
+
+  const Run deep = run("bench --model-path " + tiny_model() +
+                       " --speculative-algorithm NONE --prompt-tokens 8 --decode-tokens 4 --depths 0,5000");
+  CHECK(deep.rc == 2);
+  CHECK_MESSAGE(deep.err.find("--depths: 5000 + --decode-tokens 4 exceed the context length 128") != std::string::npos,
+                deep.err);
+  const Run spec = run("bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --depths 16");
+  CHECK(spec.rc == 2);
+  CHECK_MESSAGE(spec.err.find("--depths: only with the CPU speed run") != std::string::npos, spec.err);
+}
+
 TEST_CASE("specactor config --help lists every flag") {
   const Run r = run("config --help");
   CHECK(r.rc == 0);
