@@ -5,10 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+
+#include "kernels/cpu/matmul.hpp"
 
 namespace specactor::kernels {
 
@@ -166,15 +167,8 @@ __attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* x, std::uint1
   for (; i < n; ++i) out[i] = f32_to_bf16(x[i]);
 }
 
-bool simd_conversions() {
-  static const bool ok = [] {
-    const char* env = std::getenv("SPECACTOR_CPU_PATH");
-    if (env && std::string(env) == "scalar") return false;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  }();
-  return ok;
-}
+// AVX2 + FMA + F16C present and SPECACTOR_CPU_PATH not "scalar" (the float kernels' probe).
+bool simd_conversions() { return cpu_path() != CpuPath::Scalar; }
 
 }  // namespace
 

@@ -37,8 +37,8 @@ std::uint16_t f32_to_f16(float f);  // round to nearest even
 float bf16_to_f32(std::uint16_t h);
 std::uint16_t f32_to_bf16(float f);  // round to nearest even; NaN stays a (quiet) NaN
 // n values, each converted as the scalar functions above do (a NaN keeps its sign and the top of its
-// payload and becomes quiet, as F16C's conversion does). With `simd` and a CPU with AVX2 + F16C
-// (and SPECACTOR_CPU_PATH not "scalar"), 8 at a time — the same bits (tested).
+// payload and becomes quiet, as F16C's conversion does). With `simd` and a CPU with AVX2 + FMA +
+// F16C (and SPECACTOR_CPU_PATH not "scalar"), 8 at a time — the same bits (tested).
 void f32_to_f16_n(const float* x, std::uint16_t* out, std::size_t n, bool simd = true);
 void f32_to_bf16_n(const float* x, std::uint16_t* out, std::size_t n, bool simd = true);
 
