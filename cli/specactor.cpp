@@ -204,9 +204,12 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
   auto engine = sa::Engine::create(args);
   const double load_s = seconds_since(t_load);
   if (!engine->tokenizer()) throw sc::ConfigError("--skip-tokenizer-init: generate needs a tokenizer for --prompt");
-  spdlog::info("loaded {} in {:.2f} s through the actor engine ({}); cpu path {}", args.model_path, load_s,
-               std::string(sc::to_string(engine->target_snapshot()->speculative_algorithm)),
-               specactor::kernels::cpu_path_name(specactor::kernels::cpu_path()));
+  const bool fast = engine->target_snapshot()->cpu_precision == sc::CpuPrecision::Fast;
+  spdlog::info("loaded {} in {:.2f} s through the actor engine ({}); cpu path {} ({} precision)", args.model_path,
+               load_s, std::string(sc::to_string(engine->target_snapshot()->speculative_algorithm)),
+               fast ? specactor::kernels::qpath_name(specactor::kernels::qpath())
+                    : specactor::kernels::cpu_path_name(specactor::kernels::cpu_path()),
+               fast ? "fast" : "exact");
   if (req.chat && sm::ChatTemplate::detect(engine->tokenizer()->chat_template()).format == sm::ChatFormat::Plain)
     spdlog::warn("the model's chat template is not recognised (supported: ChatML, Llama-3); sending plain text");
 
