@@ -203,6 +203,9 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
   const auto t_load = std::chrono::steady_clock::now();
   auto engine = sa::Engine::create(args);
   const double load_s = seconds_since(t_load);
+  // From here on a Ctrl-C cancels the request (before the load line, so an interruption right after it is
+  // never lost: a shell starts background jobs with SIGINT ignored, and that would stay in force).
+  std::signal(SIGINT, on_sigint);
   if (!engine->tokenizer()) throw sc::ConfigError("--skip-tokenizer-init: generate needs a tokenizer for --prompt");
   const bool fast = engine->target_snapshot()->cpu_precision == sc::CpuPrecision::Fast;
   spdlog::info("loaded {} in {:.2f} s through the actor engine ({}); cpu path {} ({} precision)", args.model_path,
@@ -236,7 +239,6 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
     }
     if (ev.finished) last.set_value(ev);
   });
-  std::signal(SIGINT, on_sigint);
   bool cancelled = false;
   while (done.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready)
     if (!cancelled && g_interrupted.load()) {
