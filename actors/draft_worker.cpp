@@ -17,11 +17,14 @@ draft_worker_actor::behavior_type draft_worker(draft_worker_actor::stateful_poin
       [self](propose_atom, ProposeBatch& batch) -> Proposals {
         const auto t0 = std::chrono::steady_clock::now();
         Proposals out;
+        std::vector<drafters::ProposeArgs> round;
         for (const auto& it : batch.items) {
           self->state.drafter->set_sampling(it.req, it.params, it.seed);
           if (!it.hidden.empty() || it.kv_length > 0)
             self->state.drafter->observe(it.req, TargetFeatures{it.hidden, it.hidden_first, it.kv_pages, it.kv_length});
-          DraftTree t = self->state.drafter->propose(it.req, *it.context, it.max_nodes, it.max_depth);
+          round.push_back({it.req, it.context.get(), it.max_nodes, it.max_depth});
+        }
+        for (DraftTree& t : self->state.drafter->propose_batch(round)) {
           out.tokens.push_back(std::move(t.tokens));
           out.parents.push_back(std::move(t.parents));
           out.probs.push_back(std::move(t.probs));

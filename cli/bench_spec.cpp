@@ -209,14 +209,25 @@ void write_chart(const std::string& path, const std::vector<Setting>& settings) 
   o << "</svg>\n";
 }
 
+// Where a mode's concurrent batches spent their time (summed over its batches; engine metrics deltas).
+struct ConcurrentTime {
+  double wall_ms = 0, step_wall_ms = 0, compute_ms = 0, draft_ms = 0;
+  std::int64_t steps = 0, tokens = 0;
+  json to_json() const {
+    return {{"wall_ms", wall_ms},       {"target_steps", steps}, {"step_wall_ms", step_wall_ms},
+            {"compute_ms", compute_ms}, {"draft_ms", draft_ms},  {"tokens", tokens}};
+  }
+};
+
 // One batch of n concurrent chat requests (the prompts in turn), all plain or all speculative:
 // generated tokens ÷ wall time from the first submission to the last completion.
 double concurrent_batch(sa::Engine& engine, const std::vector<Prompt>& prompts, std::int64_t n, std::int64_t max_new,
-                        bool speculative) {
+                        bool speculative, ConcurrentTime* time = nullptr) {
   std::mutex mu;
   std::condition_variable cv;
   std::int64_t done = 0, tokens = 0;
   std::string error;
+  const sa::EngineMetrics before = engine.metrics();
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t i = 0; i < n; ++i) {
     sa::GenerationRequest r;
@@ -237,17 +248,29 @@ double concurrent_batch(sa::Engine& engine, const std::vector<Prompt>& prompts, 
   cv.wait(lock, [&] { return done == n; });
   if (!error.empty()) throw std::runtime_error("bench: " + error);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (time) {
+    const sa::EngineMetrics after = engine.metrics();
+    time->wall_ms += 1e3 * s;
+    time->steps += after.steps - before.steps;
+    time->step_wall_ms += after.step_wall_ms - before.step_wall_ms;
+    time->compute_ms += after.step_compute_ms - before.step_compute_ms;
+    time->draft_ms += after.draft_ms - before.draft_ms;
+    time->tokens += tokens;
+  }
   return s > 0 ? static_cast<double>(tokens) / s : 0.0;
 }
 
 // Best of `repeats` rounds; a round is two fresh engines, each warmed up on other prompts, one running
 // the batch plain then speculative, the other speculative then plain. A drafter that remembers
 // requests (SUFFIX) never sees these prompts' outputs before its speculative batch.
-std::tuple<double, double, sa::EngineMetrics> run_concurrent(const std::vector<std::string>& args,
-                                                             const std::vector<Prompt>& prompts, std::int64_t n,
-                                                             std::int64_t max_new, int repeats) {
+struct ConcurrentResult {
   double plain = 0, spec = 0;
-  sa::EngineMetrics total;
+  sa::EngineMetrics metrics;
+  ConcurrentTime plain_time, spec_time;
+};
+ConcurrentResult run_concurrent(const std::vector<std::string>& args, const std::vector<Prompt>& prompts,
+                                std::int64_t n, std::int64_t max_new, int repeats) {
+  ConcurrentResult out;
   // Warm-up prompts outside the set: the engine's cost and acceptance models start from real steps
   // of this batch size, as they would in a server that has been running.
   std::vector<Prompt> warm;
@@ -258,13 +281,15 @@ std::tuple<double, double, sa::EngineMetrics> run_concurrent(const std::vector<s
       auto engine = sa::Engine::from_argv(args);
       concurrent_batch(*engine, warm, n, max_new, true);
       for (bool speculative : {!plain_first, plain_first}) {
-        const double v = concurrent_batch(*engine, prompts, n, max_new, speculative);
-        (speculative ? spec : plain) = std::max(speculative ? spec : plain, v);
+        const double v =
+            concurrent_batch(*engine, prompts, n, max_new, speculative, speculative ? &out.spec_time : &out.plain_time);
+        double& best = speculative ? out.spec : out.plain;
+        best = std::max(best, v);
       }
-      add_metrics(total, engine->metrics());
+      add_metrics(out.metrics, engine->metrics());
       engine->shutdown();
     }
-  return {plain, spec, total};
+  return out;
 }
 
 json budget_json(const sa::EngineMetrics& m) {
@@ -426,12 +451,14 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     for (std::int64_t n : concurrency)
       if (n > 0) {
         spdlog::info("bench: {} concurrent requests, plain and speculative alternating", n);
-        const auto [plain, spec, m] = run_concurrent(args, prompts, n, max_new, repeats);
-        j["concurrent"].push_back({{"requests", n},
-                                   {"plain_tokens_per_s", plain},
-                                   {"speculative_tokens_per_s", spec},
-                                   {"ratio", plain > 0 ? spec / plain : 0.0},
-                                   {"budget", budget_json(m)}});
+        const ConcurrentResult r = run_concurrent(args, prompts, n, max_new, repeats);
+        j["concurrent"].push_back(
+            {{"requests", n},
+             {"plain_tokens_per_s", r.plain},
+             {"speculative_tokens_per_s", r.spec},
+             {"ratio", r.plain > 0 ? r.spec / r.plain : 0.0},
+             {"time", {{"plain", r.plain_time.to_json()}, {"speculative", r.spec_time.to_json()}}},
+             {"budget", budget_json(r.metrics)}});
       }
   }
   if (!chart.empty()) write_chart(chart, settings);
@@ -468,6 +495,16 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
         "\nconcurrent: {} requests ({}): aggregate {:.1f} tok/s plain, {:.1f} tok/s speculative = {:.2f}x\n",
         c["requests"].get<std::int64_t>(), best->label, c["plain_tokens_per_s"].get<double>(),
         c["speculative_tokens_per_s"].get<double>(), c["ratio"].get<double>());
+    for (const char* mode : {"plain", "speculative"}) {
+      const auto& t = c["time"][mode];
+      const auto steps = std::max<std::int64_t>(1, t["target_steps"].get<std::int64_t>());
+      std::cout << fmt::format(
+          "  {:<11} {} target steps, {:.2f} tokens and {:.2f} ms each (compute {:.2f}, drafting {:.2f})\n", mode, steps,
+          static_cast<double>(t["tokens"].get<std::int64_t>()) / static_cast<double>(steps),
+          t["wall_ms"].get<double>() / static_cast<double>(steps),
+          t["compute_ms"].get<double>() / static_cast<double>(steps),
+          t["draft_ms"].get<double>() / static_cast<double>(steps));
+    }
     print_budget(c["budget"]);
   }
   if (!chart.empty()) std::cout << "chart: " << chart << "\n";

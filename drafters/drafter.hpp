@@ -62,6 +62,13 @@ struct DraftTree {
   static DraftTree chain(std::vector<std::int32_t> tokens);
 };
 
+// One request of a proposal round (Drafter::propose_batch).
+struct ProposeArgs {
+  std::uint64_t req = 0;
+  const std::vector<std::int32_t>* context = nullptr;
+  std::int32_t max_nodes = 0, max_depth = 0;
+};
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -71,6 +78,15 @@ class Drafter {
   // they have seen (and roll back or extend their own state) here.
   virtual DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& context, std::int32_t max_nodes,
                             std::int32_t max_depth) = 0;
+  // Every request of one round (after each one's observe): the same trees as propose one by one —
+  // drafters whose model runs per row (the heads) run the requests' rows together, so a round of k
+  // requests reads the draft weights once per level, not k times.
+  virtual std::vector<DraftTree> propose_batch(const std::vector<ProposeArgs>& round) {
+    std::vector<DraftTree> out;
+    out.reserve(round.size());
+    for (const ProposeArgs& a : round) out.push_back(propose(a.req, *a.context, a.max_nodes, a.max_depth));
+    return out;
+  }
   // The request's sampling parameters and seed, given before each propose (drafters that sample use them).
   virtual void set_sampling(std::uint64_t req, const kernels::SamplingParams& params, std::uint64_t seed) {
     (void)req, (void)params, (void)seed;

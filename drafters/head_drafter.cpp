@@ -113,23 +113,23 @@ class HeadDrafter final : public Drafter {
 
   DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
                     std::int32_t max_depth) override {
+    if (!frozen_) return std::move(propose_own({{req, &ctx, max_nodes, max_depth}}).front());
     auto it = states_.find(req);
     if (it == states_.end() || ctx.size() < 2) return {};
     State& st = it->second;
     const auto n = static_cast<std::int64_t>(ctx.size());
-    if (st.broken || st.rows != n - 1) return {};  // features do not line up with the context
-    if (frozen_ && st.kv_length != n - 1) return {};
+    if (st.broken || st.rows != n - 1 || st.kv_length != n - 1) return {};  // features do not line up
     const std::int32_t depth = std::min(max_depth, steps_);
     if (depth <= 0 || max_nodes <= 0) return {};
-    try {  // the head's tree keeps to its own shape; the branch may use the rest of max_nodes
-      DraftTree t = frozen_ ? draft_frozen(st, ctx, max_nodes, depth) : draft_own(st, ctx, max_nodes, depth);
-      add_ngram_branch(t, ctx, max_nodes, max_depth);
-      add_suffix_branch(st, t, ctx, max_nodes, max_depth);
-      return t;
-    } catch (const model::KvExhausted&) {
-      for (std::size_t l = 0; l < st.seqs.size(); ++l) kv_[l]->truncate(st.seqs[l], st.fed);
-      return {};  // the head's cache is full: the target decodes plainly this step
-    }
+    // The head's tree keeps to its own shape; the branches may use the rest of max_nodes.
+    DraftTree t = draft_frozen(st, ctx, max_nodes, depth);
+    add_ngram_branch(t, ctx, max_nodes, max_depth);
+    add_suffix_branch(st, t, ctx, max_nodes, max_depth);
+    return t;
+  }
+
+  std::vector<DraftTree> propose_batch(const std::vector<ProposeArgs>& round) override {
+    return frozen_ ? Drafter::propose_batch(round) : propose_own(round);
   }
 
   // The prompt-lookup branch (--speculative-draft-ngram-tokens): the continuation of the latest
@@ -274,91 +274,118 @@ class HeadDrafter final : public Drafter {
     st.feat_base = st.fed;
   }
 
-  void store(model::KvCache& cache, const model::KvCache::Seq& seq, std::int64_t first, std::int64_t cnt) {
+  void store(model::KvCache& cache, const model::KvCache::Seq& seq, std::int64_t first, std::int64_t cnt,
+             std::int64_t from_row = 0) {
     const std::int64_t row = runner_->kv_row();
     for (std::int64_t i = 0; i < cnt; ++i)
-      cache.write(0, seq, first + i, runner_->k_rows() + i * row, runner_->v_rows() + i * row);
+      cache.write(0, seq, first + i, runner_->k_rows() + (from_row + i) * row,
+                  runner_->v_rows() + (from_row + i) * row);
   }
 
-  // Top-k tree expansion (docs/speculative-kernels.md §1–2). `forward(nodes to run, their parent features)` runs one
-  // step: for frontier node j it gets (token, parent's output, position, parent node) and returns the
-  // output hidden rows; the first level comes from root_hidden.
-  template <class Forward>
-  DraftTree expand(const std::vector<float>& root_hidden, int root_node, std::int64_t root_pos, std::int32_t max_nodes,
-                   std::int32_t depth, Forward&& forward) {
-    const std::int64_t H = head_->config().hidden;
-    const std::int32_t kk = topk_;
-    std::vector<float> logits, probs;
-    runner_->logits(0, root_hidden.data(), 1, logits);
-    probs = logits;
-    k::softmax_cpu(probs.data(), draft_vocab_);
+  // One request's tree while it is expanded level by level (docs/speculative-kernels.md §1–2): top-k
+  // expansion per step by path score; the frontier's nodes, each with its parent's output hidden row
+  // and node.
+  struct Expansion {
+    std::int32_t max_nodes = 0, depth = 0;
+    std::int64_t root_pos = 0;
+    std::int32_t step = 1;  // the level expanded next
     std::vector<std::vector<float>> score_list;
     std::vector<std::vector<std::int32_t>> token_list, parents_list;
     std::vector<std::int32_t> cand_parent;  // candidate id -> parent candidate id (-1: the root)
-    k::ExpandStep e = k::topk_expand_cpu(probs.data(), 1, draft_vocab_, kk, 0, {}, {});
-    for (std::size_t c = 0; c < e.tokens.size(); ++c) cand_parent.push_back(-1);
-    score_list.push_back(e.scores);
-    token_list.push_back(e.tokens);
-    parents_list.push_back(e.parents);
-    // The frontier: candidate ids, each with its parent's output hidden row and node.
-    std::vector<std::int32_t> frontier = e.frontier_ids, frontier_tokens = e.frontier_tokens;
-    std::vector<float> frontier_scores = e.frontier_scores;
-    std::vector<float> parent_hidden;
-    for (std::size_t j = 0; j < frontier.size(); ++j)
-      parent_hidden.insert(parent_hidden.end(), root_hidden.begin(), root_hidden.end());
-    std::vector<int> parent_node(frontier.size(), root_node);
-    for (std::int32_t step = 1; step < depth; ++step) {
-      // A child's path probability is at most its parent's: below the floor, no deeper node can count.
-      if (*std::max_element(frontier_scores.begin(), frontier_scores.end()) < p_min_) break;
-      const auto nf = static_cast<std::int64_t>(frontier.size());
-      std::vector<std::int32_t> toks(static_cast<std::size_t>(nf)), pos(static_cast<std::size_t>(nf));
-      for (std::int64_t j = 0; j < nf; ++j) {
-        toks[static_cast<std::size_t>(j)] = runner_->to_target(frontier_tokens[static_cast<std::size_t>(j)]);
-        pos[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(root_pos + step);
-      }
-      const int layer = std::min(step, layers_ - 1);
-      std::vector<int> made;
-      std::vector<float> out = forward(layer, toks, parent_hidden, pos, parent_node, made);
-      runner_->logits(layer, out.data(), nf, logits);
-      probs = logits;
-      for (std::int64_t j = 0; j < nf; ++j) k::softmax_cpu(probs.data() + j * draft_vocab_, draft_vocab_);
-      k::ExpandStep s = k::topk_expand_cpu(probs.data(), static_cast<std::int32_t>(nf), draft_vocab_, kk, step,
-                                           frontier_scores, frontier);
-      for (std::size_t c = 0; c < s.tokens.size(); ++c)
-        cand_parent.push_back(frontier[c / static_cast<std::size_t>(kk)]);
-      score_list.push_back(s.scores);
-      token_list.push_back(s.tokens);
-      parents_list.push_back(s.parents);
-      const std::int32_t first_id = kk + kk * kk * (step - 1);
-      std::vector<float> next_hidden;
-      std::vector<int> next_node;
-      for (std::size_t j = 0; j < s.frontier_ids.size(); ++j) {
-        const std::size_t f = static_cast<std::size_t>(s.frontier_ids[j] - first_id) / static_cast<std::size_t>(kk);
-        next_hidden.insert(next_hidden.end(), out.begin() + static_cast<long>(f * H),
-                           out.begin() + static_cast<long>((f + 1) * H));
-        next_node.push_back(made[f]);
-      }
-      frontier = s.frontier_ids;
-      frontier_tokens = s.frontier_tokens;
-      frontier_scores = s.frontier_scores;
-      parent_hidden = std::move(next_hidden);
-      parent_node = std::move(next_node);
+    std::vector<std::int32_t> frontier, frontier_tokens;
+    std::vector<float> frontier_scores, parent_hidden;
+    std::vector<int> parent_node;
+  };
+
+  static Expansion expansion(std::int32_t max_nodes, std::int32_t depth, std::int64_t root_pos) {
+    Expansion e;
+    e.max_nodes = max_nodes;
+    e.depth = depth;
+    e.root_pos = root_pos;
+    return e;
+  }
+
+  // Softmax of each of `rows` logit rows, in place.
+  void softmax_rows(std::vector<float>& logits, std::int64_t rows) const {
+    for (std::int64_t j = 0; j < rows; ++j) k::softmax_cpu(logits.data() + j * draft_vocab_, draft_vocab_);
+  }
+
+  // The first level, from the root's draft probabilities (one row) and its output.
+  void expansion_begin(Expansion& e, const float* root_probs, const float* root_hidden, int root_node) const {
+    const std::int64_t H = head_->config().hidden;
+    const k::ExpandStep s = k::topk_expand_cpu(root_probs, 1, draft_vocab_, topk_, 0, {}, {});
+    e.cand_parent.assign(s.tokens.size(), -1);
+    e.score_list.push_back(s.scores);
+    e.token_list.push_back(s.tokens);
+    e.parents_list.push_back(s.parents);
+    e.frontier = s.frontier_ids;
+    e.frontier_tokens = s.frontier_tokens;
+    e.frontier_scores = s.frontier_scores;
+    e.parent_hidden.clear();
+    for (std::size_t j = 0; j < e.frontier.size(); ++j)
+      e.parent_hidden.insert(e.parent_hidden.end(), root_hidden, root_hidden + H);
+    e.parent_node.assign(e.frontier.size(), root_node);
+  }
+
+  // Another level is drafted while the depth allows and a frontier node reaches the floor (a child's
+  // path probability is at most its parent's: below the floor, no deeper node can count).
+  bool expansion_continues(const Expansion& e) const {
+    return e.step < e.depth && !e.frontier_scores.empty() &&
+           *std::max_element(e.frontier_scores.begin(), e.frontier_scores.end()) >= p_min_;
+  }
+
+  // The next level's rows: the frontier's tokens (target ids) and their positions.
+  void expansion_inputs(const Expansion& e, std::vector<std::int32_t>& toks, std::vector<std::int32_t>& pos) const {
+    for (std::int32_t t : e.frontier_tokens) {
+      toks.push_back(runner_->to_target(t));
+      pos.push_back(static_cast<std::int32_t>(e.root_pos + e.step));
     }
-    // The best candidates by path probability, only those reaching the floor (--speculative-draft-p-min):
-    // as the best are taken first, limiting their number to the candidates at or above it is enough.
+  }
+
+  // The level's outputs: the frontier rows' hidden outputs and softmaxed draft probabilities, and the
+  // nodes they were computed as.
+  void expansion_absorb(Expansion& e, const float* out, const float* probs, const std::vector<int>& made) const {
+    const std::int64_t H = head_->config().hidden;
+    const std::int32_t kk = topk_;
+    const auto nf = static_cast<std::int32_t>(e.frontier.size());
+    const k::ExpandStep s = k::topk_expand_cpu(probs, nf, draft_vocab_, kk, e.step, e.frontier_scores, e.frontier);
+    for (std::size_t c = 0; c < s.tokens.size(); ++c)
+      e.cand_parent.push_back(e.frontier[c / static_cast<std::size_t>(kk)]);
+    e.score_list.push_back(s.scores);
+    e.token_list.push_back(s.tokens);
+    e.parents_list.push_back(s.parents);
+    const std::int32_t first_id = kk + kk * kk * (e.step - 1);
+    std::vector<float> next_hidden;
+    std::vector<int> next_node;
+    for (std::int32_t id : s.frontier_ids) {
+      const auto f = static_cast<std::size_t>(id - first_id) / static_cast<std::size_t>(kk);
+      next_hidden.insert(next_hidden.end(), out + f * H, out + (f + 1) * H);
+      next_node.push_back(made[f]);
+    }
+    e.frontier = s.frontier_ids;
+    e.frontier_tokens = s.frontier_tokens;
+    e.frontier_scores = s.frontier_scores;
+    e.parent_hidden = std::move(next_hidden);
+    e.parent_node = std::move(next_node);
+    ++e.step;
+  }
+
+  // The best candidates by path probability, only those reaching the floor (--speculative-draft-p-min):
+  // as the best are taken first, limiting their number to the candidates at or above it is enough.
+  DraftTree expansion_tree(const Expansion& e) const {
     std::vector<float> all_scores;
-    for (const auto& v : score_list) all_scores.insert(all_scores.end(), v.begin(), v.end());
+    for (const auto& v : e.score_list) all_scores.insert(all_scores.end(), v.begin(), v.end());
     const auto confident = static_cast<std::int32_t>(
         std::count_if(all_scores.begin(), all_scores.end(), [&](float sc) { return sc >= p_min_; }));
-    const std::int32_t want = std::min<std::int32_t>({max_nodes, n_tokens_ - 1, confident});
+    const std::int32_t want = std::min<std::int32_t>({e.max_nodes, n_tokens_ - 1, confident});
     if (want <= 0) return {};  // not even the first draft is likely: the target decodes plainly
-    const k::Organized o = k::organize_draft_results_cpu(score_list, token_list, parents_list, want + 1);
+    const k::Organized o = k::organize_draft_results_cpu(e.score_list, e.token_list, e.parents_list, want + 1);
     DraftTree t;
     std::map<std::int32_t, std::int32_t> index;  // candidate id -> index in t
     std::vector<std::int32_t> all_tokens;
-    for (const auto& v : token_list) all_tokens.insert(all_tokens.end(), v.begin(), v.end());
+    for (const auto& v : e.token_list) all_tokens.insert(all_tokens.end(), v.begin(), v.end());
     for (std::int32_t c : o.selected) {
-      const std::int32_t par = cand_parent[static_cast<std::size_t>(c)];
+      const std::int32_t par = e.cand_parent[static_cast<std::size_t>(c)];
       std::int32_t pi = -1;
       if (par >= 0) {
         auto p = index.find(par);
@@ -373,7 +400,44 @@ class HeadDrafter final : public Drafter {
     return t;
   }
 
-  DraftTree draft_own(State& st, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes, std::int32_t depth) {
+  // One request's expansion with `forward(layer, tokens, parent features, positions, parent nodes,
+  // made)` running each level (FROZEN_KV_MTP); the first level comes from root_hidden.
+  template <class Forward>
+  DraftTree expand(const std::vector<float>& root_hidden, int root_node, std::int64_t root_pos, std::int32_t max_nodes,
+                   std::int32_t depth, Forward&& forward) {
+    Expansion e = expansion(max_nodes, depth, root_pos);
+    std::vector<float> logits;
+    runner_->logits(0, root_hidden.data(), 1, logits);
+    softmax_rows(logits, 1);
+    expansion_begin(e, logits.data(), root_hidden.data(), root_node);
+    while (expansion_continues(e)) {
+      std::vector<std::int32_t> toks, pos;
+      expansion_inputs(e, toks, pos);
+      const int layer = std::min<int>(e.step, layers_ - 1);
+      std::vector<int> made;
+      const std::vector<float> out = forward(layer, toks, e.parent_hidden, pos, e.parent_node, made);
+      runner_->logits(layer, out.data(), static_cast<std::int64_t>(toks.size()), logits);
+      softmax_rows(logits, static_cast<std::int64_t>(toks.size()));
+      expansion_absorb(e, out.data(), logits.data(), made);
+    }
+    return expansion_tree(e);
+  }
+
+  // A request of a proposal round drafting with the head's own KV (EAGLE, EAGLE3, MTP).
+  struct Work {
+    std::size_t index = 0;  // in the round
+    State* st = nullptr;
+    const std::vector<std::int32_t>* ctx = nullptr;
+    Expansion e;
+    std::vector<Node> nodes;
+    std::vector<int> made;
+    std::vector<std::uint64_t> mask;
+    std::int64_t first_row = 0, rows = 0;  // its rows in the level being run
+    bool failed = false;                   // the head's KV is full: no draft this round
+  };
+
+  // Before catch-up: the request's layers back to its committed pairs, the head's prefix cache.
+  void prepare_own(State& st, const std::vector<std::int32_t>& ctx) {
     const auto n = static_cast<std::int64_t>(ctx.size());
     for (int l = 0; l < static_cast<int>(st.seqs.size()); ++l)
       kv_[static_cast<std::size_t>(l)]->truncate(st.seqs[static_cast<std::size_t>(l)], st.fed);
@@ -382,38 +446,189 @@ class HeadDrafter final : public Drafter {
     if (cache_)
       cache_->make_room(kv_[0]->pages_for(n + config::kMaxHeadDraftNodes) -
                         static_cast<std::int64_t>(st.seqs.empty() ? 0 : st.seqs[0].pages.size()));
-    if (st.fed < n - 1 || st.root_hidden.empty()) catch_up(st, ctx);
-    if (!st.inserted) {
-      st.inserted = true;
-      cache_insert(st);
-    }
-    std::vector<Node> nodes;
-    std::vector<float> hidden;
-    const std::int64_t width = head_->config().hidden;
-    auto forward = [&](int layer, const std::vector<std::int32_t>& toks, const std::vector<float>& feat,
-                       const std::vector<std::int32_t>& pos, const std::vector<int>& parents, std::vector<int>& made) {
-      auto& cache = *kv_[static_cast<std::size_t>(layer)];
-      auto& seq = st.seqs[static_cast<std::size_t>(layer)];
-      const auto cnt = static_cast<std::int64_t>(toks.size());
-      const std::int64_t first = seq.length;
-      cache.reserve(seq, first + cnt);
-      std::vector<std::uint64_t> mask(static_cast<std::size_t>(cnt));
-      for (std::int64_t j = 0; j < cnt; ++j) {
-        nodes.push_back({layer, first + j - st.fed, parents[static_cast<std::size_t>(j)]});
-        made.push_back(static_cast<int>(nodes.size()) - 1);
-        mask[static_cast<std::size_t>(j)] = mask_of(nodes, made.back(), layer);
+  }
+
+  // Catch-ups of at most this many pairs run together; longer ones (a prompt) alone, in chunks.
+  static constexpr std::int64_t kJointCatchUp = 64;
+
+  // Every request's catch-up: the short ones in one head forward per layer for all of their pairs.
+  void catch_up_round(std::vector<Work>& work) {
+    const std::int64_t width = head_->config().feature_width();
+    std::vector<Work*> joint;
+    for (Work& w : work) {
+      State& st = *w.st;
+      const std::int64_t pending = static_cast<std::int64_t>(w.ctx->size()) - 1 - st.fed;
+      if (pending <= 0 && !st.root_hidden.empty()) continue;
+      try {
+        if (st.seqs.size() < static_cast<std::size_t>(layers_)) st.seqs.resize(static_cast<std::size_t>(layers_));
+        if (pending <= 0 || pending > kJointCatchUp) {
+          catch_up(st, *w.ctx);
+          continue;
+        }
+        for (int l = 0; l < layers_; ++l)
+          kv_[static_cast<std::size_t>(l)]->reserve(st.seqs[static_cast<std::size_t>(l)], st.fed + pending);
+        joint.push_back(&w);
+      } catch (const model::KvExhausted&) {
+        w.failed = true;
       }
-      runner_->project(layer, toks.data(), feat.data(), width, cnt, pos.data());
-      store(cache, seq, first, cnt);
-      seq.length = first + cnt;
-      const k::PagedKvView v = cache.view(0, seq);
-      runner_->finish(layer, {v, 0, st.fed}, {v, st.fed, seq.length - st.fed}, mask.data(), hidden);
-      return hidden;
-    };
-    DraftTree t = expand(st.root_hidden, -1, n - 1, max_nodes, depth, forward);
-    for (int l = 0; l < layers_; ++l)
-      kv_[static_cast<std::size_t>(l)]->truncate(st.seqs[static_cast<std::size_t>(l)], st.fed);
-    return t;
+    }
+    if (joint.empty()) return;
+    std::vector<std::int32_t> toks, pos;
+    std::vector<float> feat, hidden;
+    for (Work* w : joint) {
+      State& st = *w->st;
+      const auto n = static_cast<std::int64_t>(w->ctx->size());
+      w->first_row = static_cast<std::int64_t>(toks.size());
+      w->rows = n - 1 - st.fed;
+      for (std::int64_t p = st.fed; p < n - 1; ++p) {
+        toks.push_back((*w->ctx)[static_cast<std::size_t>(p + 1)]);
+        pos.push_back(static_cast<std::int32_t>(p + 1));
+      }
+      const float* f = st.feat.data() + (st.fed - st.feat_base) * width;
+      feat.insert(feat.end(), f, f + w->rows * width);
+    }
+    const auto total = static_cast<std::int64_t>(toks.size());
+    for (int l = 0; l < layers_; ++l) {
+      auto& cache = *kv_[static_cast<std::size_t>(l)];
+      runner_->project(l, toks.data(), feat.data(), width, total, pos.data());
+      std::vector<model::HeadRunner::AttentionPart> parts;
+      for (Work* w : joint) {
+        auto& seq = w->st->seqs[static_cast<std::size_t>(l)];
+        const std::int64_t p0 = w->st->fed;
+        store(cache, seq, p0, w->rows, w->first_row);
+        seq.length = p0 + w->rows;
+      }
+      for (Work* w : joint) {  // views after every write: a view holds the page table as it is
+        const k::PagedKvView v = cache.view(0, w->st->seqs[static_cast<std::size_t>(l)]);
+        parts.push_back({{v, 0, w->st->fed}, {v, w->st->fed, w->rows}, nullptr, w->first_row, w->rows});
+      }
+      runner_->finish(l, parts, hidden);
+      if (l == 0) {
+        const std::int64_t H = head_->config().hidden;
+        for (Work* w : joint) {
+          const auto last = hidden.begin() + (w->first_row + w->rows - 1) * H;
+          w->st->root_hidden.assign(last, last + H);
+        }
+      }
+    }
+    for (Work* w : joint) {
+      State& st = *w->st;
+      st.fed = static_cast<std::int64_t>(w->ctx->size()) - 1;
+      st.feat.erase(st.feat.begin(), st.feat.begin() + (st.fed - st.feat_base) * width);
+      st.feat_base = st.fed;
+    }
+  }
+
+  // EAGLE/EAGLE3/MTP: the requests of a round expand together — one head forward and one output
+  // head product per level over all of their frontier rows; each attends to its own KV.
+  std::vector<DraftTree> propose_own(const std::vector<ProposeArgs>& round) {
+    std::vector<DraftTree> out(round.size());
+    std::vector<Work> work;
+    for (std::size_t i = 0; i < round.size(); ++i) {
+      const ProposeArgs& a = round[i];
+      auto it = states_.find(a.req);
+      if (it == states_.end() || a.context->size() < 2) continue;
+      State& st = it->second;
+      const auto n = static_cast<std::int64_t>(a.context->size());
+      if (st.broken || st.rows != n - 1) continue;  // features do not line up with the context
+      const std::int32_t depth = std::min(a.max_depth, steps_);
+      if (depth <= 0 || a.max_nodes <= 0) continue;
+      try {
+        prepare_own(st, *a.context);
+      } catch (const model::KvExhausted&) {
+        continue;
+      }
+      Work w;
+      w.index = i;
+      w.st = &st;
+      w.ctx = a.context;
+      w.e = expansion(a.max_nodes, depth, n - 1);
+      work.push_back(std::move(w));
+    }
+    catch_up_round(work);
+    for (Work& w : work)
+      if (!w.failed && !w.st->inserted) {
+        w.st->inserted = true;
+        cache_insert(*w.st);
+      }
+    const std::int64_t H = head_->config().hidden;
+    std::vector<float> rows, logits, hidden;
+    std::vector<Work*> live;
+    for (Work& w : work)
+      if (!w.failed && static_cast<std::int64_t>(w.st->root_hidden.size()) == H) {
+        live.push_back(&w);
+        rows.insert(rows.end(), w.st->root_hidden.begin(), w.st->root_hidden.end());
+      }
+    if (!live.empty()) {
+      runner_->logits(0, rows.data(), static_cast<std::int64_t>(live.size()), logits);
+      softmax_rows(logits, static_cast<std::int64_t>(live.size()));
+      for (std::size_t j = 0; j < live.size(); ++j)
+        expansion_begin(live[j]->e, logits.data() + static_cast<std::int64_t>(j) * draft_vocab_,
+                        live[j]->st->root_hidden.data(), -1);
+    }
+    for (std::int32_t step = 1;; ++step) {
+      const int layer = std::min<int>(step, layers_ - 1);
+      auto& cache = *kv_[static_cast<std::size_t>(layer)];
+      std::vector<Work*> active;
+      for (Work* w : live) {
+        if (w->failed || !expansion_continues(w->e)) continue;
+        try {
+          auto& seq = w->st->seqs[static_cast<std::size_t>(layer)];
+          cache.reserve(seq, seq.length + static_cast<std::int64_t>(w->e.frontier.size()));
+          active.push_back(w);
+        } catch (const model::KvExhausted&) {
+          w->failed = true;
+        }
+      }
+      if (active.empty()) break;
+      std::vector<std::int32_t> toks, pos;
+      std::vector<float> feat;
+      for (Work* w : active) {
+        w->first_row = static_cast<std::int64_t>(toks.size());
+        w->rows = static_cast<std::int64_t>(w->e.frontier.size());
+        expansion_inputs(w->e, toks, pos);
+        feat.insert(feat.end(), w->e.parent_hidden.begin(), w->e.parent_hidden.end());
+      }
+      const auto total = static_cast<std::int64_t>(toks.size());
+      runner_->project(layer, toks.data(), feat.data(), H, total, pos.data());
+      for (Work* w : active) {
+        State& st = *w->st;
+        auto& seq = st.seqs[static_cast<std::size_t>(layer)];
+        const std::int64_t first = seq.length;
+        w->made.clear();
+        w->mask.assign(static_cast<std::size_t>(w->rows), 0);
+        for (std::int64_t j = 0; j < w->rows; ++j) {
+          w->nodes.push_back({layer, first + j - st.fed, w->e.parent_node[static_cast<std::size_t>(j)]});
+          w->made.push_back(static_cast<int>(w->nodes.size()) - 1);
+          w->mask[static_cast<std::size_t>(j)] = mask_of(w->nodes, w->made.back(), layer);
+        }
+        store(cache, seq, first, w->rows, w->first_row);
+        seq.length = first + w->rows;
+      }
+      std::vector<model::HeadRunner::AttentionPart> parts;
+      for (Work* w : active) {
+        const auto& seq = w->st->seqs[static_cast<std::size_t>(layer)];
+        const k::PagedKvView v = cache.view(0, seq);
+        parts.push_back(
+            {{v, 0, w->st->fed}, {v, w->st->fed, seq.length - w->st->fed}, w->mask.data(), w->first_row, w->rows});
+      }
+      runner_->finish(layer, parts, hidden);
+      runner_->logits(layer, hidden.data(), total, logits);
+      softmax_rows(logits, total);
+      for (Work* w : active)
+        expansion_absorb(w->e, hidden.data() + w->first_row * H, logits.data() + w->first_row * draft_vocab_, w->made);
+    }
+    for (Work& w : work) {
+      for (std::size_t l = 0; l < w.st->seqs.size(); ++l) kv_[l]->truncate(w.st->seqs[l], w.st->fed);
+      if (w.failed || w.e.score_list.empty())
+        continue;  // the head's cache is full: the target decodes plainly this step
+      const ProposeArgs& a = round[w.index];
+      DraftTree t = expansion_tree(w.e);
+      add_ngram_branch(t, *a.context, a.max_nodes, a.max_depth);
+      add_suffix_branch(*w.st, t, *a.context, a.max_nodes, a.max_depth);
+      out[w.index] = std::move(t);
+    }
+    return out;
   }
 
   DraftTree draft_frozen(State& st, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes, std::int32_t depth) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "config/input.hpp"
 #include "kernels/cpu/matmul.hpp"
@@ -514,13 +515,22 @@ void HeadRunner::project(int layer, const std::int32_t* tokens, const float* fea
 
 void HeadRunner::finish(int layer, const k::KvSegment& prefix, const k::KvSegment& masked, const std::uint64_t* mask,
                         std::vector<float>& hidden) {
+  finish(layer, {AttentionPart{prefix, masked, mask, 0, n_}}, hidden);
+}
+
+void HeadRunner::finish(int layer, const std::vector<AttentionPart>& parts, std::vector<float>& hidden) {
   const HeadConfig& c = head_->config();
   const LlamaLayer& ly = head_->layers()[static_cast<std::size_t>(layer)].layer;
   const std::int64_t n = n_, H = c.hidden, QD = c.n_heads * c.head_dim, F = c.ffn;
   const auto eps = static_cast<float>(c.norm_eps);
   att_.resize(static_cast<std::size_t>(n * QD));
-  k::attention_segments_cpu(q_.data(), n, c.n_heads, c.n_kv_heads, c.head_dim, prefix, masked, mask,
-                            1.0f / std::sqrt(static_cast<float>(c.head_dim)), att_.data());
+  for (const AttentionPart& p : parts) {
+    if (p.first_row < 0 || p.rows < 0 || p.first_row + p.rows > n)
+      throw std::logic_error("HeadRunner::finish: an attention part outside the projected rows");
+    k::attention_segments_cpu(q_.data() + p.first_row * QD, p.rows, c.n_heads, c.n_kv_heads, c.head_dim, p.prefix,
+                              p.masked, p.mask, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                              att_.data() + p.first_row * QD);
+  }
   tmp_.resize(static_cast<std::size_t>(n * H));
   k::matmul(ly.wo, att_.data(), n, tmp_.data(), precision_);
   for (std::int64_t i = 0; i < n * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];

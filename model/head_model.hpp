@@ -123,6 +123,14 @@ class HeadRunner {
   std::int64_t kv_row() const { return config().n_kv_heads * config().head_dim; }
   void finish(int layer, const kernels::KvSegment& prefix, const kernels::KvSegment& masked, const std::uint64_t* mask,
               std::vector<float>& hidden_out);
+  // The rows of several sequences projected together: rows [first_row, first_row + rows) attend to
+  // their own sequence's KV; everything else runs over all rows at once.
+  struct AttentionPart {
+    kernels::KvSegment prefix, masked;
+    const std::uint64_t* mask = nullptr;
+    std::int64_t first_row = 0, rows = 0;
+  };
+  void finish(int layer, const std::vector<AttentionPart>& parts, std::vector<float>& hidden_out);
   // Draft logits (n × draft_vocab) of head output rows.
   void logits(int layer, const float* hidden, std::int64_t n, std::vector<float>& out);
   // The target id of a draft id.

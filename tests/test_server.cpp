@@ -419,7 +419,9 @@ TEST_CASE("http layer: a client that leaves a waiting exchange ends it (on_close
 
   const int c = dial(port);
   send_all(c, "GET /wait HTTP/1.1\r\nHost: x\r\n\r\n");
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Waits for the server to take the request (on a busy machine that can take more than a moment).
+  for (const auto taken = Clock::now() + std::chrono::seconds(5); server.open_exchanges() == 0 && Clock::now() < taken;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK(server.open_exchanges() == 1);
   ::close(c);
   const auto until = Clock::now() + std::chrono::seconds(3);

@@ -437,6 +437,109 @@ TEST_CASE("drafters' own prefix cache: STANDALONE and a one-layer head start on 
   fs::remove(model);
 }
 
+TEST_CASE("head drafters: a round of several requests drafts exactly what each would draft alone") {
+  const std::string model = write_tiny_model("head_round");
+  using specactor::model::HeadKind;
+  struct Case {
+    HeadKind kind;
+    std::int64_t layers;
+    const char* algo;
+    specactor::config::SpecAlgorithm alg;
+    std::int64_t steps, topk, tokens;
+  };
+  using specactor::config::SpecAlgorithm;
+  const std::vector<Case> cases = {{HeadKind::Eagle3, 1, "EAGLE3", SpecAlgorithm::Eagle3, 3, 1, 4},
+                                   {HeadKind::Eagle3, 1, "EAGLE3", SpecAlgorithm::Eagle3, 3, 2, 6},
+                                   {HeadKind::Eagle, 1, "EAGLE", SpecAlgorithm::Eagle, 2, 3, 7},
+                                   {HeadKind::Mtp, 2, "MTP", SpecAlgorithm::Mtp, 3, 1, 4}};
+  // Three requests: a long one (its first catch-up runs alone, in chunks) and two short ones
+  // (caught up together); then each gains a few tokens, as after verification, and drafts again.
+  std::vector<std::vector<std::int32_t>> seqs(3);
+  for (int k = 0; k < 90; ++k) seqs[0].push_back((k * 13 + 7) % 90 + 3);
+  for (int k = 0; k < 12; ++k) seqs[1].push_back((k * 17 + 3) % 90 + 3);
+  for (int k = 0; k < 31; ++k) seqs[2].push_back((k * 5 + 11) % 90 + 3);
+  const std::vector<std::vector<std::int32_t>> start = seqs;
+  for (const char* precision : {"fast", "exact"})
+    for (const Case& c : cases) {
+      const std::string what = std::string(precision) + " " + c.algo + " topk " + std::to_string(c.topk);
+      CAPTURE(what);
+      specactor::config::ServerArgs args;
+      args.model_path = model;
+      args.max_total_tokens = 1024;
+      args.cpu_precision = std::string(precision) == "fast" ? specactor::config::CpuPrecision::Fast
+                                                            : specactor::config::CpuPrecision::Exact;
+      const auto target = specactor::model::load_model(args);
+      const std::string head = model + "." + c.algo + ".head.gguf";
+      specactor::model::HeadSpec spec;
+      spec.kind = c.kind;
+      spec.layers = c.layers;
+      spec.seed = 9;
+      specactor::model::write_random_head(target.info, spec, head);
+      args.speculative_algorithm = c.alg;
+      args.speculative_draft_model_path = head;
+      args.speculative_num_steps = c.steps;
+      args.speculative_eagle_topk = c.topk;
+      args.speculative_num_draft_tokens = c.tokens;
+      auto kv = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
+                                                            target.config.head_dim, 16, 1024);
+      const auto snap = specactor::config::freeze(args);
+      auto make = [&] {
+        return find_drafter(snap)(snap, DraftContext{target.info, target.tokenizer, target.weights, kv});
+      };
+      auto together = make(), alone = make();
+      std::vector<int> layers;
+      for (auto l : together->needs().hidden_layers) layers.push_back(l);
+      std::vector<std::size_t> fed(seqs.size(), 0);  // rows handed over so far, per request
+      auto hand_over = [&](std::size_t r, const std::vector<std::int32_t>& toks) {
+        specactor::model::LlamaRunner runner(target.weights, 1);
+        specactor::model::KvCache::Seq seq;
+        const specactor::model::ForwardResult out = commit_all_but_root(runner, *kv, seq, toks, layers);
+        std::vector<float> hidden;
+        const auto H = static_cast<std::size_t>(target.config.hidden);
+        for (std::size_t row = fed[r]; row + 1 < toks.size(); ++row)
+          for (const auto& l : out.hidden)
+            hidden.insert(hidden.end(), l.begin() + static_cast<long>(row * H),
+                          l.begin() + static_cast<long>((row + 1) * H));
+        kv->release(seq);
+        const std::vector<std::int32_t> no_pages;
+        for (Drafter* d : {together.get(), alone.get()})
+          d->observe(r + 1, TargetFeatures{hidden, static_cast<std::int64_t>(fed[r]), no_pages, 0});
+        fed[r] = toks.size() - 1;
+      };
+      std::size_t drafted = 0;
+      for (int round = 0; round < 3; ++round) {
+        CAPTURE(round);
+        std::vector<ProposeArgs> args_round;
+        for (std::size_t r = 0; r < seqs.size(); ++r) {
+          if (round > 0)
+            for (int k = 0; k < 2 + static_cast<int>(r); ++k)
+              seqs[r].push_back((static_cast<int>(seqs[r].size()) * 7 + round) % 90 + 3);
+          hand_over(r, seqs[r]);
+          // The middle request asks for one level only in the second round.
+          args_round.push_back({r + 1, &seqs[r], 7, round == 1 && r == 1 ? 1 : 4});
+        }
+        const std::vector<DraftTree> got = together->propose_batch(args_round);
+        REQUIRE(got.size() == seqs.size());
+        for (std::size_t r = 0; r < seqs.size(); ++r) {
+          CAPTURE(r);
+          const DraftTree want = alone->propose(r + 1, seqs[r], args_round[r].max_nodes, args_round[r].max_depth);
+          CHECK(got[r].tokens == want.tokens);
+          CHECK(got[r].parents == want.parents);
+          CHECK(got[r].scores == want.scores);
+          drafted += want.tokens.size();
+        }
+      }
+      CHECK(drafted > 0);
+      for (std::uint64_t r = 1; r <= seqs.size(); ++r) {
+        together->release(r);
+        alone->release(r);
+      }
+      seqs = start;  // the next case starts from the same sequences
+      fs::remove(head);
+    }
+  fs::remove(model);
+}
+
 TEST_CASE("head drafters: --speculative-draft-p-min proposes exactly the nodes whose path probability reaches it") {
   std::vector<std::int32_t> toks;
   for (int k = 0; k < 20; ++k) toks.push_back((k * 11 + 4) % 90 + 3);
