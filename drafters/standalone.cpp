@@ -1,7 +1,9 @@
 // drafters/standalone.cpp — STANDALONE drafting: a separate (smaller) GGUF model drafts a
 // greedy chain with its own KV cache; or, with --speculative-draft-num-layers K and no draft model,
-// the target's own file truncated to its first K layers (plus final norm and output head).
+// the target's own file truncated to its first K layers (plus final norm and output head), which reads
+// the target's KV of those layers instead of keeping its own (when both run on the CPU of one process).
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <stdexcept>
 
@@ -34,38 +36,70 @@ class StandaloneDrafter final : public Drafter {
                                            s->device != config::Device::Cuda, model::kv_type(*s));
     runner_ =
         model::make_runner(model_.weights, *s, 0, static_cast<int>(s->threads), *kv_);  // the draft snapshot's device
-    cache_ = std::make_unique<DraftCache>(*kv_, !s->disable_radix_cache);
+    // Self-speculation on the target's own file, both on the CPU of this process: the draft's K layers
+    // are the target's first K, so their KV of the committed tokens is the target's. It is read from
+    // the target's pool (read-only, the pages the scheduler hands over), never prefilled or caught up
+    // again; the draft's own pool holds only the root and the drafts of one proposal.
+    std::error_code ec;
+    shared_ = layers > 0 && ctx.target_kv && ctx.target_kv->has_host_storage() && runner_->device() == "cpu" &&
+              std::filesystem::equivalent(s->model_path, ctx.target_info.path, ec) &&
+              ctx.target_kv->n_layers() >= c.n_layers && ctx.target_kv->head_dim() == c.head_dim &&
+              ctx.target_kv->row_floats() == c.n_kv_heads * c.head_dim;
+    if (shared_)
+      target_kv_ = ctx.target_kv;
+    else
+      cache_ = std::make_unique<DraftCache>(*kv_, !s->disable_radix_cache);
+  }
+
+  DrafterNeeds needs() const override { return {{}, shared_}; }
+
+  void observe(std::uint64_t req, const TargetFeatures& f) override {
+    if (!shared_ || f.kv_length <= 0) return;
+    State& st = states_[req];
+    st.kv_pages = f.kv_pages;
+    st.kv_length = f.kv_length;
   }
 
   DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
                     std::int32_t max_depth) override {
-    const std::int32_t depth = std::min(max_nodes, max_depth);
+    std::int32_t depth = std::min(max_nodes, max_depth);
     if (depth <= 0 || ctx.empty()) return {};
     // The draft's forward runs on the engine's one compute pool, every core (kernels/cpu/pool.hpp).
     State& st = states_[req];
-    if (!st.started) {  // the draft's KV of the longest cached prefix (its last token is fed below)
-      st.started = true;
-      const std::int64_t hit = cache_->start(st.entry, ctx, static_cast<std::int64_t>(ctx.size()) - 1, st.seq);
-      st.fed.assign(ctx.begin(), ctx.begin() + hit);
+    std::vector<model::ForwardSeq> b(1);
+    b[0].kv = &st.seq;
+    if (shared_) {
+      // The root after the target's committed KV; the drafts after it, in the draft's own pool.
+      if (st.kv_length != static_cast<std::int64_t>(ctx.size()) - 1) return {};  // not lined up with ctx
+      depth = std::min(depth, 63);
+      kv_->truncate(st.seq, 0);
+      b[0].tokens = {ctx.back()};
+      b[0].prefix_kv = target_kv_.get();
+      b[0].prefix_pages = &st.kv_pages;
+      b[0].prefix_len = st.kv_length;
+    } else {
+      if (!st.started) {  // the draft's KV of the longest cached prefix (its last token is fed below)
+        st.started = true;
+        const std::int64_t hit = cache_->start(st.entry, ctx, static_cast<std::int64_t>(ctx.size()) - 1, st.seq);
+        st.fed.assign(ctx.begin(), ctx.begin() + hit);
+      }
+      // Reuse the KV of the common prefix; roll back the rest (last step's drafts, rejected tokens).
+      std::size_t common = 0;
+      while (common < st.fed.size() && common + 1 < ctx.size() && st.fed[common] == ctx[common]) ++common;
+      kv_->truncate(st.seq, static_cast<std::int64_t>(common));
+      st.fed.resize(common);
+      cache_->make_room(kv_->pages_for(static_cast<std::int64_t>(ctx.size()) + depth) -
+                        static_cast<std::int64_t>(st.seq.pages.size()));
+      b[0].tokens.assign(ctx.begin() + static_cast<long>(common), ctx.end());
     }
-    // Reuse the KV of the common prefix; roll back the rest (last step's drafts, rejected tokens).
-    std::size_t common = 0;
-    while (common < st.fed.size() && common + 1 < ctx.size() && st.fed[common] == ctx[common]) ++common;
-    kv_->truncate(st.seq, static_cast<std::int64_t>(common));
-    st.fed.resize(common);
     std::vector<std::int32_t> drafts;
     std::vector<float> q_rows, q;
     const bool sample = sampling_ && !st.params.greedy();
-    cache_->make_room(kv_->pages_for(static_cast<std::int64_t>(ctx.size()) + depth) -
-                      static_cast<std::int64_t>(st.seq.pages.size()));
     try {
-      std::vector<model::ForwardSeq> b(1);
-      b[0].kv = &st.seq;
-      b[0].tokens.assign(ctx.begin() + static_cast<long>(common), ctx.end());
       b[0].logit_rows = {static_cast<std::int32_t>(b[0].tokens.size()) - 1};
       model::ForwardResult out;
       runner_->forward(b, *kv_, out);
-      st.fed = ctx;
+      if (!shared_) st.fed = ctx;
       for (std::int32_t i = 0; i < depth; ++i) {
         std::int32_t t;
         if (sample) {  // x ~ q, and q goes to the target for rejection sampling
@@ -85,7 +119,7 @@ class StandaloneDrafter final : public Drafter {
       // The draft's cache is full: no proposal this step (the target decodes plainly).
     }
     kv_->truncate(st.seq, static_cast<std::int64_t>(st.fed.size()));  // drafts are not kept
-    if (!st.inserted) {  // the prompt's pages, for requests that start on the same prefix meanwhile
+    if (!shared_ && !st.inserted) {  // the prompt's pages, for requests that start on the same prefix meanwhile
       st.inserted = true;
       cache_->insert(st.entry, st.fed, static_cast<std::int64_t>(st.fed.size()), st.seq);
     }
@@ -108,14 +142,16 @@ class StandaloneDrafter final : public Drafter {
     auto it = states_.find(req);
     if (it == states_.end()) return;
     State& st = it->second;
-    cache_->insert(st.entry, st.fed, static_cast<std::int64_t>(st.fed.size()), st.seq);
-    cache_->finish(st.entry);
+    if (cache_) {
+      cache_->insert(st.entry, st.fed, static_cast<std::int64_t>(st.fed.size()), st.seq);
+      cache_->finish(st.entry);
+    }
     kv_->release(st.seq);
     states_.erase(it);
   }
 
-  DraftCacheStats cache_stats() const override { return cache_->stats(); }
-  std::int64_t flush_cache() override { return cache_->flush(); }
+  DraftCacheStats cache_stats() const override { return cache_ ? cache_->stats() : DraftCacheStats{}; }
+  std::int64_t flush_cache() override { return cache_ ? cache_->flush() : 0; }
 
  private:
   struct State {
@@ -126,8 +162,12 @@ class StandaloneDrafter final : public Drafter {
     bool seeded = false;
     bool started = false, inserted = false;  // the draft's prefix cache: looked up, prompt inserted
     DraftCache::Entry entry;
+    std::vector<std::int32_t> kv_pages;  // shared: the target's committed pages and their length
+    std::int64_t kv_length = 0;
   };
-  bool sampling_;  // --speculative-use-rejection-sampling: draw drafts from q instead of argmax
+  bool sampling_;        // --speculative-use-rejection-sampling: draw drafts from q instead of argmax
+  bool shared_ = false;  // self-speculation reading the target's KV (see the constructor)
+  std::shared_ptr<const model::KvCache> target_kv_;  // read-only: only const members are reachable
   model::LoadedModel model_;
   std::unique_ptr<model::KvCache> kv_;
   std::unique_ptr<model::ForwardRunner> runner_;

@@ -59,6 +59,8 @@ class KvCache {
   std::int64_t capacity_tokens() const { return n_pages_ * page_size_; }
   std::int64_t pages_for(std::int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
   std::int64_t row_floats() const { return row_; }
+  std::int64_t n_layers() const { return n_layers_; }
+  std::int64_t head_dim() const { return head_dim_; }
 
   // Grows seq's page table to hold new_len slots. Throws KvExhausted (and changes nothing) when the
   // pool is short.

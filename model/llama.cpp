@@ -238,6 +238,13 @@ std::int64_t prepare_batch(std::vector<ForwardSeq>& batch, KvCache& kv, std::int
     for (auto r : s.logit_rows)
       if (r < 0 || r >= n)
         throw std::invalid_argument("forward: logit row " + std::to_string(r) + " outside the sequence");
+    if (s.prefix_kv) {
+      if (!s.prefix_pages || s.prefix_len < 0 || !s.prefix_kv->has_host_storage() ||
+          s.prefix_kv->pages_for(s.prefix_len) > static_cast<std::int64_t>(s.prefix_pages->size()))
+        throw std::invalid_argument("forward: a KV prefix of another pool needs its pages on the host, covering it");
+      if (s.kv->length + n > 64)
+        throw std::invalid_argument("forward: after a KV prefix of another pool a sequence holds at most 64 slots");
+    }
     n_logits += static_cast<std::int64_t>(s.logit_rows.size());
   }
   old_len.assign(batch.size(), 0);
@@ -271,6 +278,10 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
   if (w_->shard().size > 1 && (!comm || comm->size() != w_->shard().size))
     throw std::invalid_argument("forward: a tensor-parallel shard needs a communicator of its group size");
 
+  for (const auto& s : batch)
+    if (s.prefix_kv && (s.prefix_kv->n_layers() < c.n_layers || s.prefix_kv->row_floats() != KD ||
+                        s.prefix_kv->head_dim() != c.head_dim))
+      throw std::invalid_argument("forward: a KV prefix of another pool must have this model's KV shape");
   std::vector<std::int64_t> old_len;
   const std::int64_t n_logits = prepare_batch(batch, kv, V, old_len);
   std::int64_t T = 0;
@@ -292,10 +303,24 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     for (const auto& s : batch)
       for (std::size_t i = 0; i < s.tokens.size(); ++i, ++r) {
         k::weight_row(w_->embedding(), s.tokens[i], x_.data() + r * H);
-        pos_[static_cast<std::size_t>(r)] = s.positions.empty()
-                                                ? static_cast<std::int32_t>(s.kv->length + static_cast<std::int64_t>(i))
-                                                : s.positions[i];
+        const std::int64_t base = (s.prefix_kv ? s.prefix_len : 0) + s.kv->length;
+        pos_[static_cast<std::size_t>(r)] =
+            s.positions.empty() ? static_cast<std::int32_t>(base + static_cast<std::int64_t>(i)) : s.positions[i];
       }
+  }
+  // Sequences after another pool's KV: that pool's page table, and masks over every own slot (the
+  // older ones all visible, the new ones causal or by the tree mask).
+  std::vector<KvCache::Seq> foreign(batch.size());
+  std::vector<std::vector<std::uint64_t>> own_mask(batch.size());
+  for (std::size_t b = 0; b < batch.size(); ++b) {
+    const ForwardSeq& s = batch[b];
+    if (!s.prefix_kv) continue;
+    foreign[b] = {*s.prefix_pages, s.prefix_len};
+    const std::uint64_t older = old_len[b] > 0 ? (~0ull >> (64 - old_len[b])) : 0;
+    for (std::size_t i = 0; i < s.tokens.size(); ++i) {
+      const std::uint64_t fresh = s.mask.empty() ? (~0ull >> (63 - i)) : s.mask[i];
+      own_mask[b].push_back(older | (fresh << old_len[b]));
+    }
   }
   out.hidden.assign(hidden_layers.size(), {});
   rope_cs_.resize(static_cast<std::size_t>(T * c.rope_dim));
@@ -318,12 +343,20 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
       for (std::int64_t i = 0; i < n; ++i)
         kv.write(l, *s.kv, old_len[b] + i, k_.data() + (r0 + i) * KD, v_.data() + (r0 + i) * KD);
       const k::PagedKvView view = kv.view(l, *s.kv);
-      attn_jobs_.push_back({q_.data() + r0 * QD,
-                            n,
-                            {view, 0, old_len[b]},
-                            {view, old_len[b], n},
-                            s.mask.empty() ? nullptr : s.mask.data(),
-                            att_.data() + r0 * QD});
+      if (s.prefix_kv)
+        attn_jobs_.push_back({q_.data() + r0 * QD,
+                              n,
+                              {s.prefix_kv->view(l, foreign[b]), 0, s.prefix_len},
+                              {view, 0, old_len[b] + n},
+                              own_mask[b].data(),
+                              att_.data() + r0 * QD});
+      else
+        attn_jobs_.push_back({q_.data() + r0 * QD,
+                              n,
+                              {view, 0, old_len[b]},
+                              {view, old_len[b], n},
+                              s.mask.empty() ? nullptr : s.mask.data(),
+                              att_.data() + r0 * QD});
       r0 += n;
     }
     // Every sequence's attention in one pass of the pool.

@@ -127,6 +127,12 @@ struct ForwardSeq {
   std::vector<std::int32_t> positions;   // RoPE positions; empty = kv->length + i
   std::vector<std::uint64_t> mask;       // tree mask, one word per new token (bit j: sees new token j); empty = causal
   std::vector<std::int32_t> logit_rows;  // indices into tokens whose logits are returned
+  // Self-speculation (CPU only): the tokens also attend to `prefix_len` slots of another pool's KV
+  // — prefix_kv's pages `prefix_pages`, read-only, layer l for layer l — placed before every slot of
+  // `kv` (at most 64 of them); positions default to prefix_len + kv->length + i.
+  const KvCache* prefix_kv = nullptr;
+  const std::vector<std::int32_t>* prefix_pages = nullptr;
+  std::int64_t prefix_len = 0;
 };
 
 struct ForwardResult {

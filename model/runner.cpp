@@ -49,6 +49,8 @@ class CudaLlamaRunner final : public ForwardRunner {
 
   void forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out, const std::vector<int>& hidden_layers,
                kernels::Communicator* comm) override {
+    for (const ForwardSeq& s : batch)
+      if (s.prefix_kv) throw std::invalid_argument("forward: a KV prefix of another pool runs on the CPU only");
     std::vector<std::int64_t> old_len;
     prepare_batch(batch, kv, w_->config().vocab_size, old_len);
     std::vector<kc::DeviceSeq> seqs(batch.size());

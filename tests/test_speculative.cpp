@@ -23,6 +23,7 @@
 #include "model/llama.hpp"
 #include "model/loader.hpp"
 #include "model/model_info.hpp"
+#include "model/runner.hpp"
 #include "tests/support/gguf_writer.hpp"
 
 using namespace specactor::actors;
@@ -679,12 +680,96 @@ TEST_CASE("default model: every head-free drafter is lossless on the shipped pro
                    "--speculative-num-steps", "2"}});
 }
 
+TEST_CASE("self-speculation reads the target's KV: the drafts of a draft that keeps its own, nothing written") {
+  const std::string model = write_tiny_model("self_spec_kv");
+  std::vector<std::int32_t> toks;
+  for (int k = 0; k < 41; ++k) toks.push_back((k * 29 + 7) % 90 + 3);
+  for (const char* precision : {"fast", "exact"})
+    for (const std::int64_t layers : {1, 2}) {  // the tiny model has 2: the whole target drafts
+      const std::string what = std::string(precision) + ", " + std::to_string(layers) + " layer(s)";
+      CAPTURE(what);
+      specactor::config::ServerArgs args;
+      args.model_path = model;
+      args.max_total_tokens = 1024;
+      args.cpu_precision = std::string(precision) == "fast" ? specactor::config::CpuPrecision::Fast
+                                                            : specactor::config::CpuPrecision::Exact;
+      const auto target = specactor::model::load_model(args);
+      auto kv = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
+                                                            target.config.head_dim, 16, 1024, true,
+                                                            specactor::model::kv_type(args));
+      specactor::model::LlamaRunner runner(target.weights, 1, specactor::model::cpu_precision(args));
+      specactor::model::KvCache::Seq seq;
+      commit_all_but_root(runner, *kv, seq, toks, {});
+      args.speculative_algorithm = specactor::config::SpecAlgorithm::Standalone;
+      args.speculative_draft_num_layers = layers;
+      args.speculative_use_rejection_sampling = true;  // the drafts come with their whole distributions
+      const auto snap = specactor::config::freeze(args);
+      auto shared = find_drafter(snap)(snap, DraftContext{target.info, target.tokenizer, target.weights, kv});
+      auto own = find_drafter(snap)(snap, DraftContext{target.info, target.tokenizer, target.weights, nullptr});
+      CHECK(shared->needs().target_kv);
+      CHECK_FALSE(own->needs().target_kv);
+      std::vector<std::vector<float>> before(static_cast<std::size_t>(target.config.n_layers));
+      for (std::int64_t l = 0; l < target.config.n_layers; ++l)
+        for (std::int64_t slot = 0; slot < seq.length; ++slot) {
+          std::vector<float> k(static_cast<std::size_t>(kv->row_floats())), v(k.size());
+          kv->read(l, seq, slot, k.data(), v.data());
+          before[static_cast<std::size_t>(l)].insert(before[static_cast<std::size_t>(l)].end(), k.begin(), k.end());
+          before[static_cast<std::size_t>(l)].insert(before[static_cast<std::size_t>(l)].end(), v.begin(), v.end());
+        }
+      shared->observe(1, TargetFeatures{{}, 0, seq.pages, seq.length});
+      const DraftTree a = shared->propose(1, toks, 5, 5), b = own->propose(1, toks, 5, 5);
+      REQUIRE(a.tokens.size() == 5);
+      CHECK(a.tokens == b.tokens);
+      CHECK(a.parents == b.parents);
+      // Sampled drafts carry the distributions they were drawn from: every value equal, so the draft
+      // attended to exactly the KV it keeps itself in the other mode.
+      specactor::kernels::SamplingParams hot;
+      hot.temperature = 1.0f;
+      for (Drafter* d : {shared.get(), own.get()}) d->set_sampling(2, hot, 77);
+      shared->observe(2, TargetFeatures{{}, 0, seq.pages, seq.length});
+      const DraftTree sa = shared->propose(2, toks, 4, 4), sb = own->propose(2, toks, 4, 4);
+      REQUIRE(sa.probs.size() == 4 * static_cast<std::size_t>(target.config.vocab_size));
+      CHECK(sa.tokens == sb.tokens);
+      CHECK(sa.probs == sb.probs);
+      if (layers == target.config.n_layers) {  // the whole model: its first draft is the target's own next token
+        std::vector<std::int32_t> with_next = toks;
+        with_next.push_back(0);  // commit_all_but_root leaves the last token out: all of toks is committed
+        specactor::model::KvCache::Seq whole;
+        const specactor::model::ForwardResult next = commit_all_but_root(runner, *kv, whole, with_next, {});
+        CHECK(a.tokens[0] == specactor::kernels::argmax(next.logits.data(), target.config.vocab_size));
+        kv->release(whole);
+      }
+      // A context whose committed KV the target has not handed over yet: no draft rather than a wrong one.
+      std::vector<std::int32_t> longer = toks;
+      longer.push_back(5);
+      CHECK(shared->propose(1, longer, 5, 5).tokens.empty());
+      for (std::int64_t l = 0; l < target.config.n_layers; ++l) {
+        std::vector<float> now;
+        for (std::int64_t slot = 0; slot < seq.length; ++slot) {
+          std::vector<float> k(static_cast<std::size_t>(kv->row_floats())), v(k.size());
+          kv->read(l, seq, slot, k.data(), v.data());
+          now.insert(now.end(), k.begin(), k.end());
+          now.insert(now.end(), v.begin(), v.end());
+        }
+        CHECK(now == before[static_cast<std::size_t>(l)]);  // the target's KV is only read
+      }
+      for (std::uint64_t r : {1, 2}) {
+        shared->release(r);
+        own->release(r);
+      }
+      kv->release(seq);
+    }
+  fs::remove(model);
+}
+
 TEST_CASE("tiny model: STANDALONE and self-speculation are lossless, a mismatched draft vocabulary is reported") {
   const std::string p = write_tiny_model("spec_tiny");
   const auto reqs = tiny_requests(20);
   check_lossless({"--model-path", p, "--log-level", "warn", "--max-total-tokens", "4096"}, reqs,
                  {{"--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", p},
                   {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "1"},
+                  {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "2",
+                   "--speculative-adaptive", "false"},
                   {"--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "3", "--speculative-num-steps", "3",
                    "--speculative-num-draft-tokens", "7"},
                   {"--speculative-algorithm", "SUFFIX", "--speculative-suffix-min-match", "1"},
