@@ -1,6 +1,7 @@
 // model/llama.cpp — Llama weights binding and the batched CPU forward pass.
 #include "model/llama.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -310,16 +311,18 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
   }
   // Sequences after another pool's KV: that pool's page table, and masks over every own slot (the
   // older ones all visible, the new ones causal or by the tree mask).
-  std::vector<KvCache::Seq> foreign(batch.size());
-  std::vector<std::vector<std::uint64_t>> own_mask(batch.size());
-  for (std::size_t b = 0; b < batch.size(); ++b) {
-    const ForwardSeq& s = batch[b];
-    if (!s.prefix_kv) continue;
-    foreign[b] = {*s.prefix_pages, s.prefix_len};
-    const std::uint64_t older = old_len[b] > 0 ? (~0ull >> (64 - old_len[b])) : 0;
-    for (std::size_t i = 0; i < s.tokens.size(); ++i) {
-      const std::uint64_t fresh = s.mask.empty() ? (~0ull >> (63 - i)) : s.mask[i];
-      own_mask[b].push_back(older | (fresh << old_len[b]));
+  if (std::any_of(batch.begin(), batch.end(), [](const ForwardSeq& s) { return s.prefix_kv != nullptr; })) {
+    foreign_.assign(batch.size(), {});
+    own_mask_.assign(batch.size(), {});
+    for (std::size_t b = 0; b < batch.size(); ++b) {
+      const ForwardSeq& s = batch[b];
+      if (!s.prefix_kv) continue;
+      foreign_[b] = {*s.prefix_pages, s.prefix_len};
+      const std::uint64_t older = old_len[b] > 0 ? (~0ull >> (64 - old_len[b])) : 0;
+      for (std::size_t i = 0; i < s.tokens.size(); ++i) {
+        const std::uint64_t fresh = s.mask.empty() ? (~0ull >> (63 - i)) : s.mask[i];
+        own_mask_[b].push_back(older | (fresh << old_len[b]));
+      }
     }
   }
   out.hidden.assign(hidden_layers.size(), {});
@@ -346,9 +349,9 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
       if (s.prefix_kv)
         attn_jobs_.push_back({q_.data() + r0 * QD,
                               n,
-                              {s.prefix_kv->view(l, foreign[b]), 0, s.prefix_len},
+                              {s.prefix_kv->view(l, foreign_[b]), 0, s.prefix_len},
                               {view, 0, old_len[b] + n},
-                              own_mask[b].data(),
+                              own_mask_[b].data(),
                               att_.data() + r0 * QD});
       else
         attn_jobs_.push_back({q_.data() + r0 * QD,

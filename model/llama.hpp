@@ -190,6 +190,8 @@ class LlamaRunner final : public ForwardRunner {
   kernels::Precision precision_;
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, rope_cs_;
   std::vector<kernels::AttentionJob> attn_jobs_;  // one per sequence, rebuilt per layer
+  std::vector<KvCache::Seq> foreign_;             // per sequence: another pool's page table (prefix_kv)
+  std::vector<std::vector<std::uint64_t>> own_mask_;
   std::vector<std::int32_t> pos_;
 };
 

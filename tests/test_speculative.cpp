@@ -117,6 +117,16 @@ std::string write_tiny_model(const std::string& tag) {
   return p;
 }
 
+// Settings for the tiny model at `path` in a precision ("fast" or "exact"), 1,024 KV slots.
+specactor::config::ServerArgs tiny_args(const std::string& path, const std::string& precision) {
+  specactor::config::ServerArgs args;
+  args.model_path = path;
+  args.max_total_tokens = 1024;
+  args.cpu_precision =
+      precision == "fast" ? specactor::config::CpuPrecision::Fast : specactor::config::CpuPrecision::Exact;
+  return args;
+}
+
 // Eight id prompts of growing length for the tiny model.
 std::vector<GenerationRequest> tiny_requests(std::int64_t max_new) {
   std::vector<GenerationRequest> reqs;
@@ -464,11 +474,7 @@ TEST_CASE("head drafters: a round of several requests drafts exactly what each w
     for (const Case& c : cases) {
       const std::string what = std::string(precision) + " " + c.algo + " topk " + std::to_string(c.topk);
       CAPTURE(what);
-      specactor::config::ServerArgs args;
-      args.model_path = model;
-      args.max_total_tokens = 1024;
-      args.cpu_precision = std::string(precision) == "fast" ? specactor::config::CpuPrecision::Fast
-                                                            : specactor::config::CpuPrecision::Exact;
+      specactor::config::ServerArgs args = tiny_args(model, precision);
       const auto target = specactor::model::load_model(args);
       const std::string head = model + "." + c.algo + ".head.gguf";
       specactor::model::HeadSpec spec;
@@ -688,11 +694,7 @@ TEST_CASE("self-speculation reads the target's KV: the drafts of a draft that ke
     for (const std::int64_t layers : {1, 2}) {  // the tiny model has 2: the whole target drafts
       const std::string what = std::string(precision) + ", " + std::to_string(layers) + " layer(s)";
       CAPTURE(what);
-      specactor::config::ServerArgs args;
-      args.model_path = model;
-      args.max_total_tokens = 1024;
-      args.cpu_precision = std::string(precision) == "fast" ? specactor::config::CpuPrecision::Fast
-                                                            : specactor::config::CpuPrecision::Exact;
+      specactor::config::ServerArgs args = tiny_args(model, precision);
       const auto target = specactor::model::load_model(args);
       auto kv = std::make_shared<specactor::model::KvCache>(target.config.n_layers, target.config.n_kv_heads,
                                                             target.config.head_dim, 16, 1024, true,
