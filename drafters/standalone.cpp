@@ -41,20 +41,19 @@ class StandaloneDrafter final : public Drafter {
     // the target's pool (read-only, the pages the scheduler hands over), never prefilled or caught up
     // again; the draft's own pool holds only the root and the drafts of one proposal.
     std::error_code ec;
-    shared_ = layers > 0 && ctx.target_kv && ctx.target_kv->has_host_storage() && runner_->device() == "cpu" &&
-              std::filesystem::equivalent(s->model_path, ctx.target_info.path, ec) &&
-              ctx.target_kv->n_layers() >= c.n_layers && ctx.target_kv->head_dim() == c.head_dim &&
-              ctx.target_kv->row_floats() == c.n_kv_heads * c.head_dim;
-    if (shared_)
+    if (layers > 0 && ctx.target_kv && ctx.target_kv->has_host_storage() && runner_->device() == "cpu" &&
+        std::filesystem::equivalent(s->model_path, ctx.target_info.path, ec) &&
+        ctx.target_kv->n_layers() >= c.n_layers && ctx.target_kv->head_dim() == c.head_dim &&
+        ctx.target_kv->row_floats() == c.n_kv_heads * c.head_dim)
       target_kv_ = ctx.target_kv;
     else
       cache_ = std::make_unique<DraftCache>(*kv_, !s->disable_radix_cache);
   }
 
-  DrafterNeeds needs() const override { return {{}, shared_}; }
+  DrafterNeeds needs() const override { return {{}, shared()}; }
 
   void observe(std::uint64_t req, const TargetFeatures& f) override {
-    if (!shared_ || f.kv_length <= 0) return;
+    if (!shared() || f.kv_length <= 0) return;
     State& st = states_[req];
     st.kv_pages = f.kv_pages;
     st.kv_length = f.kv_length;
@@ -68,7 +67,7 @@ class StandaloneDrafter final : public Drafter {
     State& st = states_[req];
     std::vector<model::ForwardSeq> b(1);
     b[0].kv = &st.seq;
-    if (shared_) {
+    if (shared()) {
       // The root after the target's committed KV; the drafts after it, in the draft's own pool.
       if (st.kv_length != static_cast<std::int64_t>(ctx.size()) - 1) return {};  // not lined up with ctx
       depth = std::min(depth, 63);
@@ -99,7 +98,7 @@ class StandaloneDrafter final : public Drafter {
       b[0].logit_rows = {static_cast<std::int32_t>(b[0].tokens.size()) - 1};
       model::ForwardResult out;
       runner_->forward(b, *kv_, out);
-      if (!shared_) st.fed = ctx;
+      if (!shared()) st.fed = ctx;
       for (std::int32_t i = 0; i < depth; ++i) {
         std::int32_t t;
         if (sample) {  // x ~ q, and q goes to the target for rejection sampling
@@ -119,7 +118,7 @@ class StandaloneDrafter final : public Drafter {
       // The draft's cache is full: no proposal this step (the target decodes plainly).
     }
     kv_->truncate(st.seq, static_cast<std::int64_t>(st.fed.size()));  // drafts are not kept
-    if (!shared_ && !st.inserted) {  // the prompt's pages, for requests that start on the same prefix meanwhile
+    if (!shared() && !st.inserted) {  // the prompt's pages, for requests that start on the same prefix meanwhile
       st.inserted = true;
       cache_->insert(st.entry, st.fed, static_cast<std::int64_t>(st.fed.size()), st.seq);
     }
@@ -165,9 +164,11 @@ class StandaloneDrafter final : public Drafter {
     std::vector<std::int32_t> kv_pages;  // shared: the target's committed pages and their length
     std::int64_t kv_length = 0;
   };
-  bool sampling_;        // --speculative-use-rejection-sampling: draw drafts from q instead of argmax
-  bool shared_ = false;  // self-speculation reading the target's KV (see the constructor)
-  std::shared_ptr<const model::KvCache> target_kv_;  // read-only: only const members are reachable
+  bool sampling_;  // --speculative-use-rejection-sampling: draw drafts from q instead of argmax
+  // Self-speculation reading the target's KV (see the constructor): read-only, only const members
+  // are reachable; null when the draft keeps KV of its own (then cache_ is set).
+  std::shared_ptr<const model::KvCache> target_kv_;
+  bool shared() const { return target_kv_ != nullptr; }
   model::LoadedModel model_;
   std::unique_ptr<model::KvCache> kv_;
   std::unique_ptr<model::ForwardRunner> runner_;
