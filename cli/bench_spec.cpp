@@ -353,6 +353,14 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
   spec_base.insert(spec_base.end(), {"--log-level", "warn"});
 
   std::vector<Setting> settings;
+  // With the budget on (the default), the sweep's first row is the budget at the drafter's default
+  // shape and the grid's rows are fixed shapes (--speculative-adaptive false), all in the same run.
+  const bool budget_row = sweep && user.speculative_adaptive;
+  if (budget_row) {
+    Setting st;
+    st.label = "budget";
+    settings.push_back(std::move(st));
+  }
   if (sweep) {
     const auto a = user.speculative_algorithm;  // STANDALONE drafts chains only
     const bool tree_capable = a == sc::SpecAlgorithm::Ngram || a == sc::SpecAlgorithm::Eagle ||
@@ -365,6 +373,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
         st.flags = {"--speculative-num-steps",        std::to_string(steps),
                     "--speculative-eagle-topk",       std::to_string(topk),
                     "--speculative-num-draft-tokens", std::to_string(n)};
+        if (budget_row) st.flags.insert(st.flags.end(), {"--speculative-adaptive", "false"});
         settings.push_back(std::move(st));
       }
   } else {
@@ -446,6 +455,25 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
                              {"budget", budget_json(s.metrics)}});
   }
   j["best"] = best->label;
+  // The budget against the best fixed shape of each category (each category its own best).
+  if (budget_row) {
+    json cmp = json::object();
+    const json& b = j["settings"][0]["by_category"];
+    for (const auto& [cat, v] : b.items()) {
+      double best_fixed = 0;
+      std::string label;
+      for (std::size_t i = 1; i < j["settings"].size(); ++i) {
+        const double x = j["settings"][i]["by_category"][cat]["median_speedup"].get<double>();
+        if (x > best_fixed) best_fixed = x, label = j["settings"][i]["label"].get<std::string>();
+      }
+      const double mine = v["median_speedup"].get<double>();
+      cmp[cat] = {{"budget_speedup", mine},
+                  {"best_fixed", label},
+                  {"best_fixed_speedup", best_fixed},
+                  {"ratio", best_fixed > 0 ? mine / best_fixed : 0.0}};
+    }
+    j["budget_vs_best_fixed"] = cmp;
+  }
   // Concurrent requests with the chosen (or best) setting: aggregate throughput with and without drafts.
   j["concurrent"] = json::array();
   {
@@ -493,6 +521,15 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     print_budget(s["budget"]);
   }
   if (sweep) std::cout << fmt::format("\nbest setting: {} ({:.2f}x)\n", best->label, best->median_speedup);
+  if (j.contains("budget_vs_best_fixed")) {
+    std::cout << "\nthe budget against each category's best fixed shape (same run):\n";
+    std::cout << fmt::format("  {:<10} {:>8} {:>12} {:>9} {:>7}\n", "category", "budget", "best fixed", "speedup",
+                             "ratio");
+    for (const auto& [cat, v] : j["budget_vs_best_fixed"].items())
+      std::cout << fmt::format("  {:<10} {:>7.2f}x {:>12} {:>8.2f}x {:>6.2f}x\n", cat,
+                               v["budget_speedup"].get<double>(), v["best_fixed"].get<std::string>(),
+                               v["best_fixed_speedup"].get<double>(), v["ratio"].get<double>());
+  }
   for (const auto& c : j["concurrent"]) {
     std::cout << fmt::format(
         "\nconcurrent: {} requests ({}): aggregate {:.1f} tok/s plain, {:.1f} tok/s speculative = {:.2f}x\n",

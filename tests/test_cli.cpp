@@ -148,6 +148,52 @@ TEST_CASE("specactor bench --all-drafters: every drafter against plain decoding,
   CHECK(bad.err.find("--all-drafters: picks the algorithms itself") != std::string::npos);
 }
 
+TEST_CASE("specactor bench --sweep: the budget beside fixed shapes in one run, compared per category") {
+  const std::string model = default_model();
+  if (model.empty()) {
+    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
+    return;
+  }
+  const fs::path p = fs::temp_directory_path() / ("specactor_sweep." + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"Count: one, two, one, two, one, two,\"}\n"
+                   << "{\"category\": \"code\", \"prompt\": \"def f(x):\\n    return x\\ndef g(x):\\n    return\"}\n";
+  const std::string base = "bench --model-path " + model + " --speculative-algorithm NGRAM --prompts " +
+                           p.string() + " --max-new-tokens 6 --repeats 1 --concurrency 0 --json --sweep";
+  const Run r = run(base);
+  const Run fixed_only = run(base + " --speculative-adaptive false");
+  fs::remove(p);
+  REQUIRE_MESSAGE(r.rc == 0, r.err);
+  const json j = json::parse(r.out);
+  const json& s = j["settings"];
+  REQUIRE(s.size() == 13);  // the budget, then steps {1,2,3,4,6,8} × topk {1,4}
+  CHECK(s[0]["label"] == "budget");
+  CHECK(s[0]["flags"].empty());
+  for (std::size_t i = 1; i < s.size(); ++i) {
+    const auto f = s[i]["flags"].get<std::vector<std::string>>();
+    CHECK(f.size() == 8);
+    CHECK(f[6] == "--speculative-adaptive");
+    CHECK(f[7] == "false");
+  }
+  for (const auto& x : s) CHECK(x["outputs_identical_to_plain"] == true);
+  // Each category's best fixed shape, found here from the settings themselves.
+  REQUIRE(j["budget_vs_best_fixed"].size() == 3);  // chat, code, overall
+  for (const auto& [cat, v] : j["budget_vs_best_fixed"].items()) {
+    CAPTURE(cat);
+    double best = 0;
+    for (std::size_t i = 1; i < s.size(); ++i)
+      best = std::max(best, s[i]["by_category"][cat]["median_speedup"].get<double>());
+    CHECK(v["best_fixed_speedup"].get<double>() == best);
+    CHECK(v["budget_speedup"].get<double>() == s[0]["by_category"][cat]["median_speedup"].get<double>());
+    CHECK(v["ratio"].get<double>() == doctest::Approx(v["budget_speedup"].get<double>() / best));
+  }
+  // With the budget off the sweep is the fixed grid alone.
+  REQUIRE_MESSAGE(fixed_only.rc == 0, fixed_only.err);
+  const json k = json::parse(fixed_only.out);
+  CHECK(k["settings"].size() == 12);
+  CHECK(k["settings"][0]["label"] == "s1k1n2");
+  CHECK_FALSE(k.contains("budget_vs_best_fixed"));
+}
+
 TEST_CASE("specactor bench: a malformed prompt file names the file and the line") {
   const fs::path p = fs::temp_directory_path() / ("specactor_prompts." + std::to_string(::getpid()) + ".jsonl");
   std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"hi\"}\n{oops\n";
