@@ -149,9 +149,9 @@ void Engine::shutdown() {
   });
 }
 
-std::vector<std::int32_t> Engine::tokenize(const GenerationRequest& r) const {
+std::vector<std::int32_t> EngineApi::tokenize(const GenerationRequest& r) const {
   if (!r.prompt_ids.empty()) return r.prompt_ids;
-  const auto& tok = impl_->info.tokenizer;
+  const auto tok = tokenizer();
   if (!tok) throw config::ConfigError("this engine has no tokenizer (--skip-tokenizer-init): pass prompt_ids");
   // Each field is checked on its own, so the message names it and the byte offset is the field's.
   for (const auto& [name, text] : {std::pair{"prompt", &r.prompt}, std::pair{"system", &r.system}}) {
@@ -173,22 +173,22 @@ std::vector<std::int32_t> Engine::tokenize(const GenerationRequest& r) const {
         throw config::ConfigError("messages[" + std::to_string(i) + "].content: " + e.what());
       }
     }
-    return tok->encode_parts(impl_->chat.render_parts(r.messages), true);
+    return tok->encode_parts(chat_template().render_parts(r.messages), true);
   }
   if (r.chat) {
     std::vector<model::ChatMessage> msgs;
     if (!r.system.empty()) msgs.push_back({"system", r.system});
     msgs.push_back({"user", r.prompt});
-    return tok->encode_parts(impl_->chat.render_parts(msgs), true);
+    return tok->encode_parts(chat_template().render_parts(msgs), true);
   }
   return tok->encode(r.prompt, true, false);
 }
 
-void Engine::prepare(GenerationRequest& r, const std::function<std::string(const std::string&)>& name) const {
+void EngineApi::prepare(GenerationRequest& r, const std::function<std::string(const std::string&)>& name) const {
   auto field = [&](const std::string& f) { return name ? name(f) : f; };
   sched::check_request(r, name);
   if (r.prompt_ids.empty()) r.prompt_ids = tokenize(r);
-  const std::int64_t vocab = impl_->info.info.vocab_size;
+  const std::int64_t vocab = model_info().vocab_size;
   for (std::size_t i = 0; i < r.prompt_ids.size(); ++i)
     if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= vocab)
       throw config::ConfigError(field("prompt_ids") + "[" + std::to_string(i) +
@@ -225,7 +225,7 @@ std::uint64_t Engine::submit(GenerationRequest request, std::function<void(const
   return id;
 }
 
-GenerationResult Engine::generate(GenerationRequest request) {
+GenerationResult EngineApi::generate(GenerationRequest request) {
   auto result = std::make_shared<GenerationResult>();
   auto done = std::make_shared<std::promise<void>>();
   auto future = done->get_future();
@@ -292,6 +292,7 @@ void Engine::restart_draft() { caf::anon_send(impl_->scheduler, restart_atom::va
 const config::Snapshot& Engine::target_snapshot() const { return impl_->target; }
 const model::ModelInfo& Engine::model_info() const { return impl_->info.info; }
 std::shared_ptr<const model::Tokenizer> Engine::tokenizer() const { return impl_->info.tokenizer; }
+const model::ChatTemplate& Engine::chat_template() const { return impl_->chat; }
 
 const std::string& Engine::target_hash_before_draft() const { return impl_->target_hash; }
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "actors/engine.hpp"
+#include "actors/replica.hpp"
 #include "cli/bench.hpp"
 #include "cli/make_data.hpp"
 #include "cli/paths.hpp"
@@ -879,6 +880,22 @@ int cmd_devices() {
 // A command's server flags: what CLI11 left over, checked against the settings table (a mistyped flag
 // of the command itself is suggested too), with the default model when none is given and tools/setup
 // fetched it.
+// A front (serve --workers) runs no model: the engine's settings belong to each worker, so any but
+// these is refused rather than ignored.
+void front_flags_only(const std::vector<std::string>& rest) {
+  static const std::vector<std::string> front = {"--model-path", "-m",          "--tokenizer-path", "--skip-tokenizer-init",
+                                                 "--host",       "--port",      "--log-level"};
+  for (const auto& a : rest) {
+    if (a.rfind("-", 0) != 0 || a == "-") continue;
+    const std::string flag = a.substr(0, a.find('='));
+    if (std::find(front.begin(), front.end(), flag) == front.end() && flag.find_first_not_of("-0123456789.") != std::string::npos)
+      throw sc::ConfigError(flag +
+                            ": the workers run the model, so give it to each `specactor worker`; a front with --workers "
+                            "takes only --model-path, --tokenizer-path, --skip-tokenizer-init, --host, --port and "
+                            "--log-level besides its own flags");
+  }
+}
+
 std::vector<std::string> server_rest(const CLI::App& cmd) {
   std::vector<std::string> rest = cmd.remaining();
   std::vector<std::string> own;
@@ -970,7 +987,23 @@ int run(int argc, char** argv) {
       ->add_option("--body-timeout", serve_opts.body_timeout_seconds,
                    "seconds a request has to send its whole body after its headers (default 60)")
       ->check(finite_number());
+  serve->add_option("--workers", serve_opts.workers,
+                    "HOST:PORT,... of `specactor worker` processes: this server is their front and routes each request "
+                    "(the model file is read for its tokenizer only)");
+  serve->add_option("--routing", serve_opts.routing,
+                    "with --workers: cache-aware (the replica with the longest cached prefix, then the least loaded; "
+                    "default), least-loaded or round-robin");
   serve->allow_extras()->footer(serve_flags);
+
+  auto* worker = app.add_subcommand(
+      "worker",
+      "an engine replica for a front (`specactor serve --workers`): loads the model and listens on --host (loopback "
+      "unless told otherwise) and --port over CAF's network layer");
+  specactor::actors::WorkerOptions worker_opts;
+  worker->add_option("--host", worker_opts.host, "the address to listen on (default 127.0.0.1: this machine only)");
+  std::int64_t worker_port = 31000;
+  worker->add_option("--port", worker_port, "the TCP port (default 31000; 0 picks a free one, printed)");
+  worker->allow_extras()->footer(server_flags);
 
   auto* config = app.add_subcommand(
       "config", "print the resolved target snapshot, the derived draft snapshot and their override logs");
@@ -1053,9 +1086,22 @@ int run(int argc, char** argv) {
     serve_opts.api_key_given = serve_opts.api_key_given || serve->count("--api-key") > 0;
     serve_opts.max_connections_given = serve->count("--max-connections") > 0;
     specactor::server::check_serve_options(serve_opts);  // before the model loads
-    const sc::ServerArgs args = sc::parse_server_args(server_rest(*serve));
+    if (serve->count("--routing") && serve_opts.workers.empty())
+      throw sc::ConfigError("--routing: applies only with --workers");
+    const auto rest = server_rest(*serve);
+    if (!serve_opts.workers.empty()) front_flags_only(rest);
+    const sc::ServerArgs args = sc::parse_server_args(rest);
     spdlog::set_level(spdlog::level::from_str(args.log_level));
     return specactor::server::serve(args, serve_opts);
+  }
+  if (*worker) {
+    const sc::ServerArgs args = sc::parse_server_args(server_rest(*worker));
+    spdlog::set_level(spdlog::level::from_str(args.log_level));
+    if (worker_port < 0 || worker_port > 65535)
+      throw sc::ConfigError("--port: must be in [0, 65535] (got " + std::to_string(worker_port) +
+                            "; 0 picks a free one)");
+    worker_opts.port = static_cast<std::uint16_t>(worker_port);
+    return specactor::actors::run_worker(args, worker_opts);
   }
   if (*benchcmd) return cmd_bench(bench, server_rest(*benchcmd));
   if (*config) {

@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "actors/cluster.hpp"
 #include "actors/engine.hpp"
 #include "config/error.hpp"
 #include "config/snapshot.hpp"
@@ -82,9 +83,16 @@ class Server {
 
   // Loads the model (the HTTP side answers 503 meanwhile).
   void load() {
-    engine_ = actors::Engine::create(args_);
+    if (opt_.workers.empty()) {
+      engine_ = actors::Engine::create(args_);
+    } else {
+      actors::ClusterOptions c;
+      c.workers = actors::parse_workers(opt_.workers);
+      c.routing = opt_.routing;
+      engine_ = actors::Cluster::connect(args_, c);
+    }
     context_length_ = *engine_->target_snapshot()->context_length;
-    max_running_ = engine_->target_snapshot()->max_running_requests;
+    max_running_ = engine_->max_running_requests();
     ready_ = true;
   }
 
@@ -163,7 +171,7 @@ class Server {
   }
 
   // The engine once loaded; otherwise answers 503 and returns null.
-  actors::Engine* engine_or_503(const http::Reply& res) {
+  actors::EngineApi* engine_or_503(const http::Reply& res) {
     if (!ready_) {
       send_json(res, 503, status_error_body(503, "the model is still loading"), {{"Retry-After", "5"}});
       return nullptr;
@@ -198,7 +206,7 @@ class Server {
     r["/metrics"] = {"GET", [this](const http::Request&, const http::Reply& res) { metrics(res); }};
     r["/server_info"] = {"GET", [this](const http::Request&, const http::Reply& res) { server_info(res); }};
     r["/flush_cache"] = {"POST", [this](const http::Request&, const http::Reply& res) {
-                           actors::Engine* engine = engine_or_503(res);
+                           actors::EngineApi* engine = engine_or_503(res);
                            if (!engine) return;
                            try {
                              const std::int64_t n = engine->flush_cache();
@@ -262,7 +270,7 @@ class Server {
   }
 
   void generate(const http::Request& req, const http::Reply& res, Endpoint ep) {
-    actors::Engine* engine = engine_or_503(res);
+    actors::EngineApi* engine = engine_or_503(res);
     if (!engine) return;
     ApiRequest a;
     std::vector<std::int32_t> ids;
@@ -404,7 +412,7 @@ class Server {
 
   // --- the other routes ---------------------------------------------------------------------------
   void tokenize(const http::Request& req, const http::Reply& res) {
-    actors::Engine* engine = engine_or_503(res);
+    actors::EngineApi* engine = engine_or_503(res);
     if (!engine) return;
     try {
       const json body = parse_body(req.body);
@@ -429,7 +437,7 @@ class Server {
   }
 
   void detokenize(const http::Request& req, const http::Reply& res) {
-    actors::Engine* engine = engine_or_503(res);
+    actors::EngineApi* engine = engine_or_503(res);
     if (!engine) return;
     try {
       const json body = parse_body(req.body);
@@ -453,7 +461,7 @@ class Server {
   }
 
   void server_info(const http::Reply& res) {
-    actors::Engine* engine = engine_or_503(res);
+    actors::EngineApi* engine = engine_or_503(res);
     if (!engine) return;
     const actors::SnapshotReport rep = engine->snapshots();
     json j;
@@ -466,6 +474,7 @@ class Server {
         config::hash_hex(config::content_hash(rep.target_worker ? *rep.target_worker : *rep.resolved_target));
     j["target_worker_holds_resolved_object"] = rep.target_worker == rep.resolved_target;
     j["draft_worker_holds_derived_object"] = rep.draft_worker && rep.draft_worker == rep.derived_draft;
+    if (json replicas = engine->replicas(); !replicas.is_null()) j["replicas"] = std::move(replicas);
     send_json(res, 200, j);
   }
 
@@ -580,7 +589,7 @@ class Server {
   Histogram e2e_{{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}};
   // Last, destroyed first: the engine (whose callbacks use the members above), and before it the
   // HTTP layer (whose handlers use the engine).
-  std::unique_ptr<actors::Engine> engine_;
+  std::unique_ptr<actors::EngineApi> engine_;
   http::Server http_;
 };
 
@@ -600,6 +609,10 @@ void check_serve_options(const ServeOptions& o) {
   if (o.max_connections < 1 || o.max_connections > kMaxConnections)
     throw config::ConfigError("--max-connections: must be in [1, " + std::to_string(kMaxConnections) + "] (got " +
                               std::to_string(o.max_connections) + ")");
+  if (!o.workers.empty()) (void)actors::parse_workers(o.workers);
+  if (o.routing != "cache-aware" && o.routing != "least-loaded" && o.routing != "round-robin")
+    throw config::ConfigError("--routing: '" + config::printable(o.routing, 40) +
+                              "' (expected cache-aware, least-loaded or round-robin)");
   for (auto [flag, v] :
        {std::pair{"--header-timeout", o.header_timeout_seconds}, std::pair{"--body-timeout", o.body_timeout_seconds}})
     if (!(v >= 0.1 && v <= 3600))

@@ -29,6 +29,10 @@ struct ServeOptions {
   bool max_connections_given = false;      // else lowered to what the file limit allows
   double header_timeout_seconds = 10;      // all headers within this of connecting / the previous response
   double body_timeout_seconds = 60;        // the whole body within this of the last header
+  // A front over engine replicas (`specactor worker` processes): "HOST:PORT,..."; empty: the engine
+  // runs in this process.
+  std::string workers;
+  std::string routing = "cache-aware";  // with workers: cache-aware | least-loaded | round-robin
 };
 
 inline constexpr std::int64_t kMaxHttpThreads = 256;

@@ -108,6 +108,20 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
       {"bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --prompts /nonexistent.jsonl",
        "specactor: error: --prompts /nonexistent.jsonl: cannot open the file"},
       {"bench --model-path " + tiny_model() + " --prompt-tokens 4000", "exceed the context length 128"},
+      {"serve --model-path " + tiny_model() + " --workers 127.0.0.1",
+       "specactor: error: --workers: '127.0.0.1': no port (expected HOST:PORT[,HOST:PORT...]"},
+      {"serve --model-path " + tiny_model() + " --workers 127.0.0.1:99999", "the port is outside 1..65535"},
+      {"serve --model-path " + tiny_model() + " --workers 127.0.0.1:31000,,127.0.0.1:31001", "an empty address"},
+      {"serve --model-path " + tiny_model() + " --workers 127.0.0.1:31000,127.0.0.1:31000", "listed twice"},
+      {"serve --model-path " + tiny_model() + " --routing round-robin",
+       "specactor: error: --routing: applies only with --workers"},
+      {"serve --model-path " + tiny_model() + " --workers 127.0.0.1:31000 --routing fastest",
+       "--routing: 'fastest' (expected cache-aware, least-loaded or round-robin)"},
+      {"serve --model-path " + tiny_model() + " --workers 127.0.0.1:31000 --threads 2",
+       "specactor: error: --threads: the workers run the model, so give it to each `specactor worker`"},
+      {"worker --model-path /nonexistent.gguf --port 0", "specactor: error: /nonexistent.gguf: cannot open"},
+      {"worker --model-path " + tiny_model() + " --port 70000",
+       "specactor: error: --port: must be in [0, 65535] (got 70000; 0 picks a free one)"},
   };
   if (!specactor::kernels::cuda_backend())  // on a GPU machine these are not errors
     for (const char* cmd : {"bench", "generate --prompt hi"})

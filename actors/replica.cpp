@@ -1,0 +1,153 @@
+#include "actors/replica.hpp"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "actors/engine_caf.hpp"
+#include "actors/system.hpp"
+#include "actors/wire.hpp"
+#include "config/error.hpp"
+
+namespace specactor::actors {
+
+namespace {
+
+struct ReplicaState {
+  // (front, the front's id) → the engine's id, while the request runs.
+  std::map<std::pair<caf::actor_addr, std::uint64_t>, std::uint64_t> live;
+  std::set<caf::actor_addr> fronts;  // monitored
+  static inline const char* name = "specactor.replica";
+};
+
+std::string host_name() {
+  char buf[256] = {};
+  return ::gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string();
+}
+
+caf::behavior replica(caf::stateful_actor<ReplicaState>* self, Engine* engine) {
+  // A front that went away (its process died, its connection closed) leaves nobody to read its
+  // requests' tokens: they are cancelled.
+  self->set_down_handler([self, engine](caf::down_msg& m) {
+    auto& live = self->state.live;
+    std::size_t n = 0;
+    for (auto it = live.begin(); it != live.end();)
+      if (it->first.first == m.source) {
+        engine->cancel(it->second);
+        it = live.erase(it);
+        ++n;
+      } else {
+        ++it;
+      }
+    self->state.fronts.erase(m.source);
+    if (n) spdlog::warn("worker: a front went away; cancelled its {} request(s)", n);
+  });
+  return {
+      [engine](hello_atom) -> ReplicaInfo {
+        ReplicaInfo r;
+        r.model_json = engine->model_info().to_json().dump();
+        r.target = engine->target_snapshot();
+        r.target_hash = engine->target_hash_before_draft();
+        r.snapshots = engine->snapshots();
+        r.max_running = engine->max_running_requests();
+        r.context_length = engine->target_snapshot()->context_length.value_or(0);
+        r.host = host_name();
+        r.pid = static_cast<std::int64_t>(::getpid());
+        const SnapshotReport& rep = r.snapshots;
+        if (rep.target_worker) r.target_worker_hash = config::hash_hex(config::content_hash(*rep.target_worker));
+        if (rep.draft_worker) r.draft_worker_hash = config::hash_hex(config::content_hash(*rep.draft_worker));
+        r.target_holds_resolved = rep.target_worker && rep.target_worker == rep.resolved_target;
+        r.draft_holds_derived = rep.draft_worker && rep.draft_worker == rep.derived_draft;
+        return r;
+      },
+      [self, engine](submit_atom, std::uint64_t fid, GenerationRequest& req) {
+        auto front = caf::actor_cast<caf::actor>(self->current_sender());
+        if (!front) return;
+        const caf::actor_addr addr = front.address();
+        if (self->state.fronts.insert(addr).second) self->monitor(front);
+        auto me = caf::actor_cast<caf::actor>(self);
+        auto on_event = [front, fid, me, addr](const TokenEvent& ev) {
+          TokenEvent out = ev;
+          out.id = fid;
+          caf::anon_send(front, event_atom::value, fid, std::move(out));
+          if (ev.finished) caf::anon_send(me, release_atom::value, addr, fid);
+        };
+        auto fail = [&](const std::string& why, bool invalid) {
+          TokenEvent ev;
+          ev.id = fid;
+          ev.finished = true;
+          ev.finish_reason = "error";
+          ev.error = why;
+          ev.invalid_request = invalid;
+          caf::anon_send(front, event_atom::value, fid, std::move(ev));
+        };
+        try {
+          self->state.live[{addr, fid}] = engine->submit(std::move(req), on_event);
+        } catch (const config::ConfigError& e) {
+          fail(e.what(), true);
+        } catch (const std::exception& e) {
+          fail(e.what(), false);
+        }
+      },
+      [self, engine](cancel_atom, std::uint64_t fid) {
+        const auto it = self->state.live.find({self->current_sender() ? self->current_sender()->address()
+                                                                        : caf::actor_addr{},
+                                               fid});
+        if (it != self->state.live.end()) engine->cancel(it->second);
+      },
+      [self](release_atom, const caf::actor_addr& front, std::uint64_t fid) { self->state.live.erase({front, fid}); },
+      [engine](metrics_atom) -> EngineMetrics { return engine->metrics(); },
+      [engine](flush_atom) -> std::int64_t { return engine->flush_cache(); },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_replica(caf::actor_system& system, Engine& engine) {
+  return system.spawn<caf::detached>(replica, &engine);
+}
+
+int run_worker(const config::ServerArgs& args, const WorkerOptions& options) {
+  // SIGINT/SIGTERM are taken by sigwait below: blocked before any thread starts, so every thread
+  // inherits the mask and none is interrupted.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  caf::actor_system_config cfg;
+  configure_actor_system(cfg);
+  configure_network(cfg);
+  caf::actor_system system{cfg};
+  std::unique_ptr<Engine> engine = create_engine_in(system, args);
+  const caf::actor rep = spawn_replica(system, *engine);
+  // SO_REUSEADDR (so a restarted worker can take its port back while old connections linger in
+  // TIME_WAIT); on Linux it does not let two processes listen on one port.
+  const auto port = system.middleman().publish(rep, options.port, options.host.c_str(), true);
+  if (!port) {
+    caf::anon_send_exit(rep, caf::exit_reason::user_shutdown);
+    engine->shutdown();
+    throw config::ConfigError("--port: cannot listen on " + options.host + ":" + std::to_string(options.port) + " (" +
+                              system.render(port.error()) + ")");
+  }
+  std::printf("specactor worker: listening on %s:%u\n", options.host.c_str(), static_cast<unsigned>(*port));
+  std::fflush(stdout);
+  spdlog::info("worker: {} on {}:{} (target snapshot {})", engine->model_info().name, options.host, *port,
+               engine->target_hash_before_draft());
+  int sig = 0;
+  sigwait(&stop, &sig);
+  spdlog::info("worker: {} received, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  engine->shutdown();  // running requests end with an error event, sent before the replica stops
+  caf::anon_send_exit(rep, caf::exit_reason::user_shutdown);
+  system.middleman().unpublish(rep, *port);
+  return 0;
+}
+
+}  // namespace specactor::actors

@@ -1,0 +1,31 @@
+// actors/replica.hpp — an engine replica that other processes reach over CAF's network layer
+// (`specactor worker`). The replica actor wraps a local Engine and speaks the protocol of
+// actors/wire.hpp; a front (actors/cluster.hpp) routes requests to it.
+#pragma once
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+#include <functional>
+#include <string>
+
+#include "actors/engine.hpp"
+
+namespace specactor::actors {
+
+// The replica actor (detached: it answers metrics by asking the engine, which blocks). It keeps the
+// requests of each front by the front's id, monitors the fronts and cancels the requests of one
+// that goes away. `engine` must outlive it.
+caf::actor spawn_replica(caf::actor_system& system, Engine& engine);
+
+struct WorkerOptions {
+  std::string host = "127.0.0.1";  // loopback unless told otherwise
+  std::uint16_t port = 31000;      // 0: the system picks one (printed)
+};
+
+// `specactor worker`: loads the engine, publishes the replica on host:port (a port another process
+// holds is refused), prints "specactor worker: listening on HOST:PORT" on stdout, and serves until
+// SIGINT or SIGTERM; requests in flight then end with an error event. `on_listening` (tests) gets
+// the bound port. Returns the exit status.
+int run_worker(const config::ServerArgs& args, const WorkerOptions& options);
+
+}  // namespace specactor::actors

@@ -1,0 +1,117 @@
+// actors/wire.hpp — what crosses a process boundary between a front (actors/cluster.hpp) and an
+// engine replica (actors/replica.hpp): the request, its token events, the metrics and the replica's
+// description, each with an inspect() overload CAF's serializer uses, and the actor system settings
+// both sides need (the middleman, the message types, heartbeats).
+//
+// Protocol (every message is a plain value; nothing shared):
+//   front → replica  (hello_atom)                                  → ReplicaInfo
+//                    (submit_atom, uint64 id, GenerationRequest)    tokens stream back as events
+//                    (cancel_atom, uint64 id)
+//                    (metrics_atom)                                 → EngineMetrics
+//                    (flush_atom)                                   → int64 pages given up
+//   replica → front  (event_atom, uint64 id, TokenEvent)            exactly one has finished = true
+// `id` is the front's; a replica keys requests by (front, id), so several fronts may share it.
+#pragma once
+
+#include <caf/actor_system_config.hpp>
+#include <caf/atom.hpp>
+#include <caf/meta/type_name.hpp>
+#include <cstdint>
+#include <string>
+
+#include "actors/messages.hpp"
+
+namespace specactor::model {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ChatMessage& x) {
+  return f(caf::meta::type_name("chat_message"), x.role, x.content);
+}
+
+}  // namespace specactor::model
+
+namespace specactor::sched {
+
+// The seed is optional: written as a flag and a value.
+template <class Inspector>
+std::enable_if_t<Inspector::reads_state, typename Inspector::result_type> inspect(Inspector& f,
+                                                                                  const GenerationRequest& x) {
+  bool has_seed = x.seed.has_value();
+  std::uint64_t seed = x.seed.value_or(0);
+  return f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages,
+           x.max_new_tokens, x.sampling, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
+}
+
+template <class Inspector>
+std::enable_if_t<Inspector::writes_state, typename Inspector::result_type> inspect(Inspector& f,
+                                                                                   GenerationRequest& x) {
+  bool has_seed = false;
+  std::uint64_t seed = 0;
+  auto result = f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages,
+                  x.max_new_tokens, x.sampling, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
+  x.seed = has_seed ? std::optional<std::uint64_t>(seed) : std::nullopt;
+  return result;
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RequestMetrics& x) {
+  return f(caf::meta::type_name("request_metrics"), x.prompt_tokens, x.generated_tokens, x.time_to_first_token_ms,
+           x.decode_tokens_per_s, x.steps, x.drafted, x.accepted, x.mean_accepted_length, x.fallbacks,
+           x.budget_skipped, x.drafted_at, x.accepted_at, x.cached_tokens);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TokenEvent& x) {
+  return f(caf::meta::type_name("token_event"), x.id, x.tokens, x.text, x.finished, x.finish_reason, x.error,
+           x.invalid_request, x.metrics);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, EngineMetrics& x) {
+  return f(caf::meta::type_name("engine_metrics"), x.requests_submitted, x.requests_finished, x.requests_failed,
+           x.requests_cancelled, x.running, x.queued, x.generated_tokens, x.steps, x.decode_steps, x.speculative_steps,
+           x.drafted, x.accepted, x.mean_accepted_length, x.acceptance_rate, x.draft_failures, x.draft_error,
+           x.fallback_steps, x.adaptive, x.budget_skipped_steps, x.verified_nodes, x.calibration_error,
+           x.calibrated_nodes, x.step_cost, x.step_ms_1, x.draft_alive, x.algorithm, x.step_wall_ms,
+           x.step_compute_ms, x.draft_ms, x.drafted_at, x.accepted_at, x.target_error, x.kv_pages_total,
+           x.kv_pages_free, x.prefix_cache, x.cache_query_tokens, x.cache_hit_tokens, x.cache_pages,
+           x.cache_evicted_pages, x.draft_cache_query_tokens, x.draft_cache_hit_tokens, x.draft_cache_pages,
+           x.draft_cache_evicted_pages);
+}
+
+}  // namespace specactor::sched
+
+namespace specactor::actors {
+
+using event_atom = caf::atom_constant<caf::atom("event")>;
+using hello_atom = caf::atom_constant<caf::atom("hello")>;
+
+// What a replica says about itself when a front connects.
+struct ReplicaInfo {
+  std::string model_json;            // model::ModelInfo::to_json(): the front refuses a replica of another model
+  config::Snapshot target;           // the replica's resolved target snapshot (as its engine holds it)
+  std::string target_hash;           // its content hash before the draft snapshot was derived
+  SnapshotReport snapshots;          // the objects its scheduler and workers hold (hashes on the front's side)
+  std::int64_t max_running = 0;      // --max-running-requests
+  std::int64_t context_length = 0;   // the resolved context length
+  std::string host;                  // the host name the replica runs on
+  std::int64_t pid = 0;              // its process id
+  // Computed on the replica's side: the content hashes of what its target and draft workers hold
+  // (the front hashes what it received beside them), and whether they hold the very objects the
+  // scheduler resolved and derived (pointer identity cannot be seen across the wire).
+  std::string target_worker_hash, draft_worker_hash;
+  bool target_holds_resolved = false, draft_holds_derived = false;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReplicaInfo& x) {
+  return f(caf::meta::type_name("replica_info"), x.model_json, x.target, x.target_hash, x.snapshots, x.max_running,
+           x.context_length, x.host, x.pid, x.target_worker_hash, x.draft_worker_hash, x.target_holds_resolved,
+           x.draft_holds_derived);
+}
+
+// Loads the middleman, announces the message types above and sets the heartbeat: a peer that stops
+// answering (not only one whose connection closed) is taken for gone after `timeout_ms`.
+void configure_network(caf::actor_system_config& cfg, std::int64_t heartbeat_ms = 500, std::int64_t timeout_ms = 5000);
+
+}  // namespace specactor::actors

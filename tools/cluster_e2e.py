@@ -1,0 +1,235 @@
+"""tools/cluster_e2e.py — end-to-end checks of a front over engine replicas (run by tools/cluster-e2e).
+
+On loopback, with the default model: three `specactor worker` processes and a front
+(`specactor serve --workers`), and beside them a single-process `specactor serve` as the reference.
+Checks, each printed as ok/FAIL (exit 1 on the first failure, naming it):
+  - 64 concurrent greedy streams through the front: every text equals the single-process server's;
+  - /server_info lists the three replicas up, with the hashes of their target and draft snapshots
+    as the front received them equal to the hashes each replica computed of what its workers hold;
+  - `kill -9` of a worker while 64 streams run: every stream ends (none hangs), either complete and
+    equal to the reference or with an error event naming the worker; requests that had streamed
+    nothing are retried on another replica; the front keeps answering;
+  - the worker restarted on its port: the front takes it back and routes to it again;
+  - a worker listening on a port another worker holds is refused with a clear error.
+Uses only the Python standard library.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "build", "specactor")
+MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+PROCS = []
+
+
+def check(cond, what):
+    print(("  ok   " if cond else "  FAIL ") + what, flush=True)
+    if not cond:
+        raise SystemExit(f"cluster-e2e: failed: {what}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method, url, body=None, timeout=120):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def start_worker(port, log):
+    p = subprocess.Popen([BIN, "worker", "--model-path", MODEL, "--port", str(port), "--log-level", "warn"],
+                         stdout=subprocess.PIPE, stderr=log, text=True)
+    PROCS.append(p)
+    line = p.stdout.readline()
+    check(line.startswith("specactor worker: listening on 127.0.0.1:"), f"worker on port {port} listens ({line.strip()!r})")
+    return p
+
+
+def start_server(flags, log):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    p = subprocess.Popen([BIN, "serve", "--model-path", MODEL, "--port", str(port), "--log-level", "warn", *flags],
+                         stdout=log, stderr=log)
+    PROCS.append(p)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if p.poll() is not None:
+            raise SystemExit(f"cluster-e2e: a server exited with {p.returncode}; log: {log.name}")
+        try:
+            if http("GET", base + "/health", timeout=5)[0] == 200:
+                return p, base
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"cluster-e2e: /health never answered 200; log: {log.name}")
+
+
+def stream(base, prompt, max_tokens, out, key):
+    """A streamed chat completion: out[key] = {"text", "finish", "error", "chunks"}."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}
+    r = {"text": "", "finish": None, "error": None, "chunks": 0}
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=180) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                j = json.loads(line[6:])
+                if "error" in j:
+                    r["error"] = j["error"]["message"]
+                    continue
+                for c in j.get("choices", []):
+                    piece = c.get("delta", {}).get("content") or ""
+                    if piece:
+                        r["chunks"] += 1
+                    r["text"] += piece
+                    if c.get("finish_reason"):
+                        r["finish"] = c["finish_reason"]
+    except Exception as e:  # a hang shows as a timeout here
+        r["error"] = f"client: {e!r}"
+    out[key] = r
+
+
+def run_streams(base, prompts, max_tokens):
+    out, threads = {}, []
+    for i, p in enumerate(prompts):
+        t = threading.Thread(target=stream, args=(base, p, max_tokens, out, i))
+        t.start()
+        threads.append(t)
+    return out, threads
+
+
+def prompts(n):
+    topics = ["the sea", "a mountain", "bread", "a red bicycle", "winter", "a library", "the moon", "coffee"]
+    return [f"Write two sentences about {topics[i % len(topics)]} and the number {i}." for i in range(n)]
+
+
+def replicas(base):
+    return json.loads(http("GET", base + "/server_info")[1])["replicas"]
+
+
+def main():
+    if not os.path.exists(MODEL):
+        raise SystemExit("cluster-e2e: the default model is missing (run tools/setup)")
+    log = tempfile.NamedTemporaryFile(prefix="specactor-cluster-", suffix=".log", delete=False, mode="w")
+    try:
+        ports = [free_port() for _ in range(3)]
+        workers = [start_worker(p, log) for p in ports]
+        _, front = start_server(["--workers", ",".join(f"127.0.0.1:{p}" for p in ports)], log)
+        _, single = start_server([], log)
+
+        print("cluster-e2e: 64 concurrent streams, front against a single-process server", flush=True)
+        ps = prompts(64)
+        ref, threads = run_streams(single, ps, 24)
+        for t in threads:
+            t.join(300)
+        check(all(ref[i]["error"] is None and ref[i]["finish"] for i in range(64)), "the single-process server answers all 64")
+        got, threads = run_streams(front, ps, 24)
+        for t in threads:
+            t.join(300)
+        check(len(got) == 64 and all(not t.is_alive() for t in threads), "every stream through the front ended")
+        same = sum(got[i]["text"] == ref[i]["text"] and got[i]["finish"] == ref[i]["finish"] for i in range(64))
+        check(same == 64, f"greedy outputs through the front equal the single-process server's ({same}/64)")
+        reps = replicas(front)
+        check(len(reps) == 3 and all(r["state"] == "up" for r in reps), "/server_info: three replicas up")
+        check(all(r["routed"] > 0 for r in reps), f"each replica served requests ({[r['routed'] for r in reps]})")
+        check(all(r["target"]["hash"] == r["target_worker_hash_on_replica"] for r in reps),
+              "each replica's target snapshot hash is the same on both sides of the wire")
+        check(all((r["draft"] or {}).get("hash", "") == r["draft_worker_hash_on_replica"] for r in reps),
+              "each replica's draft snapshot hash is the same on both sides of the wire")
+        check(all(r["target_worker_holds_resolved_object"] for r in reps),
+              "each replica's target worker holds its scheduler's resolved snapshot object")
+
+        print("cluster-e2e: kill -9 of a worker while 64 streams run", flush=True)
+        ref_long, threads = run_streams(single, ps, 48)
+        for t in threads:
+            t.join(300)
+        got, threads = run_streams(front, ps, 48)
+        victim = None
+        deadline = time.time() + 60
+        while time.time() < deadline and victim is None:
+            reps = replicas(front)
+            busy = [i for i, r in enumerate(reps) if r["in_flight"] > 0]
+            if busy and sum(r["chunks"] for r in got.values()) + sum(1 for t in threads if not t.is_alive()) >= 0:
+                streamed = any(v["chunks"] > 0 for v in got.values())
+                if streamed:
+                    victim = max(busy, key=lambda i: reps[i]["in_flight"])
+            time.sleep(0.05)
+        check(victim is not None, "a worker had requests in flight while streams had started")
+        in_flight = replicas(front)[victim]["in_flight"]
+        workers[victim].send_signal(signal.SIGKILL)
+        workers[victim].wait()
+        for t in threads:
+            t.join(240)
+        check(all(not t.is_alive() for t in threads) and len(got) == 64, "no stream hangs: all 64 ended")
+        complete = [i for i in range(64) if got[i]["error"] is None]
+        failed = [i for i in range(64) if got[i]["error"] is not None]
+        check(all(got[i]["text"] == ref_long[i]["text"] for i in complete),
+              f"the {len(complete)} complete streams equal the single-process server's")
+        check(all("went away" in got[i]["error"] for i in failed),
+              f"the {len(failed)} cut streams end with an error naming the lost worker"
+              + (f" ({got[failed[0]]['error'][:120]!r})" if failed else ""))
+        reps = replicas(front)
+        print(f"  ..   the killed worker had {in_flight} in flight: {reps[victim]['retried_elsewhere']} retried "
+              f"elsewhere, {reps[victim]['failed']} cut", flush=True)
+        check(reps[victim]["state"] in ("down", "connecting"), "the front marks the killed worker down")
+        check(reps[victim]["retried_elsewhere"] + reps[victim]["failed"] >= 1,
+              "the killed worker's requests were retried or ended")
+        r = http("POST", front + "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
+                                                     "temperature": 0})
+        check(r[0] == 200, "the front answers after losing a worker")
+
+        print("cluster-e2e: the worker restarts on its port", flush=True)
+        before = reps[victim]["routed"]
+        workers[victim] = start_worker(ports[victim], log)
+        deadline = time.time() + 30
+        while time.time() < deadline and replicas(front)[victim]["state"] != "up":
+            time.sleep(0.1)
+        check(replicas(front)[victim]["state"] == "up", "the front takes the restarted worker back")
+        got, threads = run_streams(front, ps[:12], 24)
+        for t in threads:
+            t.join(240)
+        check(all(got[i]["text"] == ref[i]["text"] for i in range(12)), "outputs stay equal after the restart")
+        check(replicas(front)[victim]["routed"] > before, "the restarted worker is routed to again")
+
+        print("cluster-e2e: a port another worker holds", flush=True)
+        p = subprocess.run([BIN, "worker", "--model-path", MODEL, "--port", str(ports[0]), "--log-level", "warn"],
+                           capture_output=True, text=True, timeout=120)
+        check(p.returncode == 2 and f"--port: cannot listen on 127.0.0.1:{ports[0]}" in p.stderr,
+              f"a second worker on a held port is refused ({p.stderr.strip()[-160:]!r})")
+    finally:
+        for p in PROCS:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in PROCS:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        log.close()
+    print(f"cluster-e2e: all checks passed (log {log.name})", flush=True)
+    os.unlink(log.name)
+
+
+if __name__ == "__main__":
+    main()
