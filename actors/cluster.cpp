@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <caf/openssl/manager.hpp>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -241,6 +242,7 @@ int pick(RouterState& st, const Pending& p, int avoid) {
     }
     return avoid >= 0 && st.replicas[avoid].state == ReplicaState::Up ? avoid : -1;
   }
+  // The longest match, and among the replicas with it the least loaded; the least loaded of all.
   int least = -1, best = -1;
   std::size_t best_match = 0;
   for (std::size_t k = 0; k < n; ++k) {
@@ -250,11 +252,15 @@ int pick(RouterState& st, const Pending& p, int avoid) {
     if (least < 0 || r.load < st.replicas[least].load) least = i;
     if (st.opt.routing != "cache-aware") continue;
     const std::size_t m = r.seen.match(p.chain);
-    if (m > best_match) best_match = m, best = i;
+    if (m > best_match || (m == best_match && m > 0 && r.load < st.replicas[best].load)) best_match = m, best = i;
   }
   if (least < 0) return avoid >= 0 && st.replicas[avoid].state == ReplicaState::Up ? avoid : -1;
   ++st.turn;
-  if (best >= 0 && st.replicas[best].load - st.replicas[least].load <= st.opt.balance) {
+  // The prefix decides only when it is more than half the prompt's tokens (as sglang's router's cache
+  // threshold): a short shared part (a system prompt every replica has) leaves it to the load, so a
+  // replica that starts empty gets work.
+  if (best >= 0 && 2 * best_match * kBlock > p.sub->request.prompt_ids.size() &&
+      st.replicas[best].load - st.replicas[least].load <= st.opt.balance) {
     ++st.replicas[best].routed_by_prefix;
     return best;
   }
@@ -324,7 +330,8 @@ void try_connect(router_actor* self, int i) {
   auto& st = self->state;
   Replica& r = st.replicas[i];
   r.state = ReplicaState::Connecting;
-  auto mm = self->system().middleman().actor_handle();
+  auto mm = st.opt.tls.on() ? self->system().openssl_manager().actor_handle()
+                            : self->system().middleman().actor_handle();
   const std::string host = r.addr.host;
   const std::uint16_t port = r.addr.port;
   self->request(mm, std::chrono::seconds(5), caf::connect_atom::value, host, port)
@@ -551,7 +558,8 @@ std::unique_ptr<Cluster> Cluster::connect(const config::ServerArgs& args, const 
   }
   impl->cfg = std::make_unique<caf::actor_system_config>();
   configure_actor_system(*impl->cfg);
-  configure_network(*impl->cfg);
+  check_tls(options.tls, "--worker-tls-");
+  configure_network(*impl->cfg, options.tls);
   impl->system = std::make_unique<caf::actor_system>(*impl->cfg);
   impl->router = impl->system->spawn(router, options, impl->info.to_json().dump());
   // Wait for the first replica.
@@ -570,8 +578,14 @@ std::unique_ptr<Cluster> Cluster::connect(const config::ServerArgs& args, const 
     }
     if (std::chrono::steady_clock::now() > deadline) {
       std::string why;
-      for (const auto& r : j) why += "; " + r["address"].get<std::string>() + ": " + r.value("error", r["state"].get<std::string>());
-      throw std::runtime_error("no worker answered within " + fmt::format("{:g}", options.connect_timeout_s) + " s" + why);
+      for (const auto& r : j) {
+        std::string e = r.value("error", r["state"].get<std::string>());
+        if (options.tls.on() && e.find("handshake") != std::string::npos)
+          e += ": the TLS handshake failed (do both sides' certificates chain to the CA the other trusts?)";
+        why += "; " + r["address"].get<std::string>() + ": " + e;
+      }
+      throw config::ConfigError("--workers: no worker answered within " + fmt::format("{:g}", options.connect_timeout_s) +
+                                " s" + why);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

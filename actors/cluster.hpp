@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "actors/engine.hpp"
+#include "actors/wire.hpp"
 
 namespace specactor::actors {
 
@@ -39,6 +40,7 @@ struct ClusterOptions {
   std::int64_t balance = 8;           // in-flight requests above the least loaded replica that override the prefix
   // cache-aware (the prefix, then the load), least-loaded (in turn among equals), round-robin.
   std::string routing = "cache-aware";
+  TlsFiles tls;  // the workers listen with TLS: this front's certificate, key and the CA
 };
 
 class Cluster final : public EngineApi {

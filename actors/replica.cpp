@@ -6,6 +6,7 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -122,22 +123,30 @@ int run_worker(const config::ServerArgs& args, const WorkerOptions& options) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
+  check_tls(options.tls, "--tls-");
+  const bool loopback = options.host == "127.0.0.1" || options.host == "::1" || options.host == "localhost";
+  if (!loopback && !options.tls.on() && !options.allow_insecure)
+    throw config::ConfigError("--host " + options.host +
+                              ": other machines could reach this worker over plain TCP; give --tls-certificate, "
+                              "--tls-key and --tls-ca (or --allow-insecure on a network you trust)");
   caf::actor_system_config cfg;
   configure_actor_system(cfg);
-  configure_network(cfg);
+  configure_network(cfg, options.tls);
   caf::actor_system system{cfg};
   std::unique_ptr<Engine> engine = create_engine_in(system, args);
   const caf::actor rep = spawn_replica(system, *engine);
   // SO_REUSEADDR (so a restarted worker can take its port back while old connections linger in
   // TIME_WAIT); on Linux it does not let two processes listen on one port.
-  const auto port = system.middleman().publish(rep, options.port, options.host.c_str(), true);
+  const auto port = options.tls.on() ? caf::openssl::publish(rep, options.port, options.host.c_str(), true)
+                                     : system.middleman().publish(rep, options.port, options.host.c_str(), true);
   if (!port) {
     caf::anon_send_exit(rep, caf::exit_reason::user_shutdown);
     engine->shutdown();
     throw config::ConfigError("--port: cannot listen on " + options.host + ":" + std::to_string(options.port) + " (" +
                               system.render(port.error()) + ")");
   }
-  std::printf("specactor worker: listening on %s:%u\n", options.host.c_str(), static_cast<unsigned>(*port));
+  std::printf("specactor worker: listening on %s:%u%s\n", options.host.c_str(), static_cast<unsigned>(*port),
+              options.tls.on() ? " (TLS)" : "");
   std::fflush(stdout);
   spdlog::info("worker: {} on {}:{} (target snapshot {})", engine->model_info().name, options.host, *port,
                engine->target_hash_before_draft());
@@ -146,7 +155,7 @@ int run_worker(const config::ServerArgs& args, const WorkerOptions& options) {
   spdlog::info("worker: {} received, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
   engine->shutdown();  // running requests end with an error event, sent before the replica stops
   caf::anon_send_exit(rep, caf::exit_reason::user_shutdown);
-  system.middleman().unpublish(rep, *port);
+  if (!options.tls.on()) system.middleman().unpublish(rep, *port);
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "actors/engine.hpp"
+#include "actors/wire.hpp"
 
 namespace specactor::actors {
 
@@ -20,10 +21,12 @@ caf::actor spawn_replica(caf::actor_system& system, Engine& engine);
 struct WorkerOptions {
   std::string host = "127.0.0.1";  // loopback unless told otherwise
   std::uint16_t port = 31000;      // 0: the system picks one (printed)
+  TlsFiles tls;                    // TLS with certificates; required off loopback unless allow_insecure
+  bool allow_insecure = false;     // plain TCP on an address other machines reach (a trusted network)
 };
 
 // `specactor worker`: loads the engine, publishes the replica on host:port (a port another process
-// holds is refused), prints "specactor worker: listening on HOST:PORT" on stdout, and serves until
+// holds is refused; an address other than loopback needs TLS or allow_insecure), prints "specactor worker: listening on HOST:PORT" on stdout, and serves until
 // SIGINT or SIGTERM; requests in flight then end with an error event. `on_listening` (tests) gets
 // the bound port. Returns the exit status.
 int run_worker(const config::ServerArgs& args, const WorkerOptions& options);

@@ -110,8 +110,23 @@ typename Inspector::result_type inspect(Inspector& f, ReplicaInfo& x) {
            x.draft_holds_derived);
 }
 
-// Loads the middleman, announces the message types above and sets the heartbeat: a peer that stops
-// answering (not only one whose connection closed) is taken for gone after `timeout_ms`.
-void configure_network(caf::actor_system_config& cfg, std::int64_t heartbeat_ms = 500, std::int64_t timeout_ms = 5000);
+// TLS between a front and its workers (caf::openssl): this side's certificate and key (PEM) and the
+// CA (PEM) the peer's certificate must chain to. All three or none; with them, each side presents
+// its certificate and refuses a peer whose certificate does not chain to the CA (the host name is
+// not checked: the CA is the trust). Without them the link is plain TCP.
+struct TlsFiles {
+  std::string certificate, key, ca;
+  bool on() const { return !certificate.empty() || !key.empty() || !ca.empty(); }
+};
+
+// Checks that all three files are given and readable; ConfigError naming the flag (`prefix` + name,
+// e.g. "--tls-" or "--worker-tls-").
+void check_tls(const TlsFiles& tls, const std::string& prefix);
+
+// Loads the middleman (and with TLS the OpenSSL manager), announces the message types above and sets
+// the heartbeat: a peer that stops answering (not only one whose connection closed) is taken for
+// gone after `timeout_ms`.
+void configure_network(caf::actor_system_config& cfg, const TlsFiles& tls = {}, std::int64_t heartbeat_ms = 500,
+                       std::int64_t timeout_ms = 5000);
 
 }  // namespace specactor::actors

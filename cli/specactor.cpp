@@ -993,6 +993,15 @@ int run(int argc, char** argv) {
   serve->add_option("--routing", serve_opts.routing,
                     "with --workers: cache-aware (the replica with the longest cached prefix, then the least loaded; "
                     "default), least-loaded or round-robin");
+  serve
+      ->add_option("--workers-wait", serve_opts.workers_wait_seconds,
+                   "with --workers: seconds to wait at start for the first worker to answer (default 60)")
+      ->check(finite_number());
+  serve->add_option("--worker-tls-certificate", serve_opts.worker_tls_certificate,
+                    "with --workers: this front's certificate (PEM) for TLS to the workers");
+  serve->add_option("--worker-tls-key", serve_opts.worker_tls_key, "with --workers: its private key (PEM)");
+  serve->add_option("--worker-tls-ca", serve_opts.worker_tls_ca,
+                    "with --workers: the CA (PEM) the workers' certificates must chain to");
   serve->allow_extras()->footer(serve_flags);
 
   auto* worker = app.add_subcommand(
@@ -1003,6 +1012,11 @@ int run(int argc, char** argv) {
   worker->add_option("--host", worker_opts.host, "the address to listen on (default 127.0.0.1: this machine only)");
   std::int64_t worker_port = 31000;
   worker->add_option("--port", worker_port, "the TCP port (default 31000; 0 picks a free one, printed)");
+  worker->add_option("--tls-certificate", worker_opts.tls.certificate, "this worker's certificate (PEM) for TLS");
+  worker->add_option("--tls-key", worker_opts.tls.key, "its private key (PEM)");
+  worker->add_option("--tls-ca", worker_opts.tls.ca, "the CA (PEM) a front's certificate must chain to");
+  worker->add_flag("--allow-insecure", worker_opts.allow_insecure,
+                   "plain TCP on an address other than loopback (a network you trust)");
   worker->allow_extras()->footer(server_flags);
 
   auto* config = app.add_subcommand(
@@ -1086,8 +1100,8 @@ int run(int argc, char** argv) {
     serve_opts.api_key_given = serve_opts.api_key_given || serve->count("--api-key") > 0;
     serve_opts.max_connections_given = serve->count("--max-connections") > 0;
     specactor::server::check_serve_options(serve_opts);  // before the model loads
-    if (serve->count("--routing") && serve_opts.workers.empty())
-      throw sc::ConfigError("--routing: applies only with --workers");
+    for (const char* f : {"--routing", "--workers-wait", "--worker-tls-certificate", "--worker-tls-key", "--worker-tls-ca"})
+      if (serve->count(f) && serve_opts.workers.empty()) throw sc::ConfigError(std::string(f) + ": applies only with --workers");
     const auto rest = server_rest(*serve);
     if (!serve_opts.workers.empty()) front_flags_only(rest);
     const sc::ServerArgs args = sc::parse_server_args(rest);

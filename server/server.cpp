@@ -89,6 +89,8 @@ class Server {
       actors::ClusterOptions c;
       c.workers = actors::parse_workers(opt_.workers);
       c.routing = opt_.routing;
+      c.connect_timeout_s = opt_.workers_wait_seconds;
+      c.tls = {opt_.worker_tls_certificate, opt_.worker_tls_key, opt_.worker_tls_ca};
       engine_ = actors::Cluster::connect(args_, c);
     }
     context_length_ = *engine_->target_snapshot()->context_length;
@@ -610,6 +612,10 @@ void check_serve_options(const ServeOptions& o) {
     throw config::ConfigError("--max-connections: must be in [1, " + std::to_string(kMaxConnections) + "] (got " +
                               std::to_string(o.max_connections) + ")");
   if (!o.workers.empty()) (void)actors::parse_workers(o.workers);
+  if (!(o.workers_wait_seconds >= 0 && o.workers_wait_seconds <= 3600))
+    throw config::ConfigError("--workers-wait: must be in [0, 3600] seconds (got " +
+                              config::printable(std::to_string(o.workers_wait_seconds)) + ")");
+  actors::check_tls({o.worker_tls_certificate, o.worker_tls_key, o.worker_tls_ca}, "--worker-tls-");
   if (o.routing != "cache-aware" && o.routing != "least-loaded" && o.routing != "round-robin")
     throw config::ConfigError("--routing: '" + config::printable(o.routing, 40) +
                               "' (expected cache-aware, least-loaded or round-robin)");

@@ -33,6 +33,8 @@ struct ServeOptions {
   // runs in this process.
   std::string workers;
   std::string routing = "cache-aware";  // with workers: cache-aware | least-loaded | round-robin
+  double workers_wait_seconds = 60;  // with workers: how long to wait at start for the first one
+  std::string worker_tls_certificate, worker_tls_key, worker_tls_ca;  // with workers: TLS (all three or none)
 };
 
 inline constexpr std::int64_t kMaxHttpThreads = 256;

@@ -128,6 +128,52 @@ def replicas(base):
     return json.loads(http("GET", base + "/server_info")[1])["replicas"]
 
 
+def make_certs(d):
+    """A CA with a worker and a front certificate, and a second CA with a certificate of its own."""
+    def run(*a):
+        subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=d)
+    for ca in ("ca", "other"):
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2",
+            "-subj", f"/CN=specactor test {ca}")
+    for name, ca in (("worker", "ca"), ("front", "ca"), ("stranger", "other")):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj",
+            f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2")
+
+
+def tls_checks(log):
+    print("cluster-e2e: TLS with certificates made here", flush=True)
+    with tempfile.TemporaryDirectory() as d:
+        make_certs(d)
+        f = lambda n: os.path.join(d, n)
+        port = free_port()
+        p = subprocess.Popen([BIN, "worker", "--model-path", MODEL, "--port", str(port), "--log-level", "warn",
+                              "--tls-certificate", f("worker.pem"), "--tls-key", f("worker.key"), "--tls-ca", f("ca.pem")],
+                             stdout=subprocess.PIPE, stderr=log, text=True)
+        PROCS.append(p)
+        line = p.stdout.readline()
+        check(line.strip().endswith("(TLS)"), f"a worker listens with TLS ({line.strip()!r})")
+        addr = f"127.0.0.1:{port}"
+        _, front = start_server(["--workers", addr, "--worker-tls-certificate", f("front.pem"), "--worker-tls-key",
+                                 f("front.key"), "--worker-tls-ca", f("ca.pem")], log)
+        r = http("POST", front + "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
+                                                     "temperature": 0})
+        check(r[0] == 200 and "Paris" in r[1], "a front whose certificate chains to the CA is served over TLS")
+        for label, flags in (("a certificate of another CA", ["--worker-tls-certificate", f("stranger.pem"),
+                                                              "--worker-tls-key", f("stranger.key"),
+                                                              "--worker-tls-ca", f("ca.pem")]),
+                             ("no TLS", [])):
+            q = subprocess.run([BIN, "serve", "--model-path", MODEL, "--port", str(free_port()), "--workers", addr,
+                                "--workers-wait", "3", *flags], capture_output=True, text=True, timeout=120)
+            check(q.returncode == 2 and "no worker answered" in q.stderr,
+                  f"a front with {label} is refused ({q.stderr.strip()[-140:]!r})")
+        q = subprocess.run([BIN, "worker", "--model-path", MODEL, "--host", "0.0.0.0", "--port", "0"],
+                           capture_output=True, text=True, timeout=120)
+        check(q.returncode == 2 and "--tls-certificate" in q.stderr,
+              "a worker on an address other machines reach without TLS is refused")
+
+
 def main():
     if not os.path.exists(MODEL):
         raise SystemExit("cluster-e2e: the default model is missing (run tools/setup)")
@@ -206,17 +252,61 @@ def main():
         while time.time() < deadline and replicas(front)[victim]["state"] != "up":
             time.sleep(0.1)
         check(replicas(front)[victim]["state"] == "up", "the front takes the restarted worker back")
-        got, threads = run_streams(front, ps[:12], 24)
+        fresh = [f"List {i + 2} animals that live in {place}." for i, place in
+                 enumerate(["forests", "deserts", "oceans", "rivers", "caves", "cities", "mountains", "islands",
+                            "swamps", "grasslands", "the arctic", "gardens"])]
+        ref_fresh, threads = run_streams(single, fresh, 24)
         for t in threads:
             t.join(240)
-        check(all(got[i]["text"] == ref[i]["text"] for i in range(12)), "outputs stay equal after the restart")
+        got, threads = run_streams(front, fresh, 24)
+        for t in threads:
+            t.join(240)
+        check(all(got[i]["text"] == ref_fresh[i]["text"] and got[i]["error"] is None for i in range(12)),
+              "outputs stay equal after the restart")
         check(replicas(front)[victim]["routed"] > before, "the restarted worker is routed to again")
+
+        print("cluster-e2e: kill -9 of a worker while it prefills long prompts", flush=True)
+        # Distinct from their first words (the prefix cache would make a shared text cheap to prefill).
+        longs = [f"Question {i}: how many stones does item {i} hold?\n" +
+                 " ".join(f"Item {k}: the {['red', 'green', 'blue', 'white'][(k + i) % 4]} box holds "
+                          f"{(k * 7 + i) % 13} stones." for k in range(40)) for i in range(24)]
+        ref_longs, threads = run_streams(single, longs, 8)
+        for t in threads:
+            t.join(300)
+        got, threads = run_streams(front, longs, 8)
+        victim2, deadline = None, time.time() + 30
+        while time.time() < deadline and victim2 is None:
+            reps = replicas(front)
+            busy = [i for i, r in enumerate(reps) if r["in_flight"] >= 6]
+            if busy:
+                victim2 = busy[0]
+            time.sleep(0.005)
+        check(victim2 is not None, "a worker had requests in flight")
+        streamed_before = sum(1 for v in got.values() if v["chunks"] > 0)
+        retried_before = replicas(front)[victim2]["retried_elsewhere"]
+        workers[victim2].send_signal(signal.SIGKILL)
+        workers[victim2].wait()
+        for t in threads:
+            t.join(240)
+        check(all(not t.is_alive() for t in threads) and len(got) == 24, "no stream hangs: all 24 ended")
+        complete = [i for i in range(24) if got[i]["error"] is None]
+        check(all(got[i]["text"] == ref_longs[i]["text"] for i in complete),
+              f"the {len(complete)} complete streams equal the single-process server's")
+        check(all("went away" in got[i]["error"] for i in range(24) if got[i]["error"] is not None),
+              "the cut streams end with an error naming the lost worker")
+        retried = replicas(front)[victim2]["retried_elsewhere"] - retried_before
+        print(f"  ..   {streamed_before} streams had output when the worker died; {retried} requests retried "
+              f"elsewhere, {24 - len(complete)} cut", flush=True)
+        print("  ..   errors:", sorted({(got[i]["error"] or "")[:150] for i in range(24)}), flush=True)
+        check(retried >= 1, "requests that had streamed nothing were retried on another replica and completed")
+        workers[victim2] = start_worker(ports[victim2], log)
 
         print("cluster-e2e: a port another worker holds", flush=True)
         p = subprocess.run([BIN, "worker", "--model-path", MODEL, "--port", str(ports[0]), "--log-level", "warn"],
                            capture_output=True, text=True, timeout=120)
         check(p.returncode == 2 and f"--port: cannot listen on 127.0.0.1:{ports[0]}" in p.stderr,
               f"a second worker on a held port is refused ({p.stderr.strip()[-160:]!r})")
+        tls_checks(log)
     finally:
         for p in PROCS:
             if p.poll() is None:
