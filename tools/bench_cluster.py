@@ -1,14 +1,15 @@
 """tools/bench_cluster.py — a front over engine replicas, measured (run by tools/bench-cluster).
 
   scaling:   one worker, then two, each pinned to its own core (taskset) with --threads 1, behind
-             `specactor serve --workers`; R requests (C at a time, ignore_eos, max_tokens M) of
+             `specactor serve --workers`; R requests per worker, C per worker at a time (the offered
+             load grows with the workers, so each runs the same batch), ignore_eos, max_tokens M, of
              distinct prompts; aggregate completion tok/s. Rounds alternate 1 and 2 workers.
   multi-turn: K conversations of T turns (each answer appended, the next question added) through a
              front over one worker, over two with cache-aware routing and over two round-robin;
              prefix-cache hit rate = cached prompt tokens / prompt tokens (the API's usage), and
              the greedy answers compared across the three.
 
-  python3 tools/bench_cluster.py [--rounds 2] [--requests 48] [--concurrency 16] [--max-tokens 64]
+  python3 tools/bench_cluster.py [--rounds 2] [--requests 48] [--concurrency 16] [--max-tokens 64]   (per worker)
                                  [--conversations 8] [--turns 6] [--answer 32] [--json FILE]
 Needs at least two cores. Python's standard library only.
 """
@@ -165,7 +166,7 @@ def main():
             for n in ([1, 2] if rnd % 2 == 0 else [2, 1]):
                 c = Cluster(n, "cache-aware", log)
                 try:
-                    tps = throughput(c.base, a.requests, a.concurrency, a.max_tokens)
+                    tps = throughput(c.base, a.requests * n, a.concurrency * n, a.max_tokens)
                 finally:
                     c.stop()
                 print(f"scaling: round {rnd + 1}, {n} worker(s): {tps:.1f} tok/s", flush=True)
