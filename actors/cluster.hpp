@@ -23,15 +23,6 @@
 
 namespace specactor::actors {
 
-struct WorkerAddress {
-  std::string host;
-  std::uint16_t port = 0;
-  std::string text() const { return host + ":" + std::to_string(port); }
-};
-
-// "HOST:PORT,HOST:PORT" (IPv6 as [ADDR]:PORT). Throws config::ConfigError naming `flag`.
-std::vector<WorkerAddress> parse_workers(const std::string& list, const std::string& flag = "--workers");
-
 struct ClusterOptions {
   std::vector<WorkerAddress> workers;
   double connect_timeout_s = 60;      // at start: how long to wait for the first replica to answer

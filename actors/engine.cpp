@@ -10,6 +10,7 @@
 #include "actors/engine_caf.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/system.hpp"
+#include "actors/wire.hpp"
 #include "config/error.hpp"
 #include "config/input.hpp"
 #include "config/resolve.hpp"
@@ -106,6 +107,11 @@ std::unique_ptr<Engine> Engine::create(const config::ServerArgs& user_args) {
   config::Snapshot target = resolve(user_args);
   auto cfg = std::make_unique<caf::actor_system_config>();
   configure_actor_system(*cfg);
+  // A draft worker in another process: the network layer and the message types that cross it.
+  if (!target->speculative_draft_worker.empty()) {
+    (void)parse_workers(target->speculative_draft_worker, "--speculative-draft-worker");
+    configure_network(*cfg);
+  }
   auto sys = std::make_unique<caf::actor_system>(*cfg);
   std::unique_ptr<Impl> impl;
   try {

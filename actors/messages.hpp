@@ -63,6 +63,28 @@ typename Inspector::result_type inspect(Inspector& f, Proposals& x) {
            x.cache.query_tokens, x.cache.hit_tokens, x.cache.pages, x.cache.evicted_pages);
 }
 
+// A proposal round crosses the wire to a remote draft worker: the context is written as its tokens.
+template <class Inspector>
+std::enable_if_t<Inspector::reads_state, typename Inspector::result_type> inspect(Inspector& f, const ProposeItem& x) {
+  std::vector<std::int32_t> context = x.context ? *x.context : std::vector<std::int32_t>{};
+  return f(caf::meta::type_name("propose_item"), x.req, context, x.max_nodes, x.max_depth, x.params, x.seed, x.hidden,
+           x.hidden_first, x.kv_pages, x.kv_length);
+}
+
+template <class Inspector>
+std::enable_if_t<Inspector::writes_state, typename Inspector::result_type> inspect(Inspector& f, ProposeItem& x) {
+  std::vector<std::int32_t> context;
+  auto result = f(caf::meta::type_name("propose_item"), x.req, context, x.max_nodes, x.max_depth, x.params, x.seed,
+                  x.hidden, x.hidden_first, x.kv_pages, x.kv_length);
+  x.context = std::make_shared<const std::vector<std::int32_t>>(std::move(context));
+  return result;
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ProposeBatch& x) {
+  return f(caf::meta::type_name("propose_batch"), x.items);
+}
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SnapshotReport& x) {
   return f(caf::meta::type_name("snapshot_report"), x.resolved_target, x.target_worker, x.derived_draft,
@@ -128,6 +150,5 @@ struct TargetInfo {
 }  // namespace specactor::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(specactor::actors::TargetInfo)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(specactor::sched::ProposeBatch)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const specactor::sched::Submission>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(specactor::sched::EngineMetrics)

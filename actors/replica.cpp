@@ -11,10 +11,13 @@
 #include <map>
 #include <set>
 
+#include "actors/draft_worker.hpp"
 #include "actors/engine_caf.hpp"
 #include "actors/system.hpp"
 #include "actors/wire.hpp"
 #include "config/error.hpp"
+#include "drafters/drafter.hpp"
+#include "model/loader.hpp"
 
 namespace specactor::actors {
 
@@ -52,7 +55,7 @@ caf::behavior replica(caf::stateful_actor<ReplicaState>* self, Engine* engine) {
   return {
       [engine](hello_atom) -> ReplicaInfo {
         ReplicaInfo r;
-        r.model_json = engine->model_info().to_json().dump();
+        r.model_json = model_identity(engine->model_info());
         r.target = engine->target_snapshot();
         r.target_hash = engine->target_hash_before_draft();
         r.snapshots = engine->snapshots();
@@ -108,6 +111,55 @@ caf::behavior replica(caf::stateful_actor<ReplicaState>* self, Engine* engine) {
   };
 }
 
+// What a draft host shares with the draft workers it spawns (immutable).
+struct DraftHostModel {
+  model::LoadedModel model;
+  std::string identity;
+};
+
+struct DraftHostState {
+  std::map<caf::actor_addr, std::vector<draft_worker_actor>> workers;  // per scheduler
+  static inline const char* name = "specactor.draft_host";
+};
+
+caf::behavior draft_host(caf::stateful_actor<DraftHostState>* self, std::shared_ptr<const DraftHostModel> m) {
+  // A scheduler that went away leaves its draft workers nobody to work for.
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto it = self->state.workers.find(dm.source);
+    if (it == self->state.workers.end()) return;
+    for (auto& w : it->second) self->send_exit(w, caf::exit_reason::user_shutdown);
+    spdlog::info("draft host: a scheduler went away; stopped its {} draft worker(s)", it->second.size());
+    self->state.workers.erase(it);
+  });
+  return {
+      [self, m](draft_atom, config::Snapshot& snap, const std::string& identity) -> caf::result<draft_worker_actor> {
+        if (!snap) return user_error("draft host: no draft snapshot was sent");
+        if (identity != m->identity)
+          return user_error("draft host: the scheduler's target is another model than this host's --model-path " +
+                            m->model.info.path);
+        drafters::DrafterFactory factory;
+        try {
+          factory = drafters::find_drafter(snap);
+        } catch (const std::exception& e) {
+          return user_error(e.what());
+        }
+        auto scheduler = caf::actor_cast<caf::actor>(self->current_sender());
+        if (!scheduler) return user_error("draft host: an anonymous request");
+        // The target's KV stays with the target: a drafter that must read it cannot run here (its
+        // factory says so, and the scheduler decodes without drafts).
+        auto w = self->system().spawn<caf::detached>(
+            draft_worker, snap, std::move(factory),
+            drafters::DraftContext{m->model.info, m->model.tokenizer, m->model.weights, nullptr});
+        auto& list = self->state.workers[scheduler.address()];
+        if (list.empty()) self->monitor(scheduler);
+        list.push_back(w);
+        spdlog::info("draft host: a draft worker for {} (draft snapshot {})", config::to_string(snap->speculative_algorithm),
+                     config::hash_hex(config::content_hash(*snap)));
+        return w;
+      },
+  };
+}
+
 }  // namespace
 
 caf::actor spawn_replica(caf::actor_system& system, Engine& engine) {
@@ -124,6 +176,10 @@ int run_worker(const config::ServerArgs& args, const WorkerOptions& options) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
   check_tls(options.tls, "--tls-");
+  if (options.role == "draft" && options.tls.on())
+    throw config::ConfigError(
+        "--tls-certificate: a draft host (--role draft) speaks plain TCP for now (its scheduler has no TLS "
+        "settings); keep it on loopback or a network you trust (--allow-insecure)");
   const bool loopback = options.host == "127.0.0.1" || options.host == "::1" || options.host == "localhost";
   if (!loopback && !options.tls.on() && !options.allow_insecure)
     throw config::ConfigError("--host " + options.host +
@@ -133,27 +189,38 @@ int run_worker(const config::ServerArgs& args, const WorkerOptions& options) {
   configure_actor_system(cfg);
   configure_network(cfg, options.tls);
   caf::actor_system system{cfg};
-  std::unique_ptr<Engine> engine = create_engine_in(system, args);
-  const caf::actor rep = spawn_replica(system, *engine);
+  std::unique_ptr<Engine> engine;
+  caf::actor rep;
+  std::string what;
+  if (options.role == "draft") {
+    auto m = std::make_shared<DraftHostModel>();
+    m->model = model::load_model(args);
+    m->identity = model_identity(m->model.info);
+    what = "draft workers for " + m->model.info.name;
+    rep = system.spawn(draft_host, std::shared_ptr<const DraftHostModel>(std::move(m)));
+  } else {
+    engine = create_engine_in(system, args);
+    rep = spawn_replica(system, *engine);
+    what = engine->model_info().name + " (target snapshot " + engine->target_hash_before_draft() + ")";
+  }
   // SO_REUSEADDR (so a restarted worker can take its port back while old connections linger in
   // TIME_WAIT); on Linux it does not let two processes listen on one port.
   const auto port = options.tls.on() ? caf::openssl::publish(rep, options.port, options.host.c_str(), true)
                                      : system.middleman().publish(rep, options.port, options.host.c_str(), true);
   if (!port) {
     caf::anon_send_exit(rep, caf::exit_reason::user_shutdown);
-    engine->shutdown();
+    if (engine) engine->shutdown();
     throw config::ConfigError("--port: cannot listen on " + options.host + ":" + std::to_string(options.port) + " (" +
                               system.render(port.error()) + ")");
   }
   std::printf("specactor worker: listening on %s:%u%s\n", options.host.c_str(), static_cast<unsigned>(*port),
               options.tls.on() ? " (TLS)" : "");
   std::fflush(stdout);
-  spdlog::info("worker: {} on {}:{} (target snapshot {})", engine->model_info().name, options.host, *port,
-               engine->target_hash_before_draft());
+  spdlog::info("worker: {} on {}:{}", what, options.host, *port);
   int sig = 0;
   sigwait(&stop, &sig);
   spdlog::info("worker: {} received, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
-  engine->shutdown();  // running requests end with an error event, sent before the replica stops
+  if (engine) engine->shutdown();  // running requests end with an error event, sent before the replica stops
   caf::anon_send_exit(rep, caf::exit_reason::user_shutdown);
   if (!options.tls.on()) system.middleman().unpublish(rep, *port);
   return 0;

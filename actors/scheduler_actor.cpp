@@ -6,11 +6,14 @@
 #include <spdlog/spdlog.h>
 
 #include <caf/all.hpp>
+#include <caf/io/middleman.hpp>
 #include <optional>
 
 #include "actors/draft_worker.hpp"
 #include "actors/system.hpp"
 #include "actors/target_worker.hpp"
+#include "actors/wire.hpp"
+#include "config/error.hpp"
 #include "sched/policy.hpp"
 
 namespace specactor::actors {
@@ -99,24 +102,80 @@ void fail_target(Self self, const std::string& error, caf::error reason) {
   st.ready_waiters.clear();
 }
 
-void spawn_draft(Self self) {
+void announce_ready(Self self);
+void request_needs(Self self);
+
+// A draft worker that could not be had: the engine decodes without drafts, and says why.
+void draft_unavailable(Self self, const std::string& why, bool initial) {
+  spdlog::error("{}; decoding without a drafter", why);
+  auto& m = self->state.policy->metrics();
+  ++m.draft_failures;
+  m.draft_error = why;
+  if (initial) announce_ready(self);
+}
+
+// The draft worker of `--speculative-draft-worker HOST:PORT`: the draft host there spawns it from
+// the draft snapshot derived here (sent over the wire) and the scheduler monitors it as a local one.
+void connect_draft(Self self, bool initial) {
+  auto& st = self->state;
+  const std::string flag = "--speculative-draft-worker";
+  std::vector<WorkerAddress> addr;
+  try {
+    addr = parse_workers(st.draft_snapshot->speculative_draft_worker, flag);
+    if (addr.size() != 1) throw config::ConfigError(flag + ": one HOST:PORT (got " + std::to_string(addr.size()) + ")");
+  } catch (const config::ConfigError& e) {
+    return draft_unavailable(self, e.what(), initial);
+  }
+  if (!self->system().has_middleman())
+    return draft_unavailable(self, flag + ": this actor system has no network layer (load caf::io::middleman)", initial);
+  const std::string where = addr[0].text();
+  auto mm = self->system().middleman().actor_handle();
+  self->request(mm, std::chrono::seconds(10), caf::connect_atom::value, addr[0].host, addr[0].port)
+      .then(
+          [self, initial, where, flag](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            auto host = caf::actor_cast<caf::actor>(std::move(ptr));
+            if (!host) return draft_unavailable(self, flag + " " + where + ": nothing is published there", initial);
+            auto& st = self->state;
+            self->request(host, std::chrono::seconds(120), draft_atom::value, st.draft_snapshot,
+                          model_identity(st.info->info))
+                .then(
+                    [self, initial, where](draft_worker_actor& w) {
+                      auto& st = self->state;
+                      st.draft = w;
+                      self->monitor(w);
+                      st.policy->metrics().draft_alive = true;
+                      spdlog::info("draft worker at {} (draft snapshot {} sent)", where,
+                                   config::hash_hex(config::content_hash(*st.draft_snapshot)));
+                      if (initial) request_needs(self);
+                    },
+                    [self, initial, where, flag](caf::error& e) {
+                      draft_unavailable(self, flag + " " + where + ": " + error_message(e), initial);
+                    });
+          },
+          [self, initial, where, flag](caf::error& e) {
+            draft_unavailable(self, flag + " " + where + ": cannot connect (" + self->system().render(e) + ")",
+                              initial);
+          });
+}
+
+// `initial`: the engine is starting; it becomes ready once the worker answered what it needs (or
+// could not be had).
+void spawn_draft(Self self, bool initial) {
   auto& st = self->state;
   if (!st.draft_snapshot || !st.info) return;
+  if (!st.draft_snapshot->speculative_draft_worker.empty()) return connect_draft(self, initial);
   drafters::DrafterFactory factory;
-  auto& m = st.policy->metrics();
   try {
     factory = drafters::find_drafter(st.draft_snapshot);
   } catch (const std::exception& e) {
-    spdlog::error("{}; decoding without a drafter", e.what());
-    ++m.draft_failures;
-    m.draft_error = e.what();
-    return;
+    return draft_unavailable(self, e.what(), initial);
   }
   // The factory and the worker get the very snapshot object derived above.
   st.draft = self->spawn<caf::detached + caf::monitored>(
       draft_worker, st.draft_snapshot, std::move(factory),
       drafters::DraftContext{st.info->info, st.info->tokenizer, st.info->weights, st.info->kv});
-  m.draft_alive = true;
+  st.policy->metrics().draft_alive = true;
+  if (initial) request_needs(self);
 }
 
 void announce_ready(Self self) {
@@ -142,12 +201,12 @@ void on_target_ready(Self self, TargetInfo& info) {
   st.draft_snapshot = config::derive_draft(st.target_snapshot, info.info.facts());
   // The tree size counts in every reservation from now on, even before the worker answers.
   st.policy->set_draft(sched::draft_shape_of(st.draft_snapshot, {}));
-  spawn_draft(self);
-  if (!st.draft) {
-    announce_ready(self);
-    return;
-  }
-  // Ready once the draft worker is up (or has failed: then the engine decodes without drafts).
+  spawn_draft(self, true);
+}
+
+// Ready once the draft worker is up (or has failed: then the engine decodes without drafts).
+void request_needs(Self self) {
+  auto& st = self->state;
   self->request(st.draft, caf::infinite, needs_atom::value)
       .then(
           [self](drafters::DrafterNeeds& n) {
@@ -312,7 +371,7 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
         if (s.draft) self->send(s.draft, reconf_atom::value, snap);
       },
       [self](restart_atom) {
-        if (!self->state.draft) spawn_draft(self);
+        if (!self->state.draft) spawn_draft(self, false);
       },
       [self](tick_atom) { tick(self); },
       [self](flush_atom) -> std::int64_t {

@@ -10,6 +10,10 @@
 //                    (metrics_atom)                                 → EngineMetrics
 //                    (flush_atom)                                   → int64 pages given up
 //   replica → front  (event_atom, uint64 id, TokenEvent)            exactly one has finished = true
+//   scheduler → draft host (`specactor worker --role draft`)
+//                    (draft_atom, Snapshot draft, string model_json) → draft_worker_actor (spawned there)
+//   then the scheduler speaks to that draft worker as to a local one (actors/draft_worker.hpp):
+//   ProposeBatch (with the target's hidden rows) → Proposals, release, flush, reconf, needs.
 // `id` is the front's; a replica keys requests by (front, id), so several fronts may share it.
 #pragma once
 
@@ -85,10 +89,11 @@ namespace specactor::actors {
 
 using event_atom = caf::atom_constant<caf::atom("event")>;
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
+using draft_atom = caf::atom_constant<caf::atom("draft")>;
 
 // What a replica says about itself when a front connects.
 struct ReplicaInfo {
-  std::string model_json;            // model::ModelInfo::to_json(): the front refuses a replica of another model
+  std::string model_json;            // model_identity(): the front refuses a replica of another model
   config::Snapshot target;           // the replica's resolved target snapshot (as its engine holds it)
   std::string target_hash;           // its content hash before the draft snapshot was derived
   SnapshotReport snapshots;          // the objects its scheduler and workers hold (hashes on the front's side)
@@ -110,6 +115,15 @@ typename Inspector::result_type inspect(Inspector& f, ReplicaInfo& x) {
            x.draft_holds_derived);
 }
 
+struct WorkerAddress {
+  std::string host;
+  std::uint16_t port = 0;
+  std::string text() const { return host + ":" + std::to_string(port); }
+};
+
+// "HOST:PORT,HOST:PORT" (IPv6 as [ADDR]:PORT). Throws config::ConfigError naming `flag`.
+std::vector<WorkerAddress> parse_workers(const std::string& list, const std::string& flag = "--workers");
+
 // TLS between a front and its workers (caf::openssl): this side's certificate and key (PEM) and the
 // CA (PEM) the peer's certificate must chain to. All three or none; with them, each side presents
 // its certificate and refuses a peer whose certificate does not chain to the CA (the host name is
@@ -122,6 +136,10 @@ struct TlsFiles {
 // Checks that all three files are given and readable; ConfigError naming the flag (`prefix` + name,
 // e.g. "--tls-" or "--worker-tls-").
 void check_tls(const TlsFiles& tls, const std::string& prefix);
+
+// What identifies a model across processes: its ModelInfo as JSON without the file's path (another
+// machine may keep the same file elsewhere).
+std::string model_identity(const model::ModelInfo& info);
 
 // Loads the middleman (and with TLS the OpenSSL manager), announces the message types above and sets
 // the heartbeat: a peer that stops answering (not only one whose connection closed) is taken for

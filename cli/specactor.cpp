@@ -1015,6 +1015,10 @@ int run(int argc, char** argv) {
   worker->add_option("--tls-certificate", worker_opts.tls.certificate, "this worker's certificate (PEM) for TLS");
   worker->add_option("--tls-key", worker_opts.tls.key, "its private key (PEM)");
   worker->add_option("--tls-ca", worker_opts.tls.ca, "the CA (PEM) a front's certificate must chain to");
+  worker->add_option("--role", worker_opts.role,
+                     "target: an engine replica for a front (default); draft: draft workers for schedulers that "
+                     "give --speculative-draft-worker HOST:PORT")
+      ->check(CLI::IsMember({"target", "draft"}));
   worker->add_flag("--allow-insecure", worker_opts.allow_insecure,
                    "plain TCP on an address other than loopback (a network you trust)");
   worker->allow_extras()->footer(server_flags);

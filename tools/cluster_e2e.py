@@ -10,7 +10,12 @@ Checks, each printed as ok/FAIL (exit 1 on the first failure, naming it):
     equal to the reference or with an error event naming the worker; requests that had streamed
     nothing are retried on another replica; the front keeps answering;
   - the worker restarted on its port: the front takes it back and routes to it again;
-  - a worker listening on a port another worker holds is refused with a clear error.
+  - a worker listening on a port another worker holds is refused with a clear error;
+  - a remote draft worker (`worker --role draft`, `--speculative-draft-worker`): greedy outputs equal
+    the local drafter's, its drafts are accepted; kill -9 of it mid-run: every request completes
+    (plain decoding from then on), none is lost;
+  - TLS: a front whose certificate chains to the workers' CA is served, one of another CA (or none)
+    is refused; a worker off loopback without TLS is refused.
 Uses only the Python standard library.
 """
 import json
@@ -126,6 +131,50 @@ def prompts(n):
 
 def replicas(base):
     return json.loads(http("GET", base + "/server_info")[1])["replicas"]
+
+
+def metric(base, name):
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
+def remote_draft_checks(log, single, ps, ref):
+    print("cluster-e2e: a remote draft worker (the default EAGLE3 head, hidden rows over the wire)", flush=True)
+    port = free_port()
+    host = subprocess.Popen([BIN, "worker", "--role", "draft", "--model-path", MODEL, "--port", str(port),
+                             "--log-level", "warn"], stdout=subprocess.PIPE, stderr=log, text=True)
+    PROCS.append(host)
+    line = host.stdout.readline()
+    check("listening" in line, f"a draft host listens ({line.strip()!r})")
+    _, remote = start_server(["--speculative-draft-worker", f"127.0.0.1:{port}"], log)
+    got, threads = run_streams(remote, ps[:24], 24)
+    for t in threads:
+        t.join(300)
+    same = sum(got[i]["text"] == ref[i]["text"] and got[i]["error"] is None for i in range(24))
+    check(same == 24, f"greedy outputs with the remote draft worker equal the local one's ({same}/24)")
+    accepted = metric(remote, "specactor:spec_decode_num_accepted_tokens_total")
+    check(accepted is not None and accepted > 0, f"the remote drafts are accepted ({accepted} tokens)")
+    check(metric(remote, "specactor:spec_decode_draft_failures_total") == 0, "no draft failure so far")
+    print("cluster-e2e: kill -9 of the remote draft worker while 24 streams run", flush=True)
+    got, threads = run_streams(remote, ps[:24], 24)
+    deadline = time.time() + 30
+    while time.time() < deadline and not any(v["chunks"] > 0 for v in got.values()):
+        time.sleep(0.01)
+    host.send_signal(signal.SIGKILL)
+    host.wait()
+    for t in threads:
+        t.join(300)
+    check(all(not t.is_alive() for t in threads) and len(got) == 24, "no stream hangs: all 24 ended")
+    same = sum(got[i]["text"] == ref[i]["text"] and got[i]["error"] is None for i in range(24))
+    check(same == 24, f"every request completes, equal to the reference, after the draft worker died ({same}/24)")
+    check(metric(remote, "specactor:spec_decode_draft_failures_total") >= 1,
+          "the server counts the draft failure and decodes without drafts")
+    r = http("POST", remote + "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
+                                                  "temperature": 0})
+    check(r[0] == 200, "the server keeps answering without its draft worker")
 
 
 def make_certs(d):
@@ -306,6 +355,7 @@ def main():
                            capture_output=True, text=True, timeout=120)
         check(p.returncode == 2 and f"--port: cannot listen on 127.0.0.1:{ports[0]}" in p.stderr,
               f"a second worker on a held port is refused ({p.stderr.strip()[-160:]!r})")
+        remote_draft_checks(log, single, ps, ref)
         tls_checks(log)
     finally:
         for p in PROCS:
