@@ -110,7 +110,11 @@ std::unique_ptr<Engine> Engine::create(const config::ServerArgs& user_args) {
   // A draft worker in another process: the network layer and the message types that cross it.
   if (!target->speculative_draft_worker.empty()) {
     (void)parse_workers(target->speculative_draft_worker, "--speculative-draft-worker");
-    configure_network(*cfg);
+    const TlsFiles tls{target->speculative_draft_worker_tls_certificate.value_or(""),
+                       target->speculative_draft_worker_tls_key.value_or(""),
+                       target->speculative_draft_worker_tls_ca.value_or("")};
+    check_tls(tls, "--speculative-draft-worker-tls-");
+    configure_network(*cfg, tls);
   }
   auto sys = std::make_unique<caf::actor_system>(*cfg);
   std::unique_ptr<Impl> impl;

@@ -176,10 +176,6 @@ int run_worker(const config::ServerArgs& args, const WorkerOptions& options) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
   check_tls(options.tls, "--tls-");
-  if (options.role == "draft" && options.tls.on())
-    throw config::ConfigError(
-        "--tls-certificate: a draft host (--role draft) speaks plain TCP for now (its scheduler has no TLS "
-        "settings); keep it on loopback or a network you trust (--allow-insecure)");
   const bool loopback = options.host == "127.0.0.1" || options.host == "::1" || options.host == "localhost";
   if (!loopback && !options.tls.on() && !options.allow_insecure)
     throw config::ConfigError("--host " + options.host +

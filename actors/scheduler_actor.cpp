@@ -7,6 +7,7 @@
 
 #include <caf/all.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
 #include <optional>
 
 #include "actors/draft_worker.hpp"
@@ -129,7 +130,10 @@ void connect_draft(Self self, bool initial) {
   if (!self->system().has_middleman())
     return draft_unavailable(self, flag + ": this actor system has no network layer (load caf::io::middleman)", initial);
   const std::string where = addr[0].text();
-  auto mm = self->system().middleman().actor_handle();
+  // With --speculative-draft-worker-tls-* the engine's system has the OpenSSL manager: TLS, each
+  // side's certificate checked against its CA.
+  auto mm = self->system().has_openssl_manager() ? self->system().openssl_manager().actor_handle()
+                                                 : self->system().middleman().actor_handle();
   self->request(mm, std::chrono::seconds(10), caf::connect_atom::value, addr[0].host, addr[0].port)
       .then(
           [self, initial, where, flag](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {

@@ -333,9 +333,22 @@ void validate(const ServerArgs& a) {
           std::pair{"speculative_draft_suffix_tokens", a.speculative_draft_suffix_tokens.has_value()},
           std::pair{"speculative_draft_ngram_min_match", a.speculative_draft_ngram_min_match.has_value()},
           std::pair{"speculative_draft_model_path", a.speculative_draft_model_path.has_value()},
-          std::pair{"speculative_draft_num_layers", a.speculative_draft_num_layers.has_value()}}) {
+          std::pair{"speculative_draft_num_layers", a.speculative_draft_num_layers.has_value()},
+          std::pair{"speculative_draft_worker", !a.speculative_draft_worker.empty()}}) {
       if (set) fail(field, "is set but --speculative-algorithm is NONE; choose an algorithm or drop the flag");
     }
+  }
+  {
+    const std::pair<const char*, bool> tls[] = {
+        {"speculative_draft_worker_tls_certificate", a.speculative_draft_worker_tls_certificate.has_value()},
+        {"speculative_draft_worker_tls_key", a.speculative_draft_worker_tls_key.has_value()},
+        {"speculative_draft_worker_tls_ca", a.speculative_draft_worker_tls_ca.has_value()}};
+    const int given = tls[0].second + tls[1].second + tls[2].second;
+    for (auto [field, set] : tls)
+      if (set && a.speculative_draft_worker.empty()) fail(field, "applies only with --speculative-draft-worker");
+    for (auto [field, set] : tls)
+      if (!set && given > 0)
+        fail(field, "is required with the other --speculative-draft-worker-tls-* flags (all three or none)");
   }
   if (a.speculative_num_steps) in_range("speculative_num_steps", *a.speculative_num_steps, 1, 64);
   if (a.speculative_eagle_topk) in_range("speculative_eagle_topk", *a.speculative_eagle_topk, 1, 64);

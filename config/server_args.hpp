@@ -122,6 +122,9 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(OptString,     speculative_draft_model_path, {},      "draft model or head (EAGLE/EAGLE3/MTP head, standalone draft GGUF)") \
   X(OptLoadFormat, speculative_draft_load_format, {},     "weight format of the draft; unset = the target's") \
   X(std::string,   speculative_draft_worker,   "",        "HOST:PORT of a `specactor worker --role draft`: the draft worker runs in that process (the draft snapshot is derived here and sent; hidden rows travel with each proposal round); empty = in this process") \
+  X(OptString,     speculative_draft_worker_tls_certificate, {}, "with --speculative-draft-worker: this engine's certificate (PEM) for TLS to the draft host") \
+  X(OptString,     speculative_draft_worker_tls_key, {},  "with --speculative-draft-worker: its private key (PEM)") \
+  X(OptString,     speculative_draft_worker_tls_ca, {},   "with --speculative-draft-worker: the CA (PEM) the draft host's certificate must chain to") \
   X(OptInt,        speculative_num_steps,      {},        "draft steps per speculative step (tree depth); unset = automatic") \
   X(OptInt,        speculative_eagle_topk,     {},        "branches kept per draft step; 1 = chain; unset = automatic") \
   X(OptInt,        speculative_num_draft_tokens, {},      "tree nodes verified per step, root included; unset = automatic") \

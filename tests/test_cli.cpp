@@ -120,6 +120,22 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
       {"serve --model-path " + tiny_model() + " --workers 127.0.0.1:31000 --threads 2",
        "specactor: error: --threads: the workers run the model, so give it to each `specactor worker`"},
       {"worker --model-path /nonexistent.gguf --port 0", "specactor: error: /nonexistent.gguf: cannot open"},
+      {"config --model-path " + tiny_model() + " --speculative-algorithm NONE --speculative-draft-worker 127.0.0.1:1",
+       "--speculative-draft-worker: is set but --speculative-algorithm is NONE"},
+      {"config --model-path " + tiny_model() + " --speculative-draft-worker-tls-ca /etc/hostname",
+       "--speculative-draft-worker-tls-ca: applies only with --speculative-draft-worker"},
+      {"config --model-path " + tiny_model() +
+           " --speculative-algorithm NGRAM --speculative-draft-worker 127.0.0.1:1 --speculative-draft-worker-tls-ca "
+           "/etc/hostname",
+       "--speculative-draft-worker-tls-certificate: is required with the other --speculative-draft-worker-tls-* "
+       "flags"},
+      {"generate --model-path " + tiny_model() +
+           " --prompt hi --speculative-algorithm NGRAM --speculative-draft-worker 127.0.0.1",
+       "--speculative-draft-worker: '127.0.0.1': no port"},
+      {"worker --model-path " + tiny_model() + " --port 0 --tls-certificate /etc/hostname",
+       "--tls-key: is required with the other TLS flags"},
+      {"worker --model-path " + tiny_model() + " --port 0 --role both",
+       "--role"},
       {"worker --model-path " + tiny_model() + " --port 70000",
        "specactor: error: --port: must be in [0, 65535] (got 70000; 0 picks a free one)"},
   };

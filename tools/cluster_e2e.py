@@ -217,6 +217,32 @@ def tls_checks(log):
                                 "--workers-wait", "3", *flags], capture_output=True, text=True, timeout=120)
             check(q.returncode == 2 and "no worker answered" in q.stderr,
                   f"a front with {label} is refused ({q.stderr.strip()[-140:]!r})")
+        # A draft host with TLS: a scheduler with the CA's certificate drafts through it, one with
+        # another CA's is refused and decodes without drafts (same text).
+        dport = free_port()
+        dh = subprocess.Popen([BIN, "worker", "--role", "draft", "--model-path", MODEL, "--port", str(dport),
+                              "--log-level", "warn", "--tls-certificate", f("worker.pem"), "--tls-key",
+                              f("worker.key"), "--tls-ca", f("ca.pem")], stdout=subprocess.PIPE, stderr=log, text=True)
+        PROCS.append(dh)
+        check(dh.stdout.readline().strip().endswith("(TLS)"), "a draft host listens with TLS")
+        gen = [BIN, "generate", "--model-path", MODEL, "--prompt", "Write a Python function that adds two numbers.",
+               "--chat", "--max-new-tokens", "32", "--json", "--speculative-draft-worker", f"127.0.0.1:{dport}"]
+        plain = json.loads(subprocess.run(gen[:-2] + ["--speculative-algorithm", "NONE"], capture_output=True,
+                                          text=True, timeout=120).stdout)
+        for label, cert, ok in (("the CA's", "front", True), ("another CA's", "stranger", False)):
+            g = subprocess.run(gen + ["--speculative-draft-worker-tls-certificate", f(f"{cert}.pem"),
+                                      "--speculative-draft-worker-tls-key", f(f"{cert}.key"),
+                                      "--speculative-draft-worker-tls-ca", f("ca.pem")],
+                               capture_output=True, text=True, timeout=120)
+            j = json.loads(g.stdout) if g.returncode == 0 else {}
+            spec = j.get("speculative", {})
+            if ok:
+                check(j.get("text") == plain["text"] and spec.get("accepted", 0) > 0,
+                      f"a scheduler with {label} certificate drafts through the TLS draft host (accepted "
+                      f"{spec.get('accepted')})")
+            else:
+                check(j.get("text") == plain["text"] and spec.get("drafted", 1) == 0 and "handshake" in g.stderr,
+                      f"a scheduler with {label} certificate is refused and decodes without drafts")
         q = subprocess.run([BIN, "worker", "--model-path", MODEL, "--host", "0.0.0.0", "--port", "0"],
                            capture_output=True, text=True, timeout=120)
         check(q.returncode == 2 and "--tls-certificate" in q.stderr,
