@@ -237,7 +237,8 @@ int pick(RouterState& st, const Pending& p, int avoid) {
 std::string reachability(const RouterState& st) {
   std::string s;
   for (const auto& r : st.replicas)
-    s += (s.empty() ? "" : "; ") + r.addr.text() + ": " + state_name(r.state) + (r.error.empty() ? "" : " (" + r.error + ")");
+    s += (s.empty() ? "" : "; ") + r.addr.text() + ": " + state_name(r.state) +
+         (r.error.empty() ? "" : " (" + r.error + ")");
   return s;
 }
 
@@ -297,8 +298,8 @@ void try_connect(router_actor* self, int i) {
   auto& st = self->state;
   Replica& r = st.replicas[i];
   r.state = ReplicaState::Connecting;
-  auto mm = st.opt.tls.on() ? self->system().openssl_manager().actor_handle()
-                            : self->system().middleman().actor_handle();
+  auto mm =
+      st.opt.tls.on() ? self->system().openssl_manager().actor_handle() : self->system().middleman().actor_handle();
   const std::string host = r.addr.host;
   const std::uint16_t port = r.addr.port;
   self->request(mm, std::chrono::seconds(5), caf::connect_atom::value, host, port)
@@ -500,8 +501,11 @@ struct Cluster::Impl {
     caf::scoped_actor self{*system};
     std::pair<std::vector<caf::actor>, nlohmann::json> out;
     self->request(router, std::chrono::seconds(30), caf::get_atom::value)
-        .receive([&](std::vector<caf::actor>& up, std::string& j) { out = {std::move(up), nlohmann::json::parse(j)}; },
-                 [&](caf::error& e) { throw std::runtime_error("the router did not answer: " + system->render(e)); });
+        .receive(
+            [&](std::vector<caf::actor>& up, std::string& j) {
+              out = {std::move(up), nlohmann::json::parse(j)};
+            },
+            [&](caf::error& e) { throw std::runtime_error("the router did not answer: " + system->render(e)); });
     return out;
   }
 };
@@ -530,8 +534,8 @@ std::unique_ptr<Cluster> Cluster::connect(const config::ServerArgs& args, const 
   impl->system = std::make_unique<caf::actor_system>(*impl->cfg);
   impl->router = impl->system->spawn(router, options, model_identity(impl->info));
   // Wait for the first replica.
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(options.connect_timeout_s * 1000));
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<std::int64_t>(options.connect_timeout_s * 1000));
   std::unique_ptr<Cluster> c(new Cluster(std::move(impl)));
   for (;;) {
     auto [up, j] = c->impl_->query();
@@ -551,8 +555,8 @@ std::unique_ptr<Cluster> Cluster::connect(const config::ServerArgs& args, const 
           e += ": the TLS handshake failed (do both sides' certificates chain to the CA the other trusts?)";
         why += "; " + r["address"].get<std::string>() + ": " + e;
       }
-      throw config::ConfigError("--workers: no worker answered within " + fmt::format("{:g}", options.connect_timeout_s) +
-                                " s" + why);
+      throw config::ConfigError("--workers: no worker answered within " +
+                                fmt::format("{:g}", options.connect_timeout_s) + " s" + why);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -598,9 +602,11 @@ EngineMetrics Cluster::metrics() {
     self->request(h, std::chrono::seconds(10), metrics_atom::value)
         .receive([&](EngineMetrics& m) { add_metrics(total, m); },
                  [&](caf::error& e) { total.target_error = "a worker's metrics: " + impl_->system->render(e); });
-  total.mean_accepted_length =
-      total.decode_steps ? static_cast<double>(total.decode_steps + total.accepted) / static_cast<double>(total.decode_steps) : 0.0;
-  total.acceptance_rate = total.drafted ? static_cast<double>(total.accepted) / static_cast<double>(total.drafted) : 0.0;
+  total.mean_accepted_length = total.decode_steps ? static_cast<double>(total.decode_steps + total.accepted) /
+                                                        static_cast<double>(total.decode_steps)
+                                                  : 0.0;
+  total.acceptance_rate =
+      total.drafted ? static_cast<double>(total.accepted) / static_cast<double>(total.drafted) : 0.0;
   return total;
 }
 
@@ -610,10 +616,11 @@ std::int64_t Cluster::flush_cache() {
   caf::scoped_actor self{*impl_->system};
   for (const auto& h : up)
     self->request(h, std::chrono::seconds(60), flush_atom::value)
-        .receive([&](std::int64_t x) { n += x; },
-                 [&](caf::error& e) {
-                   throw std::runtime_error("a worker's prefix cache could not be flushed: " + impl_->system->render(e));
-                 });
+        .receive(
+            [&](std::int64_t x) { n += x; },
+            [&](caf::error& e) {
+              throw std::runtime_error("a worker's prefix cache could not be flushed: " + impl_->system->render(e));
+            });
   return n;
 }
 

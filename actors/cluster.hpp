@@ -25,10 +25,10 @@ namespace specactor::actors {
 
 struct ClusterOptions {
   std::vector<WorkerAddress> workers;
-  double connect_timeout_s = 60;      // at start: how long to wait for the first replica to answer
-  double reconnect_interval_s = 1;    // how often a replica that is down is tried again
-  std::int64_t retries = 2;           // times a request that streamed nothing is moved to another replica
-  std::int64_t balance = 8;           // in-flight requests above the least loaded replica that override the prefix
+  double connect_timeout_s = 60;    // at start: how long to wait for the first replica to answer
+  double reconnect_interval_s = 1;  // how often a replica that is down is tried again
+  std::int64_t retries = 2;         // times a request that streamed nothing is moved to another replica
+  std::int64_t balance = 8;         // in-flight requests above the least loaded replica that override the prefix
   // cache-aware (the prefix, then the load), least-loaded (in turn among equals), round-robin.
   std::string routing = "cache-aware";
   TlsFiles tls;  // the workers listen with TLS: this front's certificate, key and the CA

@@ -100,12 +100,13 @@ caf::behavior replica(caf::stateful_actor<ReplicaState>* self, Engine* engine) {
         }
       },
       [self, engine](cancel_atom, std::uint64_t fid) {
-        const auto it = self->state.live.find({self->current_sender() ? self->current_sender()->address()
-                                                                        : caf::actor_addr{},
-                                               fid});
+        const auto it = self->state.live.find(
+            {self->current_sender() ? self->current_sender()->address() : caf::actor_addr{}, fid});
         if (it != self->state.live.end()) engine->cancel(it->second);
       },
-      [self](release_atom, const caf::actor_addr& front, std::uint64_t fid) { self->state.live.erase({front, fid}); },
+      [self](release_atom, const caf::actor_addr& front, std::uint64_t fid) {
+        self->state.live.erase({front, fid});
+      },
       [engine](metrics_atom) -> EngineMetrics { return engine->metrics(); },
       [engine](flush_atom) -> std::int64_t { return engine->flush_cache(); },
   };
@@ -153,8 +154,8 @@ caf::behavior draft_host(caf::stateful_actor<DraftHostState>* self, std::shared_
         auto& list = self->state.workers[scheduler.address()];
         if (list.empty()) self->monitor(scheduler);
         list.push_back(w);
-        spdlog::info("draft host: a draft worker for {} (draft snapshot {})", config::to_string(snap->speculative_algorithm),
-                     config::hash_hex(config::content_hash(*snap)));
+        spdlog::info("draft host: a draft worker for {} (draft snapshot {})",
+                     config::to_string(snap->speculative_algorithm), config::hash_hex(config::content_hash(*snap)));
         return w;
       },
   };

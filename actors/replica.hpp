@@ -27,11 +27,11 @@ struct WorkerOptions {
 };
 
 // `specactor worker`: loads the engine, publishes the replica on host:port (a port another process
-// holds is refused; an address other than loopback needs TLS or allow_insecure), prints "specactor worker: listening on HOST:PORT" on stdout, and serves until
-// SIGINT or SIGTERM; requests in flight then end with an error event. `on_listening` (tests) gets
-// the bound port. Returns the exit status.
-// With role "draft" it loads the target model's weights and tokenizer (heads share them; the
-// target's KV stays with the target) and spawns a draft worker for each scheduler that asks
+// holds is refused; an address other than loopback needs TLS or allow_insecure), prints "specactor worker: listening on
+// HOST:PORT" on stdout, and serves until SIGINT or SIGTERM; requests in flight then end with an error event.
+// `on_listening` (tests) gets the bound port. Returns the exit status. With role "draft" it loads the target model's
+// weights and tokenizer (heads share them; the target's KV stays with the target) and spawns a draft worker for each
+// scheduler that asks
 // (--speculative-draft-worker), from the draft snapshot that scheduler derived and sent; a worker
 // ends when its scheduler goes away.
 int run_worker(const config::ServerArgs& args, const WorkerOptions& options);

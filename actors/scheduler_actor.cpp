@@ -128,7 +128,8 @@ void connect_draft(Self self, bool initial) {
     return draft_unavailable(self, e.what(), initial);
   }
   if (!self->system().has_middleman())
-    return draft_unavailable(self, flag + ": this actor system has no network layer (load caf::io::middleman)", initial);
+    return draft_unavailable(self, flag + ": this actor system has no network layer (load caf::io::middleman)",
+                             initial);
   const std::string where = addr[0].text();
   // With --speculative-draft-worker-tls-* the engine's system has the OpenSSL manager: TLS, each
   // side's certificate checked against its CA.

@@ -2,13 +2,13 @@
 
 #include <caf/io/middleman.hpp>
 #include <caf/openssl/manager.hpp>
+#include <caf/timestamp.hpp>
+#include <chrono>
 #include <fstream>
 
 #include "actors/draft_worker.hpp"
 #include "config/error.hpp"
 #include "config/input.hpp"
-#include <caf/timestamp.hpp>
-#include <chrono>
 
 namespace specactor::actors {
 
@@ -53,13 +53,12 @@ std::string model_identity(const model::ModelInfo& info) {
 
 void check_tls(const TlsFiles& tls, const std::string& prefix) {
   if (!tls.on()) return;
-  for (auto [name, path] : {std::pair{"certificate", &tls.certificate}, std::pair{"key", &tls.key},
-                            std::pair{"ca", &tls.ca}}) {
+  for (auto [name, path] :
+       {std::pair{"certificate", &tls.certificate}, std::pair{"key", &tls.key}, std::pair{"ca", &tls.ca}}) {
     if (path->empty())
       throw config::ConfigError(prefix + name + ": is required with the other TLS flags (" + prefix + "certificate, " +
                                 prefix + "key and " + prefix + "ca: all three or none)");
-    if (!std::ifstream(*path).good())
-      throw config::ConfigError(prefix + name + " " + *path + ": cannot open the file");
+    if (!std::ifstream(*path).good()) throw config::ConfigError(prefix + name + " " + *path + ": cannot open the file");
   }
 }
 

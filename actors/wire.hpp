@@ -47,8 +47,7 @@ std::enable_if_t<Inspector::reads_state, typename Inspector::result_type> inspec
 }
 
 template <class Inspector>
-std::enable_if_t<Inspector::writes_state, typename Inspector::result_type> inspect(Inspector& f,
-                                                                                   GenerationRequest& x) {
+std::enable_if_t<Inspector::writes_state, typename Inspector::result_type> inspect(Inspector& f, GenerationRequest& x) {
   bool has_seed = false;
   std::uint64_t seed = 0;
   auto result = f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages,
@@ -60,8 +59,8 @@ std::enable_if_t<Inspector::writes_state, typename Inspector::result_type> inspe
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RequestMetrics& x) {
   return f(caf::meta::type_name("request_metrics"), x.prompt_tokens, x.generated_tokens, x.time_to_first_token_ms,
-           x.decode_tokens_per_s, x.steps, x.drafted, x.accepted, x.mean_accepted_length, x.fallbacks,
-           x.budget_skipped, x.drafted_at, x.accepted_at, x.cached_tokens);
+           x.decode_tokens_per_s, x.steps, x.drafted, x.accepted, x.mean_accepted_length, x.fallbacks, x.budget_skipped,
+           x.drafted_at, x.accepted_at, x.cached_tokens);
 }
 
 template <class Inspector>
@@ -76,11 +75,10 @@ typename Inspector::result_type inspect(Inspector& f, EngineMetrics& x) {
            x.requests_cancelled, x.running, x.queued, x.generated_tokens, x.steps, x.decode_steps, x.speculative_steps,
            x.drafted, x.accepted, x.mean_accepted_length, x.acceptance_rate, x.draft_failures, x.draft_error,
            x.fallback_steps, x.adaptive, x.budget_skipped_steps, x.verified_nodes, x.calibration_error,
-           x.calibrated_nodes, x.step_cost, x.step_ms_1, x.draft_alive, x.algorithm, x.step_wall_ms,
-           x.step_compute_ms, x.draft_ms, x.drafted_at, x.accepted_at, x.target_error, x.kv_pages_total,
-           x.kv_pages_free, x.prefix_cache, x.cache_query_tokens, x.cache_hit_tokens, x.cache_pages,
-           x.cache_evicted_pages, x.draft_cache_query_tokens, x.draft_cache_hit_tokens, x.draft_cache_pages,
-           x.draft_cache_evicted_pages);
+           x.calibrated_nodes, x.step_cost, x.step_ms_1, x.draft_alive, x.algorithm, x.step_wall_ms, x.step_compute_ms,
+           x.draft_ms, x.drafted_at, x.accepted_at, x.target_error, x.kv_pages_total, x.kv_pages_free, x.prefix_cache,
+           x.cache_query_tokens, x.cache_hit_tokens, x.cache_pages, x.cache_evicted_pages, x.draft_cache_query_tokens,
+           x.draft_cache_hit_tokens, x.draft_cache_pages, x.draft_cache_evicted_pages);
 }
 
 }  // namespace specactor::sched
@@ -93,14 +91,14 @@ using draft_atom = caf::atom_constant<caf::atom("draft")>;
 
 // What a replica says about itself when a front connects.
 struct ReplicaInfo {
-  std::string model_json;            // model_identity(): the front refuses a replica of another model
-  config::Snapshot target;           // the replica's resolved target snapshot (as its engine holds it)
-  std::string target_hash;           // its content hash before the draft snapshot was derived
-  SnapshotReport snapshots;          // the objects its scheduler and workers hold (hashes on the front's side)
-  std::int64_t max_running = 0;      // --max-running-requests
-  std::int64_t context_length = 0;   // the resolved context length
-  std::string host;                  // the host name the replica runs on
-  std::int64_t pid = 0;              // its process id
+  std::string model_json;           // model_identity(): the front refuses a replica of another model
+  config::Snapshot target;          // the replica's resolved target snapshot (as its engine holds it)
+  std::string target_hash;          // its content hash before the draft snapshot was derived
+  SnapshotReport snapshots;         // the objects its scheduler and workers hold (hashes on the front's side)
+  std::int64_t max_running = 0;     // --max-running-requests
+  std::int64_t context_length = 0;  // the resolved context length
+  std::string host;                 // the host name the replica runs on
+  std::int64_t pid = 0;             // its process id
   // Computed on the replica's side: the content hashes of what its target and draft workers hold
   // (the front hashes what it received beside them), and whether they hold the very objects the
   // scheduler resolved and derived (pointer identity cannot be seen across the wire).

@@ -883,16 +883,18 @@ int cmd_devices() {
 // A front (serve --workers) runs no model: the engine's settings belong to each worker, so any but
 // these is refused rather than ignored.
 void front_flags_only(const std::vector<std::string>& rest) {
-  static const std::vector<std::string> front = {"--model-path", "-m",          "--tokenizer-path", "--skip-tokenizer-init",
-                                                 "--host",       "--port",      "--log-level"};
+  static const std::vector<std::string> front = {"--model-path", "-m",     "--tokenizer-path", "--skip-tokenizer-init",
+                                                 "--host",       "--port", "--log-level"};
   for (const auto& a : rest) {
     if (a.rfind("-", 0) != 0 || a == "-") continue;
     const std::string flag = a.substr(0, a.find('='));
-    if (std::find(front.begin(), front.end(), flag) == front.end() && flag.find_first_not_of("-0123456789.") != std::string::npos)
-      throw sc::ConfigError(flag +
-                            ": the workers run the model, so give it to each `specactor worker`; a front with --workers "
-                            "takes only --model-path, --tokenizer-path, --skip-tokenizer-init, --host, --port and "
-                            "--log-level besides its own flags");
+    if (std::find(front.begin(), front.end(), flag) == front.end() &&
+        flag.find_first_not_of("-0123456789.") != std::string::npos)
+      throw sc::ConfigError(
+          flag +
+          ": the workers run the model, so give it to each `specactor worker`; a front with --workers "
+          "takes only --model-path, --tokenizer-path, --skip-tokenizer-init, --host, --port and "
+          "--log-level besides its own flags");
   }
 }
 
@@ -1015,9 +1017,10 @@ int run(int argc, char** argv) {
   worker->add_option("--tls-certificate", worker_opts.tls.certificate, "this worker's certificate (PEM) for TLS");
   worker->add_option("--tls-key", worker_opts.tls.key, "its private key (PEM)");
   worker->add_option("--tls-ca", worker_opts.tls.ca, "the CA (PEM) a front's certificate must chain to");
-  worker->add_option("--role", worker_opts.role,
-                     "target: an engine replica for a front (default); draft: draft workers for schedulers that "
-                     "give --speculative-draft-worker HOST:PORT")
+  worker
+      ->add_option("--role", worker_opts.role,
+                   "target: an engine replica for a front (default); draft: draft workers for schedulers that "
+                   "give --speculative-draft-worker HOST:PORT")
       ->check(CLI::IsMember({"target", "draft"}));
   worker->add_flag("--allow-insecure", worker_opts.allow_insecure,
                    "plain TCP on an address other than loopback (a network you trust)");
@@ -1104,8 +1107,10 @@ int run(int argc, char** argv) {
     serve_opts.api_key_given = serve_opts.api_key_given || serve->count("--api-key") > 0;
     serve_opts.max_connections_given = serve->count("--max-connections") > 0;
     specactor::server::check_serve_options(serve_opts);  // before the model loads
-    for (const char* f : {"--routing", "--workers-wait", "--worker-tls-certificate", "--worker-tls-key", "--worker-tls-ca"})
-      if (serve->count(f) && serve_opts.workers.empty()) throw sc::ConfigError(std::string(f) + ": applies only with --workers");
+    for (const char* f :
+         {"--routing", "--workers-wait", "--worker-tls-certificate", "--worker-tls-key", "--worker-tls-ca"})
+      if (serve->count(f) && serve_opts.workers.empty())
+        throw sc::ConfigError(std::string(f) + ": applies only with --workers");
     const auto rest = server_rest(*serve);
     if (!serve_opts.workers.empty()) front_flags_only(rest);
     const sc::ServerArgs args = sc::parse_server_args(rest);

@@ -33,7 +33,7 @@ struct ServeOptions {
   // runs in this process.
   std::string workers;
   std::string routing = "cache-aware";  // with workers: cache-aware | least-loaded | round-robin
-  double workers_wait_seconds = 60;  // with workers: how long to wait at start for the first one
+  double workers_wait_seconds = 60;     // with workers: how long to wait at start for the first one
   std::string worker_tls_certificate, worker_tls_key, worker_tls_ca;  // with workers: TLS (all three or none)
 };
 

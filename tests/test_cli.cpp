@@ -134,8 +134,7 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
        "--speculative-draft-worker: '127.0.0.1': no port"},
       {"worker --model-path " + tiny_model() + " --port 0 --tls-certificate /etc/hostname",
        "--tls-key: is required with the other TLS flags"},
-      {"worker --model-path " + tiny_model() + " --port 0 --role both",
-       "--role"},
+      {"worker --model-path " + tiny_model() + " --port 0 --role both", "--role"},
       {"worker --model-path " + tiny_model() + " --port 70000",
        "specactor: error: --port: must be in [0, 65535] (got 70000; 0 picks a free one)"},
   };
@@ -187,8 +186,8 @@ TEST_CASE("specactor bench --sweep: the budget beside fixed shapes in one run, c
   const fs::path p = fs::temp_directory_path() / ("specactor_sweep." + std::to_string(::getpid()) + ".jsonl");
   std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"Count: one, two, one, two, one, two,\"}\n"
                    << "{\"category\": \"code\", \"prompt\": \"def f(x):\\n    return x\\ndef g(x):\\n    return\"}\n";
-  const std::string base = "bench --model-path " + model + " --speculative-algorithm NGRAM --prompts " +
-                           p.string() + " --max-new-tokens 6 --repeats 1 --concurrency 0 --json --sweep";
+  const std::string base = "bench --model-path " + model + " --speculative-algorithm NGRAM --prompts " + p.string() +
+                           " --max-new-tokens 6 --repeats 1 --concurrency 0 --json --sweep";
   const Run r = run(base);
   const Run fixed_only = run(base + " --speculative-adaptive false");
   fs::remove(p);
