@@ -280,6 +280,9 @@ def main():
               "each replica's draft snapshot hash is the same on both sides of the wire")
         check(all(r["target_worker_holds_resolved_object"] for r in reps),
               "each replica's target worker holds its scheduler's resolved snapshot object")
+        gen, pages = metric(front, "specactor:generation_tokens_total"), metric(front, "specactor:kv_pages_total")
+        check(gen is not None and gen >= 64 and pages == 3 * metric(single, "specactor:kv_pages_total"),
+              f"the front's /metrics sums its replicas' ({gen} tokens generated, {pages} KV pages)")
 
         print("cluster-e2e: kill -9 of a worker while 64 streams run", flush=True)
         ref_long, threads = run_streams(single, ps, 48)
