@@ -69,7 +69,6 @@ typename Inspector::result_type inspect(Inspector& f, TokenEvent& x) {
            x.invalid_request, x.metrics);
 }
 
-
 }  // namespace specactor::sched
 
 namespace specactor::actors {
