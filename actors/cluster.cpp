@@ -140,13 +140,8 @@ struct RouterState {
   static void deliver_end(std::uint64_t id, Pending& p, const std::string& why) {
     if (p.ended) return;
     p.ended = true;
-    TokenEvent ev;
-    ev.id = id;
-    ev.finished = true;
-    ev.finish_reason = "error";
-    ev.error = why;
     try {
-      p.sub->on_token(ev);
+      p.sub->on_token(TokenEvent::final_error(id, why));
     } catch (const std::exception&) {
     }
   }

@@ -74,13 +74,8 @@ std::unique_ptr<Engine::Impl> start(caf::actor_system& sys, config::Snapshot tar
       std::lock_guard<std::mutex> lock(d->m);
       if (d->done) continue;
       d->done = true;
-      TokenEvent ev;
-      ev.id = id;
-      ev.finished = true;
-      ev.finish_reason = "error";
-      ev.error = why;
       try {
-        d->on_token(ev);
+        d->on_token(TokenEvent::final_error(id, why));
       } catch (const std::exception&) {  // the host's callback; nothing more to tell it
       }
     }

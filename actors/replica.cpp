@@ -83,13 +83,7 @@ caf::behavior replica(caf::stateful_actor<ReplicaState>* self, Engine* engine) {
           if (ev.finished) caf::anon_send(me, release_atom::value, addr, fid);
         };
         auto fail = [&](const std::string& why, bool invalid) {
-          TokenEvent ev;
-          ev.id = fid;
-          ev.finished = true;
-          ev.finish_reason = "error";
-          ev.error = why;
-          ev.invalid_request = invalid;
-          caf::anon_send(front, event_atom::value, fid, std::move(ev));
+          caf::anon_send(front, event_atom::value, fid, TokenEvent::final_error(fid, why, invalid));
         };
         try {
           self->state.live[{addr, fid}] = engine->submit(std::move(req), on_event);

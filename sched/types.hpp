@@ -54,6 +54,17 @@ struct TokenEvent {
   std::string error;             // set when finish_reason is "error"
   bool invalid_request = false;  // the error is the request's own (bad prompt, budget), not the engine's
   RequestMetrics metrics;        // filled on the final event
+
+  // A request's final event when it ends with an error.
+  static TokenEvent final_error(std::uint64_t id, std::string why, bool invalid = false) {
+    TokenEvent ev;
+    ev.id = id;
+    ev.finished = true;
+    ev.finish_reason = "error";
+    ev.error = std::move(why);
+    ev.invalid_request = invalid;
+    return ev;
+  }
 };
 
 struct GenerationResult {
