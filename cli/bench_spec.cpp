@@ -212,7 +212,7 @@ void write_chart(const std::string& path, const std::vector<Setting>& settings) 
   o << "</svg>\n";
 }
 
-// Where a mode's concurrent batches spent their time (summed over its batches; engine metrics deltas).
+// Where a mode's concurrent runs spent their time (summed over its runs; engine metrics deltas).
 struct ConcurrentTime {
   double wall_ms = 0, step_wall_ms = 0, compute_ms = 0, draft_ms = 0;
   std::int64_t steps = 0, tokens = 0;
@@ -222,33 +222,54 @@ struct ConcurrentTime {
   }
 };
 
-// One batch of n concurrent chat requests (the prompts in turn), all plain or all speculative:
-// generated tokens ÷ wall time from the first submission to the last completion.
-double concurrent_batch(sa::Engine& engine, const std::vector<Prompt>& prompts, std::int64_t n, std::int64_t max_new,
-                        bool speculative, ConcurrentTime* time = nullptr) {
+// A run of n concurrent chat requests, all plain or all speculative, as n clients that each send
+// their next request when the last one ends: `total` requests in all (the prompts in turn). Two
+// figures from the same run:
+//   steady — tokens streamed while n requests were in flight (from the first submission until the
+//            last request was submitted) ÷ that time: what a server holding n requests delivers;
+//   drain  — every token ÷ (first submission → last completion), which adds the tail where fewer
+//            than n run and the run waits for its slowest requests.
+struct ConcurrentRate {
+  double steady = 0, drain = 0;
+};
+ConcurrentRate concurrent_run(sa::Engine& engine, const std::vector<Prompt>& prompts, std::int64_t n,
+                              std::int64_t total, std::int64_t max_new, bool speculative,
+                              ConcurrentTime* time = nullptr) {
   std::mutex mu;
   std::condition_variable cv;
-  std::int64_t done = 0, tokens = 0;
+  std::int64_t in_flight = 0, tokens = 0;
   std::string error;
   const sa::EngineMetrics before = engine.metrics();
   const auto t0 = std::chrono::steady_clock::now();
-  for (std::int64_t i = 0; i < n; ++i) {
+  auto on_event = [&](const sa::TokenEvent& ev) {
+    std::lock_guard<std::mutex> lock(mu);
+    tokens += static_cast<std::int64_t>(ev.tokens.size());
+    if (!ev.finished) return;
+    --in_flight;
+    if (!ev.error.empty()) error = ev.error;
+    cv.notify_all();
+  };
+  std::int64_t steady_tokens = 0;
+  double steady_s = 0;
+  std::unique_lock<std::mutex> lock(mu);
+  for (std::int64_t i = 0; i < total; ++i) {
+    cv.wait(lock, [&] { return in_flight < n || !error.empty(); });
+    if (!error.empty()) break;
+    if (i == total - 1 && total > n) {  // the window closes as the last request goes in
+      steady_tokens = tokens;
+      steady_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    ++in_flight;
     sa::GenerationRequest r;
     r.prompt = prompts[static_cast<std::size_t>(i) % prompts.size()].text;
     r.chat = true;
     r.max_new_tokens = max_new;
     r.speculative = speculative;
-    engine.submit(r, [&](const sa::TokenEvent& ev) {
-      if (!ev.finished) return;
-      std::lock_guard<std::mutex> lock(mu);
-      ++done;
-      tokens += ev.metrics.generated_tokens;
-      if (!ev.error.empty()) error = ev.error;
-      cv.notify_all();
-    });
+    lock.unlock();
+    engine.submit(r, on_event);
+    lock.lock();
   }
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done == n; });
+  cv.wait(lock, [&] { return in_flight == 0; });
   if (!error.empty()) throw std::runtime_error("bench: " + error);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (time) {
@@ -260,20 +281,26 @@ double concurrent_batch(sa::Engine& engine, const std::vector<Prompt>& prompts, 
     time->draft_ms += after.draft_ms - before.draft_ms;
     time->tokens += tokens;
   }
-  return s > 0 ? static_cast<double>(tokens) / s : 0.0;
+  ConcurrentRate rate;
+  rate.drain = s > 0 ? static_cast<double>(tokens) / s : 0.0;
+  rate.steady = steady_s > 0 ? static_cast<double>(steady_tokens) / steady_s : rate.drain;
+  return rate;
 }
 
 // Best of `repeats` rounds; a round is two fresh engines, each warmed up on other prompts, one running
-// the batch plain then speculative, the other speculative then plain. A drafter that remembers
-// requests (SUFFIX) never sees these prompts' outputs before its speculative batch.
+// plain then speculative, the other speculative then plain. A drafter that remembers requests
+// (SUFFIX) never sees these prompts' outputs before its speculative run. Requests per run: every
+// prompt at least once and at least 6 per client, so the steady window holds several turns of each.
 struct ConcurrentResult {
-  double plain = 0, spec = 0;
+  ConcurrentRate plain, spec;
+  std::int64_t requests = 0;
   sa::EngineMetrics metrics;
   ConcurrentTime plain_time, spec_time;
 };
 ConcurrentResult run_concurrent(const std::vector<std::string>& args, const std::vector<Prompt>& prompts,
                                 std::int64_t n, std::int64_t max_new, int repeats) {
   ConcurrentResult out;
+  out.requests = std::max<std::int64_t>(static_cast<std::int64_t>(prompts.size()), 6 * n);
   // Warm-up prompts outside the set: the engine's cost and acceptance models start from real steps
   // of this batch size, as they would in a server that has been running.
   std::vector<Prompt> warm;
@@ -282,12 +309,13 @@ ConcurrentResult run_concurrent(const std::vector<std::string>& args, const std:
   for (int k = 0; k < repeats; ++k)
     for (bool plain_first : {true, false}) {  // plain then speculative, then the other way round
       auto engine = sa::Engine::from_argv(args);
-      concurrent_batch(*engine, warm, n, max_new, true);
+      concurrent_run(*engine, warm, n, n, max_new, true);
       for (bool speculative : {!plain_first, plain_first}) {
-        const double v =
-            concurrent_batch(*engine, prompts, n, max_new, speculative, speculative ? &out.spec_time : &out.plain_time);
-        double& best = speculative ? out.spec : out.plain;
-        best = std::max(best, v);
+        const ConcurrentRate v = concurrent_run(*engine, prompts, n, out.requests, max_new, speculative,
+                                                speculative ? &out.spec_time : &out.plain_time);
+        ConcurrentRate& best = speculative ? out.spec : out.plain;
+        best.steady = std::max(best.steady, v.steady);
+        best.drain = std::max(best.drain, v.drain);
       }
       add_metrics(out.metrics, engine->metrics());
       engine->shutdown();
@@ -485,9 +513,13 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
         const ConcurrentResult r = run_concurrent(args, prompts, n, max_new, repeats);
         j["concurrent"].push_back(
             {{"requests", n},
-             {"plain_tokens_per_s", r.plain},
-             {"speculative_tokens_per_s", r.spec},
-             {"ratio", r.plain > 0 ? r.spec / r.plain : 0.0},
+             {"requests_per_run", r.requests},
+             {"plain_tokens_per_s", r.plain.steady},
+             {"speculative_tokens_per_s", r.spec.steady},
+             {"ratio", r.plain.steady > 0 ? r.spec.steady / r.plain.steady : 0.0},
+             {"drain_plain_tokens_per_s", r.plain.drain},
+             {"drain_speculative_tokens_per_s", r.spec.drain},
+             {"drain_ratio", r.plain.drain > 0 ? r.spec.drain / r.plain.drain : 0.0},
              {"time", {{"plain", r.plain_time.to_json()}, {"speculative", r.spec_time.to_json()}}},
              {"budget", budget_json(r.metrics)}});
       }
@@ -532,9 +564,12 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
   }
   for (const auto& c : j["concurrent"]) {
     std::cout << fmt::format(
-        "\nconcurrent: {} requests ({}): aggregate {:.1f} tok/s plain, {:.1f} tok/s speculative = {:.2f}x\n",
-        c["requests"].get<std::int64_t>(), best->label, c["plain_tokens_per_s"].get<double>(),
-        c["speculative_tokens_per_s"].get<double>(), c["ratio"].get<double>());
+        "\nconcurrent: {} requests in flight ({}, {} requests a run): aggregate {:.1f} tok/s plain, {:.1f} tok/s "
+        "speculative = {:.2f}x while {} were in flight; {:.2f}x to the last completion ({:.1f} / {:.1f} tok/s)\n",
+        c["requests"].get<std::int64_t>(), best->label, c["requests_per_run"].get<std::int64_t>(),
+        c["plain_tokens_per_s"].get<double>(), c["speculative_tokens_per_s"].get<double>(), c["ratio"].get<double>(),
+        c["requests"].get<std::int64_t>(), c["drain_ratio"].get<double>(),
+        c["drain_plain_tokens_per_s"].get<double>(), c["drain_speculative_tokens_per_s"].get<double>());
     for (const char* mode : {"plain", "speculative"}) {
       const auto& t = c["time"][mode];
       const auto steps = std::max<std::int64_t>(1, t["target_steps"].get<std::int64_t>());

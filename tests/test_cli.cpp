@@ -223,6 +223,35 @@ TEST_CASE("specactor bench --sweep: the budget beside fixed shapes in one run, c
   CHECK_FALSE(k.contains("budget_vs_best_fixed"));
 }
 
+TEST_CASE("specactor bench --concurrency: n requests in flight over the prompts, both modes the same work") {
+  const std::string model = default_model();
+  if (model.empty()) {
+    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
+    return;
+  }
+  const fs::path p = fs::temp_directory_path() / ("specactor_conc." + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"Count: one, two, one, two, one, two,\"}\n"
+                   << "{\"category\": \"code\", \"prompt\": \"def f(x):\\n    return x\\ndef g(x):\\n    return\"}\n";
+  const Run r = run("bench --model-path " + model + " --speculative-algorithm NGRAM --prompts " + p.string() +
+                    " --max-new-tokens 6 --repeats 1 --concurrency 3 --json");
+  fs::remove(p);
+  REQUIRE_MESSAGE(r.rc == 0, r.err);
+  const json j = json::parse(r.out);
+  REQUIRE(j["concurrent"].size() == 1);
+  const json& c = j["concurrent"][0];
+  CHECK(c["requests"] == 3);
+  CHECK(c["requests_per_run"] == 18);  // at least 6 per client, every prompt at least once
+  // Two runs per mode (both orders), every request streamed: the same tokens plain and speculative.
+  const auto plain = c["time"]["plain"]["tokens"].get<std::int64_t>();
+  CHECK(plain > 2 * 18);
+  CHECK(plain <= 2 * 18 * 6);
+  CHECK(c["time"]["speculative"]["tokens"].get<std::int64_t>() == plain);
+  CHECK(c["ratio"].get<double>() ==
+        doctest::Approx(c["speculative_tokens_per_s"].get<double>() / c["plain_tokens_per_s"].get<double>()));
+  CHECK(c["drain_plain_tokens_per_s"].get<double>() > 0);
+  CHECK(c["drain_speculative_tokens_per_s"].get<double>() > 0);
+}
+
 TEST_CASE("specactor bench: a malformed prompt file names the file and the line") {
   const fs::path p = fs::temp_directory_path() / ("specactor_prompts." + std::to_string(::getpid()) + ".jsonl");
   std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"hi\"}\n{oops\n";
