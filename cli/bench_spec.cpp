@@ -18,6 +18,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -36,7 +37,12 @@ namespace {
 
 struct Prompt {
   std::string category, text;
+  std::int64_t max_new = 0;  // its own "max_new_tokens" (0: the run's --max-new-tokens)
 };
+
+// A prompt may contain {previous}: the answer to the prompt before it goes there (an edit loop that
+// rewrites the same file again and again). See resolve_chain.
+constexpr std::string_view kPrevious = "{previous}";
 
 struct Run {
   std::vector<std::int32_t> tokens;
@@ -107,10 +113,60 @@ std::vector<Prompt> load_prompts(const std::string& path) {
                             ": expected {\"category\": ..., \"prompt\": \"...\"}");
     if (j.contains("category") && !j["category"].is_string())
       throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) + ": \"category\" must be a string");
-    out.push_back({j.value("category", "all"), j["prompt"].get<std::string>()});
+    Prompt pr{j.value("category", "all"), j["prompt"].get<std::string>()};
+    if (j.contains("max_new_tokens")) {
+      const json& m = j["max_new_tokens"];
+      if (!m.is_number_integer() || m.get<std::int64_t>() < 1 || m.get<std::int64_t>() > 4096)
+        throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) +
+                              ": \"max_new_tokens\" must be an integer from 1 to 4096");
+      pr.max_new = m.get<std::int64_t>();
+    }
+    if (out.empty() && pr.text.find(kPrevious) != std::string::npos)
+      throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) +
+                            ": {previous} in the first prompt: there is no answer before it to put there");
+    out.push_back(std::move(pr));
   }
   if (out.empty()) throw sc::ConfigError("--prompts " + path + ": no prompts");
   return out;
+}
+
+// What of an answer goes into the next prompt's {previous}: the first fenced block's contents (a
+// model that rewrites a file usually fences it and talks around it), else the whole answer.
+std::string answer_body(const std::string& text) {
+  const auto open = text.find("```");
+  if (open == std::string::npos) return text;
+  const auto body = text.find('\n', open);
+  if (body == std::string::npos) return text;
+  const auto close = text.find("```", body + 1);
+  return text.substr(body + 1, close == std::string::npos ? std::string::npos : close - body - 1);
+}
+
+// Fills every {previous} with the answer to the prompt before it (greedy, plain, in an engine of its
+// own, so no drafter being measured has seen these answers). Greedy decoding is deterministic and
+// speculation lossless, so the measured runs answer the earlier prompts the same way.
+std::vector<Prompt> resolve_chain(const std::vector<std::string>& args, std::vector<Prompt> prompts,
+                                  std::int64_t max_new) {
+  bool any = false;
+  for (const auto& p : prompts) any = any || p.text.find(kPrevious) != std::string::npos;
+  if (!any) return prompts;
+  spdlog::info("bench: answering the prompts that a {{previous}} refers to");
+  auto engine = sa::Engine::from_argv(args);
+  for (std::size_t i = 0; i + 1 < prompts.size(); ++i) {
+    if (prompts[i + 1].text.find(kPrevious) == std::string::npos) continue;
+    sa::GenerationRequest r;
+    r.prompt = prompts[i].text;
+    r.chat = true;
+    r.max_new_tokens = prompts[i].max_new > 0 ? prompts[i].max_new : max_new;
+    r.speculative = false;
+    const sa::GenerationResult g = engine->generate(r);
+    if (!g.error.empty()) throw std::runtime_error("bench: prompt " + std::to_string(i + 1) + ": " + g.error);
+    const std::string body = answer_body(g.text);
+    std::string& next = prompts[i + 1].text;
+    for (auto at = next.find(kPrevious); at != std::string::npos; at = next.find(kPrevious, at + body.size()))
+      next.replace(at, kPrevious.size(), body);
+  }
+  engine->shutdown();
+  return prompts;
 }
 
 // Plain and speculative decoding of every prompt, alternating per prompt (a request can opt out of
@@ -135,7 +191,7 @@ void run_prompts(const std::vector<std::string>& args, const std::vector<Prompt>
       sa::GenerationRequest r;
       r.prompt = prompts[i].text;
       r.chat = true;
-      r.max_new_tokens = max_new;
+      r.max_new_tokens = prompts[i].max_new > 0 ? prompts[i].max_new : max_new;
       // The order alternates between rounds: whichever runs second on a prompt decodes measurably
       // slower (~4 % here, on prompts that drafted nothing), so a fixed order would favour one side.
       const bool spec_first = k % 2 == 1;
@@ -261,9 +317,10 @@ ConcurrentRate concurrent_run(sa::Engine& engine, const std::vector<Prompt>& pro
     }
     ++in_flight;
     sa::GenerationRequest r;
-    r.prompt = prompts[static_cast<std::size_t>(i) % prompts.size()].text;
+    const Prompt& p = prompts[static_cast<std::size_t>(i) % prompts.size()];
+    r.prompt = p.text;
     r.chat = true;
-    r.max_new_tokens = max_new;
+    r.max_new_tokens = p.max_new > 0 ? p.max_new : max_new;
     r.speculative = speculative;
     lock.unlock();
     engine.submit(r, on_event);
@@ -365,7 +422,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
                       const std::vector<std::int64_t>& concurrency) {
   const sc::ServerArgs user = sc::parse_server_args(server_args);
   const std::string algo(sc::to_string(user.speculative_algorithm));
-  const std::vector<Prompt> prompts = load_prompts(prompts_path);
+  std::vector<Prompt> loaded = load_prompts(prompts_path);
 
   // With --sweep the grid replaces the user's own shape flags.
   std::vector<std::string> spec_base;
@@ -379,6 +436,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     spec_base.push_back(a);
   }
   spec_base.insert(spec_base.end(), {"--log-level", "warn"});
+  const std::vector<Prompt> prompts = resolve_chain(spec_base, std::move(loaded), max_new);
 
   std::vector<Setting> settings;
   // With the budget on (the default), the sweep's first row is the budget at the drafter's default
@@ -466,7 +524,9 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
                             {"tau", s.runs[i].tau},
                             {"drafted", s.runs[i].drafted},
                             {"accepted", s.runs[i].accepted},
-                            {"identical", s.runs[i].tokens == s.plain[i].tokens}});
+                            {"identical", s.runs[i].tokens == s.plain[i].tokens},
+                            {"generated_tokens", s.plain[i].tokens.size()},
+                            {"prompt", prompts[i].text}});
     j["settings"].push_back({{"label", s.label},
                              {"flags", s.flags},
                              {"median_speedup", s.median_speedup},
@@ -589,7 +649,9 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
 std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& server_args,
                                            const std::vector<DrafterChoice>& drafters, const std::string& prompts_path,
                                            std::int64_t max_new, int repeats) {
-  const std::vector<Prompt> prompts = load_prompts(prompts_path);
+  std::vector<std::string> plain_args = server_args;
+  plain_args.insert(plain_args.end(), {"--log-level", "warn"});
+  const std::vector<Prompt> prompts = resolve_chain(plain_args, load_prompts(prompts_path), max_new);
   std::vector<DrafterRow> rows;
   for (const auto& d : drafters) {
     DrafterRow row;

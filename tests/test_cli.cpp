@@ -252,6 +252,30 @@ TEST_CASE("specactor bench --concurrency: n requests in flight over the prompts,
   CHECK(c["drain_speculative_tokens_per_s"].get<double>() > 0);
 }
 
+TEST_CASE("specactor bench: a prompt's own max_new_tokens, and {previous} filled with the answer before it") {
+  const std::string model = default_model();
+  if (model.empty()) {
+    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
+    return;
+  }
+  const fs::path p = fs::temp_directory_path() / ("specactor_chain." + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(p) << "{\"category\": \"edit\", \"prompt\": \"Write one line of Python.\", \"max_new_tokens\": 5}\n"
+                   << "{\"category\": \"edit\", \"prompt\": \"Here is a file:\\n{previous}\\nRepeat it.\"}\n";
+  const Run r = run("bench --model-path " + model + " --speculative-algorithm NGRAM --prompts " + p.string() +
+                    " --max-new-tokens 7 --repeats 1 --concurrency 0 --json");
+  fs::remove(p);
+  REQUIRE_MESSAGE(r.rc == 0, r.err);
+  const json j = json::parse(r.out);
+  const json& bp = j["settings"][0]["by_prompt"];
+  REQUIRE(bp.size() == 2);
+  CHECK(bp[0]["generated_tokens"].get<int>() == 5);  // its own limit, not the run's 7
+  CHECK(bp[1]["generated_tokens"].get<int>() <= 7);
+  const std::string second = bp[1]["prompt"].get<std::string>();
+  CHECK(second.rfind("Here is a file:\n", 0) == 0);
+  CHECK(second.find("{previous}") == std::string::npos);
+  CHECK(second.size() > std::string("Here is a file:\n\nRepeat it.").size());  // the first answer went in
+}
+
 TEST_CASE("specactor bench: a malformed prompt file names the file and the line") {
   const fs::path p = fs::temp_directory_path() / ("specactor_prompts." + std::to_string(::getpid()) + ".jsonl");
   std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"hi\"}\n{oops\n";
@@ -262,6 +286,14 @@ TEST_CASE("specactor bench: a malformed prompt file names the file and the line"
   const Run r2 = run("bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --prompts " + p.string());
   CHECK(r2.rc == 2);
   CHECK_MESSAGE(r2.err.find(":1: expected {\"category\": ..., \"prompt\": \"...\"}") != std::string::npos, r2.err);
+  std::ofstream(p) << "{\"prompt\": \"hi\"}\n{\"prompt\": \"again\", \"max_new_tokens\": 0}\n";
+  const Run r3 = run("bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --prompts " + p.string());
+  CHECK(r3.rc == 2);
+  CHECK_MESSAGE(r3.err.find(":2: \"max_new_tokens\" must be an integer from 1 to 4096") != std::string::npos, r3.err);
+  std::ofstream(p) << "{\"prompt\": \"Fix this: {previous}\"}\n";
+  const Run r4 = run("bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --prompts " + p.string());
+  CHECK(r4.rc == 2);
+  CHECK_MESSAGE(r4.err.find(":1: {previous} in the first prompt") != std::string::npos, r4.err);
   fs::remove(p);
 }
 
