@@ -154,8 +154,9 @@ double CostModel::relative(std::int64_t rows, double mean_context) const {
   return one > 0 ? step_ms(rows, mean_context) / one : 1.0;
 }
 
-void CostModel::observe_draft(std::int64_t levels, double ms) {
+void CostModel::observe_draft(std::int64_t levels, double ms, std::int64_t requests, std::int64_t catch_up_rows) {
   if (levels <= 0 || !std::isfinite(ms) || ms < 0) return;
+  if (catch_up_rows > kCatchUpRows * std::max<std::int64_t>(1, requests)) return;
   draft_obs_[static_cast<std::size_t>(draft_rounds_ % 32)] = {static_cast<double>(levels), ms};
   ++draft_rounds_;
   draft_fresh_ = false;
@@ -377,6 +378,14 @@ std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::in
   }
   for (std::size_t k = 0; k < best_k; ++k) depth[levels[k].req] = std::max(depth[levels[k].req], levels[k].d);
   return depth;
+}
+
+bool probe_pays(std::int32_t max_depth, std::int64_t base_rows, double base_tokens, double mean_context,
+                const CostModel& cost) {
+  DepthAsk best_case;
+  best_case.max_depth = std::max<std::int32_t>(1, max_depth);
+  for (std::int32_t d = 1; d <= best_case.max_depth; ++d) best_case.level_probs.push_back(std::pow(0.8, d));
+  return plan_depths({best_case}, base_rows, base_tokens, mean_context, cost)[0] > 0;
 }
 
 std::vector<bool> select_nodes(const std::vector<Candidate>& nodes, std::int64_t base_rows, double base_tokens,

@@ -58,8 +58,14 @@ class CostModel {
   double relative(std::int64_t rows, double mean_context) const;
   bool known() const;
 
-  // A draft round: `levels` = Σ depth asked over its requests, its wall time.
-  void observe_draft(std::int64_t levels, double ms);
+  // A draft round: `levels` = Σ depth asked over its requests, its wall time. `catch_up_rows`: target
+  // rows the drafter first took in (a head catches up on the tokens since its last round: a few after
+  // a drafted step, a whole prompt after prefill or a long pause). A round that caught up more than
+  // kCatchUpRows per request is not a draft round's cost but a one-time prefill of the drafter's own
+  // state; counting it made one slow first round look like the price of every round, and the budget
+  // then drafted nothing more to learn otherwise.
+  static constexpr std::int64_t kCatchUpRows = 8;
+  void observe_draft(std::int64_t levels, double ms, std::int64_t requests = 1, std::int64_t catch_up_rows = 0);
   // Predicted wall time of a draft round of `levels` levels (0 for none, and before any round): a
   // robust line (fixed cost per round + cost per level) through the last 32 rounds; while they all
   // asked the same number of levels, their median as a fixed cost (a prompt-lookup round costs the
@@ -184,6 +190,15 @@ struct DepthAsk {
 // `penalty` (Feedback) scales the costs drafting adds: draft time and the extra rows.
 std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::int64_t base_rows, double base_tokens,
                                       double mean_context, const CostModel& cost, double penalty = 1.0);
+
+// Whether probing can pay in a step: a request drafting alone, with drafts as good as they get
+// (0.8 per level, up to max_depth), would raise the step's tokens per second. Under load a round costs
+// more than its tokens are worth whatever a probe would learn, so probing stops with the speculation
+// it would bring back (and resumes when the batch shrinks). By the cost model alone: the measured
+// feedback (Feedback::penalty) already limits probes where drafts have not paid, and a request whose
+// last draft was taken whole may probe whatever it says.
+bool probe_pays(std::int32_t max_depth, std::int64_t base_rows, double base_tokens, double mean_context,
+                const CostModel& cost);
 
 // One proposed node as the selection sees it.
 struct Candidate {

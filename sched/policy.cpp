@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include "config/server_args.hpp"
@@ -547,6 +548,18 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
 void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decoding) {
   std::vector<std::int32_t> limit;
   std::vector<DepthAsk> asks;
+  const double penalty = feedback_.penalty(plan.decoding);
+  // Probes only where drafting could pay at this batch size (probe_pays); one in 32 held back goes
+  // through anyway, so the models keep measuring what a round costs and never rest on a stale figure.
+  bool probes_pay = true;
+  if (draft_.adaptive &&
+      !probe_pays(static_cast<std::int32_t>(std::max<std::int64_t>(1, draft_.num_steps)), plan.base_rows,
+                  plan.base_tokens, plan.mean_context, cost_)) {
+    bool due = false;
+    for (const Sequence* r : decoding) due = due || probe_due(r->acc);
+    if (due && ++probes_held_ < 32) probes_pay = false;
+    if (probes_pay) probes_held_ = 0;
+  }
   for (Sequence* r : decoding) {
     // Depth: what may still be emitted (the bonus token is the last) and what fits the context.
     const std::int64_t remaining = r->max_new - static_cast<std::int64_t>(r->generated.size());
@@ -558,7 +571,7 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
     // A probe only where speculating has not measured as a loss for this batch size and where the
     // engine's record over all requests does not say a first draft is mostly wasted.
     // A request whose last verified draft was accepted whole may be probed whatever the record says.
-    a.probe = probe_due(r->acc) && (probes_allowed(plan.decoding) || r->acc.last_whole);
+    a.probe = probe_due(r->acc) && probes_pay && (probes_allowed(plan.decoding) || r->acc.last_whole);
     a.rows_per_level = 1;  // the selection after drafting verifies the likeliest node of a level, mostly
     for (std::int32_t d = 1; d <= a.max_depth; ++d) a.level_probs.push_back(accept_.level_prob(d, r->acc));
     asks.push_back(std::move(a));
@@ -571,7 +584,6 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
   for (auto l : limit) full += l;
   const bool cheap =
       cost_.draft_rounds() > 0 && cost_.draft_ms(full) <= 0.02 * cost_.step_ms(plan.base_rows, plan.mean_context);
-  const double penalty = feedback_.penalty(plan.decoding);
   if (draft_.adaptive && !cheap)
     depth = plan_depths(asks, plan.base_rows, plan.base_tokens, plan.mean_context, cost_, penalty);
   // Measuring: a decode step without drafts now and then, so the feedback knows the plain rate.
@@ -597,6 +609,8 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
       continue;
     }
     plan.draft_levels += depth[i];
+    if (const std::size_t width = draft_.needs.hidden_layers.size() * static_cast<std::size_t>(hidden_size_); width > 0)
+      plan.catch_up_rows += static_cast<std::int64_t>(r->hidden.size() / width);
     plan.depth_limits.push_back(depth[i]);
     plan.proposal_ids.push_back(r->id());
     plan.proposals.items.push_back({r->id(), std::make_shared<const std::vector<std::int32_t>>(r->seq),
@@ -611,7 +625,8 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
   if (stale(plan)) return false;
   const double draft_ms = ms_between(plan.started, Clock::now());
   metrics_.draft_ms += draft_ms;
-  cost_.observe_draft(plan.draft_levels, draft_ms);
+  cost_.observe_draft(plan.draft_levels, draft_ms, static_cast<std::int64_t>(plan.proposal_ids.size()),
+                      plan.catch_up_rows);
   metrics_.draft_cache_query_tokens = p.cache.query_tokens;
   metrics_.draft_cache_hit_tokens = p.cache.hit_tokens;
   metrics_.draft_cache_pages = p.cache.pages;

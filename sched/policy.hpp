@@ -137,6 +137,7 @@ struct StepPlan {
   // The step's shape for the cost model: rows without drafts, tokens it yields without drafts, all
   // rows, the mean context per row, and the draft levels asked.
   std::int64_t base_rows = 0, rows = 0, draft_levels = 0, decoding = 0;
+  std::int64_t catch_up_rows = 0;  // target rows the proposals hand the drafter (a head's catch-up)
   double base_tokens = 0, mean_context = 0, draft_ms = 0;
   bool prefill = false;  // a prompt chunk is in the step
 };
@@ -234,6 +235,7 @@ class Scheduler {
   AcceptanceModel accept_;
   Feedback feedback_;
   double rows_per_level_ = 1;         // nodes verified per drafted level (trees verify more than one)
+  std::int64_t probes_held_ = 0;      // due probes held back in a row because drafting could not pay
   std::unique_ptr<PrefixTree> tree_;  // the prefix cache (null when off)
   std::function<void(CacheOps)> cache_sink_;
 };

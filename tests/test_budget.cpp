@@ -80,6 +80,12 @@ TEST_CASE("cost model: ring medians shrug off spikes, a line fits the buckets, b
   for (std::int64_t l : {1, 2, 3, 5, 6}) c.observe_draft(l, 0.2 + 0.45 * static_cast<double>(l));
   CHECK(c.draft_ms(8) == doctest::Approx(0.2 + 0.45 * 8).epsilon(0.1));
   CHECK(c.draft_ms(1) < 1.0);
+  // A round that first caught up a whole prompt (a head's first round after prefill) is not what a
+  // round costs: 32 of them, however slow, leave the estimate where real rounds put it.
+  for (int i = 0; i < 32; ++i) c.observe_draft(2, 40.0, /*requests=*/2, /*catch_up_rows=*/300);
+  CHECK(c.draft_ms(8) == doctest::Approx(0.2 + 0.45 * 8).epsilon(0.1));
+  c.observe_draft(2, 1.1, 2, 2 * CostModel::kCatchUpRows);  // a few rows per request: an ordinary round
+  CHECK(c.draft_rounds() == 3 + 5 + 1);
   CostModel empty;
   CHECK_FALSE(empty.known());
   CHECK(empty.step_ms(4, 0) == 0.0);
@@ -185,6 +191,10 @@ TEST_CASE("budget: under load the same acceptance stops speculation for the batc
   std::vector<DepthAsk> sixteen(16, one);
   const auto depths = plan_depths(sixteen, 16, 16.0, 100, loaded);
   for (auto d : depths) CHECK(d == 0);
+  // Probing follows: alone a probe can pay, among 16 even drafts accepted 0.8 per level would not.
+  CHECK(probe_pays(3, 1, 1.0, 100, cost));
+  CHECK_FALSE(probe_pays(3, 16, 16.0, 100, loaded));
+  CHECK(probe_pays(3, 1, 1.0, 100, loaded));  // the batch shrank: probes come back
   // Nothing measured yet: the full shape (the fixed behaviour).
   CHECK(plan_depths({one}, 1, 1.0, 100, CostModel{})[0] == 3);
 }
