@@ -628,8 +628,8 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
         "speculative = {:.2f}x while {} were in flight; {:.2f}x to the last completion ({:.1f} / {:.1f} tok/s)\n",
         c["requests"].get<std::int64_t>(), best->label, c["requests_per_run"].get<std::int64_t>(),
         c["plain_tokens_per_s"].get<double>(), c["speculative_tokens_per_s"].get<double>(), c["ratio"].get<double>(),
-        c["requests"].get<std::int64_t>(), c["drain_ratio"].get<double>(),
-        c["drain_plain_tokens_per_s"].get<double>(), c["drain_speculative_tokens_per_s"].get<double>());
+        c["requests"].get<std::int64_t>(), c["drain_ratio"].get<double>(), c["drain_plain_tokens_per_s"].get<double>(),
+        c["drain_speculative_tokens_per_s"].get<double>());
     for (const char* mode : {"plain", "speculative"}) {
       const auto& t = c["time"][mode];
       const auto steps = std::max<std::int64_t>(1, t["target_steps"].get<std::int64_t>());

@@ -552,9 +552,8 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
   // Probes only where drafting could pay at this batch size (probe_pays); one in 32 held back goes
   // through anyway, so the models keep measuring what a round costs and never rest on a stale figure.
   bool probes_pay = true;
-  if (draft_.adaptive &&
-      !probe_pays(static_cast<std::int32_t>(std::max<std::int64_t>(1, draft_.num_steps)), plan.base_rows,
-                  plan.base_tokens, plan.mean_context, cost_)) {
+  if (draft_.adaptive && !probe_pays(static_cast<std::int32_t>(std::max<std::int64_t>(1, draft_.num_steps)),
+                                     plan.base_rows, plan.base_tokens, plan.mean_context, cost_)) {
     bool due = false;
     for (const Sequence* r : decoding) due = due || probe_due(r->acc);
     if (due && ++probes_held_ < 32) probes_pay = false;
