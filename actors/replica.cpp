@@ -9,6 +9,7 @@
 #include <caf/openssl/all.hpp>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "actors/draft_worker.hpp"
@@ -183,6 +184,7 @@ int run_worker(const config::ServerArgs& args, const WorkerOptions& options) {
   std::unique_ptr<Engine> engine;
   caf::actor rep;
   std::string what;
+  std::optional<StartupSignals> watch(std::in_place, "loading");
   if (options.role == "draft") {
     auto m = std::make_shared<DraftHostModel>();
     m->model = model::load_model(args);
@@ -208,6 +210,7 @@ int run_worker(const config::ServerArgs& args, const WorkerOptions& options) {
               options.tls.on() ? " (TLS)" : "");
   std::fflush(stdout);
   spdlog::info("worker: {} on {}:{}", what, options.host, *port);
+  watch.reset();
   int sig = 0;
   sigwait(&stop, &sig);
   spdlog::info("worker: {} received, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");

@@ -1,7 +1,12 @@
 #include "actors/system.hpp"
 
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <atomic>
 #include <caf/all.hpp>
+#include <cstdlib>
 #include <exception>
 #include <thread>
 
@@ -19,6 +24,34 @@ std::size_t scheduler_threads(unsigned hardware_threads) { return std::clamp<std
 void configure_actor_system(caf::actor_system_config& cfg) {
   cfg.set("scheduler.max-threads", scheduler_threads(std::thread::hardware_concurrency()));
   cfg.set("scheduler.policy", caf::atom("sharing"));
+}
+
+struct StartupSignals::Impl {
+  std::atomic<bool> done{false};
+  std::thread watcher;
+};
+
+StartupSignals::StartupSignals(std::string what) : impl_(new Impl) {
+  impl_->watcher = std::thread([this, what = std::move(what)] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    const timespec tick{0, 50'000'000};
+    while (!impl_->done.load()) {
+      const int sig = sigtimedwait(&set, nullptr, &tick);
+      if (sig <= 0) continue;
+      spdlog::warn("{} during {}: stopping", sig == SIGINT ? "SIGINT" : "SIGTERM", what);
+      spdlog::default_logger()->flush();
+      std::_Exit(128 + sig);
+    }
+  });
+}
+
+StartupSignals::~StartupSignals() {
+  impl_->done.store(true);
+  impl_->watcher.join();
+  delete impl_;
 }
 
 caf::error user_error(std::string message) { return caf::make_error(caf::sec::invalid_argument, std::move(message)); }

@@ -19,6 +19,23 @@ std::size_t scheduler_threads(unsigned hardware_threads);
 // actor_system is built.
 void configure_actor_system(caf::actor_system_config& cfg);
 
+// While a process starts (loads a model, waits for its workers) nothing waits for SIGINT/SIGTERM
+// yet, and the caller has blocked them for the sigwait that comes after. This watches for them
+// meanwhile: on one it logs "<signal> during <what>: stopping" and ends the process at once with
+// 128 + the signal (nothing has been accepted yet, so nothing is lost). Stops watching when
+// destroyed, leaving later signals to the caller's own wait.
+class StartupSignals {
+ public:
+  explicit StartupSignals(std::string what);
+  ~StartupSignals();
+  StartupSignals(const StartupSignals&) = delete;
+  StartupSignals& operator=(const StartupSignals&) = delete;
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
 // Errors that cross actor boundaries keep one distinction: the user's input was wrong (a model
 // file, a setting, a budget: exit 2 / HTTP 400, caf::sec::invalid_argument) or the engine failed
 // (a bug or the machine: caf::sec::runtime_error). Both carry the message as their only context.

@@ -15,6 +15,7 @@
 
 #include "actors/cluster.hpp"
 #include "actors/engine.hpp"
+#include "actors/system.hpp"
 #include "config/error.hpp"
 #include "config/snapshot.hpp"
 #include "model/gguf.hpp"
@@ -656,6 +657,7 @@ int serve(const config::ServerArgs& args, const ServeOptions& given) {
   spdlog::info("listening on http://{}:{} (loading the model; /health answers 503 until it is ready)", args.host,
                args.port);
   try {
+    const actors::StartupSignals watch(options.workers.empty() ? "loading" : "the wait for the workers");
     server.load();
   } catch (...) {
     server.stop_http();

@@ -576,6 +576,37 @@ def second_signal():
     os.unlink(srv.log.name)
 
 
+def signal_while_starting():
+    print("serve-hostile: SIGTERM / SIGINT while the server loads, and while a front waits for its workers", flush=True)
+    for what, flags, sig in (("loading the model", ["--model-path", MODEL], signal.SIGINT),
+                             ("a front waiting 60 s for a worker that is not there",
+                              ["--model-path", MODEL, "--workers", f"127.0.0.1:{free_port()}", "--workers-wait", "60"],
+                              signal.SIGTERM)):
+        port = free_port()
+        log = tempfile.NamedTemporaryFile(prefix="specactor-hostile-", suffix=".log", delete=False)
+        proc = subprocess.Popen([BIN, "serve", "--host", "127.0.0.1", "--port", str(port), *flags],
+                                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline and proc.poll() is None:  # the listener is up before the load starts
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.02)
+        if what.startswith("a front"):
+            time.sleep(1.0)  # well inside the wait
+        t0 = time.time()
+        proc.send_signal(sig)
+        rc = wait_exit(proc, 10)
+        log.close()
+        text = open(log.name).read()
+        # Loading the small default model can finish before the signal lands: then it is the usual drain.
+        expect = 0 if "ready:" in text and "during" not in text else 128 + sig
+        check(rc == expect and time.time() - t0 < 5,
+              f"{signal.Signals(sig).name} while {what}: exits {expect} within 5 s (got {rc} in {time.time() - t0:.1f} s)")
+        os.unlink(log.name)
+
+
 def prefix_cache():
     print("serve-hostile: the prefix cache through the server (a second turn, /metrics, /flush_cache)", flush=True)
     srv = Server()
@@ -689,7 +720,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sigterm-runs", type=int, default=5)
     ap.add_argument("--load", type=int, default=0, help="also run this many concurrent streams and report")
-    ap.add_argument("--only", default="", help="comma-separated: basic, cap, sigterm, grace, second, cache, load")
+    ap.add_argument("--only", default="", help="comma-separated: basic, cap, sigterm, grace, second, starting, cache, load")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda name: not only or name in only
@@ -714,6 +745,8 @@ def main():
         grace_cut()
     if want("second"):
         second_signal()
+    if want("starting"):
+        signal_while_starting()
     if want("cache"):
         prefix_cache()
     if args.load and want("load"):
