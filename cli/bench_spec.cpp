@@ -350,6 +350,7 @@ ConcurrentRate concurrent_run(sa::Engine& engine, const std::vector<Prompt>& pro
 // prompt at least once and at least 6 per client, so the steady window holds several turns of each.
 struct ConcurrentResult {
   ConcurrentRate plain, spec;
+  std::vector<double> pair_ratios;  // per engine: speculative ÷ plain of its two adjacent runs (steady)
   std::int64_t requests = 0;
   sa::EngineMetrics metrics;
   ConcurrentTime plain_time, spec_time;
@@ -367,13 +368,16 @@ ConcurrentResult run_concurrent(const std::vector<std::string>& args, const std:
     for (bool plain_first : {true, false}) {  // plain then speculative, then the other way round
       auto engine = sa::Engine::from_argv(args);
       concurrent_run(*engine, warm, n, n, max_new, true);
+      double rate[2] = {0, 0};
       for (bool speculative : {!plain_first, plain_first}) {
         const ConcurrentRate v = concurrent_run(*engine, prompts, n, out.requests, max_new, speculative,
                                                 speculative ? &out.spec_time : &out.plain_time);
         ConcurrentRate& best = speculative ? out.spec : out.plain;
         best.steady = std::max(best.steady, v.steady);
         best.drain = std::max(best.drain, v.drain);
+        rate[speculative ? 1 : 0] = v.steady;
       }
+      if (rate[0] > 0) out.pair_ratios.push_back(rate[1] / rate[0]);
       add_metrics(out.metrics, engine->metrics());
       engine->shutdown();
     }
@@ -577,6 +581,8 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
              {"plain_tokens_per_s", r.plain.steady},
              {"speculative_tokens_per_s", r.spec.steady},
              {"ratio", r.plain.steady > 0 ? r.spec.steady / r.plain.steady : 0.0},
+             {"pair_ratios", r.pair_ratios},
+             {"median_pair_ratio", median(r.pair_ratios)},
              {"drain_plain_tokens_per_s", r.plain.drain},
              {"drain_speculative_tokens_per_s", r.spec.drain},
              {"drain_ratio", r.plain.drain > 0 ? r.spec.drain / r.plain.drain : 0.0},
@@ -630,6 +636,10 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
         c["plain_tokens_per_s"].get<double>(), c["speculative_tokens_per_s"].get<double>(), c["ratio"].get<double>(),
         c["requests"].get<std::int64_t>(), c["drain_ratio"].get<double>(), c["drain_plain_tokens_per_s"].get<double>(),
         c["drain_speculative_tokens_per_s"].get<double>());
+    std::string pairs;
+    for (const auto& x : c["pair_ratios"]) pairs += fmt::format(" {:.2f}", x.get<double>());
+    std::cout << fmt::format("  each engine's adjacent runs, speculative ÷ plain:{} (median {:.2f})\n", pairs,
+                             c["median_pair_ratio"].get<double>());
     for (const char* mode : {"plain", "speculative"}) {
       const auto& t = c["time"][mode];
       const auto steps = std::max<std::int64_t>(1, t["target_steps"].get<std::int64_t>());

@@ -248,6 +248,10 @@ TEST_CASE("specactor bench --concurrency: n requests in flight over the prompts,
   CHECK(c["time"]["speculative"]["tokens"].get<std::int64_t>() == plain);
   CHECK(c["ratio"].get<double>() ==
         doctest::Approx(c["speculative_tokens_per_s"].get<double>() / c["plain_tokens_per_s"].get<double>()));
+  REQUIRE(c["pair_ratios"].size() == 2);  // one engine per order
+  const double a = c["pair_ratios"][0].get<double>(), b = c["pair_ratios"][1].get<double>();
+  CHECK(a > 0);
+  CHECK(c["median_pair_ratio"].get<double>() == doctest::Approx((a + b) / 2));
   CHECK(c["drain_plain_tokens_per_s"].get<double>() > 0);
   CHECK(c["drain_speculative_tokens_per_s"].get<double>() > 0);
 }
