@@ -9,6 +9,7 @@
 #include <caf/io/middleman.hpp>
 #include <caf/openssl/manager.hpp>
 #include <optional>
+#include <utility>
 
 #include "actors/draft_worker.hpp"
 #include "actors/system.hpp"
@@ -28,7 +29,10 @@ struct SchedulerState {
   std::optional<TargetInfo> info;
   caf::error target_failure;  // what ready() answers once the target failed (keeps user vs internal)
   std::vector<caf::typed_response_promise<TargetInfo>> ready_waiters;
-  bool ready_on_draft_down = false;          // the draft worker failed its first answer: ready once its down is seen
+  bool ready_on_draft_down = false;  // the draft worker failed its first answer: ready once its down is seen
+  // The step whose proposal round is out: answered by the draft worker's reply, its error, or — a
+  // remote draft worker whose connection is lost never answers — by its down message.
+  std::shared_ptr<sched::StepPlan> proposal_in_flight;
   std::unique_ptr<sched::Scheduler> policy;  // everything that is not messaging (sched/policy.hpp)
   static inline const char* name = "scheduler";
 };
@@ -81,13 +85,18 @@ void tick(Self self) {
   }
   auto proposals = std::move(plan->proposals);
   plan->proposals = {};
-  auto pending = std::make_shared<sched::StepPlan>(std::move(*plan));  // one of the two handlers runs
+  auto pending = std::make_shared<sched::StepPlan>(std::move(*plan));  // one of three answers runs
+  st.proposal_in_flight = pending;
   self->request(st.draft, caf::infinite, propose_atom::value, std::move(proposals))
       .then(
           [self, pending](Proposals& p) {
+            if (self->state.proposal_in_flight != pending) return;  // the down message came first
+            self->state.proposal_in_flight.reset();
             if (self->state.policy->apply_proposals(*pending, p)) run_step(self, std::move(*pending));
           },
           [self, pending](caf::error& err) {
+            if (self->state.proposal_in_flight != pending) return;
+            self->state.proposal_in_flight.reset();
             // The draft worker failed mid-step: this step runs without drafts.
             if (!self->state.policy->proposals_failed(*pending)) return;
             spdlog::warn("draft proposal failed ({}); decoding without drafts", self->system().render(err));
@@ -265,6 +274,9 @@ void on_down(Self self, caf::down_msg& dm) {
       s.ready_on_draft_down = false;
       announce_ready(self);
     }
+    // A proposal round it had not answered: that step runs without drafts now.
+    if (auto pending = std::exchange(s.proposal_in_flight, nullptr); pending && s.policy->proposals_failed(*pending))
+      run_step(self, std::move(*pending));
     return;
   }
   if (s.target && dm.source == caf::actor_cast<caf::actor_addr>(s.target)) {
