@@ -1,12 +1,11 @@
 // tests/test_cli.cpp — the specactor launcher as a user runs it: exit codes, stdout JSON, stderr
 // messages.
 #include <doctest/doctest.h>
-
-#include <cmath>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
