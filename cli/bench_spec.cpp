@@ -280,10 +280,16 @@ void write_chart(const std::string& path, const std::vector<Setting>& settings) 
 // Where a mode's concurrent runs spent their time (summed over its runs; engine metrics deltas).
 struct ConcurrentTime {
   double wall_ms = 0, step_wall_ms = 0, compute_ms = 0, draft_ms = 0;
-  std::int64_t steps = 0, tokens = 0;
+  std::int64_t steps = 0, tokens = 0, cache_query_tokens = 0, cache_hit_tokens = 0;
   json to_json() const {
-    return {{"wall_ms", wall_ms},       {"target_steps", steps}, {"step_wall_ms", step_wall_ms},
-            {"compute_ms", compute_ms}, {"draft_ms", draft_ms},  {"tokens", tokens}};
+    return {{"wall_ms", wall_ms},
+            {"target_steps", steps},
+            {"step_wall_ms", step_wall_ms},
+            {"compute_ms", compute_ms},
+            {"draft_ms", draft_ms},
+            {"tokens", tokens},
+            {"prompt_tokens", cache_query_tokens},
+            {"prompt_tokens_from_cache", cache_hit_tokens}};
   }
 };
 
@@ -346,6 +352,8 @@ ConcurrentRate concurrent_run(sa::Engine& engine, const std::vector<Prompt>& pro
     time->compute_ms += after.step_compute_ms - before.step_compute_ms;
     time->draft_ms += after.draft_ms - before.draft_ms;
     time->tokens += tokens;
+    time->cache_query_tokens += after.cache_query_tokens - before.cache_query_tokens;
+    time->cache_hit_tokens += after.cache_hit_tokens - before.cache_hit_tokens;
   }
   ConcurrentRate rate;
   rate.drain = s > 0 ? static_cast<double>(tokens) / s : 0.0;
@@ -428,6 +436,14 @@ void print_budget(const json& b) {
       b["cost_model_one_row_ms"].get<double>(), ck);
 }
 
+// The engines a bench starts log warnings only, unless the user asked for a level (--log-level trace
+// shows the budget's decisions): a flag the user gave is honoured, not overridden.
+void quiet_unless_asked(std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--log-level" || a.rfind("--log-level=", 0) == 0) return;
+  args.insert(args.end(), {"--log-level", "warn"});
+}
+
 bool is_spec_shape_flag(const std::string& a) {
   return a == "--speculative-num-steps" || a == "--speculative-eagle-topk" || a == "--speculative-num-draft-tokens";
 }
@@ -438,6 +454,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
                       std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart,
                       const std::vector<std::int64_t>& concurrency) {
   const sc::ServerArgs user = sc::parse_server_args(server_args);
+  spdlog::set_level(spdlog::level::from_str(user.log_level));
   const std::string algo(sc::to_string(user.speculative_algorithm));
   std::vector<Prompt> loaded = load_prompts(prompts_path);
 
@@ -452,7 +469,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     }
     spec_base.push_back(a);
   }
-  spec_base.insert(spec_base.end(), {"--log-level", "warn"});
+  quiet_unless_asked(spec_base);
   const std::vector<Prompt> prompts = resolve_chain(spec_base, std::move(loaded), max_new);
 
   std::vector<Setting> settings;
@@ -674,7 +691,7 @@ std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& serve
                                            const std::vector<DrafterChoice>& drafters, const std::string& prompts_path,
                                            std::int64_t max_new, int repeats) {
   std::vector<std::string> plain_args = server_args;
-  plain_args.insert(plain_args.end(), {"--log-level", "warn"});
+  quiet_unless_asked(plain_args);
   const std::vector<Prompt> prompts = resolve_chain(plain_args, load_prompts(prompts_path), max_new);
   std::vector<DrafterRow> rows;
   for (const auto& d : drafters) {
@@ -682,7 +699,7 @@ std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& serve
     row.label = d.label;
     std::vector<std::string> args = server_args;
     args.insert(args.end(), d.flags.begin(), d.flags.end());
-    args.insert(args.end(), {"--log-level", "warn"});
+    quiet_unless_asked(args);
     spdlog::info("bench: plain vs {} on {} prompts", d.label, prompts.size());
     try {
       Setting s;

@@ -120,6 +120,7 @@ const CostModel::Line& CostModel::line(int band) const {
     running = std::max(running, v);
     pred[static_cast<std::size_t>(b)] = running;
   }
+  slopes_[static_cast<std::size_t>(band)].fill(-1.0);
   fresh_[static_cast<std::size_t>(band)] = true;
   return l;
 }
@@ -147,6 +148,39 @@ double CostModel::step_ms(std::int64_t rows, double mean_context) const {
     v = t0 + (t1 - t0) * (static_cast<double>(r) - r0) / (r1 - r0);
   }
   return std::max(v, 1e-3);
+}
+
+double CostModel::local_slope(int band, std::int64_t rows) const {
+  const Line& l = line(band);  // refreshes the predictions (and clears the slopes) when stale
+  const int bucket = bucket_of(std::max<std::int64_t>(rows, 1));
+  double& cached = slopes_[static_cast<std::size_t>(band)][static_cast<std::size_t>(bucket)];
+  if (cached >= 0) return cached;
+  const std::int64_t lo = std::max<std::int64_t>(1, rows / 2), hi = 2 * rows + 4;
+  std::vector<std::pair<double, double>> pts;
+  for (int b = 0; b < kBuckets; ++b) {
+    const std::int64_t r = bucket_rows(b);
+    if (r < lo || r > hi) continue;
+    if (const double e = band_estimate(band, b); e > 0) pts.emplace_back(static_cast<double>(r), e);
+  }
+  std::vector<double> slopes;
+  for (std::size_t i = 0; i < pts.size(); ++i)
+    for (std::size_t j = i + 1; j < pts.size(); ++j)
+      slopes.push_back((pts[j].second - pts[i].second) / (pts[j].first - pts[i].first));
+  if (slopes.empty()) {
+    cached = l.b;
+  } else {
+    std::nth_element(slopes.begin(), slopes.begin() + static_cast<long>(slopes.size() / 2), slopes.end());
+    cached = std::max(0.0, slopes[slopes.size() / 2]);
+  }
+  return cached;
+}
+
+double CostModel::extra_ms(std::int64_t base_rows, std::int64_t rows, double mean_context) const {
+  if (rows <= base_rows) return 0.0;
+  const int band = band_of(mean_context);
+  if (!line(band).known) return 0.0;
+  const double diff = step_ms(rows, mean_context) - step_ms(base_rows, mean_context);
+  return std::max(diff, local_slope(band, base_rows) * static_cast<double>(rows - base_rows));
 }
 
 double CostModel::relative(std::int64_t rows, double mean_context) const {
@@ -328,7 +362,8 @@ void note_plan(RequestAcceptance& r, bool probe, std::int32_t depth) {
 // --- the budget ------------------------------------------------------------------------------------
 
 std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::int64_t base_rows, double base_tokens,
-                                      double mean_context, const CostModel& cost, double penalty) {
+                                      double mean_context, const CostModel& cost, double penalty,
+                                      std::int64_t ref_rows) {
   std::vector<std::int32_t> depth(asks.size(), 0);
   if (!cost.known()) {  // nothing measured yet: the full shape
     for (std::size_t i = 0; i < asks.size(); ++i) depth[i] = asks[i].max_depth;
@@ -361,10 +396,10 @@ std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::in
     }
   }
   std::stable_sort(levels.begin(), levels.end(), [](const Level& x, const Level& y) { return x.prob > y.prob; });
-  const double base_ms = cost.step_ms(base_rows, mean_context);
+  const double base_ms = cost.step_ms(ref_rows >= 0 ? ref_rows : base_rows, mean_context);
   auto rate = [&](double tok, double r, std::int64_t lv) {
     const double extra =
-        cost.step_ms(static_cast<std::int64_t>(std::ceil(r)), mean_context) - base_ms + cost.draft_ms(lv);
+        cost.extra_ms(base_rows, static_cast<std::int64_t>(std::ceil(r)), mean_context) + cost.draft_ms(lv);
     const double t = base_ms + penalty * extra;
     return t > 0 ? tok / t : 0.0;
   };
@@ -381,15 +416,16 @@ std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::in
 }
 
 bool probe_pays(std::int32_t max_depth, std::int64_t base_rows, double base_tokens, double mean_context,
-                const CostModel& cost) {
+                const CostModel& cost, std::int64_t ref_rows) {
   DepthAsk best_case;
   best_case.max_depth = std::max<std::int32_t>(1, max_depth);
   for (std::int32_t d = 1; d <= best_case.max_depth; ++d) best_case.level_probs.push_back(std::pow(0.8, d));
-  return plan_depths({best_case}, base_rows, base_tokens, mean_context, cost)[0] > 0;
+  return plan_depths({best_case}, base_rows, base_tokens, mean_context, cost, 1.0, ref_rows)[0] > 0;
 }
 
 std::vector<bool> select_nodes(const std::vector<Candidate>& nodes, std::int64_t base_rows, double base_tokens,
-                               double mean_context, const CostModel& cost, double spent_ms, double penalty) {
+                               double mean_context, const CostModel& cost, double spent_ms, double penalty,
+                               std::int64_t ref_rows) {
   std::vector<bool> keep(nodes.size(), !cost.known());
   if (!cost.known()) return keep;
   std::vector<std::size_t> order(nodes.size());
@@ -403,12 +439,12 @@ std::vector<bool> select_nodes(const std::vector<Candidate>& nodes, std::int64_t
   });
   double tokens = base_tokens;
   spent_ms = std::max(0.0, spent_ms);
-  const double base_ms = cost.step_ms(base_rows, mean_context);
+  const double base_ms = cost.step_ms(ref_rows >= 0 ? ref_rows : base_rows, mean_context);
   double best = base_tokens / (spent_ms + base_ms);
   std::size_t best_k = 0;
   for (std::size_t k = 0; k < order.size(); ++k) {
     tokens += nodes[order[k]].prob;
-    const double extra = cost.step_ms(base_rows + static_cast<std::int64_t>(k) + 1, mean_context) - base_ms;
+    const double extra = cost.extra_ms(base_rows, base_rows + static_cast<std::int64_t>(k) + 1, mean_context);
     const double v = tokens / (spent_ms + base_ms + penalty * extra);
     if (v > best) best = v, best_k = k + 1;
   }

@@ -54,6 +54,12 @@ class CostModel {
   void observe_step(std::int64_t rows, double mean_context, double ms);
   // The predicted time of a step (monotone in rows). 0 when nothing is known yet.
   double step_ms(std::int64_t rows, double mean_context) const;
+  // What `rows` rows cost more than `base_rows` (rows ≥ base_rows): the difference of the two
+  // predictions, but never less than the local slope (a robust line through the row counts from
+  // base_rows / 2 to 2 · base_rows + 4) times the extra rows. Neighbouring row counts are measured by
+  // separate medians whose noise is as large as one row's cost, so their difference alone often said an
+  // extra row was free (16 in flight: 16 and 17 rows measured 27.18 ms each) and drafting looked free.
+  double extra_ms(std::int64_t base_rows, std::int64_t rows, double mean_context) const;
   // c(R) = step_ms(R) / step_ms(1) at a context (1 when unknown).
   double relative(std::int64_t rows, double mean_context) const;
   bool known() const;
@@ -90,7 +96,9 @@ class CostModel {
   mutable std::array<Line, kBands> lines_;
   mutable std::array<std::array<double, kBuckets>, kBands> preds_{};
   mutable std::array<bool, kBands> fresh_{};
-  std::array<std::pair<double, double>, 32> draft_obs_{};  // (levels, ms), a ring
+  double local_slope(int band, std::int64_t rows) const;
+  mutable std::array<std::array<double, kBuckets>, kBands> slopes_{};  // per band and bucket; < 0: not yet
+  std::array<std::pair<double, double>, 32> draft_obs_{};              // (levels, ms), a ring
   std::int64_t draft_rounds_ = 0;
   mutable bool draft_fresh_ = false;
   mutable double draft_a_ = 0, draft_b_ = 0;
@@ -185,11 +193,17 @@ struct DepthAsk {
   double rows_per_level = 1;        // nodes the target verifies per level (a tree verifies more)
 };
 
-// Depths that maximise (base_tokens + Σ expected tokens) / (step time + draft time), by adding
-// levels in order of their probability. base_rows: rows the step has anyway (roots, prefill chunks).
-// `penalty` (Feedback) scales the costs drafting adds: draft time and the extra rows.
+// Depths that maximise (base_tokens + Σ expected tokens) / (reference time + what drafting adds), by
+// adding levels in order of their probability. base_rows: rows the step has anyway (roots, prefill
+// chunks). What drafting adds: the draft round and the extra rows' cost on top of base_rows
+// (CostModel::extra_ms), both scaled by `penalty` (Feedback). The reference time: the step's own,
+// or with ref_rows ≥ 0 that of a step of ref_rows rows — the decoding rows alone, when the step also
+// prefills: prefill is work the engine does anyway, and against a step made long by it any extra row
+// looked cheap (16 in flight: drafts in nearly every step with a prompt chunk, each a loss). With
+// ref_rows, base_tokens are the decoding rows' tokens.
 std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::int64_t base_rows, double base_tokens,
-                                      double mean_context, const CostModel& cost, double penalty = 1.0);
+                                      double mean_context, const CostModel& cost, double penalty = 1.0,
+                                      std::int64_t ref_rows = -1);
 
 // Whether probing can pay in a step: a request drafting alone, with drafts as good as they get
 // (0.8 per level, up to max_depth), would raise the step's tokens per second. Under load a round costs
@@ -198,7 +212,28 @@ std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::in
 // feedback (Feedback::penalty) already limits probes where drafts have not paid, and a request whose
 // last draft was taken whole may probe whatever it says.
 bool probe_pays(std::int32_t max_depth, std::int64_t base_rows, double base_tokens, double mean_context,
-                const CostModel& cost);
+                const CostModel& cost, std::int64_t ref_rows = -1);
+
+// How many due probes a step lets through. Where probing pays (probe_pays), all of them. Where it
+// cannot, none, except that every kEvery-th step with a probe due lets one through, so the models keep
+// measuring what a round costs and never rest on a stale figure. (Letting every due request through on
+// that step sent a flood of one-level drafts every 32 steps at 16 in flight, each a loss.)
+class ProbeGate {
+ public:
+  static constexpr std::int64_t kEvery = 32;
+  std::int64_t quota(bool probing_pays, bool any_due) {
+    if (probing_pays) {
+      held_ = 0;
+      return std::numeric_limits<std::int64_t>::max();
+    }
+    if (!any_due || ++held_ < kEvery) return 0;
+    held_ = 0;
+    return 1;
+  }
+
+ private:
+  std::int64_t held_ = 0;  // steps in a row with a probe due and held back
+};
 
 // One proposed node as the selection sees it.
 struct Candidate {
@@ -211,8 +246,9 @@ struct Candidate {
 // For every candidate whether it is verified: the best prefix of the candidates ordered by
 // probability (parents first) under the same objective. Closed under ancestors. `spent_ms`: time
 // this step has taken already (its draft round): it cannot be saved, but it is part of the step's
-// rate, so leaving it out would make every row look dearer than it is.
+// rate, so leaving it out would make every row look dearer than it is. ref_rows as for plan_depths.
 std::vector<bool> select_nodes(const std::vector<Candidate>& nodes, std::int64_t base_rows, double base_tokens,
-                               double mean_context, const CostModel& cost, double spent_ms = 0, double penalty = 1.0);
+                               double mean_context, const CostModel& cost, double spent_ms = 0, double penalty = 1.0,
+                               std::int64_t ref_rows = -1);
 
 }  // namespace specactor::sched

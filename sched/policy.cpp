@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "config/server_args.hpp"
 
@@ -549,15 +550,17 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
   std::vector<std::int32_t> limit;
   std::vector<DepthAsk> asks;
   const double penalty = feedback_.penalty(plan.decoding);
-  // Probes only where drafting could pay at this batch size (probe_pays); one in 32 held back goes
-  // through anyway, so the models keep measuring what a round costs and never rest on a stale figure.
-  bool probes_pay = true;
-  if (draft_.adaptive && !probe_pays(static_cast<std::int32_t>(std::max<std::int64_t>(1, draft_.num_steps)),
-                                     plan.base_rows, plan.base_tokens, plan.mean_context, cost_)) {
+  // Probes only where drafting could pay at this batch size (probe_pays); where it cannot, now and
+  // then one (ProbeGate). Drafting is judged against what the decoding rows alone would deliver
+  // (plan_depths: a prompt chunk in the step is not a reason to verify more).
+  const auto dec = static_cast<double>(plan.decoding);
+  std::int64_t probe_quota = std::numeric_limits<std::int64_t>::max();
+  if (draft_.adaptive) {
     bool due = false;
     for (const Sequence* r : decoding) due = due || probe_due(r->acc);
-    if (due && ++probes_held_ < 32) probes_pay = false;
-    if (probes_pay) probes_held_ = 0;
+    const bool pays = probe_pays(static_cast<std::int32_t>(std::max<std::int64_t>(1, draft_.num_steps)), plan.base_rows,
+                                 dec, plan.mean_context, cost_, plan.decoding);
+    probe_quota = probe_gate_.quota(pays, due);
   }
   for (Sequence* r : decoding) {
     // Depth: what may still be emitted (the bonus token is the last) and what fits the context.
@@ -570,7 +573,8 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
     // A probe only where speculating has not measured as a loss for this batch size and where the
     // engine's record over all requests does not say a first draft is mostly wasted.
     // A request whose last verified draft was accepted whole may be probed whatever the record says.
-    a.probe = probe_due(r->acc) && probes_pay && (probes_allowed(plan.decoding) || r->acc.last_whole);
+    a.probe = probe_due(r->acc) && probe_quota > 0 && (probes_allowed(plan.decoding) || r->acc.last_whole);
+    if (a.probe) --probe_quota;
     a.rows_per_level = 1;  // the selection after drafting verifies the likeliest node of a level, mostly
     for (std::int32_t d = 1; d <= a.max_depth; ++d) a.level_probs.push_back(accept_.level_prob(d, r->acc));
     asks.push_back(std::move(a));
@@ -584,19 +588,21 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
   const bool cheap =
       cost_.draft_rounds() > 0 && cost_.draft_ms(full) <= 0.02 * cost_.step_ms(plan.base_rows, plan.mean_context);
   if (draft_.adaptive && !cheap)
-    depth = plan_depths(asks, plan.base_rows, plan.base_tokens, plan.mean_context, cost_, penalty);
+    depth = plan_depths(asks, plan.base_rows, dec, plan.mean_context, cost_, penalty, plan.decoding);
   // Measuring: a decode step without drafts now and then, so the feedback knows the plain rate.
   const bool explore = draft_.adaptive && !plan.prefill && feedback_.want_plain(plan.decoding);
   if (explore) depth.assign(depth.size(), 0);
   if (spdlog::should_log(spdlog::level::trace))
     for (std::size_t i = 0; i < asks.size(); ++i)
       spdlog::trace(
-          "budget: request {} depth {} of {} (P(level) {:.2f} {:.2f} {:.2f}; step {:.2f} ms, 2 rows {:.2f}, "
-          "draft level {:.2f} ms)",
-          decoding[i]->id(), depth[i], limit[i], asks[i].level_probs.size() > 0 ? asks[i].level_probs[0] : 0.0,
+          "budget: request {} depth {} of {}{} (P(level) {:.2f} {:.2f} {:.2f}; step of {} rows ({} decoding) "
+          "{:.2f} ms, one more {:.2f}, one row {:.2f}, draft level {:.2f} ms, penalty {:.2f})",
+          decoding[i]->id(), depth[i], limit[i], asks[i].probe ? " probe" : "",
+          asks[i].level_probs.size() > 0 ? asks[i].level_probs[0] : 0.0,
           asks[i].level_probs.size() > 1 ? asks[i].level_probs[1] : 0.0,
-          asks[i].level_probs.size() > 2 ? asks[i].level_probs[2] : 0.0, one_row,
-          cost_.step_ms(plan.base_rows + 1, plan.mean_context), cost_.draft_ms(1));
+          asks[i].level_probs.size() > 2 ? asks[i].level_probs[2] : 0.0, plan.base_rows, decoding.size(),
+          cost_.step_ms(plan.base_rows, plan.mean_context), cost_.step_ms(plan.base_rows + 1, plan.mean_context),
+          one_row, cost_.draft_ms(1), penalty);
   for (std::size_t i = 0; i < decoding.size(); ++i) {
     Sequence* r = decoding[i];
     if (limit[i] > 0 && !explore) note_plan(r->acc, asks[i].probe, depth[i]);
@@ -676,8 +682,8 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
   // The budget: which of those nodes the target verifies (all of them with a fixed shape).
   std::vector<bool> verify(cands.size(), true);
   if (draft_.adaptive)
-    verify = select_nodes(cands, plan.base_rows, plan.base_tokens, plan.mean_context, cost_, draft_ms,
-                          feedback_.penalty(plan.decoding));
+    verify = select_nodes(cands, plan.base_rows, static_cast<double>(plan.decoding), plan.mean_context, cost_, draft_ms,
+                          feedback_.penalty(plan.decoding), plan.decoding);
   plan.draft_ms = draft_ms;
   std::vector<std::vector<bool>> chosen(kept.size());
   for (std::size_t i = 0; i < kept.size(); ++i) chosen[i].assign(kept[i].tokens.size(), false);

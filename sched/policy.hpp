@@ -235,7 +235,7 @@ class Scheduler {
   AcceptanceModel accept_;
   Feedback feedback_;
   double rows_per_level_ = 1;         // nodes verified per drafted level (trees verify more than one)
-  std::int64_t probes_held_ = 0;      // due probes held back in a row because drafting could not pay
+  ProbeGate probe_gate_;              // due probes held back where drafting could not pay
   std::unique_ptr<PrefixTree> tree_;  // the prefix cache (null when off)
   std::function<void(CacheOps)> cache_sink_;
 };

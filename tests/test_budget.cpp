@@ -2,6 +2,7 @@
 // acceptance sequences, and the suffix store (drafters/suffix_store.hpp). No model, no actors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "drafters/drafter.hpp"
@@ -197,6 +198,78 @@ TEST_CASE("budget: under load the same acceptance stops speculation for the batc
   CHECK(probe_pays(3, 1, 1.0, 100, loaded));  // the batch shrank: probes come back
   // Nothing measured yet: the full shape (the fixed behaviour).
   CHECK(plan_depths({one}, 1, 1.0, 100, CostModel{})[0] == 3);
+}
+
+TEST_CASE("budget: an extra row is never free because two neighbouring medians came out equal") {
+  // A compute-bound machine at 8–32 rows: 1.1 ms a row. Real steps of 16 and 17 rows whose medians
+  // came out equal (noise as large as one row's cost): the difference of the two says a 17th row is
+  // free; the local slope through the neighbouring row counts says what it costs.
+  CostModel c;
+  for (auto [r, t] : std::vector<std::pair<std::int64_t, double>>{{1, 5}, {2, 5.7}, {4, 8.9}, {8, 14.5}, {32, 40}})
+    c.seed(r, t);
+  for (std::int64_t r = 12; r <= 20; ++r)
+    for (int i = 0; i < 5; ++i) c.observe_step(r, 100, 13.0 + 1.1 * static_cast<double>(r));
+  for (int i = 0; i < 9; ++i) {
+    c.observe_step(16, 100, 30.0);
+    c.observe_step(17, 100, 30.0);
+  }
+  CHECK(c.step_ms(17, 100) - c.step_ms(16, 100) == doctest::Approx(0.0));
+  CHECK(c.extra_ms(16, 17, 100) == doctest::Approx(1.1).epsilon(0.05));
+  CHECK(c.extra_ms(16, 20, 100) >= 4.0);
+  CHECK(c.extra_ms(16, 16, 100) == 0.0);
+  // 16 requests drafting one level at 0.65: each extra row (1.1 ms) brings 0.65 tokens where a step
+  // brings a token per 1.9 ms and row: no drafts. (With the difference alone every request drafted.)
+  c.observe_draft(16, 1.0);
+  DepthAsk a;
+  a.max_depth = 1;
+  a.level_probs = {0.65};
+  for (auto d : plan_depths(std::vector<DepthAsk>(16, a), 16, 16.0, 100, c)) CHECK(d == 0);
+}
+
+TEST_CASE("budget: a prompt chunk in the step does not make drafting look cheap") {
+  // 16 requests decoding and a 200-row prompt chunk in the same step, compute-bound at 1 ms a row.
+  CostModel c;
+  for (std::int64_t r : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}) c.seed(r, 6.0 + 1.0 * static_cast<double>(r));
+  c.observe_draft(16, 1.0);
+  DepthAsk a;
+  a.max_depth = 1;
+  a.level_probs = {0.75};
+  const std::vector<DepthAsk> asks(16, a);
+  // Judged against the whole step (222 ms for 17 tokens), 16 extra rows (16 ms) for 12 tokens pay.
+  const auto whole = plan_depths(asks, 216, 17.0, 100, c);
+  CHECK(std::count(whole.begin(), whole.end(), 1) == 16);
+  // Judged against the decoding rows alone (22 ms for 16 tokens), they do not: a decode step without
+  // drafts delivers more per ms than the extra rows would.
+  for (auto d : plan_depths(asks, 216, 16.0, 100, c, 1.0, 16)) CHECK(d == 0);
+  CHECK_FALSE(probe_pays(1, 216, 16.0, 100, c, 16));
+  // A lone request with a prompt chunk beside it still drafts where alone it would.
+  DepthAsk lone = a;
+  lone.level_probs = {0.75};
+  CHECK(plan_depths({lone}, 201, 1.0, 100, c, 1.0, 1)[0] == 1);
+  CHECK(plan_depths({lone}, 1, 1.0, 100, c)[0] == 1);
+  // The node selection after drafting weighs the same way (the draft round's time is spent by then,
+  // so a node pays where its tokens per ms beat the step's: 0.6 per 1 ms row against 16 per 23 ms).
+  std::vector<Candidate> nodes;
+  for (std::size_t i = 0; i < 16; ++i) nodes.push_back({i, 0, -1, 0.6});
+  const auto keep_whole = select_nodes(nodes, 216, 17.0, 100, c, 1.0);
+  CHECK(std::count(keep_whole.begin(), keep_whole.end(), true) == 16);
+  const auto keep = select_nodes(nodes, 216, 16.0, 100, c, 1.0, 1.0, 16);
+  CHECK(std::count(keep.begin(), keep.end(), true) == 0);
+}
+
+TEST_CASE("budget: where probing cannot pay, one probe every 32 steps with probes due, not all of them") {
+  ProbeGate g;
+  CHECK(g.quota(true, true) > 16);  // probing pays: every due request may probe
+  for (int i = 1; i < ProbeGate::kEvery; ++i) CHECK(g.quota(false, true) == 0);
+  CHECK(g.quota(false, true) == 1);  // the 32nd: one request, however many are due
+  CHECK(g.quota(false, true) == 0);
+  for (int i = 0; i < 100; ++i) CHECK(g.quota(false, false) == 0);  // steps with nothing due do not count
+  for (int i = 2; i < ProbeGate::kEvery; ++i) CHECK(g.quota(false, true) == 0);
+  CHECK(g.quota(false, true) == 1);
+  for (int i = 1; i < 10; ++i) CHECK(g.quota(false, true) == 0);
+  CHECK(g.quota(true, false) > 16);  // the batch shrank: the count starts again
+  for (int i = 1; i < ProbeGate::kEvery; ++i) CHECK(g.quota(false, true) == 0);
+  CHECK(g.quota(false, true) == 1);
 }
 
 TEST_CASE("feedback: drafted steps measured slower than plain ones scale the costs up, faster ones relax them") {
