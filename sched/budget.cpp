@@ -25,6 +25,27 @@ double RingMedian::median() const {
 
 // --- CostModel -------------------------------------------------------------------------------------
 
+namespace {
+
+// The upper median (what nth_element puts in the middle); v is reordered. v must not be empty.
+double upper_median(std::vector<double>& v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+// Theil–Sen's slope: the median of the slopes between every two points of different x; `none` when
+// there is no such pair.
+double median_slope(const std::vector<std::pair<double, double>>& pts, double none) {
+  std::vector<double> slopes;
+  for (std::size_t i = 0; i < pts.size(); ++i)
+    for (std::size_t j = i + 1; j < pts.size(); ++j)
+      if (pts[j].first != pts[i].first)
+        slopes.push_back((pts[j].second - pts[i].second) / (pts[j].first - pts[i].first));
+  return slopes.empty() ? none : upper_median(slopes);
+}
+
+}  // namespace
+
 int CostModel::band_of(double c) { return c < 1024 ? 0 : c < 4096 ? 1 : c < 16384 ? 2 : 3; }
 
 int CostModel::bucket_of(std::int64_t rows) {
@@ -94,18 +115,11 @@ const CostModel::Line& CostModel::line(int band) const {
   l = {};
   if (pts.size() == 1) {
     l = {0.0, pts[0].second / pts[0].first, true};  // one point: proportional, the most a row can cost
-  } else if (pts.size() > 1) {
-    std::vector<double> slopes, cuts;
-    for (std::size_t i = 0; i < pts.size(); ++i)
-      for (std::size_t j = i + 1; j < pts.size(); ++j)
-        slopes.push_back((pts[j].second - pts[i].second) / (pts[j].first - pts[i].first));
-    auto med = [](std::vector<double>& v) {
-      std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-      return v[v.size() / 2];
-    };
-    const double slope = std::max(0.0, med(slopes));
+  } else if (pts.size() > 1) {                      // buckets have distinct row counts: every pair has a slope
+    const double slope = std::max(0.0, median_slope(pts, 0.0));
+    std::vector<double> cuts;
     for (const auto& [r, t] : pts) cuts.push_back(t - slope * r);
-    l = {med(cuts), slope, true};
+    l = {upper_median(cuts), slope, true};
   }
   // The prediction per bucket: where real steps have measured it (three or more), their median;
   // elsewhere the line; never less than a smaller bucket's.
@@ -162,16 +176,7 @@ double CostModel::local_slope(int band, std::int64_t rows) const {
     if (r < lo || r > hi) continue;
     if (const double e = band_estimate(band, b); e > 0) pts.emplace_back(static_cast<double>(r), e);
   }
-  std::vector<double> slopes;
-  for (std::size_t i = 0; i < pts.size(); ++i)
-    for (std::size_t j = i + 1; j < pts.size(); ++j)
-      slopes.push_back((pts[j].second - pts[i].second) / (pts[j].first - pts[i].first));
-  if (slopes.empty()) {
-    cached = l.b;
-  } else {
-    std::nth_element(slopes.begin(), slopes.begin() + static_cast<long>(slopes.size() / 2), slopes.end());
-    cached = std::max(0.0, slopes[slopes.size() / 2]);
-  }
+  cached = std::max(0.0, median_slope(pts, l.b));
   return cached;
 }
 
@@ -200,20 +205,11 @@ double CostModel::draft_ms(std::int64_t levels) const {
   if (levels <= 0 || draft_rounds_ == 0) return 0.0;
   if (!draft_fresh_) {
     const auto n = static_cast<std::size_t>(std::min<std::int64_t>(draft_rounds_, 32));
-    std::vector<double> slopes, cuts, all;
-    for (std::size_t i = 0; i < n; ++i) {
-      all.push_back(draft_obs_[i].second);
-      for (std::size_t j = i + 1; j < n; ++j)
-        if (draft_obs_[j].first != draft_obs_[i].first)
-          slopes.push_back((draft_obs_[j].second - draft_obs_[i].second) / (draft_obs_[j].first - draft_obs_[i].first));
-    }
-    auto med = [](std::vector<double>& v) {
-      std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-      return v[v.size() / 2];
-    };
-    draft_b_ = slopes.empty() ? 0.0 : std::max(0.0, med(slopes));
-    for (std::size_t i = 0; i < n; ++i) cuts.push_back(draft_obs_[i].second - draft_b_ * draft_obs_[i].first);
-    draft_a_ = std::max(0.0, med(cuts));
+    const std::vector<std::pair<double, double>> pts(draft_obs_.begin(), draft_obs_.begin() + static_cast<long>(n));
+    draft_b_ = std::max(0.0, median_slope(pts, 0.0));
+    std::vector<double> cuts;
+    for (const auto& [levels_i, ms] : pts) cuts.push_back(ms - draft_b_ * levels_i);
+    draft_a_ = std::max(0.0, upper_median(cuts));
     draft_fresh_ = true;
   }
   return draft_a_ + draft_b_ * static_cast<double>(levels);
