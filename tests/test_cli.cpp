@@ -234,9 +234,11 @@ TEST_CASE("specactor bench --concurrency: n requests in flight over the prompts,
   std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"Count: one, two, one, two, one, two,\"}\n"
                    << "{\"category\": \"code\", \"prompt\": \"def f(x):\\n    return x\\ndef g(x):\\n    return\"}\n";
   const Run r = run("bench --model-path " + model + " --speculative-algorithm NGRAM --prompts " + p.string() +
-                    " --max-new-tokens 6 --repeats 1 --concurrency 3 --json");
+                    " --max-new-tokens 6 --repeats 1 --concurrency 3 --json --log-level trace");
   fs::remove(p);
   REQUIRE_MESSAGE(r.rc == 0, r.err);
+  // The user's --log-level reaches the engines the bench starts (it used to be overridden by warn).
+  CHECK(r.err.find("budget: request") != std::string::npos);
   const json j = json::parse(r.out);
   REQUIRE(j["concurrent"].size() == 1);
   const json& c = j["concurrent"][0];
@@ -247,6 +249,11 @@ TEST_CASE("specactor bench --concurrency: n requests in flight over the prompts,
   CHECK(plain > 2 * 18);
   CHECK(plain <= 2 * 18 * 6);
   CHECK(c["time"]["speculative"]["tokens"].get<std::int64_t>() == plain);
+  // The same prompts in both modes; what the prefix cache gives is reported per mode.
+  const auto prompt_tokens = c["time"]["plain"]["prompt_tokens"].get<std::int64_t>();
+  CHECK(prompt_tokens > 0);
+  CHECK(c["time"]["speculative"]["prompt_tokens"].get<std::int64_t>() == prompt_tokens);
+  CHECK(c["time"]["plain"]["prompt_tokens_from_cache"].get<std::int64_t>() <= prompt_tokens);
   CHECK(c["ratio"].get<double>() ==
         doctest::Approx(c["speculative_tokens_per_s"].get<double>() / c["plain_tokens_per_s"].get<double>()));
   REQUIRE(c["pair_ratios"].size() == 2);  // one engine per order
