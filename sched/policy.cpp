@@ -601,7 +601,9 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
           asks[i].level_probs.size() > 0 ? asks[i].level_probs[0] : 0.0,
           asks[i].level_probs.size() > 1 ? asks[i].level_probs[1] : 0.0,
           asks[i].level_probs.size() > 2 ? asks[i].level_probs[2] : 0.0, plan.base_rows, decoding.size(),
-          cost_.step_ms(plan.base_rows, plan.mean_context), cost_.step_ms(plan.base_rows + 1, plan.mean_context),
+          cost_.step_ms(plan.base_rows, plan.mean_context),
+          cost_.step_ms(plan.base_rows, plan.mean_context) +
+              cost_.extra_ms(plan.base_rows, plan.base_rows + 1, plan.mean_context),
           one_row, cost_.draft_ms(1), penalty);
   for (std::size_t i = 0; i < decoding.size(); ++i) {
     Sequence* r = decoding[i];
