@@ -573,11 +573,16 @@ void tile(int path, float* const* st, int nq, const float* S, const int* nk, con
 
 template <KvType T, int NQ, int NB>
 SPECACTOR_ATT_AVX512 void direct_scores512(const float* const* q, const void* K, const std::int64_t* kb,
-                                           std::int64_t ps, std::int64_t D, float* S) {
+                                           std::int64_t ps, std::int64_t D, float* S, const char* const* pf) {
   __m512 acc[NQ][NB];
   for (int i = 0; i < NQ; ++i)
     for (int b = 0; b < NB; ++b) acc[i][b] = _mm512_setzero_ps();
+  constexpr std::int64_t E =
+      static_cast<std::int64_t>(sizeof(std::conditional_t<T == KvType::F32, float, std::uint16_t>));
   for (std::int64_t d = 0; d < D; ++d) {
+    if (ps * E >= 64 || (d * ps * E) % 64 == 0)  // each cache line of the next blocks once
+      for (int b = 0; b < NB; ++b)
+        if (pf[b] != nullptr) _mm_prefetch(pf[b] + d * ps * E, _MM_HINT_T1);
     __m512 k[NB];
     for (int b = 0; b < NB; ++b) k[b] = load16<T>(K, kb[b] + d * ps, 16);
     for (int i = 0; i < NQ; ++i) {
@@ -591,7 +596,9 @@ SPECACTOR_ATT_AVX512 void direct_scores512(const float* const* q, const void* K,
 
 template <KvType T, int NQ>
 SPECACTOR_ATT_AVX512 void direct_pv512(float* const* o, const Steps& w, const void* V, const std::int64_t* vb,
-                                       std::int64_t row, int nblocks, std::int64_t D) {
+                                       std::int64_t row, int nblocks, std::int64_t D, const char* const* pf) {
+  constexpr std::int64_t E =
+      static_cast<std::int64_t>(sizeof(std::conditional_t<T == KvType::F32, float, std::uint16_t>));
   for (std::int64_t d0 = 0; d0 < D; d0 += 64) {
     __m512 acc[NQ][4];
     for (int q = 0; q < NQ; ++q)
@@ -603,6 +610,8 @@ SPECACTOR_ATT_AVX512 void direct_pv512(float* const* o, const Steps& w, const vo
           for (int x = 0; x < 4; ++x) acc[q][x] = _mm512_mul_ps(acc[q][x], av);
         }
       for (int j = 0; j < kLanes; ++j) {
+        if (pf[b] != nullptr)
+          for (std::int64_t x = 0; x < 64 * E; x += 64) _mm_prefetch(pf[b] + (j * row + d0) * E + x, _MM_HINT_T1);
         __m512 v[4];
         for (int x = 0; x < 4; ++x) v[x] = load16<T>(V, vb[b] + j * row + d0 + 16 * x, 16);
         for (int q = 0; q < NQ; ++q) {
@@ -638,18 +647,33 @@ std::int64_t direct_tile(int path, const AttentionJob& job, std::int64_t kvh, st
     const std::int64_t r = (job.prefix.first + t0 + b * kLanes) % v.page_size;
     vblocks[b] = blocks[b] - r + r * v.row;
   }
+  // The next tile's blocks of this head (those that are whole prefix blocks) are prefetched into L2
+  // while this tile computes. Without it the core waits on each line: the hardware prefetchers do not
+  // run ahead of a stream consumed this slowly (decode over 7,936 keys, 30 layers resident, Zen 4 VM:
+  // 490 -> 310 us per layer; T0 hints, into L1, gained little, as they hold the L1's few miss buffers).
+  const char* pk[kTile / kLanes] = {};
+  const char* pv[kTile / kLanes] = {};
+  const auto eb = kv_type_bytes(v.type);
+  for (int b = 0; b < kTile / kLanes; ++b) {
+    const std::int64_t s = job.prefix.first + t0 + kTile + b * kLanes;
+    if (s + kLanes > job.prefix.first + job.prefix.count) break;
+    const std::int64_t at = v.pages[s / v.page_size] * v.page_stride + kvh * kv_head_stride(v, D) + s % v.page_size;
+    pk[b] = static_cast<const char*>(v.k) + at * eb;
+    pv[b] = static_cast<const char*>(v.v) + (at - s % v.page_size + (s % v.page_size) * v.row) * eb;
+  }
   auto go = [&](auto tag, auto nq_c) {
     constexpr KvType T = decltype(tag)::value;
     constexpr int NQ = decltype(nq_c)::value;
     int b = 0;
-    for (; b + 4 <= nblocks; b += 4) direct_scores512<T, NQ, 4>(q, v.k, blocks + b, v.page_size, D, S + b * kLanes);
-    for (; b < nblocks; ++b) direct_scores512<T, NQ, 1>(q, v.k, blocks + b, v.page_size, D, S + b * kLanes);
+    for (; b + 4 <= nblocks; b += 4)
+      direct_scores512<T, NQ, 4>(q, v.k, blocks + b, v.page_size, D, S + b * kLanes, pk + b);
+    for (; b < nblocks; ++b) direct_scores512<T, NQ, 1>(q, v.k, blocks + b, v.page_size, D, S + b * kLanes, pk + b);
     float* o[NQ];
     for (int i = 0; i < NQ; ++i) {
       steps512(st[i], S + i * kTile, nblocks * kLanes, scale, w.p[i], w.a[i], w.rescale[i]);
       o[i] = st[i] + kStateHead;
     }
-    direct_pv512<T, NQ>(o, w, v.v, vblocks, v.row, nblocks, D);
+    direct_pv512<T, NQ>(o, w, v.v, vblocks, v.row, nblocks, D, pv);
   };
   auto with_type = [&](auto nq_c) {
     switch (v.type) {
