@@ -206,12 +206,17 @@ double CostModel::draft_ms(std::int64_t levels) const {
   if (!draft_fresh_) {
     const auto n = static_cast<std::size_t>(std::min<std::int64_t>(draft_rounds_, 32));
     const std::vector<std::pair<double, double>> pts(draft_obs_.begin(), draft_obs_.begin() + static_cast<long>(n));
+    draft_same_ = 0;
+    for (const auto& [levels_i, ms] : pts)
+      if (levels_i != pts.front().first) draft_same_ = -1;
+    if (draft_same_ == 0) draft_same_ = pts.front().first;
     draft_b_ = std::max(0.0, median_slope(pts, 0.0));
     std::vector<double> cuts;
     for (const auto& [levels_i, ms] : pts) cuts.push_back(ms - draft_b_ * levels_i);
     draft_a_ = std::max(0.0, upper_median(cuts));
     draft_fresh_ = true;
   }
+  if (draft_same_ > 0) return draft_a_ * std::max(1.0, static_cast<double>(levels) / draft_same_);
   return draft_a_ + draft_b_ * static_cast<double>(levels);
 }
 
@@ -411,12 +416,28 @@ std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::in
   return depth;
 }
 
+std::int64_t probe_every(const CostModel& cost, std::int64_t base_rows, double mean_context, std::int64_t ref_rows) {
+  const double step = cost.step_ms(ref_rows >= 0 ? ref_rows : base_rows, mean_context);
+  if (!cost.known() || cost.draft_rounds() == 0 || step <= 0) return ProbeGate::kEvery;
+  const double probe = cost.draft_ms(1) + cost.extra_ms(base_rows, base_rows + 1, mean_context);
+  const double every = std::ceil(probe / (ProbeGate::kShare * step));
+  return static_cast<std::int64_t>(
+      std::clamp(every, static_cast<double>(ProbeGate::kEvery), static_cast<double>(ProbeGate::kMaxEvery)));
+}
+
 bool probe_pays(std::int32_t max_depth, std::int64_t base_rows, double base_tokens, double mean_context,
                 const CostModel& cost, std::int64_t ref_rows) {
   DepthAsk best_case;
   best_case.max_depth = std::max<std::int32_t>(1, max_depth);
   for (std::int32_t d = 1; d <= best_case.max_depth; ++d) best_case.level_probs.push_back(std::pow(0.8, d));
-  return plan_depths({best_case}, base_rows, base_tokens, mean_context, cost, 1.0, ref_rows)[0] > 0;
+  const std::int32_t d = plan_depths({best_case}, base_rows, base_tokens, mean_context, cost, 1.0, ref_rows)[0];
+  if (d <= 0) return false;
+  if (!cost.known()) return true;
+  double tokens = base_tokens;
+  for (std::int32_t k = 1; k <= d; ++k) tokens += std::pow(0.8, k);
+  const double base_ms = cost.step_ms(ref_rows >= 0 ? ref_rows : base_rows, mean_context);
+  const double ms = base_ms + cost.extra_ms(base_rows, base_rows + d, mean_context) + cost.draft_ms(d);
+  return tokens / ms >= kProbeMargin * base_tokens / base_ms;
 }
 
 std::vector<bool> select_nodes(const std::vector<Candidate>& nodes, std::int64_t base_rows, double base_tokens,

@@ -73,9 +73,12 @@ class CostModel {
   static constexpr std::int64_t kCatchUpRows = 8;
   void observe_draft(std::int64_t levels, double ms, std::int64_t requests = 1, std::int64_t catch_up_rows = 0);
   // Predicted wall time of a draft round of `levels` levels (0 for none, and before any round): a
-  // robust line (fixed cost per round + cost per level) through the last 32 rounds; while they all
-  // asked the same number of levels, their median as a fixed cost (a prompt-lookup round costs the
-  // same at any depth; a head's grows with it: the line finds out once depths vary).
+  // robust line (fixed cost per round + cost per level) through the last 32 rounds. While they all
+  // asked the same L levels, their median m for up to L levels and m · levels / L beyond: never less
+  // than was measured, and growing with depth past it (a prompt-lookup round costs the same at any
+  // depth, a head's or a self-speculation draft's grows with it; priced flat, a one-level probe's
+  // cost made three levels look as cheap as one and probes "paid" at batch 1 where a level costs
+  // about a target step). The line takes over once depths vary.
   double draft_ms(std::int64_t levels) const;
   std::int64_t draft_rounds() const { return draft_rounds_; }
 
@@ -102,6 +105,7 @@ class CostModel {
   std::int64_t draft_rounds_ = 0;
   mutable bool draft_fresh_ = false;
   mutable double draft_a_ = 0, draft_b_ = 0;
+  mutable double draft_same_ = -1;  // > 0: every round in the ring asked this many levels
 };
 
 // Acceptance bookkeeping of one request (kept in its Sequence).
@@ -211,22 +215,29 @@ std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::in
 // it would bring back (and resumes when the batch shrinks). By the cost model alone: the measured
 // feedback (Feedback::penalty) already limits probes where drafts have not paid, and a request whose
 // last draft was taken whole may probe whatever it says.
+// The best case must beat plain decoding by kProbeMargin: where it would gain a few percent at most
+// (self-speculation at batch 1 on this VM: a level costs ~50–60 % of a step, the best case gains
+// 0–5 % as the step's time wanders) the probes' certain cost outweighs what they could find, and
+// they ran every few steps of every request (STANDALONE ~0.96× plain with every draft declined).
+constexpr double kProbeMargin = 1.10;
 bool probe_pays(std::int32_t max_depth, std::int64_t base_rows, double base_tokens, double mean_context,
                 const CostModel& cost, std::int64_t ref_rows = -1);
 
 // How many due probes a step lets through. Where probing pays (probe_pays), all of them. Where it
-// cannot, none, except that every kEvery-th step with a probe due lets one through, so the models keep
-// measuring what a round costs and never rest on a stale figure. (Letting every due request through on
-// that step sent a flood of one-level drafts every 32 steps at 16 in flight, each a loss.)
+// cannot, none, except that every `every`-th step with a probe due lets one through (probe_every), so
+// the models keep measuring what a round costs and never rest on a stale figure. (Letting every due
+// request through on that step sent a flood of one-level drafts every 32 steps at 16 in flight, each
+// a loss.)
 class ProbeGate {
  public:
-  static constexpr std::int64_t kEvery = 32;
-  std::int64_t quota(bool probing_pays, bool any_due) {
+  static constexpr std::int64_t kEvery = 32, kMaxEvery = 256;
+  static constexpr double kShare = 0.01;  // of the steps' time that held-back probes may cost
+  std::int64_t quota(bool probing_pays, bool any_due, std::int64_t every = kEvery) {
     if (probing_pays) {
       held_ = 0;
       return std::numeric_limits<std::int64_t>::max();
     }
-    if (!any_due || ++held_ < kEvery) return 0;
+    if (!any_due || ++held_ < every) return 0;
     held_ = 0;
     return 1;
   }
@@ -234,6 +245,14 @@ class ProbeGate {
  private:
   std::int64_t held_ = 0;  // steps in a row with a probe due and held back
 };
+
+// Steps between the probes ProbeGate lets through where probing cannot pay: kEvery, or as many as
+// keep a probe (a one-level round and one more row) within kShare of the steps' time, at most
+// kMaxEvery. A self-speculation level costs about a target step on a small model: one in 32 steps
+// cost ~3 % (STANDALONE 0.96–0.97× plain with every draft declined); a prompt-lookup probe stays at
+// one in 32.
+std::int64_t probe_every(const CostModel& cost, std::int64_t base_rows, double mean_context,
+                         std::int64_t ref_rows = -1);
 
 // One proposed node as the selection sees it.
 struct Candidate {

@@ -555,12 +555,15 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
   // (plan_depths: a prompt chunk in the step is not a reason to verify more).
   const auto dec = static_cast<double>(plan.decoding);
   std::int64_t probe_quota = std::numeric_limits<std::int64_t>::max();
+  bool pays = true;
+  std::int64_t every = 0;
   if (draft_.adaptive) {
     bool due = false;
     for (const Sequence* r : decoding) due = due || probe_due(r->acc);
-    const bool pays = probe_pays(static_cast<std::int32_t>(std::max<std::int64_t>(1, draft_.num_steps)), plan.base_rows,
-                                 dec, plan.mean_context, cost_, plan.decoding);
-    probe_quota = probe_gate_.quota(pays, due);
+    pays = probe_pays(static_cast<std::int32_t>(std::max<std::int64_t>(1, draft_.num_steps)), plan.base_rows, dec,
+                      plan.mean_context, cost_, plan.decoding);
+    every = probe_every(cost_, plan.base_rows, plan.mean_context, plan.decoding);
+    probe_quota = probe_gate_.quota(pays, due, every);
   }
   for (Sequence* r : decoding) {
     // Depth: what may still be emitted (the bonus token is the last) and what fits the context.
@@ -596,7 +599,8 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
     for (std::size_t i = 0; i < asks.size(); ++i)
       spdlog::trace(
           "budget: request {} depth {} of {}{} (P(level) {:.2f} {:.2f} {:.2f}; step of {} rows ({} decoding) "
-          "{:.2f} ms, one more {:.2f}, one row {:.2f}, draft level {:.2f} ms, penalty {:.2f})",
+          "{:.2f} ms, one more {:.2f}, one row {:.2f}, draft level {:.2f} ms, {} {:.2f} ms, penalty {:.2f}; "
+          "probes {})",
           decoding[i]->id(), depth[i], limit[i], asks[i].probe ? " probe" : "",
           asks[i].level_probs.size() > 0 ? asks[i].level_probs[0] : 0.0,
           asks[i].level_probs.size() > 1 ? asks[i].level_probs[1] : 0.0,
@@ -604,7 +608,8 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
           cost_.step_ms(plan.base_rows, plan.mean_context),
           cost_.step_ms(plan.base_rows, plan.mean_context) +
               cost_.extra_ms(plan.base_rows, plan.base_rows + 1, plan.mean_context),
-          one_row, cost_.draft_ms(1), penalty);
+          one_row, cost_.draft_ms(1), limit[i], cost_.draft_ms(limit[i]), penalty,
+          pays ? std::string("pay") : "held, one in " + std::to_string(every) + " steps");
   for (std::size_t i = 0; i < decoding.size(); ++i) {
     Sequence* r = decoding[i];
     if (limit[i] > 0 && !explore) note_plan(r->acc, asks[i].probe, depth[i]);

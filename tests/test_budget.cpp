@@ -272,6 +272,45 @@ TEST_CASE("budget: where probing cannot pay, one probe every 32 steps with probe
   CHECK(g.quota(false, true) == 1);
 }
 
+TEST_CASE("cost model: a draft round at one depth is never priced below it, and grows past it") {
+  CostModel c;
+  CHECK(c.draft_ms(3) == 0.0);  // before any round
+  // Self-speculation probes: every round asked one level, 4.8 ms each (about a target step here).
+  for (int i = 0; i < 10; ++i) c.observe_draft(1, 4.8);
+  CHECK(c.draft_ms(0) == 0.0);
+  CHECK(c.draft_ms(1) == doctest::Approx(4.8));
+  CHECK(c.draft_ms(3) == doctest::Approx(14.4));  // priced flat, three levels cost what one did
+  // At batch 1 (a 5 ms step, 1.5 ms a row) three levels even as good as 0.8 each do not pay for 14 ms:
+  // probing cannot pay, so the gate holds probes back and spaces them to ~1 % of the steps' time.
+  const CostModel step = linear_cost(3.5, 1.5);
+  CostModel cs = step;
+  for (int i = 0; i < 10; ++i) cs.observe_draft(1, 4.8);
+  CHECK_FALSE(probe_pays(3, 1, 1.0, 100, cs));
+  const auto every = probe_every(cs, 1, 100);
+  CHECK(every >= 100);  // (4.8 + 1.5) / (1 % of 5) = 126 steps
+  CHECK(every <= ProbeGate::kMaxEvery);
+  ProbeGate g;
+  std::int64_t let = 0;
+  for (int i = 0; i < 1000; ++i) let += g.quota(false, true, every);
+  CHECK(let == 1000 / every);
+  // A prompt-lookup round asked 48 levels (16 requests × 3) for 0.5 ms: cheaper rounds cost as much,
+  // larger ones more.
+  CostModel n = step;
+  for (int i = 0; i < 10; ++i) n.observe_draft(48, 0.5);
+  CHECK(n.draft_ms(1) == doctest::Approx(0.5));
+  CHECK(n.draft_ms(96) == doctest::Approx(1.0));
+  // Its probe costs the round and the extra row (1.5 ms): (0.5 + 1.5) / (1 % of 5 ms) = 40 steps.
+  CHECK(probe_every(n, 1, 100) == 40);
+  CostModel busy = linear_cost(20.0, 0.5);  // a step the row and round are small against: one in 32
+  for (int i = 0; i < 10; ++i) busy.observe_draft(48, 0.5);
+  CHECK(probe_every(busy, 16, 100) == ProbeGate::kEvery);
+  // Once depths vary the line takes over: 1 ms a round + 2 ms a level.
+  CostModel h;
+  for (int i = 0; i < 12; ++i) h.observe_draft(1 + i % 3, 1.0 + 2.0 * (1 + i % 3));
+  CHECK(h.draft_ms(1) == doctest::Approx(3.0));
+  CHECK(h.draft_ms(5) == doctest::Approx(11.0));
+}
+
 TEST_CASE("feedback: drafted steps measured slower than plain ones scale the costs up, faster ones relax them") {
   Feedback f;
   CHECK(f.penalty(4) == 1.0);
