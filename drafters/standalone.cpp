@@ -32,22 +32,41 @@ class StandaloneDrafter final : public Drafter {
       for (std::int32_t id = 0; id < c.vocab_size; ++id)
         if (model_.tokenizer->token_bytes(id) != ctx.tokenizer->token_bytes(id))
           throw std::runtime_error(what + ": token " + std::to_string(id) + " differs from the target's vocabulary");
-    kv_ = std::make_unique<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, *s->max_total_tokens,
-                                           s->device != config::Device::Cuda, model::kv_type(*s));
-    runner_ =
-        model::make_runner(model_.weights, *s, 0, static_cast<int>(s->threads), *kv_);  // the draft snapshot's device
     // Self-speculation on the target's own file, both on the CPU of this process: the draft's K layers
     // are the target's first K, so their KV of the committed tokens is the target's. It is read from
     // the target's pool (read-only, the pages the scheduler hands over), never prefilled or caught up
-    // again; the draft's own pool holds only the root and the drafts of one proposal.
+    // again; the draft's own pool holds only the root and the drafts of one proposal (at most 64
+    // slots, released after it), so it is sized for that: a pool of the target's size faulted in a
+    // 2 MiB huge page per KV head and layer on the first round (~0.3 s on the Zen 4 VM, once, and the
+    // cost model took it for the price of a round).
     std::error_code ec;
-    if (layers > 0 && ctx.target_kv && ctx.target_kv->has_host_storage() && runner_->device() == "cpu" &&
-        std::filesystem::equivalent(s->model_path, ctx.target_info.path, ec) &&
-        ctx.target_kv->n_layers() >= c.n_layers && ctx.target_kv->head_dim() == c.head_dim &&
-        ctx.target_kv->row_floats() == c.n_kv_heads * c.head_dim)
+    const bool host = s->device != config::Device::Cuda;
+    bool share = layers > 0 && host && ctx.target_kv && ctx.target_kv->has_host_storage() &&
+                 std::filesystem::equivalent(s->model_path, ctx.target_info.path, ec) &&
+                 ctx.target_kv->n_layers() >= c.n_layers && ctx.target_kv->head_dim() == c.head_dim &&
+                 ctx.target_kv->row_floats() == c.n_kv_heads * c.head_dim;
+    auto make = [&](bool small) {
+      const std::int64_t per_request = (64 + s->page_size - 1) / s->page_size * s->page_size;
+      const std::int64_t tokens =
+          small ? std::min(*s->max_total_tokens, std::max<std::int64_t>(1, s->max_running_requests) * per_request)
+                : *s->max_total_tokens;
+      runner_.reset();
+      kv_ = std::make_unique<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, tokens, host,
+                                             model::kv_type(*s));
+      runner_ = model::make_runner(model_.weights, *s, 0, static_cast<int>(s->threads),
+                                   *kv_);  // the draft snapshot's device
+    };
+    make(share);
+    if (share && runner_->device() != "cpu") {  // the runner is not where the target's pool is
+      share = false;
+      make(false);
+    }
+    if (share) {
       target_kv_ = ctx.target_kv;
-    else
+      if (host) kv_->prefault();  // a few MiB: resident now rather than in the first rounds
+    } else {
       cache_ = std::make_unique<DraftCache>(*kv_, !s->disable_radix_cache);
+    }
   }
 
   DrafterNeeds needs() const override { return {{}, shared()}; }

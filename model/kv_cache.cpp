@@ -64,6 +64,11 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
     free_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(n_pages_ - 1 - i);
 }
 
+void KvCache::prefault() {
+  if (k_) std::memset(k_.get(), 0, k_.get_deleter().bytes);
+  if (v_) std::memset(v_.get(), 0, v_.get_deleter().bytes);
+}
+
 void KvUnmap::operator()(unsigned char* p) const {
   if (p) ::munmap(p, bytes);
 }

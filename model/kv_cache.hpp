@@ -49,6 +49,10 @@ class KvCache {
   KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t page_size,
           std::int64_t max_total_tokens, bool host_storage = true, kernels::KvType type = kernels::KvType::F32);
   bool has_host_storage() const { return k_ != nullptr; }
+  // Makes every page of the pools resident now, for a small pool whose first writes would otherwise
+  // fall in a timed step (a self-speculation draft's scratch pool). Not for a full-size pool: that
+  // took seconds on a VM whose own memory faults in on first touch.
+  void prefault();
   kernels::KvType type() const { return type_; }
   // Bytes of K and V per token over every layer.
   std::int64_t bytes_per_token() const { return 2 * n_layers_ * row_ * kernels::kv_type_bytes(type_); }

@@ -270,7 +270,7 @@ std::vector<std::pair<std::int64_t, double>> TargetStep::probe(std::int32_t voca
     if (to_ranks) to_ranks(b);
   };
   if (vocab < 2) return out;
-  const auto t0 = std::chrono::steady_clock::now();
+  auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
@@ -293,6 +293,10 @@ std::vector<std::pair<std::int64_t, double>> TargetStep::probe(std::int32_t voca
     b.items = {warm};
     run(b, before_forward);
     used += 2;
+    // The budget is for the timed steps: the two above may fault in fresh KV pages (a 2 MiB huge page
+    // per KV head and layer, zeroed on first write), which on a VM whose memory is itself faulted in
+    // on first touch took the whole budget, and the probe measured nothing.
+    t0 = std::chrono::steady_clock::now();
     for (std::int64_t rows = 1; rows <= 32 && elapsed() < budget_ms; rows *= 2) {
       std::vector<double> ms;
       for (int rep = 0; rep < 3; ++rep) {

@@ -741,6 +741,16 @@ TEST_CASE("self-speculation reads the target's KV: the drafts of a draft that ke
         CHECK(a.tokens[0] == specactor::kernels::argmax(next.logits.data(), target.config.vocab_size));
         kv->release(whole);
       }
+      // The draft's own pool is sized for one proposal per running request: with one, a proposal of
+      // the full depth (63) still fits.
+      specactor::config::ServerArgs one_args = args;
+      one_args.max_running_requests = 1;
+      const auto one_snap = specactor::config::freeze(one_args);
+      auto one = find_drafter(one_snap)(one_snap, DraftContext{target.info, target.tokenizer, target.weights, kv});
+      REQUIRE(one->needs().target_kv);
+      one->observe(3, TargetFeatures{{}, 0, seq.pages, seq.length});
+      CHECK(one->propose(3, toks, 63, 63).tokens.size() == 63);
+      CHECK(one->propose(3, toks, 63, 63).tokens.size() == 63);  // and again: the pages came back
       // A context whose committed KV the target has not handed over yet: no draft rather than a wrong one.
       std::vector<std::int32_t> longer = toks;
       longer.push_back(5);
