@@ -206,10 +206,8 @@ double CostModel::draft_ms(std::int64_t levels) const {
   if (!draft_fresh_) {
     const auto n = static_cast<std::size_t>(std::min<std::int64_t>(draft_rounds_, 32));
     const std::vector<std::pair<double, double>> pts(draft_obs_.begin(), draft_obs_.begin() + static_cast<long>(n));
-    draft_same_ = 0;
-    for (const auto& [levels_i, ms] : pts)
-      if (levels_i != pts.front().first) draft_same_ = -1;
-    if (draft_same_ == 0) draft_same_ = pts.front().first;
+    const bool same = std::all_of(pts.begin(), pts.end(), [&](const auto& p) { return p.first == pts.front().first; });
+    draft_same_ = same ? pts.front().first : -1;
     draft_b_ = std::max(0.0, median_slope(pts, 0.0));
     std::vector<double> cuts;
     for (const auto& [levels_i, ms] : pts) cuts.push_back(ms - draft_b_ * levels_i);

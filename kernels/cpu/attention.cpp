@@ -577,8 +577,7 @@ SPECACTOR_ATT_AVX512 void direct_scores512(const float* const* q, const void* K,
   __m512 acc[NQ][NB];
   for (int i = 0; i < NQ; ++i)
     for (int b = 0; b < NB; ++b) acc[i][b] = _mm512_setzero_ps();
-  constexpr std::int64_t E =
-      static_cast<std::int64_t>(sizeof(std::conditional_t<T == KvType::F32, float, std::uint16_t>));
+  constexpr std::int64_t E = kv_type_bytes(T);
   for (std::int64_t d = 0; d < D; ++d) {
     if (ps * E >= 64 || (d * ps * E) % 64 == 0)  // each cache line of the next blocks once
       for (int b = 0; b < NB; ++b)
@@ -597,8 +596,7 @@ SPECACTOR_ATT_AVX512 void direct_scores512(const float* const* q, const void* K,
 template <KvType T, int NQ>
 SPECACTOR_ATT_AVX512 void direct_pv512(float* const* o, const Steps& w, const void* V, const std::int64_t* vb,
                                        std::int64_t row, int nblocks, std::int64_t D, const char* const* pf) {
-  constexpr std::int64_t E =
-      static_cast<std::int64_t>(sizeof(std::conditional_t<T == KvType::F32, float, std::uint16_t>));
+  constexpr std::int64_t E = kv_type_bytes(T);
   for (std::int64_t d0 = 0; d0 < D; d0 += 64) {
     __m512 acc[NQ][4];
     for (int q = 0; q < NQ; ++q)

@@ -37,7 +37,7 @@ void softmax_cpu(float* x, std::int64_t n);
 // Element type of a KV cache's rows: float32, or IEEE half / bfloat16 (converted to float exactly
 // when read; rounded to nearest even when written).
 enum class KvType : std::uint8_t { F32, F16, BF16 };
-inline std::int64_t kv_type_bytes(KvType t) { return t == KvType::F32 ? 4 : 2; }
+constexpr std::int64_t kv_type_bytes(KvType t) { return t == KvType::F32 ? 4 : 2; }
 const char* kv_type_name(KvType t);
 
 // The KV cache of one sequence in one layer, as plain memory: slot s lives in page pages[s / page_size]
