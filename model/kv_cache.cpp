@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <vector>
 
@@ -59,9 +60,28 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
       refuse("which could not be allocated");
     }
   refs_.assign(static_cast<std::size_t>(n_pages_), 0);
-  free_.resize(static_cast<std::size_t>(n_pages_));
-  for (std::int64_t i = 0; i < n_pages_; ++i)
-    free_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(n_pages_ - 1 - i);
+  free_bits_.assign(static_cast<std::size_t>((n_pages_ + 63) / 64), 0);
+  for (std::int64_t i = 0; i < n_pages_; ++i) give(static_cast<std::int32_t>(i));
+  low_word_ = 0;
+}
+
+std::int32_t KvCache::take(std::int64_t prefer) {
+  auto is_free = [&](std::int64_t p) { return (free_bits_[static_cast<std::size_t>(p / 64)] >> (p % 64)) & 1U; };
+  std::int64_t page = prefer;
+  if (page < 0 || page >= n_pages_ || !is_free(page)) {
+    while (free_bits_[static_cast<std::size_t>(low_word_)] == 0) ++low_word_;  // n_free_ > 0: one is set
+    page = low_word_ * 64 + std::countr_zero(free_bits_[static_cast<std::size_t>(low_word_)]);
+  }
+  free_bits_[static_cast<std::size_t>(page / 64)] &= ~(std::uint64_t{1} << (page % 64));
+  --n_free_;
+  refs_[static_cast<std::size_t>(page)] = 1;
+  return static_cast<std::int32_t>(page);
+}
+
+void KvCache::give(std::int32_t page) {
+  free_bits_[static_cast<std::size_t>(page / 64)] |= std::uint64_t{1} << (page % 64);
+  ++n_free_;
+  low_word_ = std::min<std::int64_t>(low_word_, page / 64);
 }
 
 void KvCache::prefault() {
@@ -77,11 +97,8 @@ void KvCache::reserve(Seq& seq, std::int64_t new_len) {
   const std::int64_t need = pages_for(new_len) - static_cast<std::int64_t>(seq.pages.size());
   if (need <= 0) return;
   if (need > free_pages()) throw KvExhausted(need, free_pages());
-  for (std::int64_t i = 0; i < need; ++i) {
-    seq.pages.push_back(free_.back());
-    refs_[static_cast<std::size_t>(free_.back())] = 1;
-    free_.pop_back();
-  }
+  for (std::int64_t i = 0; i < need; ++i)
+    seq.pages.push_back(take(seq.pages.empty() ? -1 : std::int64_t{seq.pages.back()} + 1));
 }
 
 void KvCache::adopt(Seq& seq, const std::vector<std::int32_t>& pages, std::int64_t length) {
@@ -103,7 +120,7 @@ void KvCache::retain(std::int32_t page) {
 void KvCache::drop(std::int32_t page) {
   if (page < 0 || page >= n_pages_ || refs_[static_cast<std::size_t>(page)] == 0)
     throw std::logic_error("KvCache::drop: page " + std::to_string(page) + " is not in use");
-  if (--refs_[static_cast<std::size_t>(page)] == 0) free_.push_back(page);
+  if (--refs_[static_cast<std::size_t>(page)] == 0) give(page);
 }
 
 void KvCache::truncate(Seq& seq, std::int64_t new_len) {

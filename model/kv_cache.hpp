@@ -59,7 +59,7 @@ class KvCache {
 
   std::int64_t page_size() const { return page_size_; }
   std::int64_t total_pages() const { return n_pages_; }
-  std::int64_t free_pages() const { return static_cast<std::int64_t>(free_.size()); }
+  std::int64_t free_pages() const { return n_free_; }
   std::int64_t capacity_tokens() const { return n_pages_ * page_size_; }
   std::int64_t pages_for(std::int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
   std::int64_t row_floats() const { return row_; }
@@ -67,7 +67,9 @@ class KvCache {
   std::int64_t head_dim() const { return head_dim_; }
 
   // Grows seq's page table to hold new_len slots. Throws KvExhausted (and changes nothing) when the
-  // pool is short.
+  // pool is short. Each new page is the one after seq's last page when that is free, else the lowest
+  // free one, so a sequence's pages mostly follow each other in memory (decode attention over pages
+  // scattered through the pool measured 15-20 % slower than over consecutive ones).
   void reserve(Seq& seq, std::int64_t new_len);
   // Rolls seq back to new_len slots (e.g. rejected draft tokens) and lets go of whole unused pages.
   void truncate(Seq& seq, std::int64_t new_len);
@@ -105,7 +107,11 @@ class KvCache {
   std::int64_t elem_;  // bytes per element
   // Anonymous mappings with a huge-page hint, resident only where written (see the constructor).
   std::unique_ptr<unsigned char[], KvUnmap> k_, v_;
-  std::vector<std::int32_t> free_;
+  // The free pages as bits (1: free); no free page lies below word low_word_.
+  std::vector<std::uint64_t> free_bits_;
+  std::int64_t n_free_ = 0, low_word_ = 0;
+  std::int32_t take(std::int64_t prefer);
+  void give(std::int32_t page);
   std::vector<std::int32_t> refs_;  // holders of each page (0: on the free list)
 };
 

@@ -576,6 +576,30 @@ TEST_CASE("KV cache: pages come and go, exhaustion is an error that changes noth
   CHECK_THROWS_WITH(specactor::model::KvCache(1, 1, 8, 4, 2), doctest::Contains("KvCache: bad shape"));
 }
 
+TEST_CASE("KV cache: after churn a sequence's pages still follow each other where free ones allow") {
+  specactor::model::KvCache kv(1, 1, 8, 4, 4 * 200);  // 200 pages of 4 slots
+  std::vector<specactor::model::KvCache::Seq> seqs(10);
+  for (int round = 0; round < 3; ++round)  // requests growing side by side, then leaving in a scrambled order
+    for (int step = 1; step <= 20; ++step)
+      for (auto& s : seqs) kv.reserve(s, step * 4);
+  for (int i : {3, 7, 0, 9, 5, 1, 8, 2, 6, 4}) kv.release(seqs[static_cast<std::size_t>(i)]);
+  CHECK(kv.free_pages() == 200);
+  specactor::model::KvCache::Seq held, longer;
+  kv.reserve(held, 4 * 3);  // pages 0-2
+  kv.reserve(longer, 4 * 100);
+  for (std::size_t i = 1; i < longer.pages.size(); ++i) CHECK(longer.pages[i] == longer.pages[i - 1] + 1);
+  CHECK(longer.pages.front() == 3);
+  // Where the next page is taken, the lowest free one: a hole left by a released sequence is filled.
+  specactor::model::KvCache::Seq blocker;
+  kv.reserve(blocker, 4);
+  CHECK(blocker.pages.front() == 103);
+  kv.release(held);
+  kv.reserve(longer, 4 * 101);
+  CHECK(longer.pages.back() == 0);
+  kv.reserve(longer, 4 * 102);
+  CHECK(longer.pages.back() == 1);
+}
+
 TEST_CASE("sampling: greedy, top-k, top-p, min-p, temperature, seeds") {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
   CHECK(argmax(logits.data(), 5) == 1);  // ties go to the lowest id
