@@ -707,7 +707,8 @@ SPECACTOR_ATT_AVX2 void merge256(float* acc, const float* cur, std::int64_t n, f
   const __m256 av = _mm256_set1_ps(a), bv = _mm256_set1_ps(b);
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(_mm256_loadu_ps(cur + i), bv, _mm256_mul_ps(_mm256_loadu_ps(acc + i), av)));
+    _mm256_storeu_ps(acc + i,
+                     _mm256_fmadd_ps(_mm256_loadu_ps(cur + i), bv, _mm256_mul_ps(_mm256_loadu_ps(acc + i), av)));
   merge_scalar(acc + i, cur + i, n - i, a, b);
 }
 
@@ -715,7 +716,8 @@ SPECACTOR_ATT_AVX512 void merge512(float* acc, const float* cur, std::int64_t n,
   const __m512 av = _mm512_set1_ps(a), bv = _mm512_set1_ps(b);
   std::int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(_mm512_loadu_ps(cur + i), bv, _mm512_mul_ps(_mm512_loadu_ps(acc + i), av)));
+    _mm512_storeu_ps(acc + i,
+                     _mm512_fmadd_ps(_mm512_loadu_ps(cur + i), bv, _mm512_mul_ps(_mm512_loadu_ps(acc + i), av)));
   merge_scalar(acc + i, cur + i, n - i, a, b);
 }
 
