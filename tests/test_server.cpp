@@ -424,8 +424,11 @@ TEST_CASE("http layer: a client that leaves a waiting exchange ends it (on_close
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK(server.open_exchanges() == 1);
   ::close(c);
+  // The exchange's close callbacks run before the server's own count drops (both on its thread, a
+  // moment apart): wait for all three, so a busy machine does not read in between.
   const auto until = Clock::now() + std::chrono::seconds(3);
-  while (closed_gone == 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while ((closed_gone == 0 || server.open_exchanges() != 0 || server.stats().clients_gone == 0) && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK(closed_gone == 1);
   CHECK(server.open_exchanges() == 0);
   CHECK(server.stats().clients_gone == 1);
