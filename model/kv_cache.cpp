@@ -62,7 +62,6 @@ KvCache::KvCache(std::int64_t n_layers, std::int64_t n_kv_heads, std::int64_t he
   refs_.assign(static_cast<std::size_t>(n_pages_), 0);
   free_bits_.assign(static_cast<std::size_t>((n_pages_ + 63) / 64), 0);
   for (std::int64_t i = 0; i < n_pages_; ++i) give(static_cast<std::int32_t>(i));
-  low_word_ = 0;
 }
 
 std::int32_t KvCache::take(std::int64_t prefer) {
