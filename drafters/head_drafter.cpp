@@ -68,9 +68,11 @@ class HeadDrafter final : public Drafter {
     max_tokens_ = *s->max_total_tokens;
     configure(s);
     if (!frozen)
-      for (int l = 0; l < layers_; ++l)
+      for (int l = 0; l < layers_; ++l) {
         kv_.push_back(std::make_unique<model::KvCache>(1, hc.n_kv_heads, hc.head_dim, page_size_, max_tokens_, true,
                                                        model::kv_type(*s)));
+        kv_.back()->warm(std::size_t{2} << 20);  // here, not in the first request's draft round
+      }
     // The head's own prefix cache: one layer only (the layers of a deeper head take pages in their own
     // order while drafting, so one tree could not name one page for all of them).
     if (!frozen && layers_ == 1) cache_ = std::make_unique<DraftCache>(*kv_[0], !s->disable_radix_cache);

@@ -88,6 +88,14 @@ void KvCache::prefault() {
   if (v_) std::memset(v_.get(), 0, v_.get_deleter().bytes);
 }
 
+void KvCache::warm(std::size_t bytes) {
+  if (!k_) return;
+  const auto region = static_cast<std::size_t>(head_region_ * elem_);
+  const std::size_t n = std::min(bytes, region);
+  for (std::int64_t r = 0; r < n_layers_ * (row_ / head_dim_); ++r)
+    for (unsigned char* base : {k_.get(), v_.get()}) std::memset(base + static_cast<std::size_t>(r) * region, 0, n);
+}
+
 void KvUnmap::operator()(unsigned char* p) const {
   if (p) ::munmap(p, bytes);
 }

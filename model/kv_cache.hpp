@@ -53,6 +53,12 @@ class KvCache {
   // fall in a timed step (a self-speculation draft's scratch pool). Not for a full-size pool: that
   // took seconds on a VM whose own memory faults in on first touch.
   void prefault();
+  // Makes resident the start of every (layer, KV head) region of K and V, up to `bytes` of each: the
+  // pages a first request takes (a new sequence gets the lowest free pages). With huge pages the
+  // first write into each region zeroes a whole 2 MiB page — ~5 ms each on a VM whose memory faults
+  // in on first touch — so a pool left cold charges its first request for that (a one-layer draft
+  // head: 6 regions, ~30 ms in its first draft round). Does nothing without host storage.
+  void warm(std::size_t bytes);
   kernels::KvType type() const { return type_; }
   // Bytes of K and V per token over every layer.
   std::int64_t bytes_per_token() const { return 2 * n_layers_ * row_ * kernels::kv_type_bytes(type_); }

@@ -322,19 +322,16 @@ int Feedback::bucket_of(std::int64_t n) { return n <= 1 ? 0 : n == 2 ? 1 : n <= 
 void Feedback::observe(std::int64_t requests, double tokens, double ms, bool drafted) {
   if (requests < 1 || !(ms > 0) || !(tokens > 0) || !std::isfinite(ms)) return;
   Bucket& b = b_[static_cast<std::size_t>(bucket_of(requests))];
-  const double rate = tokens / ms;
   if (!drafted) {
-    b.plain = b.has_plain ? b.plain + 0.2 * (rate - b.plain) : rate;
-    b.has_plain = true;
+    b.plain.add(tokens, ms, kPlainKeep);
     b.since_plain = 0;
     b.scale = std::max(1.0, b.scale * 0.995);
     return;
   }
-  b.spec = b.has_spec ? b.spec + 0.1 * (rate - b.spec) : rate;
-  b.has_spec = true;
+  b.spec.add(tokens, ms, kSpecKeep);
   ++b.since_plain;
-  if (!b.has_plain) return;
-  const double g = b.spec / b.plain;
+  if (b.plain.n < kMinPlain || b.spec.n < kMinSpec) return;  // one odd step is not a measurement
+  const double g = b.spec.rate() / b.plain.rate();
   if (g < 1.0)
     b.scale = std::min(4.0, b.scale * 1.05);
   else if (g > 1.05)
@@ -343,7 +340,7 @@ void Feedback::observe(std::int64_t requests, double tokens, double ms, bool dra
 
 double Feedback::measured_gain(std::int64_t requests) const {
   const Bucket& b = at(requests);
-  return b.has_plain && b.has_spec && b.plain > 0 ? b.spec / b.plain : 1.0;
+  return b.plain.n >= kMinPlain && b.spec.n >= kMinSpec && b.plain.rate() > 0 ? b.spec.rate() / b.plain.rate() : 1.0;
 }
 
 void note_plan(RequestAcceptance& r, bool probe, std::int32_t depth) {

@@ -770,8 +770,18 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
   // A drafted decode step against the same step without drafts (the feedback on the models).
   double emitted = 0;
   for (const auto& item : res.items) emitted += static_cast<double>(item.tokens.size());
-  if (draft_.adaptive && draft_.configured && !plan.prefill && plan.decoding > 0)
+  // A round in which a drafter first took in a whole prompt (more than kCatchUpRows per request) is
+  // a one-time prefill of its own state, not what drafting costs per step: left out, as the cost
+  // model leaves it out.
+  const bool prefilled_drafter =
+      plan.catch_up_rows > CostModel::kCatchUpRows * static_cast<std::int64_t>(plan.proposal_ids.size());
+  if (draft_.adaptive && draft_.configured && !plan.prefill && plan.decoding > 0 && !prefilled_drafter) {
     feedback_.observe(plan.decoding, emitted, plan.draft_ms + wall, plan.draft_levels > 0);
+    spdlog::trace(
+        "feedback: {} requests, {} tokens in {:.2f} ms (draft {:.2f}), {} levels drafted; gain {:.2f}, scale {:.2f}",
+        plan.decoding, emitted, plan.draft_ms + wall, plan.draft_ms, plan.draft_levels,
+        feedback_.measured_gain(plan.decoding), feedback_.penalty(plan.decoding));
+  }
   ++metrics_.steps;
   const std::size_t width = draft_.needs.hidden_layers.size() * static_cast<std::size_t>(hidden_size_);
   for (auto& item : res.items) {

@@ -2,6 +2,8 @@
 // package's (tests/data/quant_goldens.json), AVX2 vs scalar matmul (bit-exact), batch invariance,
 // RoPE, attention masks, sampling, and the paged KV cache.
 #include <doctest/doctest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -598,6 +600,41 @@ TEST_CASE("KV cache: after churn a sequence's pages still follow each other wher
   CHECK(longer.pages.back() == 0);
   kv.reserve(longer, 4 * 102);
   CHECK(longer.pages.back() == 1);
+}
+
+TEST_CASE("KV cache: warm makes the start of every layer's KV head regions resident, and takes no page") {
+  // 2 layers × 3 KV heads, each head's region 256 pages × 64 slots × 64 dims × 2 bytes = 2 MiB.
+  specactor::model::KvCache kv(2, 3, 64, 64, 64 * 256, true, specactor::kernels::KvType::F16);
+  specactor::model::KvCache::Seq seq;
+  kv.reserve(seq, 1);  // for a view (page 0); nothing written
+  const long page = ::sysconf(_SC_PAGESIZE);
+  auto resident = [&](const void* p) {
+    unsigned char in = 0;
+    REQUIRE(::mincore(const_cast<void*>(p), static_cast<std::size_t>(page), &in) == 0);
+    return (in & 1) != 0;
+  };
+  auto starts = [&] {
+    std::vector<const unsigned char*> out;
+    for (std::int64_t l = 0; l < 2; ++l) {
+      const auto v = kv.view(l, seq);
+      for (std::int64_t h = 0; h < 3; ++h)
+        for (const void* base : {v.k, v.v})
+          out.push_back(static_cast<const unsigned char*>(base) + h * specactor::kernels::kv_head_stride(v, 64) * 2);
+    }
+    return out;
+  };
+  REQUIRE(starts().size() == 12);
+  int cold = 0;
+  for (const auto* p : starts()) cold += resident(p) ? 0 : 1;
+  CHECK(cold == 12);  // an anonymous mapping no one wrote
+  const std::int64_t free_before = kv.free_pages();
+  kv.warm(4096);
+  for (const auto* p : starts()) CHECK(resident(p));
+  CHECK(kv.free_pages() == free_before);
+  std::vector<float> k(3 * 64, 1.0f), v(3 * 64, 1.0f);
+  kv.read(1, seq, 0, k.data(), v.data());
+  CHECK(std::all_of(k.begin(), k.end(), [](float x) { return x == 0.0f; }));
+  CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }));
 }
 
 TEST_CASE("sampling: greedy, top-k, top-p, min-p, temperature, seeds") {
