@@ -119,7 +119,8 @@ std::int32_t merge_chain(DraftTree& tree, const std::vector<std::int32_t>& chain
                          float score = -1.0f);
 
 // SUFFIX (drafters/suffix.cpp): the matches' continuations as a trie of at most max_nodes nodes and
-// `breadth` children per node, scored by the share of matches through a node and their length.
+// `breadth` children per node, scored by the share of matches through a node times Π L / (L + 2)
+// over the nodes of its path (L: a node's longest match).
 DraftTree tree_from_matches(const std::vector<SuffixStore::Match>& matches, std::int32_t max_nodes,
                             std::int32_t breadth);
 

@@ -1,8 +1,11 @@
 // drafters/suffix.cpp — SUFFIX drafting (suffix decoding): continuations of the sequence's last
 // tokens found in earlier requests' prompts and outputs and earlier in this request
 // (drafters/suffix_store.hpp), merged into a tree. A node's score is the share of the matches that
-// pass through it times a factor of its longest match, L / (L + 2): the scheduler's acceptance model
-// calibrates it (sched/budget.hpp), so only its order matters.
+// pass through it times, for each node on its path, a factor of that node's longest match,
+// L / (L + 2) — a path probability, like a head's, that falls with depth (one factor for the whole
+// path scored a 16-node chain of one short match as likely at its end as at its start, and the
+// budget verified all of it). The scheduler's acceptance model calibrates it by score and depth
+// (sched/budget.hpp).
 #include <algorithm>
 #include <map>
 
@@ -44,11 +47,15 @@ DraftTree tree_from_matches(const std::vector<SuffixStore::Match>& matches, std:
       at = next;
     }
   }
-  for (const Node& n : nodes) {
+  // Parents come before their children, so the path products build in one pass.
+  std::vector<double> path(nodes.size(), 1.0);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = nodes[i];
     out.tokens.push_back(n.token);
     out.parents.push_back(n.parent);
     const double l = n.longest;
-    out.scores.push_back(static_cast<float>(n.weight / total * l / (l + 2.0)));
+    path[i] = (n.parent >= 0 ? path[static_cast<std::size_t>(n.parent)] : 1.0) * l / (l + 2.0);
+    out.scores.push_back(static_cast<float>(n.weight / total * path[i]));
   }
   // A child's score must not exceed its parent's (it cannot be likelier).
   for (std::size_t i = 0; i < out.tokens.size(); ++i)

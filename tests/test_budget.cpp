@@ -445,4 +445,11 @@ TEST_CASE("suffix trees: matches merged into a trie, scores by share and length,
     if (t.parents[i] >= 0) CHECK(t.scores[i] <= t.scores[static_cast<std::size_t>(t.parents[i])]);
   CHECK(specactor::drafters::tree_from_matches(ms, 2, 2).tokens.size() == 2);   // node budget
   CHECK(specactor::drafters::tree_from_matches(ms, 10, 1).tokens.size() == 3);  // one child per node
+  // One match of length 4 continued by 8 tokens: a path probability, (4/6)^d at depth d.
+  const auto chain = specactor::drafters::tree_from_matches({{{1, 2, 3, 4, 5, 6, 7, 8}, 4, 1}}, 16, 2);
+  REQUIRE(chain.scores.size() == 8);
+  for (std::size_t d = 0; d < 8; ++d) CHECK(chain.scores[d] == doctest::Approx(std::pow(4.0 / 6.0, d + 1.0)));
+  // A long match keeps a deep node likely: 32/34 per level, 0.62 at depth 8.
+  const auto sure = specactor::drafters::tree_from_matches({{{1, 2, 3, 4, 5, 6, 7, 8}, 32, 1}}, 16, 2);
+  CHECK(sure.scores.back() == doctest::Approx(std::pow(32.0 / 34.0, 8.0)));
 }
