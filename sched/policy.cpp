@@ -610,9 +610,11 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
               cost_.extra_ms(plan.base_rows, plan.base_rows + 1, plan.mean_context),
           one_row, cost_.draft_ms(1), limit[i], cost_.draft_ms(limit[i]), penalty,
           pays ? std::string("pay") : "held, one in " + std::to_string(every) + " steps");
+  bool chosen = false;  // a draft the arithmetic chose, not only probes
   for (std::size_t i = 0; i < decoding.size(); ++i) {
     Sequence* r = decoding[i];
     if (limit[i] > 0 && !explore) note_plan(r->acc, asks[i].probe, depth[i]);
+    if (depth[i] > 0 && !(asks[i].probe && depth[i] == 1)) chosen = true;
     if (depth[i] <= 0) {
       if (limit[i] > 0) {  // the budget's choice, not the end of the request
         ++metrics_.budget_skipped_steps;
@@ -631,6 +633,7 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
                                     r->kv_pages, r->kv_length});
     r->hidden.clear();
   }
+  plan.probes_only = plan.draft_levels > 0 && !chosen;
 }
 
 bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
@@ -775,7 +778,11 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
   // model leaves it out.
   const bool prefilled_drafter =
       plan.catch_up_rows > CostModel::kCatchUpRows * static_cast<std::int64_t>(plan.proposal_ids.size());
-  if (draft_.adaptive && draft_.configured && !plan.prefill && plan.decoding > 0 && !prefilled_drafter) {
+  // Steps that drafted only because probes were due are the budget's own measurements (priced by
+  // probe_every), not its judgement: counted, the feedback scaled the costs up for each probe that
+  // found a request still drafting badly — what the acceptance model already learns from it.
+  if (draft_.adaptive && draft_.configured && !plan.prefill && plan.decoding > 0 && !prefilled_drafter &&
+      !plan.probes_only) {
     feedback_.observe(plan.decoding, emitted, plan.draft_ms + wall, plan.draft_levels > 0);
     spdlog::trace(
         "feedback: {} requests, {} tokens in {:.2f} ms (draft {:.2f}), {} levels drafted; gain {:.2f}, scale {:.2f}",

@@ -83,9 +83,10 @@ TEST_CASE("attention: scalar, AVX2 and AVX-512 twins give the same bits for ever
     std::int64_t hd, keys, nq;
     bool tree;
   };
-  // Row counts of 5, 9, 17 and 25 leave a run of one row after runs of 4 or 8 (whatever the run
-  // size), which reads its whole prefix blocks in place and the rest (a partial block and the new
-  // keys, 18 of them at 690 keys) through the tile.
+  // Runs of up to 8 rows read their whole prefix blocks in place, row by row, and the rest (a partial
+  // block and the new keys, 18 of them at 690 keys) through the tile; longer runs read every block
+  // through the tile. Row counts of 5, 9, 17 and 25 leave a short run after runs of 4 or 8 (whatever
+  // the run size), so both kinds meet in one call.
   const Shape shapes[] = {{64, 1300, 1, false}, {64, 700, 40, false}, {64, 600, 6, true},  {64, 690, 5, false},
                           {64, 690, 5, true},   {64, 690, 9, false},  {64, 700, 17, true}, {64, 90, 25, false},
                           {48, 530, 3, false},  {40, 90, 5, true},    {20, 70, 2, false}};

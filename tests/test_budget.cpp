@@ -316,7 +316,9 @@ TEST_CASE("feedback: drafted steps measured slower than plain ones scale the cos
   CHECK(f.penalty(4) == 1.0);
   // 4 requests: plain steps give 0.5 tokens/ms, drafted ones 0.4: speculation loses here.
   for (int i = 0; i < 3; ++i) f.observe(4, 4, 8.0, false);
-  for (int i = 0; i < 20; ++i) f.observe(4, 4.4, 11.0, true);
+  for (int i = 0; i < 7; ++i) f.observe(4, 4.4, 11.0, true);
+  CHECK(f.penalty(4) == 1.0);  // 7 drafted steps are not yet a measurement
+  for (int i = 0; i < 17; ++i) f.observe(4, 4.4, 11.0, true);
   CHECK(f.measured_gain(4) == doctest::Approx(0.8).epsilon(0.01));
   CHECK(f.penalty(4) > 2.0);
   CHECK(f.penalty(1) == 1.0);  // another batch size is untouched
