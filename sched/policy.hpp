@@ -139,7 +139,7 @@ struct StepPlan {
   std::int64_t base_rows = 0, rows = 0, draft_levels = 0, decoding = 0;
   std::int64_t catch_up_rows = 0;  // target rows the proposals hand the drafter (a head's catch-up)
   double base_tokens = 0, mean_context = 0, draft_ms = 0;
-  bool prefill = false;  // a prompt chunk is in the step
+  bool prefill = false;      // a prompt chunk is in the step
   bool probes_only = false;  // every request that drafts does so only because a probe was due (one level)
 };
 
