@@ -83,6 +83,7 @@ void add_metrics(sa::EngineMetrics& t, const sa::EngineMetrics& m) {
   t.step_wall_ms += before.step_wall_ms;
   t.step_compute_ms += before.step_compute_ms;
   t.acceptance_rate = t.drafted > 0 ? static_cast<double>(t.accepted) / static_cast<double>(t.drafted) : 0.0;
+  if (!before.budget_memory.empty()) t.budget_memory = before.budget_memory;  // what the first engine started from
 }
 
 // Of per-engine ratios taken in both orders equally often: whichever mode runs second in an engine
@@ -413,7 +414,8 @@ json budget_json(const sa::EngineMetrics& m) {
           {"calibration_error", m.calibration_error},
           {"calibrated_nodes", m.calibrated_nodes},
           {"cost_model_c_k", m.step_cost},
-          {"cost_model_one_row_ms", m.step_ms_1}};
+          {"cost_model_one_row_ms", m.step_ms_1},
+          {"memory", m.budget_memory}};
 }
 
 void print_budget(const json& b) {
@@ -434,6 +436,9 @@ void print_budget(const json& b) {
       "  acceptance model: calibration error {:.3f} over {:.0f} nodes; cost model: {:.2f} ms/row{}\n",
       b["calibration_error"].get<double>(), b["calibrated_nodes"].get<double>(),
       b["cost_model_one_row_ms"].get<double>(), ck);
+  if (b.contains("memory") && !b["memory"].get<std::string>().empty())
+    std::cout << "  budget memory (--speculative-budget-cache) of the first engine: " << b["memory"].get<std::string>()
+              << "\n";
 }
 
 // The engines a bench starts log warnings only, unless the user asked for a level (--log-level trace

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -161,6 +162,17 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     std::size_t size = 0;
     ::close(open_regular_file(*s->speculative_ngram_corpus_path,
                               "--speculative-ngram-corpus-path " + *s->speculative_ngram_corpus_path, size));
+  }
+
+  // The budget's memory folder, when one is named: created now, so a path that cannot hold it stops
+  // the start instead of losing what the budget learns at exit.
+  if (const std::string& dir = s->speculative_budget_cache; !dir.empty() && dir != "none") {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (!std::filesystem::is_directory(dir))
+      throw ConfigError("--speculative-budget-cache " + dir + ": " +
+                        (std::filesystem::exists(dir) ? std::string("not a folder") : "cannot create the folder") +
+                        (ec ? " (" + ec.message() + ")" : std::string()));
   }
 
   // KV budget.

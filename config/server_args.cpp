@@ -375,6 +375,12 @@ void validate(const ServerArgs& a) {
   head_only("speculative_draft_suffix_tokens", a.speculative_draft_suffix_tokens.has_value());
   if (a.speculative_draft_suffix_tokens)
     in_range("speculative_draft_suffix_tokens", *a.speculative_draft_suffix_tokens, 0, kMaxNgramBranch);
+  if (!a.speculative_budget_cache.empty() && a.speculative_budget_cache != "none") {
+    if (!a.speculative_adaptive)
+      fail("speculative_budget_cache", "keeps what the adaptive budget learned; --speculative-adaptive is false");
+    if (a.speculative_algorithm == SpecAlgorithm::None)
+      fail("speculative_budget_cache", "keeps what the adaptive budget learned; --speculative-algorithm is NONE");
+  }
   in_range("speculative_suffix_cache_tokens", a.speculative_suffix_cache_tokens, 0, std::int64_t{1} << 30);
   in_range("speculative_suffix_min_match", a.speculative_suffix_min_match, 1, kMaxNgramWindow);
   in_range("speculative_suffix_max_match", a.speculative_suffix_max_match, 1, kMaxNgramWindow);

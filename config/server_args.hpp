@@ -119,6 +119,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   /* ---- speculative decoding ---- */                                                                 \
   X(SpecAlgorithm, speculative_algorithm,      SpecAlgorithm::Auto, "AUTO|NONE|EAGLE|EAGLE3|NEXTN (= EAGLE)|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX; AUTO = EAGLE3 with the head shipped for the model when one ships (SmolLM2-135M-Instruct), else NONE") \
   X(bool,          speculative_adaptive,       true,      "a measured cost model and an online acceptance model choose, every step, how deep each request drafts and which nodes are verified (0 when it would not pay); false = the fixed shape every step") \
+  X(std::string,   speculative_budget_cache,   "",        "folder where the adaptive budget keeps what it learned across engine starts (acceptance by draft score and depth, draft-round cost, measured gain per batch size), one small file per CPU, model, drafter and shape; empty = $XDG_CACHE_HOME/specactor/budget, else ~/.cache/specactor/budget; none = learn from nothing at every start") \
   X(OptString,     speculative_draft_model_path, {},      "draft model or head (EAGLE/EAGLE3/MTP head, standalone draft GGUF)") \
   X(OptLoadFormat, speculative_draft_load_format, {},     "weight format of the draft; unset = the target's") \
   X(std::string,   speculative_draft_worker,   "",        "HOST:PORT of a `specactor worker --role draft`: the draft worker runs in that process (the draft snapshot is derived here and sent; hidden rows travel with each proposal round); empty = in this process") \

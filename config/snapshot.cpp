@@ -26,15 +26,18 @@ Snapshot derive(const Snapshot& parent, std::string_view source, const nlohmann:
   return std::make_shared<const ServerArgs>(std::move(child));
 }
 
-std::uint64_t content_hash(const ServerArgs& args) {
-  // nlohmann::json objects keep keys sorted, so dump() is canonical for a given set of values.
-  const std::string text = settings_to_json(args).dump();
+std::uint64_t fnv1a(std::string_view text) {
   std::uint64_t h = 1469598103934665603ULL;
   for (unsigned char c : text) {
     h ^= c;
     h *= 1099511628211ULL;
   }
   return h;
+}
+
+std::uint64_t content_hash(const ServerArgs& args) {
+  // nlohmann::json objects keep keys sorted, so dump() is canonical for a given set of values.
+  return fnv1a(settings_to_json(args).dump());
 }
 
 std::string hash_hex(std::uint64_t hash) {

@@ -25,6 +25,8 @@ Snapshot freeze(ServerArgs args);
 // value, or a result that fails validate(). An empty `fields` returns `parent` itself.
 Snapshot derive(const Snapshot& parent, std::string_view source, const nlohmann::json& fields);
 
+// 64-bit FNV-1a of a text (stable across builds and machines).
+std::uint64_t fnv1a(std::string_view text);
 // Stable 64-bit content hash of the settings (FNV-1a over the canonical JSON; the log is excluded).
 std::uint64_t content_hash(const ServerArgs& args);
 std::string hash_hex(std::uint64_t hash);

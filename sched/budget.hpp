@@ -83,6 +83,7 @@ class CostModel {
   std::int64_t draft_rounds() const { return draft_rounds_; }
 
  private:
+  friend struct MemoryCodec;  // sched/memory.cpp
   static constexpr int kBuckets = 64;
   struct Cell {
     RingMedian real;
@@ -145,6 +146,7 @@ class AcceptanceModel {
   double calibration_count() const;
 
  private:
+  friend struct MemoryCodec;  // sched/memory.cpp: kept across engine starts
   struct Beta {
     double hits = 0, seen = 0;
   };
@@ -174,6 +176,7 @@ class Feedback {
   double measured_gain(std::int64_t requests) const;
 
  private:
+  friend struct MemoryCodec;  // sched/memory.cpp
   // Tokens and milliseconds summed with geometric weights (`keep` per new step): the rate of the
   // recent steps as a ratio of sums. A mean of per-step rates started from its first sample, and a
   // drafted step that took 40 ms (a drafter's first round) then held the measured gain under 1 for

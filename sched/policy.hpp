@@ -27,6 +27,7 @@
 #include "model/prefix_tree.hpp"
 #include "model/tokenizer.hpp"
 #include "sched/budget.hpp"
+#include "sched/memory.hpp"
 #include "sched/step.hpp"
 #include "sched/types.hpp"
 
@@ -163,6 +164,12 @@ class Scheduler {
   const CostModel& cost() const { return cost_; }
   const AcceptanceModel& acceptance() const { return accept_; }
   const Feedback& feedback() const { return feedback_; }
+  // What the budget learned, as text under `key`, and back (sched/memory.hpp: restore_memory returns
+  // "" when restored, "key" for another engine's file, else what is wrong with the text).
+  std::string save_memory(const std::string& key) const { return MemoryCodec::save(key, accept_, cost_, feedback_); }
+  std::string restore_memory(std::string_view text, const std::string& key) {
+    return MemoryCodec::restore(text, key, accept_, cost_, feedback_);
+  }
   // Steps run once the policy is ready (the target is loaded, the draft worker answered or failed).
   void set_ready();
   bool ready() const { return ready_; }

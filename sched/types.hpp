@@ -99,6 +99,7 @@ struct EngineMetrics {
   double calibrated_nodes = 0;    // predictions that error covers
   std::vector<double> step_cost;  // cost model: c(k) = step time of k rows ÷ 1 row, k = 1, 2, 4, 8, 16, 32
   double step_ms_1 = 0;           // cost model: one row's step time, ms (short context)
+  std::string budget_memory;      // what the budget started from: "read FILE", "new FILE", "off", or the problem
   bool draft_alive = false;
   std::string algorithm;                  // the speculative algorithm in the draft snapshot ("NONE" without)
   double step_wall_ms = 0;                // Σ wall time of target steps seen by the scheduler

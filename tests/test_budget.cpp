@@ -1,13 +1,18 @@
 // tests/test_budget.cpp — the speculation budget (sched/budget.hpp) driven with synthetic costs and
 // acceptance sequences, and the suffix store (drafters/suffix_store.hpp). No model, no actors.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "drafters/drafter.hpp"
 #include "drafters/suffix_store.hpp"
 #include "sched/budget.hpp"
+#include "sched/memory.hpp"
 #include "sched/policy.hpp"
 
 using namespace specactor::sched;
@@ -396,6 +401,115 @@ TEST_CASE("acceptance model: calibrates a drafter's scores and reports its calib
   CHECK(m.node_prob(0.5f, 2, good) > m.node_prob(0.5f, 2, fresh));
   // Depth prior without observations: each level no likelier than the one above.
   for (int d = 2; d < 8; ++d) CHECK(m.level_prob(d, fresh) <= m.level_prob(d - 1, fresh));
+}
+
+namespace {
+
+// Models that learned something: a drafter right 30 % of the time at score 0.9 and depth 1, levels
+// accepted 1 in 4, draft rounds of 2 ms per level, and drafting that measured slower at batch 1.
+struct Learned {
+  AcceptanceModel accept;
+  CostModel cost;
+  Feedback feedback;
+  Learned() {
+    RequestAcceptance r;
+    for (int i = 0; i < 1000; ++i) accept.observe_node(0.9f, 1, 0.9, i % 10 < 3, r);
+    for (int i = 0; i < 200; ++i) accept.observe_levels(2, i % 4 == 0 ? 1 : 0, r);
+    for (int levels : {1, 2, 3}) cost.observe_draft(levels, 2.0 * levels);
+    for (int i = 0; i < 10; ++i) feedback.observe(1, 1, 4.0, false);
+    for (int i = 0; i < 20; ++i) feedback.observe(1, 1.1, 6.0, true);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("budget memory: what the models learned comes back in a new engine's models, and only under its key") {
+  const Learned l;
+  REQUIRE(l.feedback.penalty(1) > 1.0);
+  const std::string text = MemoryCodec::save("cpu=X | draft=Y", l.accept, l.cost, l.feedback);
+  CHECK(text.rfind(std::string(MemoryCodec::kHeader) + "\nkey cpu=X | draft=Y\n", 0) == 0);
+  AcceptanceModel a;
+  CostModel c;
+  Feedback f;
+  const RequestAcceptance fresh;
+  const double prior = a.node_prob(0.9f, 1, fresh);
+  // Another key: nothing changes.
+  CHECK(MemoryCodec::restore(text, "cpu=X | draft=Z", a, c, f) == "key");
+  CHECK(a.node_prob(0.9f, 1, fresh) == prior);
+  CHECK(c.draft_ms(2) == 0.0);
+  CHECK(MemoryCodec::restore(text, "cpu=X | draft=Y", a, c, f).empty());
+  // The calibration table: 30 % learned, not the prior's 90 %; capped at kCap observations, so the
+  // estimate is the same but new evidence moves it sooner.
+  CHECK(a.node_prob(0.9f, 1, fresh) == doctest::Approx(l.accept.node_prob(0.9f, 1, fresh)).epsilon(0.02));
+  CHECK(a.node_prob(0.9f, 1, fresh) < 0.35);
+  for (int d = 1; d <= 3; ++d) CHECK(a.level_prob(d, fresh) == doctest::Approx(l.accept.level_prob(d, fresh)));
+  CHECK(c.draft_ms(2) == doctest::Approx(l.cost.draft_ms(2)));
+  CHECK(c.draft_ms(2) == doctest::Approx(4.0));
+  CHECK(f.penalty(1) == doctest::Approx(l.feedback.penalty(1)));
+  CHECK(f.measured_gain(1) == doctest::Approx(l.feedback.measured_gain(1)));
+  // The calibration error is each run's own.
+  CHECK(a.calibration_count() == 0.0);
+  // Saved again, the text is the same but for the capped counts.
+  const std::string again = MemoryCodec::save("cpu=X | draft=Y", a, c, f);
+  CHECK(again.find("accept 0 1 120 400\n") != std::string::npos);
+  CHECK(text.find("accept 0 1 300 1000\n") != std::string::npos);
+}
+
+TEST_CASE("budget memory: a damaged text is refused with its line, and the models are left as they were") {
+  const Learned l;
+  const std::string good = MemoryCodec::save("k", l.accept, l.cost, l.feedback);
+  const std::string head = std::string(MemoryCodec::kHeader) + "\nkey k\n";
+  const std::vector<std::pair<std::string, std::string>> bad{
+      {"", "line 1: the file is empty"},
+      {"specactor-budget-memory 9\nkey k\n", "line 1: expected"},
+      {std::string(MemoryCodec::kHeader) + "\naccept 0 1 1 2\n", "line 2: a record before the key"},
+      {head + "accept 13 1 1 2\n", "line 3: expected a score bin"},
+      {head + "accept 0 0 1 2\n", "line 3: expected a score bin 0-12 and a depth 1-32"},
+      {head + "accept 0 1 3 2\n", "line 3: expected hits ≤ seen"},
+      {head + "level 1 nan 2\n", "line 3: expected hits ≤ seen"},
+      {head + "whole 1 1 2 7\n", "line 3: expected hits ≤ seen"},
+      {head + "draft 0 1\n", "line 3: expected levels ≥ 1"},
+      {head + "draft 1 -1\n", "line 3: expected levels ≥ 1"},
+      {head + "feedback 6 1 0 0 0 0 0 0\n", "line 3: expected a batch bucket"},
+      {head + "feedback 0 9 0 0 0 0 0 0\n", "line 3: expected a scale 1-4"},
+      {head + "feedback 0 1 0 0 0 0 0\n", "line 3: expected a scale 1-4"},
+      {head + "key k\n", "line 3: a second key"},
+      {head + "level 1 1 2\nbogus 1\n", "line 4: unknown record"},
+      {std::string(MemoryCodec::kHeader) + "\n", "no key line"},
+  };
+  for (const auto& [text, want] : bad) {
+    CAPTURE(text);
+    Learned m;
+    const std::string err = MemoryCodec::restore(text, "k", m.accept, m.cost, m.feedback);
+    CHECK(err.rfind(want, 0) == 0);
+    CHECK(MemoryCodec::save("k", m.accept, m.cost, m.feedback) == good);  // untouched
+  }
+}
+
+TEST_CASE("budget memory: the file is written whole through a rename, read back, and a missing one is empty") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("specactor_budget_memory." + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string path = memory_file((dir / "a" / "b").string(), "key one");
+  CHECK(path == memory_file((dir / "a" / "b").string(), "key one"));
+  CHECK(path != memory_file((dir / "a" / "b").string(), "key two"));
+  std::string text = "left over";
+  CHECK(read_memory_file(path, text).empty());
+  CHECK(text.empty());
+  CHECK(write_memory_file(path, "one\n").empty());  // creates the folders
+  CHECK(write_memory_file(path, "two\n").empty());  // replaces
+  CHECK(read_memory_file(path, text).empty());
+  CHECK(text == "two\n");
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(path).parent_path())) files += e.is_regular_file() ? 1 : 0;
+  CHECK(files == 1);  // no temporary left behind
+  // A folder where the file should be: one clear error, nothing written.
+  fs::create_directories(dir / "blocked" / memory_file("", "k"));
+  const std::string blocked = memory_file((dir / "blocked").string(), "k");
+  CHECK(fs::is_directory(blocked));
+  CHECK_FALSE(write_memory_file(blocked, "x").empty());
+  CHECK_FALSE(read_memory_file(blocked, text).empty());
+  fs::remove_all(dir);
 }
 
 TEST_CASE("suffix store: continuations across documents, own earlier text, bounded memory oldest-first") {

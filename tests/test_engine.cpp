@@ -16,12 +16,14 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "actors/engine.hpp"
 #include "actors/engine_caf.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/system.hpp"
+#include "config/error.hpp"
 #include "config/resolve.hpp"
 #include "drafters/drafter.hpp"
 #include "kernels/backend.hpp"
@@ -289,6 +291,85 @@ TEST_CASE("NGRAM speculation: greedy output equals plain decoding, single and 8 
   CHECK(m.drafted > 0);
   CHECK(m.decode_steps > m.speculative_steps);
   MESSAGE("tiny model NGRAM: drafted " << m.drafted << ", accepted " << m.accepted << ", τ " << m.mean_accepted_length);
+}
+
+TEST_CASE("budget memory: an engine keeps what its budget learned, the next one of its key starts from it") {
+  const fs::path dir = fs::temp_directory_path() / ("specactor_engine_memory." + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::vector<std::string> ngram = {"--speculative-algorithm", "NGRAM", "--speculative-budget-cache",
+                                          dir.string()};
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(ids_request(tiny_prompt(i), 24));
+  auto files = [&] {
+    std::vector<fs::path> out;
+    if (fs::exists(dir))
+      for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path());
+    return out;
+  };
+  auto slurp = [](const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  std::vector<GenerationResult> first;
+  {
+    auto e = Engine::from_argv(tiny_args(ngram));
+    first = run_all(*e, reqs);
+    CHECK(e->metrics().budget_memory.rfind("new " + dir.string(), 0) == 0);
+    CHECK(files().empty());  // written at exit
+  }
+  REQUIRE(files().size() == 1);
+  const fs::path damaged = files()[0];  // damaged below
+  const std::string text = slurp(damaged);
+  CHECK(text.rfind("specactor-budget-memory 1\nkey cpu=", 0) == 0);
+  CHECK(text.find("draft=NGRAM") != std::string::npos);
+  CHECK(text.find("\nfeedback ") != std::string::npos);  // the plain and drafted rates per batch size
+  {
+    auto e = Engine::from_argv(tiny_args(ngram));
+    const auto again = run_all(*e, reqs);
+    for (std::size_t i = 0; i < reqs.size(); ++i) CHECK(again[i].tokens == first[i].tokens);
+    CHECK(e->metrics().budget_memory == "read " + damaged.string());
+  }
+  // Another shape is another key: a file of its own.
+  {
+    std::vector<std::string> deeper = ngram;
+    deeper.insert(deeper.end(), {"--speculative-num-steps", "2"});
+    auto e = Engine::from_argv(tiny_args(deeper));
+    CHECK(e->metrics().budget_memory.rfind("new ", 0) == 0);
+  }
+  CHECK(files().size() == 2);
+  // A damaged file: named, the budget starts from nothing, the outputs are the same, and the file is
+  // rewritten whole at exit.
+  {
+    std::ofstream(damaged, std::ios::app) << "bogus 1 2\n";
+    auto e = Engine::from_argv(tiny_args(ngram));
+    const auto again = run_all(*e, reqs);
+    for (std::size_t i = 0; i < reqs.size(); ++i) CHECK(again[i].tokens == first[i].tokens);
+    const std::string m = e->metrics().budget_memory;
+    CHECK(m.rfind("ignored " + damaged.string() + ": line ", 0) == 0);
+    CHECK(m.find("unknown record") != std::string::npos);
+  }
+  CHECK(slurp(damaged).find("bogus") == std::string::npos);
+  // none: nothing read or written; the flag without the budget is refused, naming it.
+  {
+    auto e = Engine::from_argv(tiny_args({"--speculative-algorithm", "NGRAM", "--speculative-budget-cache", "none"}));
+    CHECK(e->metrics().budget_memory == "off");
+  }
+  CHECK(files().size() == 2);
+  for (const std::vector<std::string>& refused :
+       {std::vector<std::string>{"--speculative-algorithm", "NGRAM", "--speculative-adaptive", "false",
+                                 "--speculative-budget-cache", dir.string()},
+        std::vector<std::string>{"--speculative-algorithm", "NONE", "--speculative-budget-cache", dir.string()},
+        std::vector<std::string>{"--speculative-algorithm", "NGRAM", "--speculative-budget-cache", damaged.string()}}) {
+    try {
+      (void)Engine::from_argv(tiny_args(refused));
+      FAIL("an engine started with " << refused.back());
+    } catch (const config::ConfigError& e) {
+      CHECK(std::string(e.what()).find("--speculative-budget-cache") != std::string::npos);
+    }
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("KV exhaustion: more requests than fit all complete, none lost, in bounded time") {

@@ -3,7 +3,9 @@
 // The suites write scratch files (tiny models, heads, prompt files) under
 // std::filesystem::temp_directory_path(). CTest runs every test case as its own process, so main
 // points TMPDIR at a folder of this process's own and removes it at the end: a test run leaves
-// nothing behind in /tmp (a crashed case leaves its one folder, named with its pid).
+// nothing behind in /tmp (a crashed case leaves its one folder, named with its pid). XDG_CACHE_HOME
+// points there too: an engine's budget memory (--speculative-budget-cache) starts empty in every
+// case and never lands in the user's cache.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -18,7 +20,10 @@ int main(int argc, char** argv) {
   std::error_code ec;
   const fs::path scratch = fs::temp_directory_path(ec) / ("specactor-test." + std::to_string(::getpid()));
   const bool own = !ec && fs::create_directories(scratch, ec) && !ec;
-  if (own) ::setenv("TMPDIR", scratch.c_str(), 1);
+  if (own) {
+    ::setenv("TMPDIR", scratch.c_str(), 1);
+    ::setenv("XDG_CACHE_HOME", (scratch / "cache").c_str(), 1);
+  }
   doctest::Context context(argc, argv);
   const int rc = context.run();
   if (own) fs::remove_all(scratch, ec);

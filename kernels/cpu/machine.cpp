@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
 
 #include "kernels/cpu/matmul.hpp"
@@ -134,6 +135,19 @@ double measure_peak_gflops(double secs) {
     ++rounds;
   }
   return flops / seconds(t0) / 1e9;
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) return {};
+      const auto start = line.find_first_not_of(" \t", colon + 1);
+      return start == std::string::npos ? std::string() : line.substr(start);
+    }
+  return {};
 }
 
 }  // namespace specactor::kernels

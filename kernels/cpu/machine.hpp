@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace specactor::kernels {
 
@@ -17,5 +18,8 @@ MemoryBandwidth measure_memory_bandwidth(std::size_t bytes = std::size_t{512} <<
 // Peak float32 FMA throughput over all threads with the widest vector unit matmul() uses
 // (GFLOP/s, one FMA = 2 FLOPs), measured with independent register-resident FMA chains.
 double measure_peak_gflops(double seconds = 0.3);
+
+// The CPU's model name as /proc/cpuinfo gives it ("" when it does not).
+std::string cpu_model_name();
 
 }  // namespace specactor::kernels
