@@ -193,9 +193,8 @@ double CostModel::relative(std::int64_t rows, double mean_context) const {
   return one > 0 ? step_ms(rows, mean_context) / one : 1.0;
 }
 
-void CostModel::observe_draft(std::int64_t levels, double ms, std::int64_t requests, std::int64_t catch_up_rows) {
-  if (levels <= 0 || !std::isfinite(ms) || ms < 0) return;
-  if (catch_up_rows > kCatchUpRows * std::max<std::int64_t>(1, requests)) return;
+void CostModel::observe_draft(std::int64_t levels, double ms, bool priming) {
+  if (levels <= 0 || !std::isfinite(ms) || ms < 0 || priming) return;
   draft_obs_[static_cast<std::size_t>(draft_rounds_ % 32)] = {static_cast<double>(levels), ms};
   ++draft_rounds_;
   draft_fresh_ = false;

@@ -64,14 +64,15 @@ class CostModel {
   double relative(std::int64_t rows, double mean_context) const;
   bool known() const;
 
-  // A draft round: `levels` = Σ depth asked over its requests, its wall time. `catch_up_rows`: target
-  // rows the drafter first took in (a head catches up on the tokens since its last round: a few after
-  // a drafted step, a whole prompt after prefill or a long pause). A round that caught up more than
-  // kCatchUpRows per request is not a draft round's cost but a one-time prefill of the drafter's own
-  // state; counting it made one slow first round look like the price of every round, and the budget
-  // then drafted nothing more to learn otherwise.
-  static constexpr std::int64_t kCatchUpRows = 8;
-  void observe_draft(std::int64_t levels, double ms, std::int64_t requests = 1, std::int64_t catch_up_rows = 0);
+  // A draft round: `levels` = Σ depth asked over its requests, its wall time. `priming`: the round
+  // took in a request's prompt for the first time (a head's first round after prefill catches up on
+  // the whole prompt): a one-time prefill of the drafter's own state, not what a round costs, left
+  // out; counting it made one slow first round look like the price of every round, and the budget
+  // then drafted nothing more to learn otherwise. The catch-up after idle steps is counted: it recurs
+  // whenever drafting is sparse (4 in flight: 14 rows per request, rounds of ~1.1 ms against ~0.6 ms),
+  // and leaving out every round above 8 rows per request (the rule until 2026-12-04) hid exactly the
+  // rounds that made sparse drafting a loss.
+  void observe_draft(std::int64_t levels, double ms, bool priming = false);
   // Predicted wall time of a draft round of `levels` levels (0 for none, and before any round): a
   // robust line (fixed cost per round + cost per level) through the last 32 rounds. While they all
   // asked the same L levels, their median m for up to L levels and m · levels / L beyond: never less

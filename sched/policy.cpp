@@ -623,6 +623,8 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
       continue;
     }
     plan.draft_levels += depth[i];
+    plan.priming = plan.priming || !r->drafter_primed;
+    r->drafter_primed = true;
     if (const std::size_t width = draft_.needs.hidden_layers.size() * static_cast<std::size_t>(hidden_size_); width > 0)
       plan.catch_up_rows += static_cast<std::int64_t>(r->hidden.size() / width);
     plan.depth_limits.push_back(depth[i]);
@@ -640,8 +642,7 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
   if (stale(plan)) return false;
   const double draft_ms = ms_between(plan.started, Clock::now());
   metrics_.draft_ms += draft_ms;
-  cost_.observe_draft(plan.draft_levels, draft_ms, static_cast<std::int64_t>(plan.proposal_ids.size()),
-                      plan.catch_up_rows);
+  cost_.observe_draft(plan.draft_levels, draft_ms, plan.priming);
   metrics_.draft_cache_query_tokens = p.cache.query_tokens;
   metrics_.draft_cache_hit_tokens = p.cache.hit_tokens;
   metrics_.draft_cache_pages = p.cache.pages;
@@ -773,14 +774,16 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
   // A drafted decode step against the same step without drafts (the feedback on the models).
   double emitted = 0;
   for (const auto& item : res.items) emitted += static_cast<double>(item.tokens.size());
-  // A round in which a drafter first took in a whole prompt (more than kCatchUpRows per request) is
-  // a one-time prefill of its own state, not what drafting costs per step: left out, as the cost
-  // model leaves it out.
-  const bool prefilled_drafter =
-      plan.catch_up_rows > CostModel::kCatchUpRows * static_cast<std::int64_t>(plan.proposal_ids.size());
+  // A round in which a drafter first took in a request's prompt is a one-time prefill of its own
+  // state, not what drafting costs per step: left out, as the cost model leaves it out. (The catch-up
+  // after idle steps is counted: it is what sparse drafting costs.)
+  const bool prefilled_drafter = plan.priming;
   // Steps that drafted only because probes were due are the budget's own measurements (priced by
   // probe_every), not its judgement: counted, the feedback scaled the costs up for each probe that
   // found a request still drafting badly — what the acceptance model already learns from it.
+  if (draft_.adaptive && draft_.configured && plan.draft_levels > 0)
+    spdlog::trace("draft round: {} requests, {} levels, {} catch-up rows, {:.2f} ms{}", plan.proposal_ids.size(),
+                  plan.draft_levels, plan.catch_up_rows, plan.draft_ms, prefilled_drafter ? " (left out)" : "");
   if (draft_.adaptive && draft_.configured && !plan.prefill && plan.decoding > 0 && !prefilled_drafter &&
       !plan.probes_only) {
     feedback_.observe(plan.decoding, emitted, plan.draft_ms + wall, plan.draft_levels > 0);

@@ -83,6 +83,7 @@ struct Sequence {
   std::vector<float> hidden;
   std::int64_t hidden_first = 0;  // context position of hidden's first row
   std::int64_t hidden_rows = 0;   // rows received so far (= position after the last row)
+  bool drafter_primed = false;    // a proposal round took in its prompt (its first round)
   std::vector<std::int32_t> kv_pages;
   std::int64_t kv_length = 0;
   // The prefix cache: the request runs on cache_pages (whole pages) and the first copy_len slots of
@@ -139,6 +140,7 @@ struct StepPlan {
   // rows, the mean context per row, and the draft levels asked.
   std::int64_t base_rows = 0, rows = 0, draft_levels = 0, decoding = 0;
   std::int64_t catch_up_rows = 0;  // target rows the proposals hand the drafter (a head's catch-up)
+  bool priming = false;  // a request drafts for the first time: the drafter takes in its prompt
   double base_tokens = 0, mean_context = 0, draft_ms = 0;
   bool prefill = false;      // a prompt chunk is in the step
   bool probes_only = false;  // every request that drafts does so only because a probe was due (one level)

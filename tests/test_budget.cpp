@@ -86,11 +86,11 @@ TEST_CASE("cost model: ring medians shrug off spikes, a line fits the buckets, b
   for (std::int64_t l : {1, 2, 3, 5, 6}) c.observe_draft(l, 0.2 + 0.45 * static_cast<double>(l));
   CHECK(c.draft_ms(8) == doctest::Approx(0.2 + 0.45 * 8).epsilon(0.1));
   CHECK(c.draft_ms(1) < 1.0);
-  // A round that first caught up a whole prompt (a head's first round after prefill) is not what a
-  // round costs: 32 of them, however slow, leave the estimate where real rounds put it.
-  for (int i = 0; i < 32; ++i) c.observe_draft(2, 40.0, /*requests=*/2, /*catch_up_rows=*/300);
+  // A round that first took in a prompt (a head's first round after prefill) is not what a round
+  // costs: 32 of them, however slow, leave the estimate where real rounds put it.
+  for (int i = 0; i < 32; ++i) c.observe_draft(2, 40.0, /*priming=*/true);
   CHECK(c.draft_ms(8) == doctest::Approx(0.2 + 0.45 * 8).epsilon(0.1));
-  c.observe_draft(2, 1.1, 2, 2 * CostModel::kCatchUpRows);  // a few rows per request: an ordinary round
+  c.observe_draft(2, 1.1);  // a round after idle steps (a long catch-up) is an ordinary round
   CHECK(c.draft_rounds() == 3 + 5 + 1);
   CostModel empty;
   CHECK_FALSE(empty.known());
