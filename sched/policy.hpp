@@ -140,7 +140,7 @@ struct StepPlan {
   // rows, the mean context per row, and the draft levels asked.
   std::int64_t base_rows = 0, rows = 0, draft_levels = 0, decoding = 0;
   std::int64_t catch_up_rows = 0;  // target rows the proposals hand the drafter (a head's catch-up)
-  bool priming = false;  // a request drafts for the first time: the drafter takes in its prompt
+  bool priming = false;            // a request drafts for the first time: the drafter takes in its prompt
   double base_tokens = 0, mean_context = 0, draft_ms = 0;
   bool prefill = false;      // a prompt chunk is in the step
   bool probes_only = false;  // every request that drafts does so only because a probe was due (one level)
