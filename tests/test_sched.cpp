@@ -286,6 +286,48 @@ TEST_CASE("proposals: depth limited by max_new and the context, malformed nodes 
   CHECK(f.events.text(1) == "bcx");
 }
 
+TEST_CASE("budget: a request's first proposal round (the drafter takes in its prompt) is left out of the draft cost") {
+  Limits l;
+  l.max_running_requests = 2;
+  Fixture f(l);
+  f.s->set_draft(chain_draft(/*steps=*/2, /*tokens=*/3));  // a fixed shape: every decode step drafts
+  auto propose = [&](StepPlan& plan, std::size_t n) {
+    Proposals p;
+    for (std::size_t i = 0; i < n; ++i) {
+      p.tokens.push_back({tok('x')});
+      p.parents.push_back({-1});
+      p.probs.push_back({});
+    }
+    CHECK(f.s->apply_proposals(plan, p));
+  };
+  f.submit(1, {tok('a'), tok('b')}, 30);
+  auto plan = f.s->next_step(true);  // prefill
+  f.answer(*plan, {{1, {tok('c')}}});
+  plan = f.s->next_step(true);
+  REQUIRE(plan->proposals.items.size() == 1);
+  CHECK(plan->priming);
+  propose(*plan, 1);
+  CHECK(f.s->cost().draft_rounds() == 0);  // the prompt's one-time catch-up: left out
+  f.answer(*plan, {{1, {tok('d')}}});
+  plan = f.s->next_step(true);
+  REQUIRE(plan->proposals.items.size() == 1);
+  CHECK_FALSE(plan->priming);  // however long its catch-up, a later round is what drafting costs
+  propose(*plan, 1);
+  CHECK(f.s->cost().draft_rounds() == 1);
+  f.answer(*plan, {{1, {tok('e')}}});
+  // A second request: the round that first drafts for it primes again, with the first request in it.
+  f.submit(2, {tok('a')}, 30);
+  plan = f.s->next_step(true);  // request 2's prefill beside request 1's decode
+  if (!plan->proposals.items.empty()) propose(*plan, plan->proposals.items.size());
+  f.answer(*plan, {{1, {tok('f')}}, {2, {tok('b')}}});
+  const auto rounds = f.s->cost().draft_rounds();
+  plan = f.s->next_step(true);
+  REQUIRE(plan->proposals.items.size() == 2);
+  CHECK(plan->priming);
+  propose(*plan, 2);
+  CHECK(f.s->cost().draft_rounds() == rounds);
+}
+
 TEST_CASE("proposals: the tree is cut at the node limit") {
   Fixture f;
   f.s->set_draft(chain_draft(1, 200));
