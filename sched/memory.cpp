@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -119,6 +120,9 @@ std::string MemoryCodec::restore(std::string_view text, const std::string& key, 
           !(k.spec.tokens >= 0) || !(k.spec.ms >= 0) || k.plain.n < 0 || k.spec.n < 0 ||
           !std::isfinite(k.plain.tokens + k.plain.ms + k.spec.tokens + k.spec.ms))
         return bad("expected a scale 1-4, then tokens, ms and steps ≥ 0 for plain and drafted steps");
+      // The step counts only gate the comparison (enough steps seen); kept small so the file stays so.
+      k.plain.n = std::min<std::int64_t>(k.plain.n, 1000);
+      k.spec.n = std::min<std::int64_t>(k.spec.n, 1000);
     } else {
       return bad("unknown record");
     }
@@ -140,8 +144,10 @@ std::string memory_file(const std::string& folder, const std::string& key) {
 }
 
 std::string default_memory_folder() {
+  // The XDG base-directory rules ignore a relative $XDG_CACHE_HOME.
   const char* xdg = std::getenv("XDG_CACHE_HOME");
-  if (xdg && *xdg) return (std::filesystem::path(xdg) / "specactor" / "budget").string();
+  if (xdg && *xdg && std::filesystem::path(xdg).is_absolute())
+    return (std::filesystem::path(xdg) / "specactor" / "budget").string();
   const char* home = std::getenv("HOME");
   if (home && *home) return (std::filesystem::path(home) / ".cache" / "specactor" / "budget").string();
   return {};

@@ -41,7 +41,8 @@ struct MemoryCodec {
 
 // folder/budget-<16 hex digits of the key's FNV-1a hash>.txt
 std::string memory_file(const std::string& folder, const std::string& key);
-// $XDG_CACHE_HOME/specactor/budget, else $HOME/.cache/specactor/budget; "" when neither is set.
+// $XDG_CACHE_HOME/specactor/budget (an absolute $XDG_CACHE_HOME), else $HOME/.cache/specactor/budget;
+// "" when neither is set.
 std::string default_memory_folder();
 // Reads `path` into `text`. Returns "" (a missing file too: `text` then stays empty) or the error.
 std::string read_memory_file(const std::string& path, std::string& text);

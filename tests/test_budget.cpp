@@ -453,6 +453,14 @@ TEST_CASE("budget memory: what the models learned comes back in a new engine's m
   const std::string again = MemoryCodec::save("cpu=X | draft=Y", a, c, f);
   CHECK(again.find("accept 0 1 120 400\n") != std::string::npos);
   CHECK(text.find("accept 0 1 300 1000\n") != std::string::npos);
+  // The feedback's step counts only gate the comparison: capped when read.
+  AcceptanceModel a2;
+  CostModel c2;
+  Feedback f2;
+  CHECK(MemoryCodec::restore(std::string(MemoryCodec::kHeader) + "\nkey k\nfeedback 0 1 5 20 123456 10 30 99999\n", "k",
+                             a2, c2, f2)
+            .empty());
+  CHECK(MemoryCodec::save("k", a2, c2, f2).find("feedback 0 1 5 20 1000 10 30 1000\n") != std::string::npos);
 }
 
 TEST_CASE("budget memory: a damaged text is refused with its line, and the models are left as they were") {
@@ -503,6 +511,23 @@ TEST_CASE("budget memory: the file is written whole through a rename, read back,
   std::size_t files = 0;
   for (const auto& e : fs::directory_iterator(fs::path(path).parent_path())) files += e.is_regular_file() ? 1 : 0;
   CHECK(files == 1);  // no temporary left behind
+  // The default folder follows XDG: an absolute $XDG_CACHE_HOME, else ~/.cache (a relative one is ignored).
+  {
+    const char* old_xdg = std::getenv("XDG_CACHE_HOME");
+    const char* old_home = std::getenv("HOME");
+    const std::string keep_xdg = old_xdg ? old_xdg : "", keep_home = old_home ? old_home : "";
+    ::setenv("HOME", "/home/someone", 1);
+    ::setenv("XDG_CACHE_HOME", "/var/cache/x", 1);
+    CHECK(default_memory_folder() == "/var/cache/x/specactor/budget");
+    ::setenv("XDG_CACHE_HOME", "relative/cache", 1);
+    CHECK(default_memory_folder() == "/home/someone/.cache/specactor/budget");
+    ::unsetenv("XDG_CACHE_HOME");
+    CHECK(default_memory_folder() == "/home/someone/.cache/specactor/budget");
+    ::unsetenv("HOME");
+    CHECK(default_memory_folder().empty());
+    if (old_xdg) ::setenv("XDG_CACHE_HOME", keep_xdg.c_str(), 1);
+    if (old_home) ::setenv("HOME", keep_home.c_str(), 1);
+  }
   // A folder where the file should be: one clear error, nothing written.
   fs::create_directories(dir / "blocked" / memory_file("", "k"));
   const std::string blocked = memory_file((dir / "blocked").string(), "k");
