@@ -270,6 +270,29 @@ double AcceptanceModel::level_prob(int depth, const RequestAcceptance& r) const 
   return p;
 }
 
+int AcceptanceModel::round_bin(std::int64_t empty) {
+  if (empty < 0) return 0;
+  if (empty <= 2) return static_cast<int>(empty) + 1;
+  return empty <= 4 ? 4 : empty <= 8 ? 5 : empty <= 16 ? 6 : 7;
+}
+
+double AcceptanceModel::propose_prob(const RequestAcceptance& r) const {
+  const int bin = round_bin(r.empty_rounds);
+  const auto at = [&](int b) -> const Beta& { return rounds_[static_cast<std::size_t>(b)]; };
+  if (bin == 0) return (at(0).hits + 1.0) / (at(0).seen + 1.0);  // a drafter proposes until shown otherwise
+  double q = (at(1).hits + 1.0) / (at(1).seen + 1.0);
+  for (int b = 2; b <= bin; ++b) q = (at(b).hits + q) / (at(b).seen + 1.0);
+  return q;
+}
+
+void AcceptanceModel::observe_round(bool proposed, RequestAcceptance& r) {
+  Beta& g = rounds_[static_cast<std::size_t>(round_bin(r.empty_rounds))];
+  if (g.seen >= kGlobalCap) g.hits *= 0.5, g.seen *= 0.5;
+  g.seen += 1;
+  g.hits += proposed ? 1 : 0;
+  r.empty_rounds = proposed ? 0 : std::max<std::int64_t>(0, r.empty_rounds) + 1;
+}
+
 void AcceptanceModel::observe_node(float score, int depth, double predicted, bool accepted, RequestAcceptance& r) {
   const int d = std::clamp(depth, 1, kMaxDepth);
   Beta& c = table_[static_cast<std::size_t>(score_bin(score))][static_cast<std::size_t>(d)];
@@ -392,9 +415,13 @@ std::vector<std::int32_t> plan_depths(const std::vector<DepthAsk>& asks, std::in
   }
   std::stable_sort(levels.begin(), levels.end(), [](const Level& x, const Level& y) { return x.prob > y.prob; });
   const double base_ms = cost.step_ms(ref_rows >= 0 ? ref_rows : base_rows, mean_context);
+  auto rows_ms = [&](double r) {  // expected rows may be fractional: priced between the two counts
+    const auto lo = std::max(base_rows, static_cast<std::int64_t>(std::floor(r + 1e-9)));
+    const double f = std::clamp(r - static_cast<double>(lo), 0.0, 1.0), a = cost.extra_ms(base_rows, lo, mean_context);
+    return f > 1e-9 ? a + f * (cost.extra_ms(base_rows, lo + 1, mean_context) - a) : a;
+  };
   auto rate = [&](double tok, double r, std::int64_t lv) {
-    const double extra =
-        cost.extra_ms(base_rows, static_cast<std::int64_t>(std::ceil(r)), mean_context) + cost.draft_ms(lv);
+    const double extra = rows_ms(r) + cost.draft_ms(lv);
     const double t = base_ms + penalty * extra;
     return t > 0 ? tok / t : 0.0;
   };

@@ -122,6 +122,8 @@ struct RequestAcceptance {
   // Its last verified draft was accepted whole: drafts come in runs (a copied passage, a repeated
   // list, a template the model fills in), so the next draft's chance depends on it.
   bool last_whole = false;
+  // Rounds in a row in which its drafter, asked for a draft, proposed nothing (-1: never asked).
+  std::int64_t empty_rounds = -1;
   double factor() const { return (observed + 1.0) / (predicted + 1.0); }
 };
 
@@ -137,6 +139,21 @@ class AcceptanceModel {
   // last draft was taken whole, the global estimate it starts from is what followed such drafts, so
   // it is not judged by the engine's average.
   double level_prob(int depth, const RequestAcceptance& r) const;
+  // P(the drafter proposes anything at all when this request asks), which multiplies every level's
+  // probability. Prompt lookup and suffix drafts find nothing to copy in most prose, and a round that
+  // comes back empty still costs its round trip (~0.08 ms, 2 % of a batch-1 step); as no node of it
+  // is ever verified, nothing else learned from it, and the budget asked at its prior every step
+  // (SUFFIX ~0.96x plain on a chat prompt it never drafted for). The engine's rate over all requests
+  // after as many empty rounds in a row as this request has had (bins: a first round, after a
+  // proposal, after 1, 2, 3–4, 5–8, 9–16, 17+ empty ones), each bin's prior the bin before it: a
+  // head drafter that declines an unconfident step (--speculative-draft-p-min) proposes again a step
+  // later, prompt lookup in prose stays empty, and each keeps its own curve. 1 for a drafter that
+  // always proposes.
+  static constexpr int kRoundBins = 8;
+  static int round_bin(std::int64_t empty_rounds);
+  double propose_prob(const RequestAcceptance& r) const;
+  // One round this request asked for: whether the drafter proposed anything.
+  void observe_round(bool proposed, RequestAcceptance& r);
   // One verified node: its score, depth, what was predicted and whether it was accepted.
   void observe_node(float score, int depth, double predicted, bool accepted, RequestAcceptance& r);
   // One verified proposal: how deep it went and how deep it was accepted.
@@ -154,6 +171,7 @@ class AcceptanceModel {
   std::array<std::array<Beta, kMaxDepth + 1>, kScoreBins + 1> table_{};  // [bin or kScoreBins = none][depth]
   std::array<Beta, kMaxDepth + 1> levels_{};                             // every verified proposal, by depth
   std::array<Beta, kMaxDepth + 1> after_whole_{};                        // those that followed a draft accepted whole
+  std::array<Beta, kRoundBins> rounds_{};                                // rounds that proposed, by round_bin
   std::array<double, 10> cal_pred_{}, cal_obs_{}, cal_n_{};
 };
 
@@ -215,7 +233,8 @@ struct DepthAsk {
   std::int32_t max_depth = 0;       // what the shape and the request allow
   bool probe = false;               // idle long enough: draft one level whatever the estimate
   std::vector<double> level_probs;  // [d-1]: P(reaching depth d), non-increasing
-  double rows_per_level = 1;        // nodes the target verifies per level (a tree verifies more)
+  double rows_per_level = 1;        // nodes the target verifies per level, expected (fractional: a
+                                    // drafter that may propose nothing; rows are priced in between)
 };
 
 // Depths that maximise (base_tokens + Σ expected tokens) / (reference time + what drafting adds), by

@@ -53,6 +53,8 @@ std::string MemoryCodec::save(const std::string& key, const AcceptanceModel& acc
     if (const auto& c = accept.levels_[d]; c.seen > 0) out += fmt::format("level {} {} {}\n", d, c.hits, c.seen);
   for (std::size_t d = 1; d < accept.after_whole_.size(); ++d)
     if (const auto& c = accept.after_whole_[d]; c.seen > 0) out += fmt::format("whole {} {} {}\n", d, c.hits, c.seen);
+  for (std::size_t i = 0; i < accept.rounds_.size(); ++i)
+    if (const auto& c = accept.rounds_[i]; c.seen > 0) out += fmt::format("rounds {} {} {}\n", i, c.hits, c.seen);
   const std::int64_t rounds = cost.draft_rounds();
   const auto ring = static_cast<std::int64_t>(cost.draft_obs_.size());
   for (std::int64_t i = std::max<std::int64_t>(0, rounds - ring); i < rounds; ++i) {
@@ -107,6 +109,11 @@ std::string MemoryCodec::restore(std::string_view text, const std::string& key, 
       if (!read_index(in, 1, AcceptanceModel::kMaxDepth, d)) return bad("expected a depth 1-32");
       auto& c = (kind == "level" ? a.levels_ : a.after_whole_)[static_cast<std::size_t>(d)];
       if (!read_counts(in, c.hits, c.seen) || !at_end(in)) return bad("expected hits ≤ seen, both ≥ 0");
+    } else if (kind == "rounds") {
+      if (!read_index(in, 0, static_cast<int>(a.rounds_.size()) - 1, i)) return bad("expected a round bin 0-7");
+      if (!read_counts(in, a.rounds_[static_cast<std::size_t>(i)].hits, a.rounds_[static_cast<std::size_t>(i)].seen) ||
+          !at_end(in))
+        return bad("expected hits ≤ seen, both ≥ 0");
     } else if (kind == "draft") {
       double levels = 0, ms = 0;
       if (!(in >> levels >> ms) || !(levels >= 1) || !(ms >= 0) || !std::isfinite(ms) || !at_end(in))

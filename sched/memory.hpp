@@ -14,6 +14,8 @@
 //   accept <score bin> <depth> <hits> <seen>      AcceptanceModel calibration table
 //   level <depth> <hits> <seen>                   per-depth acceptance over all requests
 //   whole <depth> <hits> <seen>                   the same after a draft taken whole
+//   rounds <bin> <hits> <seen>                    rounds that proposed anything, by the empty rounds
+//                                                 in a row before them (AcceptanceModel::round_bin)
 //   draft <levels> <ms>                           recent draft rounds, oldest first
 //   feedback <bucket> <scale> <plain tokens> <plain ms> <plain steps> <spec tokens> <spec ms> <spec steps>
 #pragma once

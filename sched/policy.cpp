@@ -578,8 +578,11 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
     // A request whose last verified draft was accepted whole may be probed whatever the record says.
     a.probe = probe_due(r->acc) && probe_quota > 0 && (probes_allowed(plan.decoding) || r->acc.last_whole);
     if (a.probe) --probe_quota;
-    a.rows_per_level = 1;  // the selection after drafting verifies the likeliest node of a level, mostly
-    for (std::int32_t d = 1; d <= a.max_depth; ++d) a.level_probs.push_back(accept_.level_prob(d, r->acc));
+    // The selection after drafting verifies the likeliest node of a level, mostly; nothing when the
+    // drafter proposes nothing.
+    const double q = accept_.propose_prob(r->acc);
+    a.rows_per_level = q;
+    for (std::int32_t d = 1; d <= a.max_depth; ++d) a.level_probs.push_back(q * accept_.level_prob(d, r->acc));
     asks.push_back(std::move(a));
   }
   std::vector<std::int32_t> depth = limit;
@@ -598,14 +601,15 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
   if (spdlog::should_log(spdlog::level::trace))
     for (std::size_t i = 0; i < asks.size(); ++i)
       spdlog::trace(
-          "budget: request {} depth {} of {}{} (P(level) {:.2f} {:.2f} {:.2f}; step of {} rows ({} decoding) "
+          "budget: request {} depth {} of {}{} (P(level) {:.2f} {:.2f} {:.2f}, P(proposes) {:.2f}; step of {} rows ({} "
+          "decoding) "
           "{:.2f} ms, one more {:.2f}, one row {:.2f}, draft level {:.2f} ms, {} {:.2f} ms, penalty {:.2f}; "
           "probes {})",
           decoding[i]->id(), depth[i], limit[i], asks[i].probe ? " probe" : "",
           asks[i].level_probs.size() > 0 ? asks[i].level_probs[0] : 0.0,
           asks[i].level_probs.size() > 1 ? asks[i].level_probs[1] : 0.0,
-          asks[i].level_probs.size() > 2 ? asks[i].level_probs[2] : 0.0, plan.base_rows, decoding.size(),
-          cost_.step_ms(plan.base_rows, plan.mean_context),
+          asks[i].level_probs.size() > 2 ? asks[i].level_probs[2] : 0.0, asks[i].rows_per_level, plan.base_rows,
+          decoding.size(), cost_.step_ms(plan.base_rows, plan.mean_context),
           cost_.step_ms(plan.base_rows, plan.mean_context) +
               cost_.extra_ms(plan.base_rows, plan.base_rows + 1, plan.mean_context),
           one_row, cost_.draft_ms(1), limit[i], cost_.draft_ms(limit[i]), penalty,
@@ -689,6 +693,7 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
       k.scores.push_back(sc);
       k.prob.push_back(pr);
     }
+    accept_.observe_round(!k.tokens.empty(), k.req->acc);  // whether this round brought anything to verify
   }
   // The budget: which of those nodes the target verifies (all of them with a fixed shape).
   std::vector<bool> verify(cands.size(), true);
@@ -788,8 +793,9 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
       !plan.probes_only) {
     feedback_.observe(plan.decoding, emitted, plan.draft_ms + wall, plan.draft_levels > 0);
     spdlog::trace(
-        "feedback: {} requests, {} tokens in {:.2f} ms (draft {:.2f}), {} levels drafted; gain {:.2f}, scale {:.2f}",
-        plan.decoding, emitted, plan.draft_ms + wall, plan.draft_ms, plan.draft_levels,
+        "feedback: {} requests, {} tokens in {:.2f} ms (draft {:.2f}), {} levels drafted, {} rows; gain {:.2f}, scale "
+        "{:.2f}",
+        plan.decoding, emitted, plan.draft_ms + wall, plan.draft_ms, plan.draft_levels, plan.rows,
         feedback_.measured_gain(plan.decoding), feedback_.penalty(plan.decoding));
   }
   ++metrics_.steps;

@@ -177,6 +177,74 @@ TEST_CASE(
   CHECK(m.level_prob(1, copying) < 0.6);
 }
 
+TEST_CASE("budget: a drafter that proposes nothing is asked ever less, and every step again once it proposes") {
+  // Prompt lookup at batch 1: a round trip ~2 % of a step whatever it finds, a row ~20 %.
+  const CostModel cost = [] {
+    CostModel c = linear_cost(3.2, 0.8);
+    for (int i = 0; i < 8; ++i) c.observe_draft(2, 0.08);
+    return c;
+  }();
+  // One step: the ask with P(proposes) (or as if the drafter always proposed), then, when asked, a
+  // round that proposes `copying` and, if so, a draft taken whole.
+  auto step = [&](AcceptanceModel& m, RequestAcceptance& r, bool copying, bool use_q) {
+    DepthAsk a = ask_for(m, r, 4);
+    const double q = use_q ? m.propose_prob(r) : 1.0;
+    for (double& p : a.level_probs) p *= q;
+    a.rows_per_level = q;
+    const auto depth = plan_depths({a}, 1, 1.0, 100, cost)[0];
+    note_plan(r, a.probe, depth);
+    if (depth == 0) return 0;
+    m.observe_round(copying, r);
+    if (copying) m.observe_levels(depth, depth, r);
+    return static_cast<int>(depth);
+  };
+  for (const bool use_q : {false, true}) {
+    CAPTURE(use_q);
+    AcceptanceModel m;
+    RequestAcceptance r;
+    CHECK(m.propose_prob(r) == doctest::Approx(1.0));  // a drafter proposes until shown otherwise
+    // 64 steps of prose: nothing to copy.
+    int asked = 0;
+    for (int i = 0; i < 64; ++i) asked += step(m, r, false, use_q) > 0;
+    CAPTURE(asked);
+    if (!use_q) {
+      CHECK(asked == 64);  // what the budget did before: nothing learned, asked every step
+      continue;
+    }
+    CHECK(asked <= 16);  // a few at first, then the probes at doubling intervals
+    CHECK(m.propose_prob(r) < 0.1);
+    // A passage to copy: the next probe finds it, and the request is asked every step again.
+    int first = -1, late = 0;
+    for (int i = 0; i < 96; ++i) {
+      const bool drafted = step(m, r, true, use_q) > 0;
+      if (drafted && first < 0) first = i;
+      if (i >= 80) late += drafted;
+    }
+    CHECK(first >= 0);
+    CHECK(first <= 64);
+    CHECK(late == 16);
+    CHECK(m.propose_prob(r) > 0.8);
+    // Another request starts from the engine's record of first rounds, not from this one's silence.
+    RequestAcceptance fresh;
+    CHECK(m.propose_prob(fresh) > 0.1);
+  }
+}
+
+TEST_CASE("budget: expected rows below one are priced as part of a row, not a whole one") {
+  const CostModel cost = linear_cost(10.0, 2.0);  // a row: a sixth of a step; drafting free (no round yet)
+  DepthAsk a;
+  a.max_depth = 1;
+  a.level_probs = {0.25};  // above the row's sixth: pays
+  CHECK(plan_depths({a}, 1, 1.0, 100, cost)[0] == 1);
+  // Proposed one time in three: a third of the tokens for a third of the row still pays (priced as
+  // a whole row it did not).
+  a.level_probs = {0.25 / 3};
+  a.rows_per_level = 1.0 / 3;
+  CHECK(plan_depths({a}, 1, 1.0, 100, cost)[0] == 1);
+  a.level_probs = {0.15 / 3};
+  CHECK(plan_depths({a}, 1, 1.0, 100, cost)[0] == 0);
+}
+
 TEST_CASE("budget: under load the same acceptance stops speculation for the batch") {
   CostModel cost;
   // Memory-bound up to 16 rows, then every row costs nearly a whole 1-row step (compute-bound).
@@ -415,6 +483,7 @@ struct Learned {
     RequestAcceptance r;
     for (int i = 0; i < 1000; ++i) accept.observe_node(0.9f, 1, 0.9, i % 10 < 3, r);
     for (int i = 0; i < 200; ++i) accept.observe_levels(2, i % 4 == 0 ? 1 : 0, r);
+    for (int i = 0; i < 100; ++i) accept.observe_round(i % 5 == 0, r);  // a drafter that mostly finds nothing
     for (int levels : {1, 2, 3}) cost.observe_draft(levels, 2.0 * levels);
     for (int i = 0; i < 10; ++i) feedback.observe(1, 1, 4.0, false);
     for (int i = 0; i < 20; ++i) feedback.observe(1, 1.1, 6.0, true);
@@ -443,6 +512,10 @@ TEST_CASE("budget memory: what the models learned comes back in a new engine's m
   CHECK(a.node_prob(0.9f, 1, fresh) == doctest::Approx(l.accept.node_prob(0.9f, 1, fresh)).epsilon(0.02));
   CHECK(a.node_prob(0.9f, 1, fresh) < 0.35);
   for (int d = 1; d <= 3; ++d) CHECK(a.level_prob(d, fresh) == doctest::Approx(l.accept.level_prob(d, fresh)));
+  RequestAcceptance dry;  // its drafter proposed nothing last time: this one rarely does then
+  dry.empty_rounds = 1;
+  CHECK(a.propose_prob(dry) == doctest::Approx(l.accept.propose_prob(dry)));
+  CHECK(a.propose_prob(dry) < 0.1);
   CHECK(c.draft_ms(2) == doctest::Approx(l.cost.draft_ms(2)));
   CHECK(c.draft_ms(2) == doctest::Approx(4.0));
   CHECK(f.penalty(1) == doctest::Approx(l.feedback.penalty(1)));
@@ -476,6 +549,8 @@ TEST_CASE("budget memory: a damaged text is refused with its line, and the model
       {head + "accept 0 1 3 2\n", "line 3: expected hits ≤ seen"},
       {head + "level 1 nan 2\n", "line 3: expected hits ≤ seen"},
       {head + "whole 1 1 2 7\n", "line 3: expected hits ≤ seen"},
+      {head + "rounds 8 1 2\n", "line 3: expected a round bin 0-7"},
+      {head + "rounds 1 3 2\n", "line 3: expected hits ≤ seen"},
       {head + "draft 0 1\n", "line 3: expected levels ≥ 1"},
       {head + "draft 1 -1\n", "line 3: expected levels ≥ 1"},
       {head + "feedback 6 1 0 0 0 0 0 0\n", "line 3: expected a batch bucket"},
