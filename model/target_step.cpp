@@ -277,6 +277,9 @@ std::vector<std::pair<std::int64_t, double>> TargetStep::probe(std::int32_t voca
   auto tok = [&](std::int64_t i) { return static_cast<std::int32_t>(1 + (i * 7919) % (vocab - 1)); };
   const std::int64_t room = kv_->capacity_tokens() / 2;  // leave the pool to the requests
   std::int64_t used = 0;
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t rows = 1; rows <= 32; rows *= 2) sizes.push_back(rows);
+  std::vector<std::vector<double>> ms(sizes.size());
   try {
     StepItem prefill;
     prefill.req = kProbeRequest;
@@ -297,24 +300,28 @@ std::vector<std::pair<std::int64_t, double>> TargetStep::probe(std::int32_t voca
     // per KV head and layer, zeroed on first write), which on a VM whose memory is itself faulted in
     // on first touch took the whole budget, and the probe measured nothing.
     t0 = std::chrono::steady_clock::now();
-    for (std::int64_t rows = 1; rows <= 32 && elapsed() < budget_ms; rows *= 2) {
-      std::vector<double> ms;
-      for (int rep = 0; rep < 3; ++rep) {
+    // The sizes in turns (1, 2, 4 … 32, then again; three rounds), each size's median kept: a stall
+    // of the machine lands in one round of the sizes it overlaps, where one size at a time put it in
+    // all three steps of one size. A size the probe over-prices at batch 1 is one the budget then
+    // avoids, so real steps of it never come to correct it.
+    for (int rep = 0; rep < 3; ++rep)
+      for (std::size_t s = 0; s < sizes.size() && elapsed() < budget_ms; ++s) {
+        const std::int64_t rows = sizes[s];
         if (used + rows + 1 > room) break;
         StepItem v;
         v.req = kProbeRequest;
         v.sample = true;
         for (std::int64_t i = 0; i < rows; ++i) v.tokens.push_back(tok(used + i));
         b.items = {v};
-        ms.push_back(run(b, before_forward).compute_ms);
+        ms[s].push_back(run(b, before_forward).compute_ms);
         used += rows;  // at most this many rows are committed
       }
-      if (ms.empty()) break;
-      std::sort(ms.begin(), ms.end());
-      out.emplace_back(rows, ms[ms.size() / 2]);
-    }
   } catch (const StepFailed& e) {  // e.g. a pool too small for even this: the online model learns alone
     probe_error_ = e.what();
+  }
+  for (std::size_t s = 0; s < sizes.size() && !ms[s].empty(); ++s) {  // what was measured, up to the first gap
+    std::sort(ms[s].begin(), ms[s].end());
+    out.emplace_back(sizes[s], ms[s][(ms[s].size() - 1) / 2]);  // the lower median: a stall only adds
   }
   release(kProbeRequest);
   return out;

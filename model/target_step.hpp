@@ -51,8 +51,9 @@ class TargetStep {
   void follow(const StepBatch& batch);
 
   // The cost probe: times steps of 1, 2, 4, ... 32 rows at a short context on a scratch request (the
-  // id kProbeRequest, released afterwards) and returns (rows, median ms). Bounded by `budget_ms` and
-  // by the KV pool (a small pool probes fewer sizes). Rank 0 only; `to_ranks` gets each batch right
+  // id kProbeRequest, released afterwards), the sizes in turns over three rounds, and returns (rows,
+  // median ms) for the sizes measured, from 1 up to the first one that was not. Bounded by
+  // `budget_ms` and by the KV pool (a small pool probes fewer sizes). Rank 0 only; `to_ranks` gets each batch right
   // before its forward (as run()'s before_forward: the other ranks follow it).
   static constexpr std::uint64_t kProbeRequest = ~std::uint64_t{0};
   std::vector<std::pair<std::int64_t, double>> probe(std::int32_t vocab, double budget_ms,

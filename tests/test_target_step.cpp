@@ -325,3 +325,37 @@ TEST_CASE("target step: captured rows kept with cached pages come back after a h
   for (std::uint64_t req : {1, 3, 4, 5, 6, 7}) step->release(req);
   CHECK(step->kv()->free_pages() == step->kv()->total_pages());
 }
+
+TEST_CASE("target step: the cost probe times every size in turns, within its pool share, and gives the pool back") {
+  const Tiny m = tiny_model({}, "probe");
+  // A pool of 1,024 tokens: half of it (512) holds the prompt, the warm step and three rounds of
+  // 1 + 2 + … + 32 rows (66 + 3 · 63 = 255).
+  auto step = make_step(m, 1024);
+  const std::int64_t free_before = step->kv()->free_pages();
+  std::vector<std::int64_t> seen;  // the rows of every timed batch, in order
+  const auto probe = step->probe(static_cast<std::int32_t>(m.cfg.vocab_size), 1e9, [&](const StepBatch& b) {
+    if (!b.items.empty() && !b.items[0].prefill) seen.push_back(static_cast<std::int64_t>(b.items[0].tokens.size()));
+  });
+  CHECK(step->probe_error().empty());
+  REQUIRE(probe.size() == 6);
+  for (std::size_t i = 0; i < probe.size(); ++i) {
+    CHECK(probe[i].first == (std::int64_t{1} << i));
+    CHECK(probe[i].second > 0);
+  }
+  // The warm step, then the sizes in turns: 1, 2, 4 … 32, three times over.
+  const std::vector<std::int64_t> rounds = {2, 1, 2, 4, 8, 16, 32, 1, 2, 4, 8, 16, 32, 1, 2, 4, 8, 16, 32};
+  CHECK(seen == rounds);
+  CHECK(step->kv()->free_pages() == free_before);
+  // A pool whose half holds the prompt and not much more: the small sizes only, measured in turns.
+  auto small = make_step(m, 256);  // half: 128 tokens = 66 + 62 rows
+  seen.clear();
+  const auto few = small->probe(static_cast<std::int32_t>(m.cfg.vocab_size), 1e9, [&](const StepBatch& b) {
+    if (!b.items.empty() && !b.items[0].prefill) seen.push_back(static_cast<std::int64_t>(b.items[0].tokens.size()));
+  });
+  REQUIRE(!few.empty());
+  CHECK(few.size() < 6);
+  CHECK(few.back().first < 32);
+  CHECK(small->kv()->free_pages() == small->kv()->total_pages());
+  // Nothing timed when the budget is already spent.
+  CHECK(make_step(m, 1024)->probe(static_cast<std::int32_t>(m.cfg.vocab_size), 0.0).empty());
+}
