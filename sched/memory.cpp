@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -14,6 +15,8 @@
 #include <system_error>
 #include <vector>
 
+#include "config/error.hpp"
+#include "config/input.hpp"
 #include "config/snapshot.hpp"
 
 namespace specactor::sched {
@@ -164,20 +167,44 @@ std::string read_memory_file(const std::string& path, std::string& text) {
   text.clear();
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return {};
-  if (!std::filesystem::is_regular_file(path, ec)) return "not a regular file";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "cannot open it for reading";
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return "cannot read it";
-  text = s.str();
-  if (text.size() > (1u << 20)) return "larger than 1 MiB: not a file specactor wrote";
+  // Checked before a byte is read: the file is ours only if it is a small regular file (a FIFO
+  // would block, a huge file would be read whole).
+  std::size_t size = 0;
+  int fd = -1;
+  try {
+    fd = config::open_regular_file(path, path, size);
+  } catch (const config::ConfigError&) {
+    return std::filesystem::is_regular_file(path, ec) ? "cannot open it for reading" : "not a regular file";
+  }
+  if (size > kMaxMemoryFileBytes) {
+    ::close(fd);
+    return std::to_string(size) + " bytes, larger than " + std::to_string(kMaxMemoryFileBytes >> 20) +
+           " MiB: not a file specactor wrote";
+  }
+  text.assign(size, '\0');
+  std::size_t got = 0;
+  while (got < size) {
+    const ssize_t n = ::read(fd, text.data() + got, size - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      text.clear();
+      return "cannot read it";
+    }
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  text.resize(got);
   return {};
 }
 
 std::string write_memory_file(const std::string& path, const std::string& text) {
   std::error_code ec;
   const std::filesystem::path p(path);
+  if (std::filesystem::exists(p, ec) && !std::filesystem::is_regular_file(p, ec))
+    return path + (std::filesystem::is_directory(p, ec) ? ": a directory is in the way" : ": not a regular file") +
+           ", not a budget-memory file";
   if (p.has_parent_path()) {
     std::filesystem::create_directories(p.parent_path(), ec);
     if (ec) return "cannot create " + p.parent_path().string() + ": " + ec.message();
@@ -197,7 +224,7 @@ std::string write_memory_file(const std::string& path, const std::string& text) 
   std::filesystem::rename(tmp, p, ec);
   if (ec) {
     std::filesystem::remove(tmp, ec);
-    return "cannot rename the new file onto " + path + ": " + ec.message();
+    return "cannot rename the new file onto " + path + ": " + (ec.value() ? ec.message() : "refused");
   }
   return {};
 }

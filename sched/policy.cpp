@@ -273,15 +273,21 @@ void Scheduler::retire(Sequence& r, const std::string& reason, const std::string
   // The prefix cache takes what the request computed (whole pages of its committed KV); those of its
   // pages it keeps stay in use, the rest return with the request's reservation.
   std::vector<std::int32_t> keep;
-  const bool insert =
+  bool insert =
       tree_ && r.cacheable && reason != "error" && r.kv_length >= limits_.page_size &&
       r.kv_pages.size() * static_cast<std::size_t>(limits_.page_size) >= static_cast<std::size_t>(r.kv_length);
   if (insert) {
     const auto n = static_cast<std::size_t>(r.kv_length / limits_.page_size);
     const std::vector<std::int32_t> pages(r.kv_pages.begin(), r.kv_pages.begin() + static_cast<std::ptrdiff_t>(n));
-    const std::vector<bool> taken = tree_->insert(r.seq, pages);
-    for (std::size_t i = 0; i < n; ++i)
-      if (taken[i]) keep.push_back(pages[i]);
+    try {  // the tree checks its arguments before it changes: a refusal leaves it as it was
+      const std::vector<bool> taken = tree_->insert(r.seq, pages);
+      for (std::size_t i = 0; i < n; ++i)
+        if (taken[i]) keep.push_back(pages[i]);
+    } catch (const std::exception& e) {
+      spdlog::error("internal error: the prefix cache refused request {}'s pages ({}); they are freed", r.id(),
+                    e.what());
+      insert = false;
+    }
   }
   if (r.cache_node) tree_->unlock(r.cache_node);
   r.cache_node = nullptr;
@@ -805,49 +811,16 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
     if (it == running_.end()) continue;
     Sequence& r = **it;
     r.in_step = false;
-    if (!item.hidden.empty() && width > 0) {
-      // Rows continue where the last ones ended; after a gap (a cache hit without kept rows) they
-      // start over at their own position, and the drafter sees the gap.
-      if (r.hidden.empty() || item.hidden_first != r.hidden_rows) {
-        r.hidden.clear();
-        r.hidden_first = item.hidden_first;
-      }
-      r.hidden.insert(r.hidden.end(), item.hidden.begin(), item.hidden.end());
-      r.hidden_rows = item.hidden_first + static_cast<std::int64_t>(item.hidden.size() / width);
-    }
-    if (item.kv_length > 0) {
-      r.kv_pages = std::move(item.kv_pages);
-      r.kv_length = item.kv_length;
-    }
+    // A fault in one request's result (a bug, an inconsistent reply) fails that request alone: it ends
+    // with an error event and gives its pages back; the others in the step go on.
     std::string reason;
-    if (r.prefilled < r.prompt_len) {
-      r.prefilled += r.chunk;
-      r.chunk = 0;
-      if (r.prefilled == r.prompt_len) cache_prompt(r);
-      if (!item.tokens.empty()) reason = emit(r, item.tokens);
-    } else {
-      ++r.m.steps;
-      ++metrics_.decode_steps;
-      if (draft_.configured && r.sub->request.speculative) ++metrics_.speculative_steps;
-      r.m.drafted += item.drafted;
-      r.m.accepted += item.accepted;
-      metrics_.drafted += item.drafted;
-      metrics_.accepted += item.accepted;
-      auto& da = metrics_.drafted_at;
-      auto& aa = metrics_.accepted_at;
-      if (static_cast<std::int32_t>(da.size()) < r.draft_depth) da.resize(static_cast<std::size_t>(r.draft_depth), 0);
-      if (static_cast<std::int32_t>(aa.size()) < item.accepted) aa.resize(static_cast<std::size_t>(item.accepted), 0);
-      for (std::int32_t d = 0; d < r.draft_depth; ++d) ++da[static_cast<std::size_t>(d)];
-      for (std::int32_t d = 0; d < item.accepted; ++d) ++aa[static_cast<std::size_t>(d)];
-      auto& rda = r.m.drafted_at;
-      auto& raa = r.m.accepted_at;
-      if (static_cast<std::int32_t>(rda.size()) < r.draft_depth) rda.resize(static_cast<std::size_t>(r.draft_depth), 0);
-      if (static_cast<std::int32_t>(raa.size()) < item.accepted) raa.resize(static_cast<std::size_t>(item.accepted), 0);
-      for (std::int32_t d = 0; d < r.draft_depth; ++d) ++rda[static_cast<std::size_t>(d)];
-      for (std::int32_t d = 0; d < item.accepted; ++d) ++raa[static_cast<std::size_t>(d)];
-      if (draft_.configured && r.sub->request.speculative) observe_verification(r, item);
-      r.draft_depth = 0;
-      reason = emit(r, item.tokens);
+    try {
+      reason = take_result(r, item, width);
+    } catch (const std::exception& e) {
+      spdlog::error("internal error in request {}: {}", r.id(), e.what());
+      retire(r, "error", std::string("internal error: ") + e.what());
+      running_.erase(it);
+      continue;
     }
     if (r.cancelled) reason = "cancelled";
     if (!reason.empty()) {
@@ -856,6 +829,69 @@ void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
     }
   }
   busy_ = false;
+}
+
+// One request's part of a step result: its hidden rows, KV and tokens. Returns why it ends (empty:
+// it goes on). Throws std::logic_error when the result cannot belong to the request.
+std::string Scheduler::take_result(Sequence& r, ItemResult& item, std::size_t width) {
+  const auto P = static_cast<std::int64_t>(limits_.page_size);
+  if (item.kv_length > 0) {
+    // The KV holds a row for each token fed: at most the request's tokens and this step's inputs.
+    const auto fed = static_cast<std::int64_t>(r.seq.size()) + static_cast<std::int64_t>(item.tokens.size());
+    if (item.kv_length > fed || static_cast<std::int64_t>(item.kv_pages.size()) * P < item.kv_length)
+      throw std::logic_error("the target reported " + std::to_string(item.kv_length) + " KV rows in " +
+                             std::to_string(item.kv_pages.size()) + " pages for a request of " +
+                             std::to_string(r.seq.size()) + " tokens");
+  }
+  if (!item.hidden.empty() && width > 0) {
+    // Rows continue where the last ones ended; after a gap (a cache hit without kept rows) they
+    // start over at their own position, and the drafter sees the gap.
+    if (r.hidden.empty() || item.hidden_first != r.hidden_rows) {
+      r.hidden.clear();
+      r.hidden_first = item.hidden_first;
+    }
+    r.hidden.insert(r.hidden.end(), item.hidden.begin(), item.hidden.end());
+    r.hidden_rows = item.hidden_first + static_cast<std::int64_t>(item.hidden.size() / width);
+  }
+  if (item.kv_length > 0) {
+    r.kv_pages = std::move(item.kv_pages);
+    r.kv_length = item.kv_length;
+  }
+  std::string reason;
+  if (r.prefilled < r.prompt_len) {
+    r.prefilled += r.chunk;
+    r.chunk = 0;
+    if (r.prefilled == r.prompt_len) cache_prompt(r);
+    if (!item.tokens.empty()) reason = emit(r, item.tokens);
+  } else {
+    ++r.m.steps;
+    ++metrics_.decode_steps;
+    if (draft_.configured && r.sub->request.speculative) ++metrics_.speculative_steps;
+    r.m.drafted += item.drafted;
+    r.m.accepted += item.accepted;
+    metrics_.drafted += item.drafted;
+    metrics_.accepted += item.accepted;
+    auto& da = metrics_.drafted_at;
+    auto& aa = metrics_.accepted_at;
+    if (static_cast<std::int32_t>(da.size()) < r.draft_depth) da.resize(static_cast<std::size_t>(r.draft_depth), 0);
+    if (static_cast<std::int32_t>(aa.size()) < item.accepted) aa.resize(static_cast<std::size_t>(item.accepted), 0);
+    for (std::int32_t d = 0; d < r.draft_depth; ++d) ++da[static_cast<std::size_t>(d)];
+    for (std::int32_t d = 0; d < item.accepted; ++d) ++aa[static_cast<std::size_t>(d)];
+    auto& rda = r.m.drafted_at;
+    auto& raa = r.m.accepted_at;
+    if (static_cast<std::int32_t>(rda.size()) < r.draft_depth) rda.resize(static_cast<std::size_t>(r.draft_depth), 0);
+    if (static_cast<std::int32_t>(raa.size()) < item.accepted) raa.resize(static_cast<std::size_t>(item.accepted), 0);
+    for (std::int32_t d = 0; d < r.draft_depth; ++d) ++rda[static_cast<std::size_t>(d)];
+    for (std::int32_t d = 0; d < item.accepted; ++d) ++raa[static_cast<std::size_t>(d)];
+    if (draft_.configured && r.sub->request.speculative) observe_verification(r, item);
+    r.draft_depth = 0;
+    reason = emit(r, item.tokens);
+  }
+  // A request that ends inside a step's tokens (its length, a stop, the end of generation) has KV
+  // rows for accepted tokens it did not keep: only the rows of its own tokens are its KV (and what the
+  // prefix cache may take).
+  r.kv_length = std::min<std::int64_t>(r.kv_length, static_cast<std::int64_t>(r.seq.size()));
+  return reason;
 }
 
 // What the target accepted of the nodes it verified: each node is accepted when its parent is and its

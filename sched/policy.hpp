@@ -221,6 +221,7 @@ class Scheduler {
   // Probing requests the budget stopped drafting for pays only where a first draft is accepted at
   // least 20 % of the time engine-wide and speculating has not measured as a loss for this batch size.
   bool probes_allowed(std::int64_t decoding) const;
+  std::string take_result(Sequence& r, ItemResult& item, std::size_t width);
   void observe_verification(Sequence& r, const ItemResult& item);
   bool cacheable(const Sequence& r) const;
   void take_hit(Sequence& r, PrefixTree::Node* lock, PrefixTree::Match m, const PrefixTree::Partial& part);

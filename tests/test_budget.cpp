@@ -1,6 +1,7 @@
 // tests/test_budget.cpp — the speculation budget (sched/budget.hpp) driven with synthetic costs and
 // acceptance sequences, and the suffix store (drafters/suffix_store.hpp). No model, no actors.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -607,8 +608,18 @@ TEST_CASE("budget memory: the file is written whole through a rename, read back,
   fs::create_directories(dir / "blocked" / memory_file("", "k"));
   const std::string blocked = memory_file((dir / "blocked").string(), "k");
   CHECK(fs::is_directory(blocked));
-  CHECK_FALSE(write_memory_file(blocked, "x").empty());
-  CHECK_FALSE(read_memory_file(blocked, text).empty());
+  CHECK(write_memory_file(blocked, "x") == blocked + ": a directory is in the way, not a budget-memory file");
+  CHECK(read_memory_file(blocked, text) == "not a regular file");
+  // A huge file (3 GiB, sparse) is refused by its size before a byte is read; a FIFO without blocking.
+  const std::string big = (dir / "big.txt").string();
+  CHECK(write_memory_file(big, "x").empty());
+  fs::resize_file(big, std::uintmax_t{3} << 30);
+  text = "left over";
+  CHECK(read_memory_file(big, text) == "3221225472 bytes, larger than 1 MiB: not a file specactor wrote");
+  CHECK(text.empty());
+  const std::string pipe = (dir / "pipe.txt").string();
+  REQUIRE(::mkfifo(pipe.c_str(), 0600) == 0);
+  CHECK(read_memory_file(pipe, text) == "not a regular file");
   fs::remove_all(dir);
 }
 

@@ -484,3 +484,98 @@ TEST_CASE("before the target is known, requests wait, a target failure fails the
   CHECK(!events.final_event(3).invalid_request);
   CHECK(!s.next_step(false));
 }
+
+namespace {
+
+// A step result for one request as a target with the prefix cache answers it: the page table and the
+// rows its KV holds after the step.
+void answer_kv(Fixture& f, const StepPlan& plan, std::uint64_t id, std::vector<std::int32_t> tokens,
+               std::vector<std::int32_t> pages, std::int64_t kv_length, std::int32_t accepted = 0) {
+  StepResult res;
+  for (const auto& it : plan.batch.items) {
+    ItemResult r;
+    r.req = it.req;
+    if (it.req == id) {
+      r.tokens = std::move(tokens);
+      r.kv_pages = pages;
+      r.kv_length = kv_length;
+      r.accepted = accepted;
+    } else if (it.sample) {
+      r.tokens = {tok('z')};
+    }
+    res.items.push_back(std::move(r));
+  }
+  f.s->step_done(plan, res);
+}
+
+}  // namespace
+
+// The fault `specactor bench --speculative-algorithm NGRAM` hit ("PrefixTree::insert: 5 pages but 79
+// tokens"): a verify step accepted more tokens than max_new_tokens left room for; the request kept
+// fewer tokens than its KV had rows, and at retirement the cache was offered pages past its tokens.
+TEST_CASE("prefix cache: a request that ends inside a step's accepted tokens offers only its own tokens' rows") {
+  Limits l;
+  l.page_size = 4;
+  l.prefix_cache = true;
+  Fixture f(l);
+  std::vector<std::int64_t> kept;
+  f.s->set_cache_sink([&](CacheOps ops) { kept.push_back(static_cast<std::int64_t>(ops.keep.size())); });
+  f.submit(1, {tok('a'), tok('b'), tok('c'), tok('d'), tok('e'), tok('f'), tok('g'), tok('h')}, 3);
+  auto plan = f.s->next_step(false);
+  REQUIRE(plan);
+  answer_kv(f, *plan, 1, {tok('i')}, {0, 1}, 8);  // the prompt: 2 whole pages, cached at once
+  plan = f.s->next_step(false);
+  REQUIRE(plan);
+  // 'i' and 4 accepted drafts were fed (13 rows, 4 pages); only 'j' and 'k' fit in max_new 3.
+  answer_kv(f, *plan, 1, {tok('j'), tok('k'), tok('l'), tok('m'), tok('n')}, {0, 1, 2, 3}, 13, 4);
+  const TokenEvent& fin = f.events.final_event(1);
+  CHECK(fin.finish_reason == "length");
+  CHECK(fin.error.empty());
+  CHECK(f.events.text(1) == "ijk");
+  // 11 tokens: 2 whole pages (cached with the prompt) and a tail of 3 tokens in page 2.
+  REQUIRE(f.s->prefix_tree());
+  CHECK(f.s->prefix_tree()->cached_pages() == 3);
+  CHECK(f.s->metrics().requests_failed == 0);
+  // The same prompt again starts on the cached pages and the partly filled page.
+  f.submit(2,
+           {tok('a'), tok('b'), tok('c'), tok('d'), tok('e'), tok('f'), tok('g'), tok('h'), tok('i'), tok('j'),
+            tok('k'), tok('q')},
+           2);
+  plan = f.s->next_step(false);
+  REQUIRE(plan);
+  REQUIRE(plan->batch.items.size() == 1);
+  CHECK(plan->batch.items[0].prefix_len == 8);
+  CHECK(plan->batch.items[0].copy_len == 3);
+}
+
+TEST_CASE("containment: an inconsistent result fails its own request, frees its pages; the others go on") {
+  Limits l;
+  l.page_size = 4;
+  l.max_running_requests = 2;
+  Fixture f(l, 16);
+  f.submit(1, {tok('a'), tok('b')}, 4);
+  f.submit(2, {tok('c'), tok('d')}, 4);
+  auto plan = f.s->next_step(false);
+  REQUIRE(plan);
+  REQUIRE(plan->batch.items.size() == 2);
+  CHECK(f.s->snapshot_metrics().kv_pages_free < 16);
+  // Request 1's reply claims 40 KV rows in one page: it cannot be its own.
+  answer_kv(f, *plan, 1, {tok('x')}, {0}, 40);
+  const TokenEvent& fin = f.events.final_event(1);
+  CHECK(fin.finish_reason == "error");
+  CHECK(fin.error.find("internal error") != std::string::npos);
+  CHECK(fin.error.find("40 KV rows") != std::string::npos);
+  CHECK(f.events.finals(1) == 1);
+  CHECK(f.s->metrics().requests_failed == 1);
+  CHECK(std::count(f.released.begin(), f.released.end(), 1u) == 1);
+  // Request 2 goes on to its end; every page is free again.
+  for (int i = 0; i < 8 && f.events.finals(2) == 0; ++i) {
+    plan = f.s->next_step(false);
+    REQUIRE(plan);
+    f.answer(*plan, {{2, {tok('y')}}});
+  }
+  CHECK(f.events.final_event(2).finish_reason == "length");
+  CHECK(f.events.text(2) == "zyyy");
+  CHECK(f.s->snapshot_metrics().kv_pages_free == 16);
+  CHECK(!f.s->next_step(false));
+}
