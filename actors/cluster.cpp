@@ -130,7 +130,8 @@ struct RouterState {
   // attempt an event belongs to, so a late event of an abandoned attempt is dropped.
   std::map<std::uint64_t, std::uint64_t> wire_to_id;
   std::uint64_t next_wire = 0;
-  std::size_t turn = 0;  // round robin among equals
+  std::size_t turn = 0;                // round robin among equals
+  caf::io::middleman_actor connector;  // how replicas are reached (TLS, the secret's, or plain)
   static inline const char* name = "specactor.router";
 
   ~RouterState() {
@@ -293,8 +294,7 @@ void try_connect(router_actor* self, int i) {
   auto& st = self->state;
   Replica& r = st.replicas[i];
   r.state = ReplicaState::Connecting;
-  auto mm =
-      st.opt.tls.on() ? self->system().openssl_manager().actor_handle() : self->system().middleman().actor_handle();
+  auto mm = st.connector;
   const std::string host = r.addr.host;
   const std::uint16_t port = r.addr.port;
   self->request(mm, std::chrono::seconds(5), caf::connect_atom::value, host, port)
@@ -346,6 +346,9 @@ caf::behavior router(router_actor* self, ClusterOptions opt, std::string model_j
   auto& st = self->state;
   st.opt = std::move(opt);
   st.model_json = std::move(model_json);
+  st.connector = st.opt.tls.on()         ? self->system().openssl_manager().actor_handle()
+                 : st.opt.secret.empty() ? self->system().middleman().actor_handle()
+                                         : spawn_secret_connector(self->system(), st.opt.secret);
   for (const auto& a : st.opt.workers) {
     Replica r;
     r.addr = a;
@@ -547,6 +550,9 @@ std::unique_ptr<Cluster> Cluster::connect(const config::ServerArgs& args, const 
       std::string why;
       for (const auto& r : j) {
         std::string e = r.value("error", r["state"].get<std::string>());
+        if (!options.tls.on() && options.secret.empty() && e.find("disconnect_during_handshake") != std::string::npos)
+          e += " (a worker that asks for the cluster secret closes on a front without it: give the front "
+               "--worker-secret-file, or start the workers with --insecure)";
         if (options.tls.on() && e.find("handshake") != std::string::npos)
           e += ": the TLS handshake failed (do both sides' certificates chain to the CA the other trusts?)";
         why += "; " + r["address"].get<std::string>() + ": " + e;

@@ -32,6 +32,9 @@ struct ClusterOptions {
   // cache-aware (the prefix, then the load), least-loaded (in turn among equals), round-robin.
   std::string routing = "cache-aware";
   TlsFiles tls;  // the workers listen with TLS: this front's certificate, key and the CA
+  // Without TLS: the cluster secret the workers' gates ask this front to prove (actors/gate.hpp);
+  // empty: plain TCP (workers started with --insecure).
+  std::string secret;
 };
 
 class Cluster final : public EngineApi {

@@ -109,6 +109,9 @@ std::unique_ptr<Engine> Engine::create(const config::ServerArgs& user_args) {
                        target->speculative_draft_worker_tls_key.value_or(""),
                        target->speculative_draft_worker_tls_ca.value_or("")};
     check_tls(tls, "--speculative-draft-worker-tls-");
+    if (!tls.on())  // a missing or shared secret file stops the start, naming the flag
+      (void)client_secret(target->speculative_draft_worker_secret_file.value_or(""),
+                          "--speculative-draft-worker-secret-file");
     configure_network(*cfg, tls);
   }
   auto sys = std::make_unique<caf::actor_system>(*cfg);

@@ -6,7 +6,6 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
-#include <caf/openssl/all.hpp>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -14,6 +13,7 @@
 
 #include "actors/draft_worker.hpp"
 #include "actors/engine_caf.hpp"
+#include "actors/gate.hpp"
 #include "actors/system.hpp"
 #include "actors/wire.hpp"
 #include "config/error.hpp"
@@ -171,15 +171,33 @@ int run_worker(const config::ServerArgs& args, const WorkerOptions& options) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
+  if (options.host.empty())
+    throw config::ConfigError(
+        "--host: an empty address (give 127.0.0.1 for this machine only, or an address other machines reach)");
   check_tls(options.tls, "--tls-");
+  if (options.tls.on() && (options.allow_insecure || !options.secret_file.empty()))
+    throw config::ConfigError(std::string(options.allow_insecure ? "--insecure" : "--secret-file") +
+                              ": not with --tls-certificate (TLS with certificates is the authentication)");
+  if (options.allow_insecure && !options.secret_file.empty())
+    throw config::ConfigError("--secret-file: not with --insecure (which asks for no secret)");
+  // Without TLS a front proves the cluster secret; --insecure asks for nothing.
+  const std::string secret =
+      options.tls.on() || options.allow_insecure
+          ? std::string()
+          : load_secret(options.secret_file.empty() ? default_secret_file() : options.secret_file, "--secret-file",
+                        true);
   const bool loopback = options.host == "127.0.0.1" || options.host == "::1" || options.host == "localhost";
-  if (!loopback && !options.tls.on() && !options.allow_insecure)
-    throw config::ConfigError("--host " + options.host +
-                              ": other machines could reach this worker over plain TCP; give --tls-certificate, "
-                              "--tls-key and --tls-ca (or --allow-insecure on a network you trust)");
+  if (!loopback && options.allow_insecure)
+    spdlog::warn("worker: --insecure on {}: whoever reaches this port can send it actor messages", options.host);
+  // TLS towards fronts is the gate's: CAF speaks plain TCP on loopback behind it. The engine's own
+  // link to a remote draft host (--speculative-draft-worker-tls-*) is CAF's, with OpenSSL.
+  const TlsFiles draft_tls{args.speculative_draft_worker_tls_certificate.value_or(""),
+                           args.speculative_draft_worker_tls_key.value_or(""),
+                           args.speculative_draft_worker_tls_ca.value_or("")};
+  check_tls(draft_tls, "--speculative-draft-worker-tls-");
   caf::actor_system_config cfg;
   configure_actor_system(cfg);
-  configure_network(cfg, options.tls);
+  configure_network(cfg, draft_tls);
   caf::actor_system system{cfg};
   std::unique_ptr<Engine> engine;
   caf::actor rep;
@@ -196,27 +214,47 @@ int run_worker(const config::ServerArgs& args, const WorkerOptions& options) {
     rep = spawn_replica(system, *engine);
     what = engine->model_info().name + " (target snapshot " + engine->target_hash_before_draft() + ")";
   }
-  // SO_REUSEADDR (so a restarted worker can take its port back while old connections linger in
-  // TIME_WAIT); on Linux it does not let two processes listen on one port.
-  const auto port = options.tls.on() ? caf::openssl::publish(rep, options.port, options.host.c_str(), true)
-                                     : system.middleman().publish(rep, options.port, options.host.c_str(), true);
-  if (!port) {
+  // CAF's port takes loopback connections only, on a port the system picks; the gate listens where
+  // asked (SO_REUSEADDR there, so a restarted worker takes its port back while old connections linger;
+  // on Linux it does not let two processes listen on one port).
+  const auto inner = system.middleman().publish(rep, 0, "127.0.0.1", true);
+  std::unique_ptr<Gate> gate;
+  auto stop_all = [&] {
     caf::anon_send_exit(rep, caf::exit_reason::user_shutdown);
     if (engine) engine->shutdown();
-    throw config::ConfigError("--port: cannot listen on " + options.host + ":" + std::to_string(options.port) + " (" +
-                              system.render(port.error()) + ")");
+  };
+  if (!inner) {
+    stop_all();
+    throw std::runtime_error("worker: cannot listen on a loopback port (" + system.render(inner.error()) + ")");
   }
-  std::printf("specactor worker: listening on %s:%u%s\n", options.host.c_str(), static_cast<unsigned>(*port),
-              options.tls.on() ? " (TLS)" : "");
+  GateOptions gopt;
+  gopt.max_frame_bytes = options.max_message_bytes;
+  gopt.tls_certificate = options.tls.certificate;
+  gopt.tls_key = options.tls.key;
+  gopt.tls_ca = options.tls.ca;
+  gopt.secret = secret;
+  try {
+    gate = Gate::open(options.host, options.port, *inner, gopt);
+  } catch (...) {
+    stop_all();
+    throw;
+  }
+  const std::uint16_t port = gate->port();
+  std::printf("specactor worker: listening on %s:%u%s\n", options.host.c_str(), static_cast<unsigned>(port),
+              options.tls.on()         ? " (TLS)"
+              : options.allow_insecure ? " (insecure)"
+                                       : "");
   std::fflush(stdout);
-  spdlog::info("worker: {} on {}:{}", what, options.host, *port);
+  spdlog::info("worker: {} on {}:{} (messages up to {} MiB)", what, options.host, port,
+               options.max_message_bytes >> 20);
   watch.reset();
   int sig = 0;
   sigwait(&stop, &sig);
   spdlog::info("worker: {} received, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
   if (engine) engine->shutdown();  // running requests end with an error event, sent before the replica stops
+  gate.reset();                    // no new connections; those open close
   caf::anon_send_exit(rep, caf::exit_reason::user_shutdown);
-  if (!options.tls.on()) system.middleman().unpublish(rep, *port);
+  system.middleman().unpublish(rep, *inner);
   return 0;
 }
 

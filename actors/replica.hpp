@@ -22,12 +22,16 @@ struct WorkerOptions {
   std::string host = "127.0.0.1";  // loopback unless told otherwise
   std::uint16_t port = 31000;      // 0: the system picks one (printed)
   TlsFiles tls;                    // TLS with certificates; required off loopback unless allow_insecure
-  bool allow_insecure = false;     // plain TCP on an address other machines reach (a trusted network)
-  std::string role = "target";     // target: an engine replica; draft: draft workers for remote schedulers
+  std::string secret_file;         // without TLS: the cluster secret's file (empty: the per-user default)
+  bool allow_insecure = false;     // plain TCP with no secret (a network and machine you trust)
+  std::size_t max_message_bytes = std::size_t{256} << 20;  // a peer's message above this closes its connection
+  std::string role = "target";  // target: an engine replica; draft: draft workers for remote schedulers
 };
 
-// `specactor worker`: loads the engine, publishes the replica on host:port (a port another process
-// holds is refused; an address other than loopback needs TLS or allow_insecure), prints "specactor worker: listening on
+// `specactor worker`: loads the engine, publishes the replica on a loopback port behind a gate
+// (actors/gate.hpp: message size limit, handshake and message deadlines, connection limit, TLS) that
+// listens on host:port (a port another process holds is refused; a front proves the cluster secret,
+// or TLS with certificates, unless allow_insecure), prints "specactor worker: listening on
 // HOST:PORT" on stdout, and serves until SIGINT or SIGTERM; requests in flight then end with an error event.
 // `on_listening` (tests) gets the bound port. Returns the exit status. With role "draft" it loads the target model's
 // weights and tokenizer (heads share them; the target's KV stays with the target) and spawns a draft worker for each

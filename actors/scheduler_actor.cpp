@@ -157,8 +157,22 @@ void connect_draft(Self self, bool initial) {
   const std::string where = addr[0].text();
   // With --speculative-draft-worker-tls-* the engine's system has the OpenSSL manager: TLS, each
   // side's certificate checked against its CA.
-  auto mm = self->system().has_openssl_manager() ? self->system().openssl_manager().actor_handle()
-                                                 : self->system().middleman().actor_handle();
+  // Without TLS the draft host's gate asks for the cluster secret (actors/gate.hpp), unless the file
+  // is "none" (a host started with --insecure).
+  caf::io::middleman_actor mm;
+  if (self->system().has_openssl_manager()) {
+    mm = self->system().openssl_manager().actor_handle();
+  } else {
+    std::string secret;
+    try {
+      secret = client_secret(st.draft_snapshot->speculative_draft_worker_secret_file.value_or(""),
+                             "--speculative-draft-worker-secret-file");
+    } catch (const config::ConfigError& e) {
+      return draft_unavailable(self, e.what(), initial);
+    }
+    mm = secret.empty() ? self->system().middleman().actor_handle()
+                        : spawn_secret_connector(self->system(), std::move(secret));
+  }
   self->request(mm, std::chrono::seconds(10), caf::connect_atom::value, addr[0].host, addr[0].port)
       .then(
           [self, initial, where, flag](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {

@@ -19,6 +19,7 @@
 
 #include <caf/actor_system_config.hpp>
 #include <caf/atom.hpp>
+#include <caf/io/middleman_actor.hpp>
 #include <caf/meta/type_name.hpp>
 #include <cstdint>
 #include <string>
@@ -119,9 +120,24 @@ struct TlsFiles {
   bool on() const { return !certificate.empty() || !key.empty() || !ca.empty(); }
 };
 
-// Checks that all three files are given and readable; ConfigError naming the flag (`prefix` + name,
-// e.g. "--tls-" or "--worker-tls-").
+// A PEM file (certificate chain, key, CA bundle) larger than this is not read.
+constexpr std::size_t kMaxPemBytes = std::size_t{1} << 20;
+
+// Checks that all three files are given, are regular PEM files of at most kMaxPemBytes, and load as
+// the TLS layer loads them: the certificate chain, an unencrypted key that matches it, a CA with at
+// least one certificate. ConfigError naming the flag (`prefix` + name, e.g. "--tls-" or
+// "--worker-tls-") and OpenSSL's reason.
 void check_tls(const TlsFiles& tls, const std::string& prefix);
+
+// Connects like the middleman's actor, but proves `secret` to a worker's gate (actors/gate.hpp)
+// before CAF speaks on the connection: use its handle for (connect_atom, host, port) to workers that
+// run without --insecure and without TLS. A refusal is an error naming the address and the reason.
+caf::io::middleman_actor spawn_secret_connector(caf::actor_system& system, std::string secret);
+
+// "none": plain TCP without the secret (a worker with --insecure); else the file (empty: the
+// per-user default, gate.hpp's default_secret_file()) read by load_secret without creating it.
+// Returns "" for none. ConfigError naming `flag`.
+std::string client_secret(const std::string& file, const std::string& flag);
 
 // What identifies a model across processes: its ModelInfo as JSON without the file's path (another
 // machine may keep the same file elsewhere).

@@ -1004,6 +1004,9 @@ int run(int argc, char** argv) {
   serve->add_option("--worker-tls-key", serve_opts.worker_tls_key, "with --workers: its private key (PEM)");
   serve->add_option("--worker-tls-ca", serve_opts.worker_tls_ca,
                     "with --workers: the CA (PEM) the workers' certificates must chain to");
+  serve->add_option("--worker-secret-file", serve_opts.worker_secret_file,
+                    "with --workers, without TLS: the file with the cluster secret the workers ask for (default "
+                    "~/.config/specactor/cluster-secret; 'none' for workers started with --insecure)");
   serve->allow_extras()->footer(serve_flags);
 
   auto* worker = app.add_subcommand(
@@ -1022,8 +1025,18 @@ int run(int argc, char** argv) {
                    "target: an engine replica for a front (default); draft: draft workers for schedulers that "
                    "give --speculative-draft-worker HOST:PORT")
       ->check(CLI::IsMember({"target", "draft"}));
-  worker->add_flag("--allow-insecure", worker_opts.allow_insecure,
-                   "plain TCP on an address other than loopback (a network you trust)");
+  worker->add_option("--secret-file", worker_opts.secret_file,
+                     "without TLS: the file with the cluster secret a front must prove before it is served "
+                     "(default ~/.config/specactor/cluster-secret, made with a random secret if missing)");
+  worker->add_flag("--insecure,--allow-insecure", worker_opts.allow_insecure,
+                   "plain TCP without TLS or the cluster secret: any process that reaches the port can send actor "
+                   "messages (a network and machine you trust)");
+  std::int64_t worker_max_message_mib = 256;
+  worker
+      ->add_option("--max-message-mib", worker_max_message_mib,
+                   "a peer's message larger than this many MiB closes its connection before it is read (default "
+                   "256; 1..4095)")
+      ->check(integer_at_least<std::int64_t>(1));
   worker->allow_extras()->footer(server_flags);
 
   auto* config = app.add_subcommand(
@@ -1107,8 +1120,8 @@ int run(int argc, char** argv) {
     serve_opts.api_key_given = serve_opts.api_key_given || serve->count("--api-key") > 0;
     serve_opts.max_connections_given = serve->count("--max-connections") > 0;
     specactor::server::check_serve_options(serve_opts);  // before the model loads
-    for (const char* f :
-         {"--routing", "--workers-wait", "--worker-tls-certificate", "--worker-tls-key", "--worker-tls-ca"})
+    for (const char* f : {"--routing", "--workers-wait", "--worker-tls-certificate", "--worker-tls-key",
+                          "--worker-tls-ca", "--worker-secret-file"})
       if (serve->count(f) && serve_opts.workers.empty())
         throw sc::ConfigError(std::string(f) + ": applies only with --workers");
     const auto rest = server_rest(*serve);
@@ -1124,6 +1137,10 @@ int run(int argc, char** argv) {
       throw sc::ConfigError("--port: must be in [0, 65535] (got " + std::to_string(worker_port) +
                             "; 0 picks a free one)");
     worker_opts.port = static_cast<std::uint16_t>(worker_port);
+    if (worker_max_message_mib > 4095)  // a BASP frame's length is 32 bits
+      throw sc::ConfigError("--max-message-mib: must be in [1, 4095] (got " + std::to_string(worker_max_message_mib) +
+                            ")");
+    worker_opts.max_message_bytes = static_cast<std::size_t>(worker_max_message_mib) << 20;
     return specactor::actors::run_worker(args, worker_opts);
   }
   if (*benchcmd) return cmd_bench(bench, server_rest(*benchcmd));

@@ -349,6 +349,13 @@ void validate(const ServerArgs& a) {
     for (auto [field, set] : tls)
       if (!set && given > 0)
         fail(field, "is required with the other --speculative-draft-worker-tls-* flags (all three or none)");
+    if (a.speculative_draft_worker_secret_file) {
+      if (a.speculative_draft_worker.empty())
+        fail("speculative_draft_worker_secret_file", "applies only with --speculative-draft-worker");
+      if (given > 0)
+        fail("speculative_draft_worker_secret_file",
+             "not with --speculative-draft-worker-tls-* (TLS with certificates is the authentication)");
+    }
   }
   if (a.speculative_num_steps) in_range("speculative_num_steps", *a.speculative_num_steps, 1, 64);
   if (a.speculative_eagle_topk) in_range("speculative_eagle_topk", *a.speculative_eagle_topk, 1, 64);

@@ -126,6 +126,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(OptString,     speculative_draft_worker_tls_certificate, {}, "with --speculative-draft-worker: this engine's certificate (PEM) for TLS to the draft host") \
   X(OptString,     speculative_draft_worker_tls_key, {},  "with --speculative-draft-worker: its private key (PEM)") \
   X(OptString,     speculative_draft_worker_tls_ca, {},   "with --speculative-draft-worker: the CA (PEM) the draft host's certificate must chain to") \
+  X(OptString,     speculative_draft_worker_secret_file, {}, "with --speculative-draft-worker, without TLS: the file with the cluster secret the draft host asks for (default ~/.config/specactor/cluster-secret; none: a host started with --insecure)") \
   X(OptInt,        speculative_num_steps,      {},        "draft steps per speculative step (tree depth); unset = automatic") \
   X(OptInt,        speculative_eagle_topk,     {},        "branches kept per draft step; 1 = chain; unset = automatic") \
   X(OptInt,        speculative_num_draft_tokens, {},      "tree nodes verified per step, root included; unset = automatic") \

@@ -49,7 +49,8 @@ std::string memory_file(const std::string& folder, const std::string& key);
 std::string default_memory_folder();
 // A budget-memory file is a few KiB; a larger one is not read (nor a file that is not regular).
 constexpr std::size_t kMaxMemoryFileBytes = std::size_t{1} << 20;
-// Reads `path` into `text`, its size checked before anything is read. Returns "" (a missing file too: `text` then stays empty) or the error.
+// Reads `path` into `text`, its size checked before anything is read. Returns "" (a missing file too: `text` then stays
+// empty) or the error.
 std::string read_memory_file(const std::string& path, std::string& text);
 // Writes `text` to `path` through a temporary file and a rename (a reader never sees half a file),
 // creating the folder. Returns "" or the error.

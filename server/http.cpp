@@ -517,13 +517,16 @@ Server::~Server() { stop(); }
 
 void Server::listen(const std::string& host, int port) {
   Impl& s = *impl_;
+  if (host.empty())
+    throw config::ConfigError(
+        "--host: an empty address (give 127.0.0.1 for this machine only, or 0.0.0.0 / :: for every interface)");
   const std::string where = "--host " + host + " --port " + std::to_string(port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  if (const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &res))
+  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res))
     throw config::ConfigError(where + ": cannot listen there (" + gai_strerror(rc) + ")");
   std::string why = "no address";
   for (addrinfo* ai = res; ai && s.listen_fd < 0; ai = ai->ai_next) {

@@ -92,6 +92,7 @@ class Server {
       c.routing = opt_.routing;
       c.connect_timeout_s = opt_.workers_wait_seconds;
       c.tls = {opt_.worker_tls_certificate, opt_.worker_tls_key, opt_.worker_tls_ca};
+      if (!c.tls.on()) c.secret = actors::client_secret(opt_.worker_secret_file, "--worker-secret-file");
       engine_ = actors::Cluster::connect(args_, c);
     }
     context_length_ = *engine_->target_snapshot()->context_length;
@@ -617,6 +618,8 @@ void check_serve_options(const ServeOptions& o) {
     throw config::ConfigError("--workers-wait: must be in [0, 3600] seconds (got " +
                               config::printable(std::to_string(o.workers_wait_seconds)) + ")");
   actors::check_tls({o.worker_tls_certificate, o.worker_tls_key, o.worker_tls_ca}, "--worker-tls-");
+  if (!o.workers.empty() && o.worker_tls_certificate.empty() && o.worker_tls_key.empty() && o.worker_tls_ca.empty())
+    (void)actors::client_secret(o.worker_secret_file, "--worker-secret-file");
   if (o.routing != "cache-aware" && o.routing != "least-loaded" && o.routing != "round-robin")
     throw config::ConfigError("--routing: '" + config::printable(o.routing, 40) +
                               "' (expected cache-aware, least-loaded or round-robin)");

@@ -35,6 +35,9 @@ struct ServeOptions {
   std::string routing = "cache-aware";  // with workers: cache-aware | least-loaded | round-robin
   double workers_wait_seconds = 60;     // with workers: how long to wait at start for the first one
   std::string worker_tls_certificate, worker_tls_key, worker_tls_ca;  // with workers: TLS (all three or none)
+  // with workers, without TLS: the cluster secret's file (empty: the per-user default), or "none"
+  // for workers started with --insecure.
+  std::string worker_secret_file;
 };
 
 inline constexpr std::int64_t kMaxHttpThreads = 256;

@@ -466,6 +466,9 @@ TEST_CASE("http layer: a client that leaves a waiting exchange ends it (on_close
       [](const http::Request&, const http::Reply&) {});
   CHECK_THROWS_WITH_AS(second.listen("127.0.0.1", port), doctest::Contains("cannot listen there"),
                        specactor::config::ConfigError);
+  // An empty host is refused (getaddrinfo would take it for every interface), as a worker refuses it.
+  CHECK_THROWS_WITH_AS(second.listen("", 0), doctest::Contains("--host: an empty address"),
+                       specactor::config::ConfigError);
   server.stop();  // the held, never-answered exchanges end too
 }
 

@@ -14,14 +14,24 @@ Checks, each printed as ok/FAIL (exit 1 on the first failure, naming it):
   - a remote draft worker (`worker --role draft`, `--speculative-draft-worker`): greedy outputs equal
     the local drafter's, its drafts are accepted; kill -9 of it mid-run: every request completes
     (plain decoding from then on), none is lost;
-  - TLS: a front whose certificate chains to the workers' CA is served, one of another CA (or none)
-    is refused; a worker off loopback without TLS is refused.
+  - TLS (the worker's gate is the TLS server): a front whose certificate chains to the workers' CA is
+    served, one of another CA (or none) is refused; bad TLS files stop a worker or a front at start,
+    naming the flag (a FIFO does not hang); plain bytes and a certificate-less TLS client leave the
+    worker serving;
+  - hostile peers (actors/gate.hpp) at a worker with the cluster secret: 4 GiB frame headers, garbage
+    and server-handshake frames, held connections and half frames, with and without the secret; fronts
+    with another secret or none are refused with the reason; the worker serves the same answer after,
+    in bounded memory; an empty --host is refused by worker and serve.
 Uses only the Python standard library.
 """
+import hashlib
+import hmac
 import json
 import os
 import signal
 import socket
+import ssl
+import struct
 import subprocess
 import sys
 import tempfile
@@ -247,10 +257,146 @@ def tls_checks(log):
             else:
                 check(j.get("text") == plain["text"] and spec.get("drafted", 1) == 0 and "handshake" in g.stderr,
                       f"a scheduler with {label} certificate is refused and decodes without drafts")
-        q = subprocess.run([BIN, "worker", "--model-path", MODEL, "--host", "0.0.0.0", "--port", "0"],
-                           capture_output=True, text=True, timeout=120)
-        check(q.returncode == 2 and "--tls-certificate" in q.stderr,
-              "a worker on an address other machines reach without TLS is refused")
+        # Bad TLS files stop the start with the flag named (they used to pass until the first connection).
+        fifo = f("fifo.pem")
+        os.mkfifo(fifo)
+        for label, files, flag in (("/etc/passwd", ["/etc/passwd"] * 3, "--tls-certificate"),
+                                   ("a directory as key", [f("worker.pem"), d, f("ca.pem")], "--tls-key"),
+                                   ("another pair's key", [f("worker.pem"), f("front.key"), f("ca.pem")], "--tls-key"),
+                                   ("a FIFO", [fifo, f("worker.key"), f("ca.pem")], "--tls-certificate")):
+            q = subprocess.run([BIN, "worker", "--model-path", MODEL, "--port", "0", "--tls-certificate", files[0],
+                                "--tls-key", files[1], "--tls-ca", files[2]], capture_output=True, text=True, timeout=60)
+            check(q.returncode == 2 and flag in q.stderr and "listening" not in q.stdout,
+                  f"a worker with {label} as TLS file stops at start naming {flag} ({q.stderr.strip()[-110:]!r})")
+        q = subprocess.run([BIN, "serve", "--model-path", MODEL, "--port", str(free_port()), "--workers", addr,
+                            "--worker-tls-certificate", "/etc/passwd", "--worker-tls-key", f("front.key"),
+                            "--worker-tls-ca", f("ca.pem")], capture_output=True, text=True, timeout=60)
+        check(q.returncode == 2 and "--worker-tls-certificate /etc/passwd: not a PEM file" in q.stderr,
+              f"a front with a bad TLS file stops at start naming it, not blaming the workers ({q.stderr.strip()[-90:]!r})")
+        # Hostile peers at the TLS worker: plain bytes, a TLS client without a certificate.
+        rss0 = rss(p.pid)
+        for _ in range(20):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(basp_header(1, 0xFFFFFFF0) + os.urandom(200))
+                s.settimeout(3)
+                try:
+                    s.recv(100)
+                except OSError:
+                    pass
+        ctx = ssl.create_default_context(cafile=f("ca.pem"))
+        ctx.check_hostname = False
+        for _ in range(5):
+            try:
+                with socket.create_connection(("127.0.0.1", port)) as raw, ctx.wrap_socket(raw) as t:
+                    t.sendall(basp_header(1, 0xFFFFFFF0))
+                    t.recv(100)
+            except (OSError, ssl.SSLError):
+                pass
+        r = http("POST", front + "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
+                                                     "temperature": 0})
+        check(p.poll() is None and r[0] == 200 and "Paris" in r[1] and rss(p.pid) - rss0 < 100_000,
+              f"the TLS worker still serves after plain and certificate-less peers (RSS +{rss(p.pid) - rss0} kB)")
+
+
+def basp_header(op, length):
+    """CAF 0.17's BASP frame header: operation, 2 padding bytes, flags, payload length, three 64-bit fields."""
+    return struct.pack(">BBBBIQQQ", op, 0, 0, 0, length, 1, 0, 0)
+
+
+def rss(pid):
+    with open(f"/proc/{pid}/status") as fh:
+        return int(next(l for l in fh if l.startswith("VmRSS")).split()[1])
+
+
+GATE_CONTEXT = b"specactor worker gate 1: a front proves the cluster secret"
+
+
+def prove(sock, secret):
+    """The front's side of the worker gate's challenge (actors/gate.hpp). True when accepted."""
+    sock.settimeout(5)
+    challenge = b""
+    while len(challenge) < 48:
+        b = sock.recv(48 - len(challenge))
+        if not b:
+            return False
+        challenge += b
+    sock.sendall(hmac.new(secret, GATE_CONTEXT + challenge[16:], hashlib.sha256).digest())
+    return sock.recv(1) == b"\x01"
+
+
+def hostile_checks(log, reference):
+    """Hostile peers at a worker's port (plain TCP, the cluster secret): oversized and garbage frames,
+    held connections, connections without the secret; the worker must go on serving in bounded memory."""
+    print("cluster-e2e: hostile peers at a worker (the cluster secret, no TLS)", flush=True)
+    with tempfile.TemporaryDirectory() as d:
+        secret_file = os.path.join(d, "secret")
+        with open(secret_file, "w") as fh:
+            fh.write("a cluster secret of this test, long enough\n")
+        os.chmod(secret_file, 0o600)
+        secret = open(secret_file, "rb").read().strip()
+        port = free_port()
+        w = subprocess.Popen([BIN, "worker", "--model-path", MODEL, "--port", str(port), "--log-level", "warn",
+                              "--secret-file", secret_file], stdout=subprocess.PIPE, stderr=log, text=True)
+        PROCS.append(w)
+        check(w.stdout.readline().startswith("specactor worker: listening"), "a worker with a secret file listens")
+        addr = f"127.0.0.1:{port}"
+        _, front = start_server(["--workers", addr, "--worker-secret-file", secret_file], log)
+        ask = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+        r = http("POST", front + "/v1/completions", ask)
+        check(r[0] == 200 and json.loads(r[1])["choices"][0]["text"] == reference,
+              "a front that proves the secret is served")
+        rss0 = rss(w.pid)
+        # The probe's packet: a handshake header announcing ~4 GiB, from 50 connections at once, without
+        # the secret (it is no answer to the challenge) and after proving it.
+        held = []
+        for i in range(50):
+            s = socket.create_connection(("127.0.0.1", port))
+            if i % 2 and not prove(s, secret):
+                raise SystemExit("cluster-e2e: the secret was refused")
+            s.sendall(basp_header(1, 0xFFFFFFF0))
+            held.append(s)
+        # Garbage: random bytes, a server handshake (operation 0) and random frames after the proof.
+        for i in range(60):
+            s = socket.create_connection(("127.0.0.1", port))
+            if i % 3 and not prove(s, secret):
+                raise SystemExit("cluster-e2e: the secret was refused")
+            s.sendall(os.urandom(64) if i % 3 != 2 else basp_header(i % 2 * 7, 16) + os.urandom(16))
+            held.append(s)
+        # Held connections: nothing sent, or half a frame after the proof.
+        for i in range(40):
+            s = socket.create_connection(("127.0.0.1", port))
+            if i % 2 and prove(s, secret):
+                s.sendall(basp_header(1, 4096) + os.urandom(100))
+            held.append(s)
+        time.sleep(1)
+        check(w.poll() is None, "the worker survived oversized and garbage frames")
+        # Fronts without the secret, or with another one: refused, with the reason.
+        other = os.path.join(d, "other")
+        with open(other, "w") as fh:
+            fh.write("not the cluster secret but long enough\n")
+        os.chmod(other, 0o600)
+        for label, flags, want in (("another secret", ["--worker-secret-file", other], "refused this side's"),
+                                   ("no secret", ["--worker-secret-file", "none"], "asks for the cluster secret")):
+            q = subprocess.run([BIN, "serve", "--model-path", MODEL, "--port", str(free_port()), "--workers", addr,
+                                "--workers-wait", "3", *flags], capture_output=True, text=True, timeout=120)
+            check(q.returncode == 2 and want in q.stderr,
+                  f"a front with {label} is refused ({q.stderr.strip()[-150:]!r})")
+        # The held connections are closed by their deadlines (10 s for the handshake); what they held is freed.
+        time.sleep(11)
+        for s in held:
+            s.close()
+        r = http("POST", front + "/v1/completions", ask)
+        grown = rss(w.pid) - rss0
+        check(w.poll() is None and r[0] == 200 and json.loads(r[1])["choices"][0]["text"] == reference,
+              "after 150 hostile connections the worker serves the same answer")
+        check(grown < 150_000, f"the worker's memory stayed bounded (RSS +{grown} kB; a 4 GiB header used to abort it)")
+        q = subprocess.run([BIN, "worker", "--model-path", MODEL, "--host", "", "--port", "0"], capture_output=True,
+                           text=True, timeout=60)
+        check(q.returncode == 2 and "--host: an empty address" in q.stderr, "a worker refuses an empty --host")
+        q = subprocess.run([BIN, "serve", "--model-path", MODEL, "--host", "", "--port", str(free_port())],
+                           capture_output=True, text=True, timeout=60)
+        check(q.returncode == 2 and "--host: an empty address" in q.stderr,
+              "serve refuses an empty --host (it listened on every interface)")
 
 
 def main():
@@ -390,6 +536,9 @@ def main():
               f"a second worker on a held port is refused ({p.stderr.strip()[-160:]!r})")
         remote_draft_checks(log, single, ps, ref)
         tls_checks(log)
+        r = http("POST", single + "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
+                                                      "temperature": 0})
+        hostile_checks(log, json.loads(r[1])["choices"][0]["text"])
     finally:
         for p in PROCS:
             if p.poll() is None:
