@@ -23,34 +23,7 @@ namespace specactor::actors {
 
 std::vector<WorkerAddress> parse_workers(const std::string& list, const std::string& flag) {
   std::vector<WorkerAddress> out;
-  std::size_t at = 0;
-  while (at <= list.size()) {
-    const std::size_t end = std::min(list.find(',', at), list.size());
-    const std::string item = list.substr(at, end - at);
-    at = end + 1;
-    auto bad = [&](const std::string& why) {
-      return config::ConfigError(flag + ": '" + config::printable(item, 80) + "': " + why +
-                                 " (expected HOST:PORT[,HOST:PORT...], e.g. 127.0.0.1:31000)");
-    };
-    if (item.empty()) throw bad("an empty address");
-    const std::size_t colon = item.rfind(':');
-    if (colon == std::string::npos || colon == 0) throw bad("no port");
-    std::string host = item.substr(0, colon);
-    if (host.front() == '[') {
-      if (host.back() != ']' || host.size() < 3) throw bad("an IPv6 address needs its closing ']'");
-      host = host.substr(1, host.size() - 2);
-    }
-    const std::string port = item.substr(colon + 1);
-    if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
-      throw bad("the port is not a number");
-    const long p = std::stol(port);
-    if (p < 1 || p > 65535) throw bad("the port is outside 1..65535");
-    for (const auto& w : out)
-      if (w.host == host && w.port == p) throw bad("listed twice");
-    out.push_back({host, static_cast<std::uint16_t>(p)});
-    if (end == list.size()) break;
-  }
-  if (out.empty()) throw config::ConfigError(flag + ": no address given");
+  for (auto& [host, port] : config::parse_addresses(list, flag)) out.push_back({std::move(host), port});
   return out;
 }
 

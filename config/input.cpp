@@ -115,4 +115,37 @@ void check_utf8(std::string_view text) {
   }
 }
 
+std::vector<std::pair<std::string, std::uint16_t>> parse_addresses(const std::string& list, const std::string& flag) {
+  std::vector<std::pair<std::string, std::uint16_t>> out;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, end - at);
+    at = end + 1;
+    auto bad = [&](const std::string& why) {
+      return ConfigError(flag + ": '" + printable(item, 80) + "': " + why +
+                                 " (expected HOST:PORT[,HOST:PORT...], e.g. 127.0.0.1:31000)");
+    };
+    if (item.empty()) throw bad("an empty address");
+    const std::size_t colon = item.rfind(':');
+    if (colon == std::string::npos || colon == 0) throw bad("no port");
+    std::string host = item.substr(0, colon);
+    if (host.front() == '[') {
+      if (host.back() != ']' || host.size() < 3) throw bad("an IPv6 address needs its closing ']'");
+      host = host.substr(1, host.size() - 2);
+    }
+    const std::string port = item.substr(colon + 1);
+    if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
+      throw bad("the port is not a number");
+    const long p = std::stol(port);
+    if (p < 1 || p > 65535) throw bad("the port is outside 1..65535");
+    for (const auto& w : out)
+      if (w.first == host && w.second == p) throw bad("listed twice");
+    out.emplace_back(host, static_cast<std::uint16_t>(p));
+    if (end == list.size()) break;
+  }
+  if (out.empty()) throw ConfigError(flag + ": no address given");
+  return out;
+}
+
 }  // namespace specactor::config

@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace specactor::config {
 
@@ -34,5 +37,9 @@ void check_utf8(std::string_view text);
 
 // A value as one line for messages: non-printable bytes escaped, at most `max_chars` characters.
 std::string printable(std::string_view s, std::size_t max_chars = 80);
+
+// "HOST:PORT,HOST:PORT" (IPv6 as [ADDR]:PORT), each port in 1..65535, none twice. Throws
+// ConfigError naming `flag` and the item.
+std::vector<std::pair<std::string, std::uint16_t>> parse_addresses(const std::string& list, const std::string& flag);
 
 }  // namespace specactor::config

@@ -164,15 +164,21 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                               "--speculative-ngram-corpus-path " + *s->speculative_ngram_corpus_path, size));
   }
 
-  // The budget's memory folder, when one is named: created now, so a path that cannot hold it stops
-  // the start instead of losing what the budget learns at exit.
+  // The budget's memory folder, when one is named: checked now (not created: `config` changes
+  // nothing), so a path that cannot hold it stops the start instead of losing what the budget learns
+  // at exit. It must be a folder, or be creatable: its nearest existing parent a writable folder.
   if (const std::string& dir = s->speculative_budget_cache; !dir.empty() && dir != "none") {
+    namespace fs = std::filesystem;
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (!std::filesystem::is_directory(dir))
-      throw ConfigError("--speculative-budget-cache " + dir + ": " +
-                        (std::filesystem::exists(dir) ? std::string("not a folder") : "cannot create the folder") +
-                        (ec ? " (" + ec.message() + ")" : std::string()));
+    const std::string what = "--speculative-budget-cache " + printable(dir);
+    fs::path at = fs::absolute(dir, ec);
+    if (fs::exists(at, ec) && !fs::is_directory(at, ec)) throw ConfigError(what + ": not a folder");
+    while (!at.empty() && !fs::exists(at, ec) && at.has_parent_path() && at.parent_path() != at) at = at.parent_path();
+    if (!fs::is_directory(at, ec))
+      throw ConfigError(what + ": cannot create the folder (" + at.string() + " is not a folder)");
+    if (::access(at.c_str(), W_OK | X_OK) != 0)
+      throw ConfigError(what + ": cannot " + (at == fs::absolute(dir, ec) ? "write in" : "create") + " the folder (" +
+                        at.string() + " is not writable)");
   }
 
   // KV budget.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -156,7 +157,12 @@ HeadConfig read_config(const std::string& path, std::shared_ptr<const TensorSour
             std::memcpy(&o32, d->data + i * 4, 4);
             off = o32;
           }
-          c.d2t.push_back(static_cast<std::int32_t>(static_cast<std::int64_t>(i) + off));
+          std::int64_t id = 0;  // checked before it is narrowed: an offset of 2^62 used to wrap into range
+          if (__builtin_add_overflow(static_cast<std::int64_t>(i), off, &id) || id < 0 ||
+              id > std::numeric_limits<std::int32_t>::max())
+            throw GgufError(path + ": d2t[" + std::to_string(i) + "] = " + std::to_string(off) +
+                            " maps draft token " + std::to_string(i) + " outside any vocabulary");
+          c.d2t.push_back(static_cast<std::int32_t>(id));
         }
       }
       *source_out = src;
@@ -186,7 +192,11 @@ HeadConfig read_config(const std::string& path, std::shared_ptr<const TensorSour
     if (file->has("eagle3.aux_layers"))
       for (auto v : file->get_int_array("eagle3.aux_layers")) c.aux_layers.push_back(static_cast<std::int32_t>(v));
     if (file->has("eagle3.d2t"))
-      for (auto v : file->get_int_array("eagle3.d2t")) c.d2t.push_back(static_cast<std::int32_t>(v));
+      for (auto v : file->get_int_array("eagle3.d2t")) {
+        if (v < 0 || v > std::numeric_limits<std::int32_t>::max())
+          throw GgufError(path + ": eagle3.d2t holds " + std::to_string(v) + ", outside any vocabulary");
+        c.d2t.push_back(static_cast<std::int32_t>(v));
+      }
     if (file->has(key("target_block_count")) && c.kind != HeadKind::Eagle3)
       c.aux_layers = {static_cast<std::int32_t>(file->get_int(key("target_block_count"))) - 1};
     if (source_out) *source_out = std::make_shared<GgufSource>(file);

@@ -45,7 +45,7 @@ LlamaConfig LlamaConfig::from(const ModelInfo& info, const std::string& json_ove
       throw GgufError(where + ": bad value " + config::printable(v.dump()) + " for '" + key + "'" +
                       (key == "num_hidden_layers" ? " (expected 1 .. " + std::to_string(info.num_layers) + ")"
                        : key == "rms_norm_eps"    ? " (expected a number in [1e-12, 1))"
-                                                  : " (expected a finite positive number)"));
+                                                  : " (expected a finite number of at least 1)"));
     else
       throw GgufError(where + ": unknown key '" + config::printable(key) +
                       "' (known: rope_theta, rms_norm_eps, num_hidden_layers)");

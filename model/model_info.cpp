@@ -22,7 +22,12 @@ std::string_view to_string(TokenizerKind k) {
 bool is_llama_family(std::string_view architecture) { return architecture == "llama"; }
 
 std::string bad_rope_base(double v) {
-  return v > 0.0 && std::isfinite(v) ? "" : "must be a positive number, and finite (got " + std::to_string(v) + ")";
+  // Below 1 the rotation frequencies grow with the dimension instead of falling (1e-300 made every
+  // angle infinite); no model uses such a base.
+  if (v >= 1.0 && std::isfinite(v)) return "";
+  char got[32];
+  std::snprintf(got, sizeof got, "%g", v);
+  return std::string("must be a finite number of at least 1 (got ") + got + ")";
 }
 
 std::string bad_norm_eps(double v) {

@@ -604,6 +604,13 @@ void check_serve_options(const ServeOptions& o) {
     throw config::ConfigError(
         "--api-key: is empty, which would turn authentication off; give a key, or leave the flag (and "
         "SPECACTOR_API_KEY) out to serve without one");
+  for (std::size_t i = 0; i < o.api_key.size(); ++i) {
+    const auto c = static_cast<unsigned char>(o.api_key[i]);
+    if (c <= 0x20 || c == 0x7f)
+      throw config::ConfigError("--api-key: has a space or control character at byte " + std::to_string(i) +
+                                ", which an 'Authorization: Bearer' header cannot carry (a key of visible characters "
+                                "is expected)");
+  }
   if (!(o.grace_seconds >= 0 && o.grace_seconds <= kMaxGraceSeconds))
     throw config::ConfigError("--grace-period: must be in [0, " + std::to_string(static_cast<int>(kMaxGraceSeconds)) +
                               "] seconds (got " + config::printable(std::to_string(o.grace_seconds)) + ")");

@@ -432,15 +432,29 @@ TEST_CASE("specactor: bad input that used to be an internal error or pass silent
   const std::string head_rope = head_with("head_rope", "rope_theta", -1.0);
 
   const std::vector<CliCase> cases = {
-      {"config --model-path " + rope_inf, "rope.freq_base must be a positive number, and finite (got inf)"},
+      {"config --model-path " + rope_inf, "rope.freq_base must be a finite number of at least 1 (got inf)"},
       {"config --model-path " + eps_denormal,
        "attention.layer_norm_rms_epsilon must be in (0, 1), and at least 1e-12 (got 1.4013e-45)"},
       {"config --model-path " + tiny + " --json-model-override-args " + testing::shell_quote(R"({"rope_theta": -3})"),
-       "--json-model-override-args: bad value -3 for 'rope_theta' (expected a finite positive number)"},
+       "--json-model-override-args: bad value -3 for 'rope_theta' (expected a finite number of at least 1)"},
+      {"config --model-path " + tiny + " --json-model-override-args " +
+           testing::shell_quote(R"({"rope_theta": 1e-300})"),
+       "--json-model-override-args: bad value 1e-300 for 'rope_theta' (expected a finite number of at least 1)"},
+      {"config --model-path " + tiny + " --speculative-algorithm NGRAM --speculative-draft-worker nohost",
+       "--speculative-draft-worker: 'nohost': no port"},
+      {"config --model-path " + tiny + " --speculative-algorithm NGRAM --speculative-draft-worker a:1,b:2",
+       "--speculative-draft-worker: one HOST:PORT (got 2)"},
+      {"config --model-path " + tiny + " --speculative-algorithm NGRAM --speculative-budget-cache /etc/passwd/x",
+       "--speculative-budget-cache /etc/passwd/x: cannot create the folder (/etc/passwd is not a folder)"},
+      {"generate --log-level warn --model-path " + tiny + " --prompt hi --temperature 1e-40",
+       "temperature: must be 0 (greedy) or at least 1e-05 (got 1e-40)"},
+      {"serve --model-path " + tiny + " --api-key ' '", "--api-key: has a space or control character at byte 0"},
+      {"serve --model-path " + tiny + " --api-key " + testing::shell_quote("key\nwith-newline"),
+       "--api-key: has a space or control character at byte 3"},
       {"config --model-path " + testing::shell_quote(odd_name),
        "--model-path: text is not valid UTF-8: byte " + std::to_string(odd_name.size() - 6) + " (0xFF)"},
       {"inspect " + head_eps, "the head's RMSNorm epsilon must be in (0, 1), and at least 1e-12 (got 0)"},
-      {"inspect " + head_rope, "the head's RoPE base must be a positive number, and finite (got -1"},
+      {"inspect " + head_rope, "the head's RoPE base must be a finite number of at least 1 (got -1"},
       {"make-head --target " + tiny + " --kind EAGLE3 --draft-vocab -1 --out " + (dir / "h.gguf").string(),
        "--draft-vocab: must be >= 0 (got -1)"},
       {"make-head --target " + tiny + " --out /nonexistent-specactor/dir/h.gguf",
@@ -467,6 +481,13 @@ TEST_CASE("specactor: bad input that used to be an internal error or pass silent
       {"serve --model-path " + tiny + " --body-timeout 1e9", "--body-timeout: must be in [0.1, 3600] seconds"},
   };
   expect_one_line_errors(cases);
+  // `config` changes nothing: a budget-memory folder it is told of is checked, not created.
+  const fs::path budget_dir = dir / "budget-not-made" / "deeper";
+  const testing::CliRun made_cfg =
+      testing::run_cli("config --model-path " + tiny + " --speculative-algorithm NGRAM --speculative-budget-cache " +
+                       budget_dir.string());
+  CHECK_MESSAGE(made_cfg.rc == 0, made_cfg.err);
+  CHECK_FALSE(fs::exists(dir / "budget-not-made"));
   // `config` and `generate` agree on overrides: both refuse the same one at resolution.
   const std::string bad_override = " --json-model-override-args " + testing::shell_quote(R"({"rms_norm_eps": 1e-40})");
   const testing::CliRun cfg = testing::run_cli("config --model-path " + tiny + bad_override, 60);
