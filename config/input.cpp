@@ -124,7 +124,7 @@ std::vector<std::pair<std::string, std::uint16_t>> parse_addresses(const std::st
     at = end + 1;
     auto bad = [&](const std::string& why) {
       return ConfigError(flag + ": '" + printable(item, 80) + "': " + why +
-                                 " (expected HOST:PORT[,HOST:PORT...], e.g. 127.0.0.1:31000)");
+                         " (expected HOST:PORT[,HOST:PORT...], e.g. 127.0.0.1:31000)");
     };
     if (item.empty()) throw bad("an empty address");
     const std::size_t colon = item.rfind(':');

@@ -351,8 +351,7 @@ void validate(const ServerArgs& a) {
         fail(field, "is required with the other --speculative-draft-worker-tls-* flags (all three or none)");
     if (!a.speculative_draft_worker.empty()) {  // the same rule `generate` applies, so `config` refuses it too
       const auto addr = parse_addresses(a.speculative_draft_worker, "--speculative-draft-worker");
-      if (addr.size() != 1)
-        fail("speculative_draft_worker", "one HOST:PORT (got " + std::to_string(addr.size()) + ")");
+      if (addr.size() != 1) fail("speculative_draft_worker", "one HOST:PORT (got " + std::to_string(addr.size()) + ")");
     }
     if (a.speculative_draft_worker_secret_file) {
       if (a.speculative_draft_worker.empty())

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -160,8 +160,8 @@ HeadConfig read_config(const std::string& path, std::shared_ptr<const TensorSour
           std::int64_t id = 0;  // checked before it is narrowed: an offset of 2^62 used to wrap into range
           if (__builtin_add_overflow(static_cast<std::int64_t>(i), off, &id) || id < 0 ||
               id > std::numeric_limits<std::int32_t>::max())
-            throw GgufError(path + ": d2t[" + std::to_string(i) + "] = " + std::to_string(off) +
-                            " maps draft token " + std::to_string(i) + " outside any vocabulary");
+            throw GgufError(path + ": d2t[" + std::to_string(i) + "] = " + std::to_string(off) + " maps draft token " +
+                            std::to_string(i) + " outside any vocabulary");
           c.d2t.push_back(static_cast<std::int32_t>(id));
         }
       }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "config/error.hpp"
 #include "config/input.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/pool.hpp"
@@ -269,6 +270,11 @@ std::int64_t prepare_batch(std::vector<ForwardSeq>& batch, KvCache& kv, std::int
 LlamaRunner::LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int threads, k::Precision precision)
     : w_(std::move(weights)), precision_(precision) {
   k::ComputePool::instance().set_threads(threads);  // the engine's one pool (0 = every core)
+  try {  // at start, not in the first step: a refused thread is the setting's error
+    k::ComputePool::instance().start_threads();
+  } catch (const std::runtime_error& e) {
+    throw config::ConfigError("--threads " + std::to_string(threads) + ": " + e.what());
+  }
 }
 
 void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out,

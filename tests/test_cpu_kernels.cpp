@@ -873,3 +873,40 @@ TEST_CASE("tensor parallel forward: TP = 2 and 3 on the CPU communicator give TP
                        doctest::Contains("--tp-size 4 does not divide the model's 6 attention heads"), sm::GgufError);
   fs::remove(path);
 }
+
+#include <sys/resource.h>
+
+TEST_CASE("compute pool: threads the system refuses are an error at start, named with the count") {
+  // `generate --threads 4096` ended in "internal error: Resource temporarily unavailable" at the first
+  // step; the engine now starts its threads at load (LlamaRunner) and names --threads. Here the
+  // address-space limit leaves room for a few 8 MiB thread stacks, not for 256.
+  auto& pool = specactor::kernels::ComputePool::instance();
+  const int before = pool.threads();
+  long vm_kb = 0;
+  {
+    std::ifstream st("/proc/self/status");
+    for (std::string line; std::getline(st, line);)
+      if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stol(line.substr(7));
+  }
+  REQUIRE(vm_kb > 0);
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_AS, &old) == 0);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(vm_kb + 64 * 1024) * 1024;
+  REQUIRE(::setrlimit(RLIMIT_AS, &low) == 0);
+  pool.set_threads(256);
+  std::string what;
+  try {
+    pool.start_threads();
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  REQUIRE(::setrlimit(RLIMIT_AS, &old) == 0);
+  pool.set_threads(before);
+  CHECK(what.find("the system refused to start compute thread") != std::string::npos);
+  CHECK(what.find(" of 256 (") != std::string::npos);
+  // Within the limits the pool works as before.
+  std::atomic<int> calls{0};
+  pool.run([&](int, int) { ++calls; });
+  CHECK(calls == pool.threads());
+}

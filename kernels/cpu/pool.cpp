@@ -9,6 +9,9 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -82,8 +85,14 @@ struct ComputePool::Impl {
   }
 
   void ensure_workers(int n) {  // worker threads 1..n-1 exist
-    for (int tid = static_cast<int>(workers.size()) + 1; tid < n; ++tid)
-      workers.emplace_back([this, tid] { worker(tid); });
+    for (int tid = static_cast<int>(workers.size()) + 1; tid < n; ++tid) {
+      try {
+        workers.emplace_back([this, tid] { worker(tid); });
+      } catch (const std::system_error& e) {  // the system's thread or memory limits
+        throw std::runtime_error("the system refused to start compute thread " + std::to_string(tid + 1) + " of " +
+                                 std::to_string(n) + " (" + e.code().message() + ")");
+      }
+    }
   }
 };
 
@@ -107,6 +116,12 @@ void ComputePool::set_threads(int n) { impl_->want.store(n < 0 ? 0 : n); }
 int ComputePool::threads() const {
   const int w = impl_->want.load();
   return w > 0 ? w : impl_->n_cores;
+}
+
+void ComputePool::start_threads() {
+  Impl& p = *impl_;
+  std::lock_guard<std::mutex> one(p.submit);
+  p.ensure_workers(threads());
 }
 
 void ComputePool::run(const std::function<void(int tid, int nth)>& fn) {

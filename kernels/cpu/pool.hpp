@@ -19,6 +19,9 @@ class ComputePool {
   // Threads used by run(), the caller included; 0 = every core. Takes effect at the next run().
   void set_threads(int n);
   int threads() const;
+  // Starts the threads threads() asks for now (else they start at the first run()); throws
+  // std::runtime_error naming the count when the system refuses one (its thread or memory limits).
+  void start_threads();
 
   // fn(tid, nth) on nth threads; returns when every call has returned. An exception thrown by any
   // call is rethrown here (the first one).
