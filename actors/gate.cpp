@@ -555,31 +555,10 @@ std::unique_ptr<Gate> Gate::open(const std::string& host, std::uint16_t port, st
     SSL_CTX_set_verify(impl->ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
     SSL_CTX_set_mode(impl->ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE);
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res))
-    throw config::ConfigError("--port: cannot listen on " + host + ":" + std::to_string(port) + " (" +
-                              gai_strerror(rc) + ")");
-  std::string why = "no address";
-  for (addrinfo* ai = res; ai && impl->listen_fd < 0; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) continue;
-    int yes = 1;  // a restarted worker takes its port back while old connections linger (never REUSEPORT)
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, 128) == 0) {
-      impl->listen_fd = fd;
-    } else {
-      why = std::strerror(errno);
-      ::close(fd);
-    }
-  }
-  ::freeaddrinfo(res);
+  std::string why;
+  impl->listen_fd = listen_tcp(host, port, 128, why);
   if (impl->listen_fd < 0)
-    throw config::ConfigError("--port: cannot listen on " + host + ":" + std::to_string(port) + " (" + why +
-                              "; address in use, or not an address of this machine)");
+    throw config::ConfigError("--port: cannot listen on " + host + ":" + std::to_string(port) + " (" + why + ")");
   sockaddr_storage a{};
   socklen_t len = sizeof a;
   ::getsockname(impl->listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
@@ -684,6 +663,36 @@ std::string load_secret(const std::string& path, const std::string& flag, bool c
     throw config::ConfigError(what + ": a secret of at least 16 characters was expected (got " +
                               std::to_string(text.size()) + ")");
   return text;
+}
+
+int listen_tcp(const std::string& host, std::uint16_t port, int backlog, std::string& why) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res)) {
+    why = gai_strerror(rc);
+    return -1;
+  }
+  int out = -1;
+  why = "no address";
+  for (addrinfo* ai = res; ai && out < 0; ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0) continue;
+    // SO_REUSEADDR lets a restarted server take its port back while old connections linger; never
+    // SO_REUSEPORT, with which a second server on the port would silently share it.
+    int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, backlog) == 0) {
+      out = fd;
+    } else {
+      why = std::string(std::strerror(errno)) + "; address in use, or not an address of this machine";
+      ::close(fd);
+    }
+  }
+  ::freeaddrinfo(res);
+  return out;
 }
 
 int dial(const std::string& host, std::uint16_t port, double timeout_s, std::string& why) {

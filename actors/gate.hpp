@@ -83,6 +83,10 @@ class Gate {
 // answers it, reads the verdict, all within `timeout_s`. Returns "" or why it failed.
 std::string prove_secret(int fd, const std::string& secret, double timeout_s);
 
+// A non-blocking listening TCP socket on host:port (SO_REUSEADDR, never SO_REUSEPORT); -1 with
+// `why` when it cannot be had.
+int listen_tcp(const std::string& host, std::uint16_t port, int backlog, std::string& why);
+
 // A non-blocking TCP connection to host:port, made within `timeout_s`; -1 with `why` when it fails.
 int dial(const std::string& host, std::uint16_t port, double timeout_s, std::string& why);
 

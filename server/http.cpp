@@ -29,6 +29,7 @@
 #include <set>
 #include <thread>
 
+#include "actors/gate.hpp"
 #include "config/error.hpp"
 
 namespace specactor::server::http {
@@ -521,32 +522,9 @@ void Server::listen(const std::string& host, int port) {
     throw config::ConfigError(
         "--host: an empty address (give 127.0.0.1 for this machine only, or 0.0.0.0 / :: for every interface)");
   const std::string where = "--host " + host + " --port " + std::to_string(port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res))
-    throw config::ConfigError(where + ": cannot listen there (" + gai_strerror(rc) + ")");
-  std::string why = "no address";
-  for (addrinfo* ai = res; ai && s.listen_fd < 0; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) continue;
-    // SO_REUSEADDR lets a restarted server bind while old connections linger; never SO_REUSEPORT,
-    // with which a second server on the port would silently share it.
-    int yes = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, s.limits.backlog) == 0) {
-      s.listen_fd = fd;
-    } else {
-      why = std::strerror(errno);
-      ::close(fd);
-    }
-  }
-  ::freeaddrinfo(res);
-  if (s.listen_fd < 0)
-    throw config::ConfigError(where + ": cannot listen there (" + why +
-                              "; address in use, or not an address of this machine)");
+  std::string why;
+  s.listen_fd = actors::listen_tcp(host, static_cast<std::uint16_t>(port), s.limits.backlog, why);
+  if (s.listen_fd < 0) throw config::ConfigError(where + ": cannot listen there (" + why + ")");
 
   unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
   const auto idle = static_cast<unsigned>(std::max(1.0, s.limits.send_idle_timeout_s));
