@@ -275,6 +275,27 @@ TEST_CASE("heads: a NaN or infinite weight is a load error naming the tensor") {
   spec.draft_vocab = info.vocab_size + 1;
   CHECK_THROWS_WITH_AS(model::write_random_head(info, spec, bad),
                        doctest::Contains("--draft-vocab: must be in [1, 64]"), config::ConfigError);
+  // A published-layout EAGLE3 head whose d2t offset is 2^62: it wrapped to a valid int32 id and
+  // passed; now refused before it is narrowed.
+  spec.draft_vocab = 8;
+  spec.safetensors = true;
+  const std::string hf = (scratch() / "head_d2t").string();
+  model::write_random_head(info, spec, hf);
+  CHECK_NOTHROW(model::HeadWeights::load(hf, spec.kind, cfg, {}, false, config::LoadFormat::Auto));
+  {
+    std::fstream f(hf + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    std::uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(n));
+    const auto at = json::parse(header).at("d2t").at("data_offsets").at(0).get<std::uint64_t>();
+    const std::int64_t huge = std::int64_t{1} << 62;
+    f.seekp(static_cast<std::streamoff>(8 + n + at));
+    f.write(reinterpret_cast<const char*>(&huge), 8);
+  }
+  CHECK_THROWS_WITH_AS(model::HeadWeights::load(hf, spec.kind, cfg, {}, false, config::LoadFormat::Auto),
+                       doctest::Contains("d2t[0] = 4611686018427387904 maps draft token 0 outside any vocabulary"),
+                       model::GgufError);
 }
 
 TEST_CASE("specactor: each hostile input ends in exit status 2 and one line naming it") {
