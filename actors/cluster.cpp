@@ -346,9 +346,14 @@ caf::behavior router(router_actor* self, ClusterOptions opt, std::string model_j
   auto& st = self->state;
   st.opt = std::move(opt);
   st.model_json = std::move(model_json);
-  st.connector = st.opt.tls.on()         ? self->system().openssl_manager().actor_handle()
-                 : st.opt.secret.empty() ? self->system().middleman().actor_handle()
-                                         : spawn_secret_connector(self->system(), st.opt.secret);
+  if (st.opt.tls.on()) {
+    st.connector = self->system().openssl_manager().actor_handle();
+  } else if (st.opt.secret.empty()) {
+    st.connector = self->system().middleman().actor_handle();
+  } else {
+    st.connector = spawn_secret_connector(self->system(), st.opt.secret);
+    self->link_to(st.connector);  // it ends with the router
+  }
   for (const auto& a : st.opt.workers) {
     Replica r;
     r.addr = a;

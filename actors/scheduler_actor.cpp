@@ -30,7 +30,8 @@ struct SchedulerState {
   config::Snapshot draft_snapshot;  // derived once the target model is loaded (null for NONE)
   target_worker_actor target;
   draft_worker_actor draft;
-  drafters::DrafterNeeds needs;  // what the draft worker asked for when it came up
+  caf::io::middleman_actor secret_connector;  // a remote draft host's link without TLS (made once)
+  drafters::DrafterNeeds needs;               // what the draft worker asked for when it came up
   std::optional<TargetInfo> info;
   caf::error target_failure;  // what ready() answers once the target failed (keeps user vs internal)
   std::vector<caf::typed_response_promise<TargetInfo>> ready_waiters;
@@ -170,8 +171,9 @@ void connect_draft(Self self, bool initial) {
     } catch (const config::ConfigError& e) {
       return draft_unavailable(self, e.what(), initial);
     }
-    mm = secret.empty() ? self->system().middleman().actor_handle()
-                        : spawn_secret_connector(self->system(), std::move(secret));
+    if (!secret.empty() && !st.secret_connector)
+      st.secret_connector = spawn_secret_connector(self->system(), std::move(secret));
+    mm = secret.empty() ? self->system().middleman().actor_handle() : st.secret_connector;
   }
   self->request(mm, std::chrono::seconds(10), caf::connect_atom::value, addr[0].host, addr[0].port)
       .then(
@@ -409,6 +411,7 @@ void on_exit(Self self, caf::exit_msg& msg) {
   s.policy->fail_everything("the engine shut down");
   if (s.draft) self->send_exit(s.draft, msg.reason);
   if (s.target) self->send_exit(s.target, msg.reason);
+  if (s.secret_connector) self->send_exit(s.secret_connector, msg.reason);
   self->quit(msg.reason);
 }
 
