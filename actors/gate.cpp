@@ -648,6 +648,10 @@ std::string load_secret(const std::string& path, const std::string& flag, bool c
       throw config::ConfigError(what + ": cannot create the file: " + std::strerror(errno));
     }
   }
+  if (!create && !fs::exists(path, ec))
+    throw config::ConfigError(what +
+                              ": no such file (a worker makes it when it first starts; on another machine, "
+                              "copy the workers' file here, or use TLS)");
   std::size_t size = 0;
   const int fd = config::open_regular_file(path, what, size);
   struct stat st {};
