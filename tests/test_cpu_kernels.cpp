@@ -21,6 +21,7 @@
 #include "kernels/cpu/pool.hpp"
 #include "kernels/cpu/quant.hpp"
 #include "kernels/cpu/sampling.hpp"
+#include "kernels/cpu/tiles.hpp"
 #include "model/kv_cache.hpp"
 #include "tests/support/random_weights.hpp"
 
@@ -294,6 +295,59 @@ TEST_CASE("fast matmul: scalar, AVX2 and VNNI paths are bit-identical and comput
       CHECK(worst_exact < 2e-2);
       CHECK(worst_exact > 0);  // it is a different arithmetic
     }
+  }
+}
+
+TEST_CASE("fast matmul: the tile kernel (emulated, and on the hardware where AMX runs) equals the scalar twin") {
+  // 1…64 rows: partial tiles of rows, whole tiles and several; 37 and 29 outputs: pairs of panels, a
+  // lone panel, a partial one; 1, 2 and 3 threads: ranges that start at odd panels.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto& pool = specactor::kernels::ComputePool::instance();
+  const int before = pool.threads();
+  const bool hardware = qpath_available(QPath::Amx);
+  int compared = 0;
+  for (const std::int64_t rows : {1, 2, 3, 7, 8, 15, 16, 17, 33, 64})
+    for (const WeightType t : kIntegerTypes) {
+      const std::int64_t in = rows % 2 ? 256 : 768, out = rows % 3 ? 37 : 29;
+      std::vector<float> x(static_cast<std::size_t>(rows * in));
+      for (auto& v : x) v = d(rng);
+      std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
+      x[40] = 60.0f;                               // an outlier
+      const auto bytes = random_weights(t, out, in, 97 + static_cast<std::uint32_t>(rows));
+      std::vector<std::uint8_t> packed;
+      const WeightMatrix w =
+          pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))}, packed);
+      std::vector<float> ys(static_cast<std::size_t>(rows * out)), ya(ys.size());
+      pool.set_threads(1);
+      qmatmul_path(QPath::Scalar, w, x.data(), rows, ys.data());
+      for (int threads : {1, 2, 3}) {
+        pool.set_threads(threads);
+        for (QPath p : {QPath::AmxEmulated, QPath::Amx}) {
+          if (p == QPath::Amx && !hardware) continue;
+          CAPTURE(rows);
+          CAPTURE(static_cast<int>(t));
+          CAPTURE(threads);
+          CAPTURE(std::string(qpath_name(p)));
+          std::fill(ya.begin(), ya.end(), -1.0f);
+          qmatmul_path(p, w, x.data(), rows, ya.data());
+          CHECK(ys == ya);
+          ++compared;
+        }
+      }
+    }
+  pool.set_threads(before);
+  CHECK(compared >= 150);
+  std::string why;
+  if (!hardware) {  // where the tiles do not run, asking for them is refused, with the reason
+    const auto bytes = random_weights(WeightType::Q8_0, 8, 32, 5);
+    std::vector<std::uint8_t> packed;
+    const WeightMatrix w =
+        pack_matrix({WeightType::Q8_0, 8, 32, bytes.data(), row_bytes(WeightType::Q8_0, 32)}, packed);
+    std::vector<float> x(32, 1.0f), y(8);
+    CHECK_THROWS_WITH(qmatmul_path(QPath::Amx, w, x.data(), 1, y.data()), doctest::Contains("lacks the amx path"));
+    CHECK_FALSE(tiles::amx_permission(why));
+    CHECK_FALSE(why.empty());
   }
 }
 

@@ -68,7 +68,10 @@ const char* precision_name(Precision p);
 // (maddubs/madd), VNNI (AVX512-VNNI with VL, 256-bit dpbusd: one panel of 8 outputs per register)
 // and Vnni512 (calls of more than 8 rows with 512-bit dpbusd, two panels per register, for
 // Q4_0/Q4_1/Q8_0; up to 8 rows, and Q4_K/Q6_K, as Vnni). All four give the same bits.
-enum class QPath { Scalar, Avx2, Vnni, Vnni512 };
+// Amx: the tile unit (kernels/cpu/tiles.hpp) for Q4_0/Q4_1/Q8_0, 16 outputs × up to 16 rows per tile
+// pass (Q4_K/Q6_K on the widest other path); AmxEmulated: the same kernel on the software model of the
+// tiles, on any CPU (slow; tests). Neither is chosen by qpath() yet: tests and qmatmul_path() use them.
+enum class QPath { Scalar, Avx2, Vnni, Vnni512, Amx, AmxEmulated };
 // The path the fast precision runs: the widest available; between Vnni and Vnni512 the faster on
 // this CPU, timed once at first use (a few milliseconds: a small matrix in cache, 16 rows). Forced by
 // SPECACTOR_CPU_PATH=scalar|avx2|vnni256|vnni512 (a path the CPU lacks is not taken).

@@ -46,6 +46,7 @@
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/packed.hpp"
 #include "kernels/cpu/pool.hpp"
+#include "kernels/cpu/tiles.hpp"
 
 namespace specactor::kernels {
 
@@ -463,6 +464,132 @@ QMM512_TARGET void panel2(const std::uint8_t* pa, const std::uint8_t* pb, std::i
 
 }  // namespace vnni512
 
+// ---- the tile unit (QPath::Amx, QPath::AmxEmulated) ------------------------------------------------------
+//
+// Two panels (16 outputs) × up to 16 activation rows per pass. Per chunk c: tmm1 = the rows' int8
+// quants (QRows keeps chunk c of consecutive rows 32 bytes apart: one strided load), tmm2 = the 16
+// outputs' weights as 8 rows × 64 bytes (row k: bytes 4k..4k+3 of each output's chunk: for Q8_0 the
+// panels' group k side by side; for Q4_0/Q4_1 the low nibbles of group k for k < 4, the high nibbles of
+// group k − 4 after), tmm0 = zero, then one tdpbssd (Q8_0: signed × signed) or tdpbsud (signed
+// activations × unsigned nibbles): tmm0[r][k] is the exact isum of (row r, output k) for chunk c, the
+// same integer every other path computes. The float side then runs the contract's operations in its
+// order: acc = fma(d·xd, float(isum), acc) per chunk, the minimum chain after, y = acc (+ mn).
+namespace amx {
+
+using tiles::TileConfig;
+
+constexpr int kRows = 16;  // activation rows per pass (a tile's rows)
+
+// The B tile of chunk c of panels pa and pb (pb null: its half zero).
+template <WeightType T>
+void b_tile(const std::uint8_t* pa, const std::uint8_t* pb, std::uint8_t (*bt)[64]) {
+  constexpr std::int64_t SB = packed::scale_bytes(T);
+  for (int h = 0; h < 2; ++h) {
+    const std::uint8_t* p = h == 0 ? pa : pb;
+    if (!p) {
+      for (int k = 0; k < 8; ++k) std::memset(bt[k] + 32 * h, 0, 32);
+      continue;
+    }
+    const std::uint8_t* q = p + SB;
+    if constexpr (T == WeightType::Q8_0) {
+      for (int k = 0; k < 8; ++k) std::memcpy(bt[k] + 32 * h, q + 32 * k, 32);
+    } else {
+      for (int k = 0; k < 4; ++k)
+        for (int j = 0; j < 32; ++j) {
+          bt[k][32 * h + j] = static_cast<std::uint8_t>(q[32 * k + j] & 0x0F);
+          bt[k + 4][32 * h + j] = static_cast<std::uint8_t>(q[32 * k + j] >> 4);
+        }
+    }
+  }
+}
+
+// The 16 weight scales (and minimums) of chunk c: panel a's 8, then panel b's (zero when absent).
+template <WeightType T>
+void scales(const std::uint8_t* pa, const std::uint8_t* pb, float* d, float* wm) {
+  for (int h = 0; h < 2; ++h) {
+    const std::uint8_t* p = h == 0 ? pa : pb;
+    for (int k = 0; k < 8; ++k) {
+      d[8 * h + k] = p ? f16_to_f32(load_u16(p + 2 * k)) : 0.0f;
+      if constexpr (T == WeightType::Q4_1) wm[8 * h + k] = p ? f16_to_f32(load_u16(p + 16 + 2 * k)) : 0.0f;
+      if constexpr (T == WeightType::Q4_0) wm[8 * h + k] = -8.0f * d[8 * h + k];
+    }
+  }
+}
+
+// The tile configuration for m activation rows.
+TileConfig config_for(int m) {
+  TileConfig cfg;
+  cfg.rows[0] = static_cast<std::uint8_t>(m);  // C: m × 16 int32
+  cfg.colsb[0] = 64;
+  cfg.rows[1] = static_cast<std::uint8_t>(m);  // A: m × 32 int8
+  cfg.colsb[1] = 32;
+  cfg.rows[2] = 8;  // B: 8 × 64
+  cfg.colsb[2] = 64;
+  return cfg;
+}
+
+// Panels pa (and pb) against rows [r0, r0 + m), m ≤ 16, configured for m rows. Writes the first
+// nvalid of the 16 outputs from o0.
+template <class Unit, WeightType T>
+void panels(const std::uint8_t* pa, const std::uint8_t* pb, std::int64_t nc, const QRows& xq, std::int64_t r0, int m,
+            float* y, std::int64_t y_stride, std::int64_t o0, int nvalid) {
+  constexpr bool Q8 = T == WeightType::Q8_0;
+  constexpr std::int64_t CB = packed::panel_chunk_bytes(T);
+  alignas(64) std::uint8_t bt[8][64];
+  alignas(64) std::int32_t ct[kRows][16];
+  alignas(64) float acc[kRows][16] = {}, mn[kRows][16] = {};
+  float d[16], wm[16] = {};
+  for (std::int64_t c = 0; c < nc; ++c) {
+    const std::uint8_t* ca = pa + c * CB;
+    const std::uint8_t* cb = pb ? pb + c * CB : nullptr;
+    b_tile<T>(ca, cb, bt);
+    Unit::template zero<0>();
+    Unit::template load<1>(xq.qblock(r0, c), 32);
+    Unit::template load<2>(bt, 64);
+    if constexpr (Q8)
+      Unit::template dpbssd<0, 1, 2>();
+    else
+      Unit::template dpbsud<0, 1, 2>();
+    Unit::template store<0>(ct, 64);
+    scales<T>(ca, cb, d, wm);
+    for (int r = 0; r < m; ++r) {
+      const float xd = xq.drow(r0 + r)[c];
+      for (int k = 0; k < 16; ++k) acc[r][k] = std::fma(d[k] * xd, static_cast<float>(ct[r][k]), acc[r][k]);
+    }
+    if constexpr (!Q8)
+      for (int r = 0; r < m; ++r) {
+        const float xs = xq.srow(r0 + r)[c];
+        for (int k = 0; k < 16; ++k) mn[r][k] = std::fma(wm[k], xs, mn[r][k]);
+      }
+  }
+  for (int r = 0; r < m; ++r)
+    for (int k = 0; k < nvalid; ++k) y[(r0 + r) * y_stride + o0 + k] = Q8 ? acc[r][k] : acc[r][k] + mn[r][k];
+}
+
+// Panels [pb, pe) of a packed matrix for every activation row, on the calling thread's tiles.
+template <class Unit, WeightType T>
+void range(const WeightMatrix& w, std::int64_t pb, std::int64_t pe, const QRows& xq, float* y, std::int64_t y_stride) {
+  const std::int64_t nc = w.in_dim / 32;
+  int configured = -1;
+  for (std::int64_t r0 = 0; r0 < xq.rows; r0 += kRows) {
+    const int m = static_cast<int>(std::min<std::int64_t>(kRows, xq.rows - r0));
+    if (m != configured) {
+      Unit::configure(config_for(m));
+      configured = m;
+    }
+    for (std::int64_t p = pb; p < pe; p += 2) {
+      const std::uint8_t* pa = packed::panel_chunk(w, p, 0);
+      const std::uint8_t* pn = p + 1 < pe ? packed::panel_chunk(w, p + 1, 0) : nullptr;
+      const std::int64_t o0 = p * packed::kPanel;
+      const int nvalid = static_cast<int>(std::min<std::int64_t>(pn ? 16 : 8, w.out_dim - o0));
+      panels<Unit, T>(pa, pn, nc, xq, r0, m, y, y_stride, o0, nvalid);
+    }
+  }
+  Unit::release();
+}
+
+}  // namespace amx
+
 bool has_vnni() {  // the AVX-512 the exact path checks (F, BW, VL), plus VNNI
   __builtin_cpu_init();
   return cpu_path_available(CpuPath::Avx512) && __builtin_cpu_supports("avx512vnni");
@@ -512,6 +639,8 @@ inline void prefetch_range(const std::uint8_t* a, const std::uint8_t* b) {
 template <WeightType T>
 void panel_range(QPath path, const WeightMatrix& w, std::int64_t pb, std::int64_t pe, const QRows& xq, float* y,
                  std::int64_t y_stride) {
+  if (path == QPath::Amx) return amx::range<tiles::Hardware, T>(w, pb, pe, xq, y, y_stride);
+  if (path == QPath::AmxEmulated) return amx::range<tiles::Emulated, T>(w, pb, pe, xq, y, y_stride);
   const std::int64_t nc = w.in_dim / 32;
   const auto pbytes = static_cast<std::size_t>(nc * packed::panel_chunk_bytes(T));
   const std::uint8_t* end = packed::panel_chunk(w, pe, 0);
@@ -561,6 +690,8 @@ ApplyFn apply_for(QPath p, bool s) {
     case QPath::Avx2:
       return s ? &avx2::apply<true> : &avx2::apply<false>;
     case QPath::Scalar:
+    case QPath::Amx:  // units_range maps the tile paths to another for these formats
+    case QPath::AmxEmulated:
       break;
   }
   return s ? &apply_scalar<true> : &apply_scalar<false>;
@@ -581,6 +712,9 @@ void units_range(QPath path, const WeightMatrix& w, std::int64_t ub, std::int64_
       break;
   }
   static_assert(packed::kPanel % kOut == 0, "a unit is whole tiles");
+  // Q4_K and Q6_K have no tile kernel yet: the widest other path this CPU has (same bits).
+  if (path == QPath::Amx || path == QPath::AmxEmulated)
+    path = has_vnni() ? QPath::Vnni : cpu_path_available(CpuPath::Avx2) ? QPath::Avx2 : QPath::Scalar;
   const std::int64_t ob = ub * packed::kPanel, oe = std::min(w.out_dim, ue * packed::kPanel);
   thread_local WTile tile;
   tile.shape(w.in_dim / 32);
@@ -598,7 +732,7 @@ void units_range(QPath path, const WeightMatrix& w, std::int64_t ub, std::int64_
 constexpr std::int64_t kLocalQuantRows = 16;
 
 void quantize_range(QPath path, const float* x, std::int64_t in, QRows& xq, std::int64_t b0, std::int64_t b1) {
-  if (path == QPath::Scalar)
+  if (path == QPath::Scalar || !cpu_path_available(CpuPath::Avx2))  // the emulated tiles run anywhere
     quantize_blocks(x, in, xq, b0, b1);
   else
     quantize_blocks_avx2(x, in, xq, b0, b1);
@@ -737,6 +871,10 @@ const std::string& qpath_reason() { return qpath_choice().reason; }
 
 const char* qpath_name(QPath p) {
   switch (p) {
+    case QPath::Amx:
+      return "amx";
+    case QPath::AmxEmulated:
+      return "amx-emulated";
     case QPath::Vnni512:
       return "avx512-vnni-512";
     case QPath::Vnni:
@@ -751,6 +889,12 @@ const char* qpath_name(QPath p) {
 
 bool qpath_available(QPath p) {
   switch (p) {
+    case QPath::Amx: {
+      std::string why;
+      return tiles::amx_permission(why);
+    }
+    case QPath::AmxEmulated:
+      return true;
     case QPath::Vnni:
     case QPath::Vnni512:
       return has_vnni();
