@@ -40,6 +40,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -482,30 +483,47 @@ constexpr int kRows = 16;  // activation rows per pass (a tile's rows)
 
 // The B tile of chunk c of panels pa and pb (pb null: its half zero).
 template <WeightType T>
-void b_tile(const std::uint8_t* pa, const std::uint8_t* pb, std::uint8_t (*bt)[64]) {
+__attribute__((target("avx2"))) void b_tile(const std::uint8_t* pa, const std::uint8_t* pb, std::uint8_t (*bt)[64]) {
   constexpr std::int64_t SB = packed::scale_bytes(T);
+  const __m256i nib = _mm256_set1_epi8(0x0F);
   for (int h = 0; h < 2; ++h) {
     const std::uint8_t* p = h == 0 ? pa : pb;
     if (!p) {
-      for (int k = 0; k < 8; ++k) std::memset(bt[k] + 32 * h, 0, 32);
+      for (int k = 0; k < 8; ++k)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(bt[k] + 32 * h), _mm256_setzero_si256());
       continue;
     }
     const std::uint8_t* q = p + SB;
     if constexpr (T == WeightType::Q8_0) {
-      for (int k = 0; k < 8; ++k) std::memcpy(bt[k] + 32 * h, q + 32 * k, 32);
+      for (int k = 0; k < 8; ++k)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(bt[k] + 32 * h),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k)));
     } else {
-      for (int k = 0; k < 4; ++k)
-        for (int j = 0; j < 32; ++j) {
-          bt[k][32 * h + j] = static_cast<std::uint8_t>(q[32 * k + j] & 0x0F);
-          bt[k + 4][32 * h + j] = static_cast<std::uint8_t>(q[32 * k + j] >> 4);
-        }
+      for (int k = 0; k < 4; ++k) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(bt[k] + 32 * h), _mm256_and_si256(v, nib));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(bt[k + 4] + 32 * h),
+                           _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+      }
     }
   }
 }
 
 // The 16 weight scales (and minimums) of chunk c: panel a's 8, then panel b's (zero when absent).
 template <WeightType T>
-void scales(const std::uint8_t* pa, const std::uint8_t* pb, float* d, float* wm) {
+__attribute__((target("avx2,f16c"))) void scales(const std::uint8_t* pa, const std::uint8_t* pb, float* d, float* wm) {
+  if (cpu_path_available(CpuPath::Avx2)) {  // F16C: the exact conversion f16_to_f32 performs
+    for (int h = 0; h < 2; ++h) {
+      const std::uint8_t* p = h == 0 ? pa : pb;
+      const __m256 dv = p ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))) : _mm256_setzero_ps();
+      _mm256_storeu_ps(d + 8 * h, dv);
+      if constexpr (T == WeightType::Q4_1)
+        _mm256_storeu_ps(wm + 8 * h, p ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))
+                                       : _mm256_setzero_ps());
+      if constexpr (T == WeightType::Q4_0) _mm256_storeu_ps(wm + 8 * h, _mm256_mul_ps(_mm256_set1_ps(-8.0f), dv));
+    }
+    return;
+  }
   for (int h = 0; h < 2; ++h) {
     const std::uint8_t* p = h == 0 ? pa : pb;
     for (int k = 0; k < 8; ++k) {
@@ -516,16 +534,64 @@ void scales(const std::uint8_t* pa, const std::uint8_t* pb, float* d, float* wm)
   }
 }
 
-// The tile configuration for m activation rows.
+// The tile configuration for m activation rows: two sets (C, A, B) = (0, 1, 2) and (3, 4, 5), so two
+// chunks are in flight.
 TileConfig config_for(int m) {
   TileConfig cfg;
-  cfg.rows[0] = static_cast<std::uint8_t>(m);  // C: m × 16 int32
-  cfg.colsb[0] = 64;
-  cfg.rows[1] = static_cast<std::uint8_t>(m);  // A: m × 32 int8
-  cfg.colsb[1] = 32;
-  cfg.rows[2] = 8;  // B: 8 × 64
-  cfg.colsb[2] = 64;
+  for (int s = 0; s < 2; ++s) {
+    cfg.rows[3 * s] = static_cast<std::uint8_t>(m);  // C: m × 16 int32
+    cfg.colsb[3 * s] = 64;
+    cfg.rows[3 * s + 1] = static_cast<std::uint8_t>(m);  // A: m × 32 int8
+    cfg.colsb[3 * s + 1] = 32;
+    cfg.rows[3 * s + 2] = 8;  // B: 8 × 64
+    cfg.colsb[3 * s + 2] = 64;
+  }
   return cfg;
+}
+
+template <class Unit, WeightType T, int C, int A, int B>
+void tile_chunk(const std::uint8_t (*bt)[64], const std::int8_t* xq, std::int32_t (*ct)[16]) {
+  Unit::template zero<C>();
+  Unit::template load<A>(xq, 32);
+  Unit::template load<B>(bt, 64);
+  if constexpr (T == WeightType::Q8_0)
+    Unit::template dpbssd<C, A, B>();
+  else
+    Unit::template dpbsud<C, A, B>();
+  Unit::template store<C>(ct, 64);
+}
+
+// acc[r] = fma(d·xd[r], float(isum[r]), acc[r]) for the m rows: the contract's operations, scalar or in
+// 16 lanes (the same bits: each lane is one IEEE multiply and one fused multiply-add).
+template <bool Wide>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void fold(float (*acc)[16], const std::int32_t (*ct)[16],
+                                                                   const float* d, const float* xd, std::int64_t step,
+                                                                   int m) {
+  if constexpr (Wide) {
+    const __m512 dv = _mm512_loadu_ps(d);
+    for (int r = 0; r < m; ++r) {
+      const __m512 a = _mm512_load_ps(acc[r]);
+      const __m512 v = _mm512_cvtepi32_ps(_mm512_load_si512(ct[r]));
+      _mm512_store_ps(acc[r], _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[r * step])), v, a));
+    }
+  } else {
+    for (int r = 0; r < m; ++r)
+      for (int k = 0; k < 16; ++k) acc[r][k] = std::fma(d[k] * xd[r * step], static_cast<float>(ct[r][k]), acc[r][k]);
+  }
+}
+
+// mn[r] = fma(wm, s[r], mn[r]) for the m rows (scalar or 16 lanes, the same bits).
+template <bool Wide>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void fold_min(float (*mn)[16], const float* wm,
+                                                                       const float* xs, std::int64_t step, int m) {
+  if constexpr (Wide) {
+    const __m512 w = _mm512_loadu_ps(wm);
+    for (int r = 0; r < m; ++r)
+      _mm512_store_ps(mn[r], _mm512_fmadd_ps(w, _mm512_set1_ps(xs[r * step]), _mm512_load_ps(mn[r])));
+  } else {
+    for (int r = 0; r < m; ++r)
+      for (int k = 0; k < 16; ++k) mn[r][k] = std::fma(wm[k], xs[r * step], mn[r][k]);
+  }
 }
 
 // Panels pa (and pb) against rows [r0, r0 + m), m ≤ 16, configured for m rows. Writes the first
@@ -533,37 +599,96 @@ TileConfig config_for(int m) {
 template <class Unit, WeightType T>
 void panels(const std::uint8_t* pa, const std::uint8_t* pb, std::int64_t nc, const QRows& xq, std::int64_t r0, int m,
             float* y, std::int64_t y_stride, std::int64_t o0, int nvalid) {
-  constexpr bool Q8 = T == WeightType::Q8_0;
+  constexpr bool Q8 = T == WeightType::Q8_0, Wide = std::is_same_v<Unit, tiles::Hardware>;
   constexpr std::int64_t CB = packed::panel_chunk_bytes(T);
-  alignas(64) std::uint8_t bt[8][64];
-  alignas(64) std::int32_t ct[kRows][16];
+  alignas(64) std::uint8_t bt[2][8][64];
+  alignas(64) std::int32_t ct[2][kRows][16];
   alignas(64) float acc[kRows][16] = {}, mn[kRows][16] = {};
-  float d[16], wm[16] = {};
-  for (std::int64_t c = 0; c < nc; ++c) {
-    const std::uint8_t* ca = pa + c * CB;
-    const std::uint8_t* cb = pb ? pb + c * CB : nullptr;
-    b_tile<T>(ca, cb, bt);
-    Unit::template zero<0>();
-    Unit::template load<1>(xq.qblock(r0, c), 32);
-    Unit::template load<2>(bt, 64);
-    if constexpr (Q8)
-      Unit::template dpbssd<0, 1, 2>();
-    else
-      Unit::template dpbsud<0, 1, 2>();
-    Unit::template store<0>(ct, 64);
-    scales<T>(ca, cb, d, wm);
-    for (int r = 0; r < m; ++r) {
-      const float xd = xq.drow(r0 + r)[c];
-      for (int k = 0; k < 16; ++k) acc[r][k] = std::fma(d[k] * xd, static_cast<float>(ct[r][k]), acc[r][k]);
+  alignas(64) float d[2][16];
+  float wm[16] = {};
+  const float* xd = xq.drow(r0);  // row r's chunk c at xd[r·ncp + c]
+  for (std::int64_t c = 0; c < nc; c += 2) {
+    const bool two = c + 1 < nc;
+    for (int i = 0; i < (two ? 2 : 1); ++i) {
+      const std::uint8_t* ca = pa + (c + i) * CB;
+      const std::uint8_t* cb = pb ? pb + (c + i) * CB : nullptr;
+      b_tile<T>(ca, cb, bt[i]);
+      scales<T>(ca, cb, d[i], wm);
     }
-    if constexpr (!Q8)
-      for (int r = 0; r < m; ++r) {
-        const float xs = xq.srow(r0 + r)[c];
-        for (int k = 0; k < 16; ++k) mn[r][k] = std::fma(wm[k], xs, mn[r][k]);
-      }
+    tile_chunk<Unit, T, 0, 1, 2>(bt[0], xq.qblock(r0, c), ct[0]);
+    if (two) tile_chunk<Unit, T, 3, 4, 5>(bt[1], xq.qblock(r0, c + 1), ct[1]);
+    fold<Wide>(acc, ct[0], d[0], xd + c, xq.ncp, m);
+    if (two) fold<Wide>(acc, ct[1], d[1], xd + c + 1, xq.ncp, m);
   }
+  if constexpr (!Q8)  // the minimum chain, its own pass in chunk order
+    for (std::int64_t c = 0; c < nc; ++c) {
+      scales<T>(pa + c * CB, pb ? pb + c * CB : nullptr, d[0], wm);
+      fold_min<Wide>(mn, wm, xq.srow(r0) + c, xq.ncp, m);
+    }
   for (int r = 0; r < m; ++r)
     for (int k = 0; k < nvalid; ++k) y[(r0 + r) * y_stride + o0 + k] = Q8 ? acc[r][k] : acc[r][k] + mn[r][k];
+}
+
+// panels() on the hardware, for exactly M rows: the accumulators live in registers across the chunks
+// (the same operations per lane as fold and fold_min, so the same bits).
+template <WeightType T, int M>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) void panels_wide(const std::uint8_t* pa,
+                                                                               const std::uint8_t* pb, std::int64_t nc,
+                                                                               const QRows& xq, std::int64_t r0,
+                                                                               float* y, std::int64_t y_stride,
+                                                                               std::int64_t o0, int nvalid) {
+  using Unit = tiles::Hardware;
+  constexpr bool Q8 = T == WeightType::Q8_0;
+  constexpr std::int64_t CB = packed::panel_chunk_bytes(T);
+  alignas(64) std::uint8_t bt[2][8][64];
+  alignas(64) std::int32_t ct[2][kRows][16];
+  alignas(64) float d[2][16];
+  float wm[16] = {};
+  const float* xd = xq.drow(r0);
+  const std::int64_t step = xq.ncp;
+  __m512 acc[M];
+#pragma GCC unroll 16
+  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  for (std::int64_t c = 0; c < nc; c += 2) {
+    const bool two = c + 1 < nc;
+    for (int i = 0; i < (two ? 2 : 1); ++i) {
+      const std::uint8_t* ca = pa + (c + i) * CB;
+      const std::uint8_t* cb = pb ? pb + (c + i) * CB : nullptr;
+      b_tile<T>(ca, cb, bt[i]);
+      scales<T>(ca, cb, d[i], wm);
+    }
+    tile_chunk<Unit, T, 0, 1, 2>(bt[0], xq.qblock(r0, c), ct[0]);
+    if (two) tile_chunk<Unit, T, 3, 4, 5>(bt[1], xq.qblock(r0, c + 1), ct[1]);
+    for (int i = 0; i < (two ? 2 : 1); ++i) {
+      const __m512 dv = _mm512_load_ps(d[i]);
+#pragma GCC unroll 16
+      for (int r = 0; r < M; ++r)
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[r * step + c + i])),
+                                 _mm512_cvtepi32_ps(_mm512_load_si512(ct[i][r])), acc[r]);
+    }
+  }
+  if constexpr (!Q8) {
+    __m512 mn[M];
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r) mn[r] = _mm512_setzero_ps();
+    const float* xs = xq.srow(r0);
+    for (std::int64_t c = 0; c < nc; ++c) {
+      scales<T>(pa + c * CB, pb ? pb + c * CB : nullptr, d[0], wm);
+      const __m512 w = _mm512_loadu_ps(wm);
+#pragma GCC unroll 16
+      for (int r = 0; r < M; ++r) mn[r] = _mm512_fmadd_ps(w, _mm512_set1_ps(xs[r * step + c]), mn[r]);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r) acc[r] = _mm512_add_ps(acc[r], mn[r]);
+  }
+  const __mmask16 keep = static_cast<__mmask16>((1u << nvalid) - 1u);
+#pragma GCC unroll 16
+  for (int r = 0; r < M; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * y_stride + o0, keep, acc[r]);
+}
+
+template <WeightType T, std::size_t... R>
+constexpr auto wide_table(std::index_sequence<R...>) {
+  return std::array{&panels_wide<T, static_cast<int>(R) + 1>...};
 }
 
 // Panels [pb, pe) of a packed matrix for every activation row, on the calling thread's tiles.
@@ -582,7 +707,12 @@ void range(const WeightMatrix& w, std::int64_t pb, std::int64_t pe, const QRows&
       const std::uint8_t* pn = p + 1 < pe ? packed::panel_chunk(w, p + 1, 0) : nullptr;
       const std::int64_t o0 = p * packed::kPanel;
       const int nvalid = static_cast<int>(std::min<std::int64_t>(pn ? 16 : 8, w.out_dim - o0));
-      panels<Unit, T>(pa, pn, nc, xq, r0, m, y, y_stride, o0, nvalid);
+      if constexpr (std::is_same_v<Unit, tiles::Hardware>) {
+        static constexpr auto kWide = wide_table<T>(std::make_index_sequence<kRows>{});
+        kWide[static_cast<std::size_t>(m - 1)](pa, pn, nc, xq, r0, y, y_stride, o0, nvalid);
+      } else {
+        panels<Unit, T>(pa, pn, nc, xq, r0, m, y, y_stride, o0, nvalid);
+      }
     }
   }
   Unit::release();
