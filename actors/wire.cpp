@@ -56,12 +56,15 @@ void check_tls(const TlsFiles& tls, const std::string& prefix) {
   const std::string cert = prefix + "certificate", key = prefix + "key", ca = prefix + "ca";
   // PEM files are a few KiB: each is read here, bounded, and must be a regular file (a FIFO would
   // block the start; a directory or an empty file would only fail at the first connection).
-  std::string text[3];
-  int i = 0;
-  for (auto [flag, path] : {std::pair{&cert, &tls.certificate}, std::pair{&key, &tls.key}, std::pair{&ca, &tls.ca}}) {
+  const std::pair<const std::string*, const std::string*> files[] = {
+      {&cert, &tls.certificate}, {&key, &tls.key}, {&ca, &tls.ca}};
+  for (auto [flag, path] : files)  // all three named before any is read
     if (path->empty())
       throw config::ConfigError(*flag + ": is required with the other TLS flags (" + cert + ", " + key + " and " + ca +
                                 ": all three or none)");
+  std::string text[3];
+  int i = 0;
+  for (auto [flag, path] : files) {
     const std::string what = *flag + " " + config::printable(*path);
     text[i] = config::read_text_file(*path, what, kMaxPemBytes);
     if (text[i].find("-----BEGIN ") == std::string::npos)

@@ -625,8 +625,6 @@ void check_serve_options(const ServeOptions& o) {
     throw config::ConfigError("--workers-wait: must be in [0, 3600] seconds (got " +
                               config::printable(std::to_string(o.workers_wait_seconds)) + ")");
   actors::check_tls({o.worker_tls_certificate, o.worker_tls_key, o.worker_tls_ca}, "--worker-tls-");
-  if (!o.workers.empty() && o.worker_tls_certificate.empty() && o.worker_tls_key.empty() && o.worker_tls_ca.empty())
-    (void)actors::client_secret(o.worker_secret_file, "--worker-secret-file");
   if (o.routing != "cache-aware" && o.routing != "least-loaded" && o.routing != "round-robin")
     throw config::ConfigError("--routing: '" + config::printable(o.routing, 40) +
                               "' (expected cache-aware, least-loaded or round-robin)");

@@ -377,7 +377,7 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
        "--context-length"},
       {"config --model-path " + hf_ctx, "reports a context length of 2147483648 tokens"},
       {"config --model-path " + hf_deep, "config.json: nested deeper than 64 levels"},
-      {"config --model-path " + hf_rope, "config.json: 'rope_theta' must be a positive number"},
+      {"config --model-path " + hf_rope, "config.json: 'rope_theta' must be a finite number of at least 1 (got 0)"},
       {"config --model-path " + hf_eps, "config.json: 'rms_norm_eps' must be in (0, 1)"},
       {"config --model-path " + hf_tie, "config.json: 'tie_word_embeddings' must be true or false, got 1"},
       {"generate --log-level warn --skip-tokenizer-init --model-path " + hf_nohead + " --prompt hi",

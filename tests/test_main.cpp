@@ -5,7 +5,7 @@
 // points TMPDIR at a folder of this process's own and removes it at the end: a test run leaves
 // nothing behind in /tmp (a crashed case leaves its one folder, named with its pid). XDG_CACHE_HOME
 // points there too: an engine's budget memory (--speculative-budget-cache) starts empty in every
-// case and never lands in the user's cache.
+// case and never lands in the user's cache; so does XDG_CONFIG_HOME (a worker's cluster secret).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   if (own) {
     ::setenv("TMPDIR", scratch.c_str(), 1);
     ::setenv("XDG_CACHE_HOME", (scratch / "cache").c_str(), 1);
+    ::setenv("XDG_CONFIG_HOME", (scratch / "config").c_str(), 1);  // a worker's cluster secret, likewise
   }
   doctest::Context context(argc, argv);
   const int rc = context.run();

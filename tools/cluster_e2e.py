@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -402,6 +403,9 @@ def hostile_checks(log, reference):
 def main():
     if not os.path.exists(MODEL):
         raise SystemExit("cluster-e2e: the default model is missing (run tools/setup)")
+    # The workers' default cluster secret is made under $XDG_CONFIG_HOME: this run's own, not the user's.
+    config_home = tempfile.mkdtemp(prefix="specactor-cluster-config-")
+    os.environ["XDG_CONFIG_HOME"] = config_home
     log = tempfile.NamedTemporaryFile(prefix="specactor-cluster-", suffix=".log", delete=False, mode="w")
     try:
         ports = [free_port() for _ in range(3)]
@@ -551,6 +555,7 @@ def main():
         log.close()
     print(f"cluster-e2e: all checks passed (log {log.name})", flush=True)
     os.unlink(log.name)
+    shutil.rmtree(config_home, ignore_errors=True)
 
 
 if __name__ == "__main__":

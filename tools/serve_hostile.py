@@ -580,7 +580,8 @@ def signal_while_starting():
     print("serve-hostile: SIGTERM / SIGINT while the server loads, and while a front waits for its workers", flush=True)
     for what, flags, sig in (("loading the model", ["--model-path", MODEL], signal.SIGINT),
                              ("a front waiting 60 s for a worker that is not there",
-                              ["--model-path", MODEL, "--workers", f"127.0.0.1:{free_port()}", "--workers-wait", "60"],
+                              ["--model-path", MODEL, "--workers", f"127.0.0.1:{free_port()}", "--workers-wait", "60",
+                               "--worker-secret-file", "none"],
                               signal.SIGTERM)):
         port = free_port()
         log = tempfile.NamedTemporaryFile(prefix="specactor-hostile-", suffix=".log", delete=False)
