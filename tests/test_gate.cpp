@@ -150,7 +150,7 @@ const std::string kSecret = "0123456789abcdef0123456789abcdef";
 
 }  // namespace
 
-TEST_CASE("gate: the secret is proven before a byte reaches the inner port; a wrong answer is closed") {
+TEST_CASE("gate: the secret is proven before a byte reaches the inner port, a wrong answer is closed") {
   Inner inner;
   GateOptions o;
   o.secret = kSecret;

@@ -548,7 +548,7 @@ TEST_CASE("prefix cache: a request that ends inside a step's accepted tokens off
   CHECK(plan->batch.items[0].copy_len == 3);
 }
 
-TEST_CASE("containment: an inconsistent result fails its own request, frees its pages; the others go on") {
+TEST_CASE("containment: an inconsistent result fails its own request and frees its pages, the others go on") {
   Limits l;
   l.page_size = 4;
   l.max_running_requests = 2;

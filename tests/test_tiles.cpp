@@ -90,7 +90,8 @@ TEST_CASE("tile emulator: a corrupted operand or a wrong sign changes the result
 }
 
 TEST_CASE(
-    "tile unit on this CPU: with AMX the hardware reproduces the goldens and the emulator; without, a clear refusal") {
+    "tile unit on this CPU: with AMX the hardware reproduces the goldens and the emulator, without it a clear "
+    "refusal") {
   std::string why;
   const bool granted = amx_permission(why);
   if (!cpu_has_amx_int8()) {
