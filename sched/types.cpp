@@ -1,14 +1,24 @@
 // sched/types.cpp — the request checks (see types.hpp).
 #include "sched/types.hpp"
 
-#include <fmt/format.h>
-
+#include <charconv>
 #include <cmath>
 
 #include "config/error.hpp"
 #include "model/tokenizer.hpp"
 
 namespace specactor::sched {
+
+namespace {
+
+// A value as the user would have written it (the shortest text that reads back the same).
+std::string shortest(float v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+}  // namespace
 
 void check_request(const GenerationRequest& r, const std::function<std::string(const std::string&)>& name) {
   auto field = [&](const std::string& f) { return name ? name(f) : f; };
@@ -19,7 +29,7 @@ void check_request(const GenerationRequest& r, const std::function<std::string(c
   // Logits are divided by the temperature in float32: below 1e-5 that overflows to infinity (and a
   // subnormal 1e-40 picked the last token forever), so such values are refused rather than sampled.
   if (sp.temperature > 0 && sp.temperature < kMinTemperature)
-    fail("temperature", "must be 0 (greedy) or at least 1e-05 (got " + fmt::format("{}", sp.temperature) + ")");
+    fail("temperature", "must be 0 (greedy) or at least 1e-05 (got " + shortest(sp.temperature) + ")");
   if (!(sp.top_p > 0 && sp.top_p <= 1)) fail("top_p", "must be in (0, 1]");
   if (sp.top_p < kMinTopP) fail("top_p", "must be at least 1e-05 (a smaller nucleus is the top token: use top_k 1)");
   if (sp.top_k < 0) fail("top_k", "must be >= 0 (0 = off)");
