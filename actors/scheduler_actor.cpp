@@ -171,9 +171,12 @@ void connect_draft(Self self, bool initial) {
     } catch (const config::ConfigError& e) {
       return draft_unavailable(self, e.what(), initial);
     }
-    if (!secret.empty() && !st.secret_connector)
-      st.secret_connector = spawn_secret_connector(self->system(), std::move(secret));
-    mm = secret.empty() ? self->system().middleman().actor_handle() : st.secret_connector;
+    if (secret.empty()) {
+      mm = self->system().middleman().actor_handle();
+    } else {
+      if (!st.secret_connector) st.secret_connector = spawn_secret_connector(self->system(), secret);
+      mm = st.secret_connector;
+    }
   }
   self->request(mm, std::chrono::seconds(10), caf::connect_atom::value, addr[0].host, addr[0].port)
       .then(
