@@ -561,6 +561,24 @@ void tile_chunk(const std::uint8_t (*bt)[64], const std::int8_t* xq, std::int32_
   Unit::template store<C>(ct, 64);
 }
 
+// Chunks c and c + 1 (when there is one; returns whether) of panels pa and pb: their B tiles and
+// scales, and both tile products into ct[0], ct[1] (two tile sets in flight).
+template <class Unit, WeightType T>
+bool tile_pair(const std::uint8_t* pa, const std::uint8_t* pb, std::int64_t c, std::int64_t nc, const QRows& xq,
+               std::int64_t r0, std::uint8_t (*bt)[8][64], float (*d)[16], float* wm, std::int32_t (*ct)[kRows][16]) {
+  constexpr std::int64_t CB = packed::panel_chunk_bytes(T);
+  const bool two = c + 1 < nc;
+  for (int i = 0; i < (two ? 2 : 1); ++i) {
+    const std::uint8_t* ca = pa + (c + i) * CB;
+    const std::uint8_t* cb = pb ? pb + (c + i) * CB : nullptr;
+    b_tile<T>(ca, cb, bt[i]);
+    scales<T>(ca, cb, d[i], wm);
+  }
+  tile_chunk<Unit, T, 0, 1, 2>(bt[0], xq.qblock(r0, c), ct[0]);
+  if (two) tile_chunk<Unit, T, 3, 4, 5>(bt[1], xq.qblock(r0, c + 1), ct[1]);
+  return two;
+}
+
 // acc[r] = fma(d·xd[r], float(isum[r]), acc[r]) for the m rows: the contract's operations, scalar or in
 // 16 lanes (the same bits: each lane is one IEEE multiply and one fused multiply-add).
 template <bool Wide>
@@ -608,15 +626,7 @@ void panels(const std::uint8_t* pa, const std::uint8_t* pb, std::int64_t nc, con
   float wm[16] = {};
   const float* xd = xq.drow(r0);  // row r's chunk c at xd[r·ncp + c]
   for (std::int64_t c = 0; c < nc; c += 2) {
-    const bool two = c + 1 < nc;
-    for (int i = 0; i < (two ? 2 : 1); ++i) {
-      const std::uint8_t* ca = pa + (c + i) * CB;
-      const std::uint8_t* cb = pb ? pb + (c + i) * CB : nullptr;
-      b_tile<T>(ca, cb, bt[i]);
-      scales<T>(ca, cb, d[i], wm);
-    }
-    tile_chunk<Unit, T, 0, 1, 2>(bt[0], xq.qblock(r0, c), ct[0]);
-    if (two) tile_chunk<Unit, T, 3, 4, 5>(bt[1], xq.qblock(r0, c + 1), ct[1]);
+    const bool two = tile_pair<Unit, T>(pa, pb, c, nc, xq, r0, bt, d, wm, ct);
     fold<Wide>(acc, ct[0], d[0], xd + c, xq.ncp, m);
     if (two) fold<Wide>(acc, ct[1], d[1], xd + c + 1, xq.ncp, m);
   }
@@ -650,15 +660,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) void panels_wide(c
 #pragma GCC unroll 16
   for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
   for (std::int64_t c = 0; c < nc; c += 2) {
-    const bool two = c + 1 < nc;
-    for (int i = 0; i < (two ? 2 : 1); ++i) {
-      const std::uint8_t* ca = pa + (c + i) * CB;
-      const std::uint8_t* cb = pb ? pb + (c + i) * CB : nullptr;
-      b_tile<T>(ca, cb, bt[i]);
-      scales<T>(ca, cb, d[i], wm);
-    }
-    tile_chunk<Unit, T, 0, 1, 2>(bt[0], xq.qblock(r0, c), ct[0]);
-    if (two) tile_chunk<Unit, T, 3, 4, 5>(bt[1], xq.qblock(r0, c + 1), ct[1]);
+    const bool two = tile_pair<Unit, T>(pa, pb, c, nc, xq, r0, bt, d, wm, ct);
     for (int i = 0; i < (two ? 2 : 1); ++i) {
       const __m512 dv = _mm512_load_ps(d[i]);
 #pragma GCC unroll 16
