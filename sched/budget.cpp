@@ -9,18 +9,31 @@ namespace specactor::sched {
 
 // --- RingMedian ------------------------------------------------------------------------------------
 
-void RingMedian::add(double v) {
+void RingMedian::add(double v, std::int64_t stamp) {
   if (!std::isfinite(v) || v < 0) return;
-  v_[next_] = v;
-  next_ = (next_ + 1) % kCap;
-  n_ = std::min(n_ + 1, kCap);
+  if (n_ == kCap) {  // the oldest makes room
+    std::move(v_.begin() + 1, v_.end(), v_.begin());
+    std::move(t_.begin() + 1, t_.end(), t_.begin());
+    --n_;
+  }
+  v_[n_] = v;
+  t_[n_++] = stamp;
 }
 
-double RingMedian::median() const {
-  if (n_ == 0) return 0;
-  std::array<double, kCap> s = v_;
-  std::sort(s.begin(), s.begin() + static_cast<long>(n_));
-  return n_ % 2 ? s[n_ / 2] : 0.5 * (s[n_ / 2 - 1] + s[n_ / 2]);
+std::size_t RingMedian::size(std::int64_t since) const {
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < n_; ++i) k += t_[i] >= since;
+  return k;
+}
+
+double RingMedian::median(std::int64_t since) const {
+  std::array<double, kCap> s{};
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < n_; ++i)
+    if (t_[i] >= since) s[k++] = v_[i];
+  if (k == 0) return 0;
+  std::sort(s.begin(), s.begin() + static_cast<long>(k));
+  return k % 2 ? s[k / 2] : 0.5 * (s[k / 2 - 1] + s[k / 2]);
 }
 
 // --- CostModel -------------------------------------------------------------------------------------
@@ -76,7 +89,7 @@ void CostModel::observe_step(std::int64_t rows, double mean_context, double ms) 
   const int band = band_of(mean_context);
   // A bucket above 32 holds several row counts: scale to its representative (linear there).
   cells_[static_cast<std::size_t>(band)][static_cast<std::size_t>(b)].real.add(
-      ms * static_cast<double>(bucket_rows(b)) / static_cast<double>(rows));
+      ms * static_cast<double>(bucket_rows(b)) / static_cast<double>(rows), ++steps_);
   fresh_.fill(false);
 }
 
@@ -84,19 +97,19 @@ void CostModel::observe_step(std::int64_t rows, double mean_context, double ms) 
 // bucket both know.
 double CostModel::band_estimate(int band, int bucket) const {
   const auto& row = cells_[static_cast<std::size_t>(band)];
-  if (const double e = row[static_cast<std::size_t>(bucket)].estimate(); e > 0) return e;
+  if (const double e = row[static_cast<std::size_t>(bucket)].estimate(since()); e > 0) return e;
   for (int dist = 1; dist < kBands; ++dist)
     for (int other : {band - dist, band + dist}) {
       if (other < 0 || other >= kBands) continue;
       const auto& ref = cells_[static_cast<std::size_t>(other)];
-      const double target = ref[static_cast<std::size_t>(bucket)].estimate();
+      const double target = ref[static_cast<std::size_t>(bucket)].estimate(since());
       if (target <= 0) continue;
       // the bucket nearest to `bucket` that both bands know
       for (int d = 0; d < kBuckets; ++d)
         for (int j : {bucket - d, bucket + d}) {
           if (j < 0 || j >= kBuckets) continue;
-          const double mine = row[static_cast<std::size_t>(j)].estimate();
-          const double theirs = ref[static_cast<std::size_t>(j)].estimate();
+          const double mine = row[static_cast<std::size_t>(j)].estimate(since());
+          const double theirs = ref[static_cast<std::size_t>(j)].estimate(since());
           if (mine > 0 && theirs > 0) return mine * target / theirs;
         }
     }
@@ -128,7 +141,7 @@ const CostModel::Line& CostModel::line(int band) const {
   double running = 0;
   for (int b = 0; b < kBuckets; ++b) {
     const Cell& c = row[static_cast<std::size_t>(b)];
-    const double v = c.real.size() >= 3 ? c.real.median()
+    const double v = c.real.size(since()) >= 3 ? c.real.median(since())
                      : l.known          ? l.a + l.b * static_cast<double>(bucket_rows(b))
                                         : 0;
     running = std::max(running, v);

@@ -24,18 +24,21 @@
 
 namespace specactor::sched {
 
-// A small ring of recent measurements whose median is the estimate.
+// A small ring of recent measurements whose median is the estimate. Each carries a stamp (a step
+// count): size and median count those stamped `since` or later.
 class RingMedian {
  public:
-  void add(double v);
-  bool empty() const { return n_ == 0; }
-  std::size_t size() const { return n_; }
-  double median() const;
+  static constexpr std::int64_t kAll = std::numeric_limits<std::int64_t>::min();
+  void add(double v, std::int64_t stamp = 0);
+  bool empty(std::int64_t since = kAll) const { return size(since) == 0; }
+  std::size_t size(std::int64_t since = kAll) const;
+  double median(std::int64_t since = kAll) const;  // 0 when none
 
  private:
   static constexpr std::size_t kCap = 9;
-  std::array<double, kCap> v_{};
-  std::size_t n_ = 0, next_ = 0;
+  std::array<double, kCap> v_{};        // oldest first
+  std::array<std::int64_t, kCap> t_{};  // their stamps
+  std::size_t n_ = 0;
 };
 
 class CostModel {
@@ -50,7 +53,12 @@ class CostModel {
   // A start-up probe: ms of one step of `rows` rows at a short context (band 0). Used until real
   // steps of that size are seen.
   void seed(std::int64_t rows, double ms);
-  // A real target step: its rows, the mean context per row, its wall time.
+  // A real target step: its rows, the mean context per row, its wall time. Measurements older than
+  // kStaleSteps steps no longer count (a cell without newer ones falls back to the start-up probe or
+  // the line): a row count the engine stopped running (drafting off, only the probes' one extra row
+  // every 32-256 steps) kept the medians of another hour (another load, another kernel path) for
+  // thousands of steps, and the budget, trusting them, drafted nothing that would measure them again.
+  static constexpr std::int64_t kStaleSteps = 128;
   void observe_step(std::int64_t rows, double mean_context, double ms);
   // The predicted time of a step (monotone in rows). 0 when nothing is known yet.
   double step_ms(std::int64_t rows, double mean_context) const;
@@ -87,9 +95,9 @@ class CostModel {
   friend struct MemoryCodec;  // sched/memory.cpp
   static constexpr int kBuckets = 64;
   struct Cell {
-    RingMedian real;
+    RingMedian real;  // stamped with steps_
     double seeded = -1;
-    double estimate() const { return real.empty() ? seeded : real.median(); }
+    double estimate(std::int64_t since) const { return real.empty(since) ? seeded : real.median(since); }
   };
   double band_estimate(int band, int bucket) const;  // -1 when no band knows enough
   struct Line {
@@ -105,6 +113,8 @@ class CostModel {
   mutable std::array<std::array<double, kBuckets>, kBands> slopes_{};  // per band and bucket; < 0: not yet
   std::array<std::pair<double, double>, 32> draft_obs_{};              // (levels, ms), a ring
   std::int64_t draft_rounds_ = 0;
+  std::int64_t steps_ = 0;  // real steps observed
+  std::int64_t since() const { return steps_ - kStaleSteps; }  // the oldest stamp that still counts
   mutable bool draft_fresh_ = false;
   mutable double draft_a_ = 0, draft_b_ = 0;
   mutable double draft_same_ = -1;  // > 0: every round in the ring asked this many levels

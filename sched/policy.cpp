@@ -525,7 +525,7 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
   }
   if (plan.batch.items.empty()) return std::nullopt;
   busy_ = true;
-  plan.started = Clock::now();
+  plan.started = now_();
   // The step's shape without drafts (the cost model's inputs).
   double ctx_rows = 0;
   for (const auto& item : plan.batch.items) {
@@ -650,7 +650,7 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
 
 bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
   if (stale(plan)) return false;
-  const double draft_ms = ms_between(plan.started, Clock::now());
+  const double draft_ms = ms_between(plan.started, now_());
   metrics_.draft_ms += draft_ms;
   cost_.observe_draft(plan.draft_levels, draft_ms, plan.priming);
   metrics_.draft_cache_query_tokens = p.cache.query_tokens;
@@ -707,12 +707,21 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
     verify = select_nodes(cands, plan.base_rows, static_cast<double>(plan.decoding), plan.mean_context, cost_, draft_ms,
                           feedback_.penalty(plan.decoding), plan.decoding);
   plan.draft_ms = draft_ms;
+  if (spdlog::should_log(spdlog::level::trace)) {
+    std::string t;
+    for (std::size_t c = 0; c < cands.size(); ++c) t += fmt::format(" {:.2f}{}", cands[c].prob, verify[c] ? "+" : "-");
+    spdlog::trace("selection (P(accepted), + verified):{}; draft round {:.2f} ms, penalty {:.2f}", t, draft_ms,
+                  feedback_.penalty(plan.decoding));
+  }
   std::vector<std::vector<bool>> chosen(kept.size());
   for (std::size_t i = 0; i < kept.size(); ++i) chosen[i].assign(kept[i].tokens.size(), false);
   for (std::size_t c = 0; c < cands.size(); ++c)
     chosen[cands[c].request][static_cast<std::size_t>(cands[c].index)] = verify[c];
   // A request whose proposals the budget keeps declining gets its likeliest first node verified now
-  // and then (at doubling intervals), so its own acceptance is measured and it can come back.
+  // and then (at doubling intervals), so its own acceptance is measured and it can come back. A
+  // probe's is verified always: a probe exists to measure, and one the selection declined measured
+  // neither the acceptance nor what a verified row costs now (rows once dear, cheap since, stayed
+  // dear in the cost model for hundreds of steps).
   if (draft_.adaptive)
     for (std::size_t i = 0; i < kept.size(); ++i) {
       Kept& k = kept[i];
@@ -723,7 +732,7 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
         a.verify_probe_interval = 4;
         continue;
       }
-      if (++a.unverified_steps < a.verify_probe_interval || !probes_allowed(plan.decoding)) continue;
+      if ((++a.unverified_steps < a.verify_probe_interval || !probes_allowed(plan.decoding)) && !a.probing) continue;
       std::size_t best = k.tokens.size();
       for (std::size_t j = 0; j < k.tokens.size(); ++j)
         if (k.parents[j] < 0 && (best == k.tokens.size() || k.prob[j] > k.prob[best])) best = j;
@@ -761,15 +770,15 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
       }
   }
   plan.rows = plan.base_rows + added;
-  plan.started = Clock::now();  // from here on: the target step's wall time
+  plan.started = now_();  // from here on: the target step's wall time
   return true;
 }
 
 bool Scheduler::proposals_failed(StepPlan& plan) {
   if (stale(plan)) return false;
   plan.draft_levels = 0;  // nothing drafted: not a speculative step for the feedback
-  metrics_.draft_ms += ms_between(plan.started, Clock::now());
-  plan.started = Clock::now();
+  metrics_.draft_ms += ms_between(plan.started, now_());
+  plan.started = now_();
   metrics_.fallback_steps += static_cast<std::int64_t>(plan.proposal_ids.size());
   for (std::uint64_t id : plan.proposal_ids)
     if (Sequence* r = find_running(id)) ++r->m.fallbacks;
@@ -778,7 +787,7 @@ bool Scheduler::proposals_failed(StepPlan& plan) {
 
 void Scheduler::step_done(const StepPlan& plan, StepResult& res) {
   if (stale(plan)) return;
-  const double wall = ms_between(plan.started, Clock::now());
+  const double wall = ms_between(plan.started, now_());
   metrics_.step_wall_ms += wall;
   metrics_.step_compute_ms += res.compute_ms;
   cost_.observe_step(plan.rows, plan.mean_context, wall);

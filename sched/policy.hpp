@@ -172,6 +172,8 @@ class Scheduler {
   std::string restore_memory(std::string_view text, const std::string& key) {
     return MemoryCodec::restore(text, key, accept_, cost_, feedback_);
   }
+  // The clock the budget times draft rounds and steps with (steady_clock; tests drive it).
+  void set_clock(std::function<Clock::time_point()> now) { now_ = std::move(now); }
   // Steps run once the policy is ready (the target is loaded, the draft worker answered or failed).
   void set_ready();
   bool ready() const { return ready_; }
@@ -249,6 +251,7 @@ class Scheduler {
   ProbeGate probe_gate_;              // due probes held back where drafting could not pay
   std::unique_ptr<PrefixTree> tree_;  // the prefix cache (null when off)
   std::function<void(CacheOps)> cache_sink_;
+  std::function<Clock::time_point()> now_ = [] { return Clock::now(); };
 };
 
 }  // namespace specactor::sched

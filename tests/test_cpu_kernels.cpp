@@ -209,9 +209,19 @@ TEST_CASE("packed panels: every row comes back out as the file's blocks and as t
         const std::size_t rb = row_bytes(t, static_cast<std::size_t>(in));
         const auto bytes = random_weights(t, out, in, 41 + static_cast<std::uint32_t>(out + in));
         std::vector<std::uint8_t> packed, split;
-        const WeightMatrix w = pack_matrix({t, out, in, bytes.data(), rb}, packed);
+        const WeightMatrix w = pack_matrix({t, out, in, bytes.data(), rb}, packed, TileCopy::Without);
         REQUIRE(w.packed);
+        CHECK(w.tiles == nullptr);
         CHECK(packed.size() == static_cast<std::size_t>((out + 7) / 8 * 8) * rb);  // the last panel padded
+        {  // with the tile copy: the same panels, then the tile layout after them (on a 64-byte boundary)
+          std::vector<std::uint8_t> both;
+          const WeightMatrix wt = pack_matrix({t, out, in, bytes.data(), rb}, both, TileCopy::With);
+          REQUIRE(wt.tiles != nullptr);
+          CHECK(std::memcmp(both.data(), packed.data(), packed.size()) == 0);
+          CHECK(reinterpret_cast<std::uintptr_t>(wt.tiles) % 64 == 0);
+          CHECK(static_cast<std::size_t>(both.data() + both.size() - wt.tiles) >=
+                specactor::kernels::packed::tile_bytes(t, out, in));
+        }
         const std::uint8_t* rows = specactor::kernels::packed::split_rows(w, split);
         const std::int64_t nc = in / 32;
         const int sa = t == WeightType::Q4_1 ? 2 : 1, qb = t == WeightType::Q8_0 ? 32 : 16;
@@ -299,7 +309,7 @@ TEST_CASE("fast matmul: scalar, AVX2 and VNNI paths are bit-identical and comput
 }
 
 TEST_CASE("fast matmul: the tile kernel (emulated, and on the hardware where AMX runs) equals the scalar twin") {
-  // 1…64 rows: partial tiles of rows, whole tiles and several; 37 and 29 outputs: pairs of panels, a
+  // 1…64 rows: every tile height, whole tiles and several; 37 and 29 outputs: pairs of panels, a
   // lone panel, a partial one; 1, 2 and 3 threads: ranges that start at odd panels.
   std::mt19937 rng(11);
   std::normal_distribution<float> d(0.0f, 1.0f);
@@ -307,7 +317,9 @@ TEST_CASE("fast matmul: the tile kernel (emulated, and on the hardware where AMX
   const int before = pool.threads();
   const bool hardware = qpath_available(QPath::Amx);
   int compared = 0;
-  for (const std::int64_t rows : {1, 2, 3, 7, 8, 15, 16, 17, 33, 64})
+  std::vector<std::int64_t> row_counts;
+  for (std::int64_t r = 1; r <= 64; ++r) row_counts.push_back(r);  // every tile height, whole and partial tiles
+  for (const std::int64_t rows : row_counts)
     for (const WeightType t : kIntegerTypes) {
       const std::int64_t in = rows % 2 ? 256 : 768, out = rows % 3 ? 37 : 29;
       std::vector<float> x(static_cast<std::size_t>(rows * in));
@@ -316,8 +328,9 @@ TEST_CASE("fast matmul: the tile kernel (emulated, and on the hardware where AMX
       x[40] = 60.0f;                               // an outlier
       const auto bytes = random_weights(t, out, in, 97 + static_cast<std::uint32_t>(rows));
       std::vector<std::uint8_t> packed;
-      const WeightMatrix w =
-          pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))}, packed);
+      const WeightMatrix w = pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))},
+                                         packed, TileCopy::With);
+      REQUIRE((w.tiles != nullptr) == (t == WeightType::Q8_0 || t == WeightType::Q4_0 || t == WeightType::Q4_1));
       std::vector<float> ys(static_cast<std::size_t>(rows * out)), ya(ys.size());
       pool.set_threads(1);
       qmatmul_path(QPath::Scalar, w, x.data(), rows, ys.data());
@@ -337,7 +350,7 @@ TEST_CASE("fast matmul: the tile kernel (emulated, and on the hardware where AMX
       }
     }
   pool.set_threads(before);
-  CHECK(compared >= 150);
+  CHECK(compared >= 64 * 3 * 3);
   std::string why;
   if (!hardware) {  // where the tiles do not run, asking for them is refused, with the reason
     const auto bytes = random_weights(WeightType::Q8_0, 8, 32, 5);
@@ -349,6 +362,88 @@ TEST_CASE("fast matmul: the tile kernel (emulated, and on the hardware where AMX
     CHECK_FALSE(tiles::amx_permission(why));
     CHECK_FALSE(why.empty());
   }
+}
+
+TEST_CASE("AMX decision: forced where it cannot run, refused permission, a failed self-check -> one line, SIMD") {
+  TileProbe good;
+  good.cpu = good.permission = good.self_check = true;
+  good.tile_rows = 4;
+  good.timing = "timed";
+  const std::string simd_why = "vnni512: timed";
+  // Everything agrees: the tiles from the timed row count on, VNNI below it, no line on stderr.
+  QPathDecision d = decide_qpath("", QPath::Vnni512, simd_why, good);
+  CHECK(d.path == QPath::Amx);
+  CHECK(d.fallback == QPath::Vnni512);
+  CHECK(d.tile_rows == 4);
+  CHECK(d.warning.empty());
+  // Forced: the tiles for every call.
+  d = decide_qpath("amx", QPath::Vnni512, simd_why, good);
+  CHECK(d.path == QPath::Amx);
+  CHECK(d.tile_rows == 1);
+  // Forced on a CPU without AMX: one line naming the reason, and the SIMD path.
+  TileProbe none;
+  none.cpu_why = "the CPU lacks AMX-INT8";
+  d = decide_qpath("amx", QPath::Vnni512, simd_why, none);
+  CHECK(d.path == QPath::Vnni512);
+  CHECK(d.tile_rows == 0);
+  CHECK(d.warning.find("SPECACTOR_CPU_PATH=amx refused") != std::string::npos);
+  CHECK(d.warning.find("lacks AMX-INT8") != std::string::npos);
+  CHECK(d.warning.find("running avx512-vnni-512") != std::string::npos);
+  d = decide_qpath("", QPath::Vnni512, simd_why, none);  // not asked for: no line, the reason says why
+  CHECK(d.path == QPath::Vnni512);
+  CHECK(d.warning.empty());
+  CHECK(d.reason.find("no AMX") != std::string::npos);
+  // The kernel refused the tile state (a container): one line, the SIMD path, asked for or not.
+  TileProbe refused = good;
+  refused.permission = false;
+  refused.permission_why = "arch_prctl(ARCH_REQ_XCOMP_PERM) refused: Operation not permitted";
+  for (const char* want : {"", "amx"}) {
+    d = decide_qpath(want, QPath::Vnni512, simd_why, refused);
+    CHECK(d.path == QPath::Vnni512);
+    CHECK(d.warning.find("ARCH_REQ_XCOMP_PERM") != std::string::npos);
+  }
+  // The self-check disagreed: AMX off for the process, an error line.
+  TileProbe wrong = good;
+  wrong.self_check = false;
+  wrong.self_check_why = "Q8_0, 3 rows: output 17 differs";
+  for (const char* want : {"", "amx"}) {
+    d = decide_qpath(want, QPath::Vnni512, simd_why, wrong);
+    CHECK(d.path == QPath::Vnni512);
+    CHECK(d.tile_rows == 0);
+    CHECK(d.warning.rfind("error: AMX disabled", 0) == 0);
+    CHECK(d.warning.find("output 17 differs") != std::string::npos);
+  }
+  // Slower at every row count: not used, and no line (nothing was asked for).
+  TileProbe slow = good;
+  slow.tile_rows = 0;
+  d = decide_qpath("", QPath::Vnni512, simd_why, slow);
+  CHECK(d.path == QPath::Vnni512);
+  CHECK(d.warning.empty());
+  // Another path asked for by name wins; the emulator runs anywhere.
+  d = decide_qpath("avx2", QPath::Avx2, "avx2: forced", good);
+  CHECK(d.path == QPath::Avx2);
+  d = decide_qpath("amx-emulated", QPath::Avx2, "avx2", none);
+  CHECK(d.path == QPath::AmxEmulated);
+  CHECK(d.tile_rows == 1);
+}
+
+TEST_CASE("AMX self-check: the tile kernels agree with the SIMD path, and a corrupted tile result is caught") {
+  const QPath simd = qpath_available(QPath::Vnni) ? QPath::Vnni
+                     : qpath_available(QPath::Avx2) ? QPath::Avx2
+                                                   : QPath::Scalar;
+  std::vector<QPath> tile_paths{QPath::AmxEmulated};
+  if (qpath_available(QPath::Amx)) tile_paths.push_back(QPath::Amx);
+  for (const QPath p : tile_paths) {
+    CAPTURE(std::string(qpath_name(p)));
+    std::string why;
+    CHECK(tile_self_check(p, simd, why));
+    CHECK(why.empty());
+    // One flipped bit in every Q8_0 tile result: the check fails and names where.
+    CHECK_FALSE(tile_self_check(p, simd, why, /*corrupt=*/true));
+    CHECK(why.find("Q8_0") != std::string::npos);
+  }
+  std::string why;
+  CHECK_THROWS(tile_self_check(QPath::Vnni, QPath::Scalar, why));
 }
 
 TEST_CASE("fast matmul: a row's result does not depend on how many rows or matrices share the call") {

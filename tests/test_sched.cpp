@@ -3,7 +3,9 @@
 // replies after a failure (the proposal / target-death race), cancellation, fallbacks and metrics.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <map>
+#include <random>
 
 #include "config/server_args.hpp"
 #include "model/gguf.hpp"
@@ -578,4 +580,120 @@ TEST_CASE("containment: an inconsistent result fails its own request and frees i
   CHECK(f.events.text(2) == "zyyy");
   CHECK(f.s->snapshot_metrics().kv_pages_free == 16);
   CHECK(!f.s->next_step(false));
+}
+
+namespace {
+
+// A simulated machine under the scheduler, on its own clock: a target step costs `step` ms plus `row`
+// ms per row after the first, a draft round `level` ms per level; each drafted node is accepted with
+// probability `p` (a chain stops at its first rejection).
+struct SimMachine {
+  double step = 10, row = 1, level = 0.5, p = 0.7;
+};
+
+struct Simulation {
+  Fixture f;
+  Clock::time_point now = Clock::time_point{} + std::chrono::hours(1);
+  std::mt19937 rng{7};
+  std::int64_t sampled = 0;
+
+  static Limits limits() {
+    Limits l;
+    l.context_length = 1 << 16;
+    return l;
+  }
+  explicit Simulation(const SimMachine& m) : f(limits(), 4200) {
+    f.s->set_clock([this] { return now; });
+    DraftShape d = chain_draft(/*steps=*/4, /*tokens=*/5);
+    d.adaptive = true;
+    f.s->set_draft(d);
+    std::vector<std::pair<std::int64_t, double>> probe;  // what the start-up probe measures
+    for (std::int64_t r : {1, 2, 4, 8, 16}) probe.emplace_back(r, m.step + m.row * static_cast<double>(r - 1));
+    f.s->seed_costs(probe);
+  }
+  void advance(double ms) { now += std::chrono::microseconds(static_cast<std::int64_t>(ms * 1000.0)); }
+  // Runs `steps` decode steps of one long request; returns in how many of them a drafted row was verified.
+  std::int64_t run(const SimMachine& m, std::int64_t steps) {
+    if (f.s->running() == 0) {
+      f.submit(1, {tok('a'), tok('b')}, 60000);
+      auto plan = f.s->next_step(true);
+      REQUIRE(plan);
+      advance(m.step);
+      f.answer(*plan, {{1, {tok('c')}}});
+    }
+    std::bernoulli_distribution accept(m.p);
+    std::int64_t verified_steps = 0;
+    for (std::int64_t i = 0; i < steps; ++i) {
+      auto plan = f.s->next_step(true);
+      REQUIRE(plan);
+      REQUIRE(plan->batch.items.size() == 1);
+      if (!plan->proposals.items.empty()) {
+        Proposals p;
+        const std::int32_t depth = plan->depth_limits[0];
+        p.tokens.push_back(std::vector<std::int32_t>(static_cast<std::size_t>(depth), tok('x')));
+        p.parents.emplace_back();
+        for (std::int32_t d = 0; d < depth; ++d) p.parents.back().push_back(d - 1);
+        p.probs.emplace_back();
+        advance(m.level * depth);
+        REQUIRE(f.s->apply_proposals(*plan, p));
+      }
+      const auto rows = static_cast<std::int64_t>(plan->batch.items[0].tokens.size());
+      advance(m.step + m.row * static_cast<double>(rows - 1));
+      std::int32_t acc = 0;
+      while (acc < rows - 1 && accept(rng)) ++acc;
+      verified_steps += rows > 1;
+      std::vector<std::int32_t> out(static_cast<std::size_t>(acc), tok('x'));  // the accepted drafts
+      out.push_back(tok('z'));                                                  // and the target's own token
+      f.answer(*plan, {{1, out}}, acc);
+    }
+    return verified_steps;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("budget: a memory learned where rows were dear does not keep drafting off once rows are cheap") {
+  // Learned in a busy hour: the start-up probe saw cheap rows, but every step then cost as if one
+  // more verified row took 90 % of a step (drafting loses there: the feedback measures it)...
+  const SimMachine dear{10, 9, 0.5, 0.7};
+  const SimMachine cheap{10, 0.3, 0.5, 0.7};
+  Simulation before(cheap);
+  before.run(dear, 600);
+  const std::int64_t late = before.run(dear, 200);
+  CAPTURE(late);
+  CHECK(late <= 40);  // the budget learned to leave drafting (mostly) off there
+  const std::string memory = before.f.s->save_memory("k");
+  REQUIRE(memory.find("feedback 0 ") != std::string::npos);
+  // The worst such a memory can also say: drafted steps measured at half plain's rate, the costs
+  // scaled to the limit (x4).
+  std::string memory_worst = memory.substr(0, memory.find("feedback 0 "));
+  memory_worst += "feedback 0 4 5 50 20 5 100 20\n";
+  // ... and restored on one where a row costs 3 % of a step (drafting pays: ~1.6x at depth 3).
+  Simulation fresh(cheap);
+  Simulation after(cheap), worst(cheap);
+  REQUIRE(worst.f.s->restore_memory(memory_worst, "k") == "");
+  CHECK(worst.f.s->feedback().penalty(1) == doctest::Approx(4.0));
+  REQUIRE(after.f.s->restore_memory(memory, "k") == "");
+  std::vector<std::int64_t> fresh_runs, after_runs, same_runs, worst_runs;
+  for (int block = 0; block < 6; ++block) {
+    fresh_runs.push_back(fresh.run(cheap, 50));
+    after_runs.push_back(after.run(cheap, 50));
+    same_runs.push_back(before.run(cheap, 50));
+    worst_runs.push_back(worst.run(cheap, 50));
+  }
+  std::string runs;
+  for (std::size_t i = 0; i < fresh_runs.size(); ++i)
+    runs += std::to_string(fresh_runs[i]) + "/" + std::to_string(after_runs[i]) + "/" + std::to_string(same_runs[i]) + "/" +
+            std::to_string(worst_runs[i]) + " ";
+  CAPTURE(runs);  // per 50 steps: no memory / the busy hour's / the same engine on / the worst memory
+  // Without a memory it drafts at once. With the one learned in the busy hour, and with the worst a
+  // memory can say, it drafts as often from the start: the step costs are measured afresh. The engine
+  // that lived through the busy hour drafts again within a few hundred steps: its probes measure the
+  // cheap rows and the busy hour's medians stop counting.
+  CHECK(fresh_runs[0] >= 40);
+  for (std::size_t i = 0; i < after_runs.size(); ++i) {
+    CHECK(after_runs[i] >= 40);
+    CHECK(worst_runs[i] >= 40);
+  }
+  CHECK(same_runs[3] + same_runs[4] + same_runs[5] >= 120);
 }

@@ -21,6 +21,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -475,14 +476,51 @@ bool cpu_path_available(CpuPath p) {
   return false;
 }
 
-WeightMatrix pack_matrix(const WeightMatrix& src, std::vector<std::uint8_t>& storage) {
+namespace {
+std::atomic<std::size_t> g_tile_copy_bytes{0};
+
+bool tile_copy_wanted(TileCopy t) {
+  if (t == TileCopy::Auto) {
+    const QPath p = qpath();
+    return p == QPath::Amx || p == QPath::AmxEmulated;
+  }
+  return t == TileCopy::With;
+}
+
+// The tile layout of packed matrix w into dst (tile_bytes, zeroed): two 8-row panels side by side.
+void build_tile_copy(const WeightMatrix& w, std::uint8_t* dst) {
+  const std::int64_t nc = w.in_dim / 32, panels = packed::panel_count(w.out_dim);
+  const std::int64_t qb = packed::tile_quant_bytes(w.type), cb = packed::tile_chunk_bytes(w.type);
+  const int groups = w.type == WeightType::Q8_0 ? 8 : 4;
+  for (std::int64_t p = 0; p < panels; ++p)
+    for (std::int64_t c = 0; c < nc; ++c) {
+      const std::uint8_t* src = packed::panel_chunk(w, p, c);
+      std::uint8_t* rec = dst + ((p / 2) * nc + c) * cb;
+      const int h = static_cast<int>(p % 2);
+      for (int g = 0; g < groups; ++g)
+        std::memcpy(rec + 64 * g + 32 * h, src + packed::scale_bytes(w.type) + 32 * g, 32);
+      auto* d = reinterpret_cast<float*>(rec + qb) + 8 * h;
+      for (int k = 0; k < 8; ++k) {
+        d[k] = f16_to_f32(packed::load_u16(src + 2 * k));
+        if (w.type == WeightType::Q4_0) d[16 + k] = -8.0f * d[k];
+        if (w.type == WeightType::Q4_1) d[16 + k] = f16_to_f32(packed::load_u16(src + 16 + 2 * k));
+      }
+    }
+}
+}  // namespace
+
+std::size_t tile_copy_bytes() { return g_tile_copy_bytes.load(); }
+
+WeightMatrix pack_matrix(const WeightMatrix& src, std::vector<std::uint8_t>& storage, TileCopy tiles) {
   if (src.packed || !is_packed(src.type)) return src;
   if (src.in_dim % 32 != 0 || src.in_dim / 32 > kMaxChunks)
     throw std::invalid_argument("pack_matrix: rows of " + std::to_string(src.in_dim) + " elements are not supported");
   const std::int64_t nc = src.in_dim / 32;
   const std::size_t bb = block_bytes(src.type);
   const int qb = quant_bytes(src.type), sa = scale_arrays(src.type);
-  storage.assign(packed::packed_bytes(src.type, src.out_dim, src.in_dim), 0);  // padding rows stay zero
+  const std::size_t pbytes = packed::packed_bytes(src.type, src.out_dim, src.in_dim);
+  const std::size_t tbytes = tile_copy_wanted(tiles) ? packed::tile_bytes(src.type, src.out_dim, src.in_dim) : 0;
+  storage.assign(pbytes + (tbytes ? tbytes + 64 : 0), 0);  // padding rows stay zero
   WeightMatrix w = src;
   w.data = storage.data();
   w.packed = true;
@@ -496,6 +534,13 @@ WeightMatrix pack_matrix(const WeightMatrix& src, std::vector<std::uint8_t>& sto
       std::uint8_t* q = dst + packed::scale_bytes(src.type);
       for (int i = 0; i < qb; ++i) q[packed::panel_quant_offset(i, r)] = b[2 * sa + i];
     }
+  }
+  if (tbytes) {
+    const auto base = reinterpret_cast<std::uintptr_t>(storage.data() + pbytes);
+    std::uint8_t* t = storage.data() + pbytes + ((64 - base % 64) % 64);  // records 64-byte aligned
+    build_tile_copy(w, t);
+    w.tiles = t;
+    g_tile_copy_bytes += tbytes;
   }
   return w;
 }

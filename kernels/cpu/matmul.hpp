@@ -23,12 +23,18 @@ struct WeightMatrix {
   const std::uint8_t* data = nullptr;
   std::size_t row_stride = 0;  // bytes between rows (= row_bytes(type, in_dim))
   bool packed = false;         // Q8_0/Q4_0/Q4_1 in 8-row panels (see pack_matrix, packed.hpp)
+  const std::uint8_t* tiles = nullptr;  // packed too: the same matrix in the tile layout (AMX), or null
 };
 
 // Q8_0, Q4_0 and Q4_1 matrices are repacked into panels of 8 rows (kernels/cpu/packed.hpp; the same
 // bytes, the last panel zero padded) for the integer kernels; matmul() requires it. Other types are
 // returned as they are. `storage` receives the packed bytes and must outlive the returned view.
-WeightMatrix pack_matrix(const WeightMatrix& src, std::vector<std::uint8_t>& storage);
+// A second copy in the tile layout (packed.hpp) follows the panels when `tiles` says so: Auto = when
+// the fast precision's path is the AMX one (qpath()), so the tile kernels stream their own layout.
+enum class TileCopy { Auto, With, Without };
+WeightMatrix pack_matrix(const WeightMatrix& src, std::vector<std::uint8_t>& storage, TileCopy tiles = TileCopy::Auto);
+// Bytes of tile-layout copies pack_matrix has made in this process (the AMX path's extra memory).
+std::size_t tile_copy_bytes();
 
 enum class CpuPath { Scalar, Avx2, Avx512 };
 // The path used by matmul(): the widest the CPU supports, unless SPECACTOR_CPU_PATH=scalar|avx2.
@@ -68,18 +74,51 @@ const char* precision_name(Precision p);
 // (maddubs/madd), VNNI (AVX512-VNNI with VL, 256-bit dpbusd: one panel of 8 outputs per register)
 // and Vnni512 (calls of more than 8 rows with 512-bit dpbusd, two panels per register, for
 // Q4_0/Q4_1/Q8_0; up to 8 rows, and Q4_K/Q6_K, as Vnni). All four give the same bits.
-// Amx: the tile unit (kernels/cpu/tiles.hpp) for Q4_0/Q4_1/Q8_0, 16 outputs × up to 16 rows per tile
-// pass (Q4_K/Q6_K on the widest other path); AmxEmulated: the same kernel on the software model of the
-// tiles, on any CPU (slow; tests). Neither is chosen by qpath() yet: tests and qmatmul_path() use them.
+// Amx: the tile unit (Intel AMX-INT8, kernels/cpu/tiles.hpp) for Q4_0/Q4_1/Q8_0 matrices with a tile
+// copy (pack_matrix), 16 outputs × up to 16 rows per tile pass, for calls of at least
+// qpath_tile_rows() rows; fewer rows and the other formats run on the path it falls back to (the
+// VNNI choice). AmxEmulated: the same kernels on the software model of the tiles, on any CPU (slow;
+// tests, SPECACTOR_CPU_PATH=amx-emulated). Every path gives the same bits.
 enum class QPath { Scalar, Avx2, Vnni, Vnni512, Amx, AmxEmulated };
-// The path the fast precision runs: the widest available; between Vnni and Vnni512 the faster on
-// this CPU, timed once at first use (a few milliseconds: a small matrix in cache, 16 rows). Forced by
-// SPECACTOR_CPU_PATH=scalar|avx2|vnni256|vnni512 (a path the CPU lacks is not taken).
+// The path the fast precision runs, decided once at first use: the widest SIMD the CPU has (between
+// Vnni and Vnni512 the faster, timed: a few milliseconds on a small matrix in cache), then AMX when
+// the CPU has it, Linux grants the tile state, the self-check agrees bit for bit and a timing shows the
+// tiles faster from some row count on. SPECACTOR_CPU_PATH=scalar|avx2|vnni256|vnni512 forces a SIMD
+// path (a path the CPU lacks is not taken), =amx the tiles for every call (refused, with one line on
+// stderr, where they cannot run), =amx-emulated the emulator.
 QPath qpath();
 // Why qpath() is what it is, in a sentence (the CPU's features, the timing, an override, AMX).
 const std::string& qpath_reason();
+// Activation rows from which calls run on the tiles; 0 when qpath() is not a tile path.
+std::int64_t qpath_tile_rows();
 const char* qpath_name(QPath p);
 bool qpath_available(QPath p);
+
+// What the AMX decision looked at (gathered at first use; tests make up machines).
+struct TileProbe {
+  bool cpu = false;  // AMX-TILE + AMX-INT8 with the OS's tile state, and AVX-512 VNNI
+  std::string cpu_why;
+  bool permission = false;  // Linux granted the tile state (arch_prctl)
+  std::string permission_why;
+  bool self_check = false;  // tile_self_check() passed
+  std::string self_check_why;
+  std::int64_t tile_rows = 0;  // the timing: tiles faster from this many rows on (0: at no count)
+  std::string timing;          // the timing, in words
+};
+struct QPathDecision {
+  QPath path = QPath::Scalar;
+  QPath fallback = QPath::Scalar;  // for what a tile path does not take
+  std::int64_t tile_rows = 0;
+  std::string reason;
+  std::string warning;  // printed once on stderr when not empty (AMX wanted or present but not used)
+};
+// The decision for SPECACTOR_CPU_PATH=`want` ("" when unset), the SIMD choice and the probe.
+QPathDecision decide_qpath(const std::string& want, QPath simd, const std::string& simd_reason, const TileProbe& probe);
+// A fixed random product of every tile format (Q4_0, Q4_1, Q8_0; 1…16 and 20 rows; 40 outputs; 96 and
+// 256 inputs) through `tile` (Amx or AmxEmulated) and through `reference`; true when every bit agrees,
+// else `why` names the first difference. `corrupt` flips a bit of every Q8_0 tile result first (the
+// test of the failure path).
+bool tile_self_check(QPath tile, QPath reference, std::string& why, bool corrupt = false);
 // Whether `t` has an integer kernel (else Fast computes it with the exact path).
 bool has_integer_path(WeightType t);
 

@@ -465,263 +465,6 @@ QMM512_TARGET void panel2(const std::uint8_t* pa, const std::uint8_t* pb, std::i
 
 }  // namespace vnni512
 
-// ---- the tile unit (QPath::Amx, QPath::AmxEmulated) ------------------------------------------------------
-//
-// Two panels (16 outputs) × up to 16 activation rows per pass. Per chunk c: tmm1 = the rows' int8
-// quants (QRows keeps chunk c of consecutive rows 32 bytes apart: one strided load), tmm2 = the 16
-// outputs' weights as 8 rows × 64 bytes (row k: bytes 4k..4k+3 of each output's chunk: for Q8_0 the
-// panels' group k side by side; for Q4_0/Q4_1 the low nibbles of group k for k < 4, the high nibbles of
-// group k − 4 after), tmm0 = zero, then one tdpbssd (Q8_0: signed × signed) or tdpbsud (signed
-// activations × unsigned nibbles): tmm0[r][k] is the exact isum of (row r, output k) for chunk c, the
-// same integer every other path computes. The float side then runs the contract's operations in its
-// order: acc = fma(d·xd, float(isum), acc) per chunk, the minimum chain after, y = acc (+ mn).
-namespace amx {
-
-using tiles::TileConfig;
-
-constexpr int kRows = 16;  // activation rows per pass (a tile's rows)
-
-// The B tile of chunk c of panels pa and pb (pb null: its half zero).
-template <WeightType T>
-__attribute__((target("avx2"))) void b_tile(const std::uint8_t* pa, const std::uint8_t* pb, std::uint8_t (*bt)[64]) {
-  constexpr std::int64_t SB = packed::scale_bytes(T);
-  const __m256i nib = _mm256_set1_epi8(0x0F);
-  for (int h = 0; h < 2; ++h) {
-    const std::uint8_t* p = h == 0 ? pa : pb;
-    if (!p) {
-      for (int k = 0; k < 8; ++k)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(bt[k] + 32 * h), _mm256_setzero_si256());
-      continue;
-    }
-    const std::uint8_t* q = p + SB;
-    if constexpr (T == WeightType::Q8_0) {
-      for (int k = 0; k < 8; ++k)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(bt[k] + 32 * h),
-                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k)));
-    } else {
-      for (int k = 0; k < 4; ++k) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(bt[k] + 32 * h), _mm256_and_si256(v, nib));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(bt[k + 4] + 32 * h),
-                           _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
-      }
-    }
-  }
-}
-
-// The 16 weight scales (and minimums) of chunk c: panel a's 8, then panel b's (zero when absent).
-template <WeightType T>
-__attribute__((target("avx2,f16c"))) void scales(const std::uint8_t* pa, const std::uint8_t* pb, float* d, float* wm) {
-  if (cpu_path_available(CpuPath::Avx2)) {  // F16C: the exact conversion f16_to_f32 performs
-    for (int h = 0; h < 2; ++h) {
-      const std::uint8_t* p = h == 0 ? pa : pb;
-      const __m256 dv = p ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))) : _mm256_setzero_ps();
-      _mm256_storeu_ps(d + 8 * h, dv);
-      if constexpr (T == WeightType::Q4_1)
-        _mm256_storeu_ps(wm + 8 * h, p ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))
-                                       : _mm256_setzero_ps());
-      if constexpr (T == WeightType::Q4_0) _mm256_storeu_ps(wm + 8 * h, _mm256_mul_ps(_mm256_set1_ps(-8.0f), dv));
-    }
-    return;
-  }
-  for (int h = 0; h < 2; ++h) {
-    const std::uint8_t* p = h == 0 ? pa : pb;
-    for (int k = 0; k < 8; ++k) {
-      d[8 * h + k] = p ? f16_to_f32(load_u16(p + 2 * k)) : 0.0f;
-      if constexpr (T == WeightType::Q4_1) wm[8 * h + k] = p ? f16_to_f32(load_u16(p + 16 + 2 * k)) : 0.0f;
-      if constexpr (T == WeightType::Q4_0) wm[8 * h + k] = -8.0f * d[8 * h + k];
-    }
-  }
-}
-
-// The tile configuration for m activation rows: two sets (C, A, B) = (0, 1, 2) and (3, 4, 5), so two
-// chunks are in flight.
-TileConfig config_for(int m) {
-  TileConfig cfg;
-  for (int s = 0; s < 2; ++s) {
-    cfg.rows[3 * s] = static_cast<std::uint8_t>(m);  // C: m × 16 int32
-    cfg.colsb[3 * s] = 64;
-    cfg.rows[3 * s + 1] = static_cast<std::uint8_t>(m);  // A: m × 32 int8
-    cfg.colsb[3 * s + 1] = 32;
-    cfg.rows[3 * s + 2] = 8;  // B: 8 × 64
-    cfg.colsb[3 * s + 2] = 64;
-  }
-  return cfg;
-}
-
-template <class Unit, WeightType T, int C, int A, int B>
-void tile_chunk(const std::uint8_t (*bt)[64], const std::int8_t* xq, std::int32_t (*ct)[16]) {
-  Unit::template zero<C>();
-  Unit::template load<A>(xq, 32);
-  Unit::template load<B>(bt, 64);
-  if constexpr (T == WeightType::Q8_0)
-    Unit::template dpbssd<C, A, B>();
-  else
-    Unit::template dpbsud<C, A, B>();
-  Unit::template store<C>(ct, 64);
-}
-
-// Chunks c and c + 1 (when there is one; returns whether) of panels pa and pb: their B tiles and
-// scales, and both tile products into ct[0], ct[1] (two tile sets in flight).
-template <class Unit, WeightType T>
-bool tile_pair(const std::uint8_t* pa, const std::uint8_t* pb, std::int64_t c, std::int64_t nc, const QRows& xq,
-               std::int64_t r0, std::uint8_t (*bt)[8][64], float (*d)[16], float* wm, std::int32_t (*ct)[kRows][16]) {
-  constexpr std::int64_t CB = packed::panel_chunk_bytes(T);
-  const bool two = c + 1 < nc;
-  for (int i = 0; i < (two ? 2 : 1); ++i) {
-    const std::uint8_t* ca = pa + (c + i) * CB;
-    const std::uint8_t* cb = pb ? pb + (c + i) * CB : nullptr;
-    b_tile<T>(ca, cb, bt[i]);
-    scales<T>(ca, cb, d[i], wm);
-  }
-  tile_chunk<Unit, T, 0, 1, 2>(bt[0], xq.qblock(r0, c), ct[0]);
-  if (two) tile_chunk<Unit, T, 3, 4, 5>(bt[1], xq.qblock(r0, c + 1), ct[1]);
-  return two;
-}
-
-// acc[r] = fma(d·xd[r], float(isum[r]), acc[r]) for the m rows: the contract's operations, scalar or in
-// 16 lanes (the same bits: each lane is one IEEE multiply and one fused multiply-add).
-template <bool Wide>
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void fold(float (*acc)[16], const std::int32_t (*ct)[16],
-                                                                   const float* d, const float* xd, std::int64_t step,
-                                                                   int m) {
-  if constexpr (Wide) {
-    const __m512 dv = _mm512_loadu_ps(d);
-    for (int r = 0; r < m; ++r) {
-      const __m512 a = _mm512_load_ps(acc[r]);
-      const __m512 v = _mm512_cvtepi32_ps(_mm512_load_si512(ct[r]));
-      _mm512_store_ps(acc[r], _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[r * step])), v, a));
-    }
-  } else {
-    for (int r = 0; r < m; ++r)
-      for (int k = 0; k < 16; ++k) acc[r][k] = std::fma(d[k] * xd[r * step], static_cast<float>(ct[r][k]), acc[r][k]);
-  }
-}
-
-// mn[r] = fma(wm, s[r], mn[r]) for the m rows (scalar or 16 lanes, the same bits).
-template <bool Wide>
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void fold_min(float (*mn)[16], const float* wm,
-                                                                       const float* xs, std::int64_t step, int m) {
-  if constexpr (Wide) {
-    const __m512 w = _mm512_loadu_ps(wm);
-    for (int r = 0; r < m; ++r)
-      _mm512_store_ps(mn[r], _mm512_fmadd_ps(w, _mm512_set1_ps(xs[r * step]), _mm512_load_ps(mn[r])));
-  } else {
-    for (int r = 0; r < m; ++r)
-      for (int k = 0; k < 16; ++k) mn[r][k] = std::fma(wm[k], xs[r * step], mn[r][k]);
-  }
-}
-
-// Panels pa (and pb) against rows [r0, r0 + m), m ≤ 16, configured for m rows. Writes the first
-// nvalid of the 16 outputs from o0.
-template <class Unit, WeightType T>
-void panels(const std::uint8_t* pa, const std::uint8_t* pb, std::int64_t nc, const QRows& xq, std::int64_t r0, int m,
-            float* y, std::int64_t y_stride, std::int64_t o0, int nvalid) {
-  constexpr bool Q8 = T == WeightType::Q8_0, Wide = std::is_same_v<Unit, tiles::Hardware>;
-  constexpr std::int64_t CB = packed::panel_chunk_bytes(T);
-  alignas(64) std::uint8_t bt[2][8][64];
-  alignas(64) std::int32_t ct[2][kRows][16];
-  alignas(64) float acc[kRows][16] = {}, mn[kRows][16] = {};
-  alignas(64) float d[2][16];
-  float wm[16] = {};
-  const float* xd = xq.drow(r0);  // row r's chunk c at xd[r·ncp + c]
-  for (std::int64_t c = 0; c < nc; c += 2) {
-    const bool two = tile_pair<Unit, T>(pa, pb, c, nc, xq, r0, bt, d, wm, ct);
-    fold<Wide>(acc, ct[0], d[0], xd + c, xq.ncp, m);
-    if (two) fold<Wide>(acc, ct[1], d[1], xd + c + 1, xq.ncp, m);
-  }
-  if constexpr (!Q8)  // the minimum chain, its own pass in chunk order
-    for (std::int64_t c = 0; c < nc; ++c) {
-      scales<T>(pa + c * CB, pb ? pb + c * CB : nullptr, d[0], wm);
-      fold_min<Wide>(mn, wm, xq.srow(r0) + c, xq.ncp, m);
-    }
-  for (int r = 0; r < m; ++r)
-    for (int k = 0; k < nvalid; ++k) y[(r0 + r) * y_stride + o0 + k] = Q8 ? acc[r][k] : acc[r][k] + mn[r][k];
-}
-
-// panels() on the hardware, for exactly M rows: the accumulators live in registers across the chunks
-// (the same operations per lane as fold and fold_min, so the same bits).
-template <WeightType T, int M>
-__attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) void panels_wide(const std::uint8_t* pa,
-                                                                               const std::uint8_t* pb, std::int64_t nc,
-                                                                               const QRows& xq, std::int64_t r0,
-                                                                               float* y, std::int64_t y_stride,
-                                                                               std::int64_t o0, int nvalid) {
-  using Unit = tiles::Hardware;
-  constexpr bool Q8 = T == WeightType::Q8_0;
-  constexpr std::int64_t CB = packed::panel_chunk_bytes(T);
-  alignas(64) std::uint8_t bt[2][8][64];
-  alignas(64) std::int32_t ct[2][kRows][16];
-  alignas(64) float d[2][16];
-  float wm[16] = {};
-  const float* xd = xq.drow(r0);
-  const std::int64_t step = xq.ncp;
-  __m512 acc[M];
-#pragma GCC unroll 16
-  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
-  for (std::int64_t c = 0; c < nc; c += 2) {
-    const bool two = tile_pair<Unit, T>(pa, pb, c, nc, xq, r0, bt, d, wm, ct);
-    for (int i = 0; i < (two ? 2 : 1); ++i) {
-      const __m512 dv = _mm512_load_ps(d[i]);
-#pragma GCC unroll 16
-      for (int r = 0; r < M; ++r)
-        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[r * step + c + i])),
-                                 _mm512_cvtepi32_ps(_mm512_load_si512(ct[i][r])), acc[r]);
-    }
-  }
-  if constexpr (!Q8) {
-    __m512 mn[M];
-#pragma GCC unroll 16
-    for (int r = 0; r < M; ++r) mn[r] = _mm512_setzero_ps();
-    const float* xs = xq.srow(r0);
-    for (std::int64_t c = 0; c < nc; ++c) {
-      scales<T>(pa + c * CB, pb ? pb + c * CB : nullptr, d[0], wm);
-      const __m512 w = _mm512_loadu_ps(wm);
-#pragma GCC unroll 16
-      for (int r = 0; r < M; ++r) mn[r] = _mm512_fmadd_ps(w, _mm512_set1_ps(xs[r * step + c]), mn[r]);
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < M; ++r) acc[r] = _mm512_add_ps(acc[r], mn[r]);
-  }
-  const __mmask16 keep = static_cast<__mmask16>((1u << nvalid) - 1u);
-#pragma GCC unroll 16
-  for (int r = 0; r < M; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * y_stride + o0, keep, acc[r]);
-}
-
-template <WeightType T, std::size_t... R>
-constexpr auto wide_table(std::index_sequence<R...>) {
-  return std::array{&panels_wide<T, static_cast<int>(R) + 1>...};
-}
-
-// Panels [pb, pe) of a packed matrix for every activation row, on the calling thread's tiles.
-template <class Unit, WeightType T>
-void range(const WeightMatrix& w, std::int64_t pb, std::int64_t pe, const QRows& xq, float* y, std::int64_t y_stride) {
-  const std::int64_t nc = w.in_dim / 32;
-  int configured = -1;
-  for (std::int64_t r0 = 0; r0 < xq.rows; r0 += kRows) {
-    const int m = static_cast<int>(std::min<std::int64_t>(kRows, xq.rows - r0));
-    if (m != configured) {
-      Unit::configure(config_for(m));
-      configured = m;
-    }
-    for (std::int64_t p = pb; p < pe; p += 2) {
-      const std::uint8_t* pa = packed::panel_chunk(w, p, 0);
-      const std::uint8_t* pn = p + 1 < pe ? packed::panel_chunk(w, p + 1, 0) : nullptr;
-      const std::int64_t o0 = p * packed::kPanel;
-      const int nvalid = static_cast<int>(std::min<std::int64_t>(pn ? 16 : 8, w.out_dim - o0));
-      if constexpr (std::is_same_v<Unit, tiles::Hardware>) {
-        static constexpr auto kWide = wide_table<T>(std::make_index_sequence<kRows>{});
-        kWide[static_cast<std::size_t>(m - 1)](pa, pn, nc, xq, r0, y, y_stride, o0, nvalid);
-      } else {
-        panels<Unit, T>(pa, pn, nc, xq, r0, m, y, y_stride, o0, nvalid);
-      }
-    }
-  }
-  Unit::release();
-}
-
-}  // namespace amx
-
 bool has_vnni() {  // the AVX-512 the exact path checks (F, BW, VL), plus VNNI
   __builtin_cpu_init();
   return cpu_path_available(CpuPath::Avx512) && __builtin_cpu_supports("avx512vnni");
@@ -766,13 +509,13 @@ inline void prefetch_range(const std::uint8_t* a, const std::uint8_t* b) {
   for (; a < b; a += 64) _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T1);
 }
 
+#include "kernels/cpu/qmatmul_amx.inc"
+
 // Panels [pb, pe) of a packed matrix for every activation row (groups of rows_per_pass rows per pass
 // over a panel; the panel stays in L1 between passes).
 template <WeightType T>
 void panel_range(QPath path, const WeightMatrix& w, std::int64_t pb, std::int64_t pe, const QRows& xq, float* y,
                  std::int64_t y_stride) {
-  if (path == QPath::Amx) return amx::range<tiles::Hardware, T>(w, pb, pe, xq, y, y_stride);
-  if (path == QPath::AmxEmulated) return amx::range<tiles::Emulated, T>(w, pb, pe, xq, y, y_stride);
   const std::int64_t nc = w.in_dim / 32;
   const auto pbytes = static_cast<std::size_t>(nc * packed::panel_chunk_bytes(T));
   const std::uint8_t* end = packed::panel_chunk(w, pe, 0);
@@ -822,7 +565,7 @@ ApplyFn apply_for(QPath p, bool s) {
     case QPath::Avx2:
       return s ? &avx2::apply<true> : &avx2::apply<false>;
     case QPath::Scalar:
-    case QPath::Amx:  // units_range maps the tile paths to another for these formats
+    case QPath::Amx:  // never asked: a Route sends these formats to its fallback
     case QPath::AmxEmulated:
       break;
   }
@@ -844,9 +587,6 @@ void units_range(QPath path, const WeightMatrix& w, std::int64_t ub, std::int64_
       break;
   }
   static_assert(packed::kPanel % kOut == 0, "a unit is whole tiles");
-  // Q4_K and Q6_K have no tile kernel yet: the widest other path this CPU has (same bits).
-  if (path == QPath::Amx || path == QPath::AmxEmulated)
-    path = has_vnni() ? QPath::Vnni : cpu_path_available(CpuPath::Avx2) ? QPath::Avx2 : QPath::Scalar;
   const std::int64_t ob = ub * packed::kPanel, oe = std::min(w.out_dim, ue * packed::kPanel);
   thread_local WTile tile;
   tile.shape(w.in_dim / 32);
@@ -870,19 +610,59 @@ void quantize_range(QPath path, const float* x, std::int64_t in, QRows& xq, std:
     quantize_blocks_avx2(x, in, xq, b0, b1);
 }
 
-void qmatmul_many_path(QPath path, const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows) {
+// How one call is computed: `path`; when it is a tile path, calls of at least tile_rows rows on
+// matrices with a tile copy run on the tiles and everything else on `fallback` (same bits).
+struct Route {
+  QPath path = QPath::Scalar;
+  QPath fallback = QPath::Scalar;
+  std::int64_t tile_rows = 1;
+};
+
+bool is_tile_path(QPath p) { return p == QPath::Amx || p == QPath::AmxEmulated; }
+
+// Tile panels [tb, te) of a matrix with a tile copy.
+void tile_range(QPath path, const WeightMatrix& w, std::int64_t tb, std::int64_t te, const QRows& xq, float* y,
+                std::int64_t y_stride) {
+  using tiles::Emulated;
+  using tiles::Hardware;
+  const bool hw = path == QPath::Amx;
+  switch (w.type) {
+    case WeightType::Q4_0:
+      return hw ? amx::range<Hardware, WeightType::Q4_0>(w, tb, te, xq, y, y_stride)
+                : amx::range<Emulated, WeightType::Q4_0>(w, tb, te, xq, y, y_stride);
+    case WeightType::Q4_1:
+      return hw ? amx::range<Hardware, WeightType::Q4_1>(w, tb, te, xq, y, y_stride)
+                : amx::range<Emulated, WeightType::Q4_1>(w, tb, te, xq, y, y_stride);
+    default:
+      return hw ? amx::range<Hardware, WeightType::Q8_0>(w, tb, te, xq, y, y_stride)
+                : amx::range<Emulated, WeightType::Q8_0>(w, tb, te, xq, y, y_stride);
+  }
+}
+
+void qmatmul_many_path(const Route& route, const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows) {
   packed::checked_total_rows(jobs, n_jobs, std::int64_t{1} << 30);
-  std::int64_t total = 0;  // units of kPanel output rows, over all matrices
-  for (int j = 0; j < n_jobs; ++j) total += packed::panel_count(jobs[j].w->out_dim);
+  const bool tiled = is_tile_path(route.path) && rows >= route.tile_rows;
+  const QPath path = is_tile_path(route.path) ? route.fallback : route.path;  // for what the tiles do not take
+  // Threads split units of output rows: tile panels (16) when the tiles run, packed panels (8) else.
+  const std::int64_t unit = tiled ? packed::kTilePanel : packed::kPanel;
+  auto units_of = [&](const WeightMatrix& w) { return (w.out_dim + unit - 1) / unit; };
+  std::int64_t total = 0;  // over all matrices
+  for (int j = 0; j < n_jobs; ++j) total += units_of(*jobs[j].w);
   const std::int64_t in = jobs[0].w->in_dim;
   // Equal contiguous ranges of the concatenated units, one per thread.
   auto products = [&](const QRows& xq, int tid, int nth) {
     const std::int64_t begin = total * tid / nth, end = total * (tid + 1) / nth;
     std::int64_t base = 0;
     for (int j = 0; j < n_jobs; ++j) {
-      const std::int64_t n = packed::panel_count(jobs[j].w->out_dim);
-      const std::int64_t b = std::max(begin, base), e = std::min(end, base + n);
-      if (b < e) units_range(path, *jobs[j].w, b - base, e - base, xq, jobs[j].y, jobs[j].w->out_dim);
+      const WeightMatrix& w = *jobs[j].w;
+      const std::int64_t n = units_of(w);
+      const std::int64_t b = std::max(begin, base) - base, e = std::min(end, base + n) - base;
+      if (b < e && tiled && w.tiles) {
+        tile_range(route.path, w, b, e, xq, jobs[j].y, w.out_dim);
+      } else if (b < e) {
+        const std::int64_t per = unit / packed::kPanel;  // packed panels per unit
+        units_range(path, w, b * per, std::min(e * per, packed::panel_count(w.out_dim)), xq, jobs[j].y, w.out_dim);
+      }
       base += n;
     }
   };
@@ -917,68 +697,117 @@ bool has_integer_path(WeightType t) {
 
 namespace {
 
-// CPUID leaf 7: AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25). Reported only: there is no AMX kernel.
-bool cpu_reports_amx() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  return ((d >> 24) & 1u) && ((d >> 25) & 1u);
+// A random ggml matrix of `out` rows of `in` elements with finite f16 scales (0x3c00 | low bits),
+// packed with its tile copy: what the start-up timing and the self-check multiply.
+struct ProbeMatrix {
+  std::vector<std::uint8_t> ggml, storage;
+  WeightMatrix w;
+  ProbeMatrix(WeightType t, std::int64_t out, std::int64_t in, std::uint32_t seed) {
+    const std::size_t rb = row_bytes(t, static_cast<std::size_t>(in)), bb = block_bytes(t);
+    ggml.resize(rb * static_cast<std::size_t>(out));
+    for (auto& b : ggml) b = static_cast<std::uint8_t>((seed = seed * 1664525u + 1013904223u) >> 24);
+    for (std::size_t blk = 0; blk < ggml.size() / bb; ++blk) {
+      ggml[blk * bb + 1] = 0x3c;
+      if (t == WeightType::Q4_1) ggml[blk * bb + 3] = 0x3c;
+    }
+    w = pack_matrix({t, out, in, ggml.data(), rb}, storage, TileCopy::With);
+  }
+};
+
+// x (rows × in) of a fixed pseudo-random pattern with an all-zero block, quantized.
+void probe_rows(std::int64_t rows, std::int64_t in, std::uint32_t seed, QRows& xq) {
+  std::vector<float> x(static_cast<std::size_t>(rows * in));
+  for (auto& v : x) v = static_cast<float>(static_cast<int>((seed = seed * 1664525u + 1013904223u) >> 24) - 128) / 37.0f;
+  std::fill(x.begin(), x.begin() + std::min<std::size_t>(32, x.size()), 0.0f);
+  quantize_shape(rows, in, xq);
+  quantize_blocks(x.data(), in, xq, 0, rows * xq.nc);
 }
 
 // Seconds for one product of a small Q4_1 matrix (32 panels × 576, in L2) with 16 activation rows
 // (where Vnni512 uses its 512-bit kernel) on this thread, best of `reps`, the two widths alternating.
 std::pair<double, double> time_vnni_widths(int reps) {
   constexpr std::int64_t out = 256, in = 576, rows = 16;
-  const std::int64_t nc = in / 32;
-  AVec<std::uint8_t> bytes(static_cast<std::size_t>(packed::packed_bytes(WeightType::Q4_1, out, in)));
-  std::uint32_t seed = 12345;
-  for (auto& b : bytes) b = static_cast<std::uint8_t>((seed = seed * 1664525u + 1013904223u) >> 24);
-  for (std::int64_t p = 0; p < out / packed::kPanel; ++p)  // finite f16 scales: 0x3c00 | low bits
-    for (std::int64_t c = 0; c < nc; ++c) {
-      std::uint8_t* b = bytes.data() + (p * nc + c) * packed::panel_chunk_bytes(WeightType::Q4_1);
-      for (int k = 0; k < 16; ++k) b[2 * k + 1] = 0x3c;
-    }
-  WeightMatrix w{WeightType::Q4_1, out, in, bytes.data(), row_bytes(WeightType::Q4_1, in), true};
-  std::vector<float> x(static_cast<std::size_t>(rows * in)), y(static_cast<std::size_t>(rows * out));
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i * 7919 % 255) - 127);
+  const ProbeMatrix m(WeightType::Q4_1, out, in, 12345);
+  std::vector<float> y(static_cast<std::size_t>(rows * out));
   QRows xq;
-  quantize_shape(rows, in, xq);
-  quantize_blocks(x.data(), in, xq, 0, rows * xq.nc);
+  probe_rows(rows, in, 7919, xq);
   double best[2] = {1e9, 1e9};
   for (int i = 0; i < reps; ++i)
     for (int k = 0; k < 2; ++k) {
       const QPath p = k == 0 ? QPath::Vnni : QPath::Vnni512;
       const auto t0 = std::chrono::steady_clock::now();
-      for (int j = 0; j < 4; ++j) panel_range<WeightType::Q4_1>(p, w, 0, out / packed::kPanel, xq, y.data(), out);
+      for (int j = 0; j < 4; ++j) panel_range<WeightType::Q4_1>(p, m.w, 0, out / packed::kPanel, xq, y.data(), out);
       best[k] = std::min(best[k], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 4);
     }
   return {best[0], best[1]};
 }
 
-struct QPathChoice {
-  QPath path = QPath::Scalar;
-  std::string reason;
+// A tile unit whose every stored result has bit 0 of its first dword flipped (the self-check's test).
+template <class Unit>
+struct Faulty : Unit {
+  template <int T>
+  static void store(void* base, std::size_t stride) {
+    Unit::template store<T>(base, stride);
+    static_cast<std::int32_t*>(base)[0] ^= 1;
+  }
 };
 
-QPathChoice choose_qpath() {
-  const char* env = std::getenv("SPECACTOR_CPU_PATH");
-  const std::string want = env ? env : "";
-  const std::string amx = cpu_reports_amx() ? "; the CPU reports AMX-INT8, for which there is no kernel yet"
-                                            : "; no AMX (CPUID reports no AMX-TILE/AMX-INT8)";
-  switch (cpu_path()) {  // the exact precision's choice and its overrides (scalar, avx2) first
+// The row counts the start-up timing compares the tiles and the other path at.
+constexpr std::array<std::int64_t, 6> kTimedRows = {1, 2, 4, 8, 12, 16};
+
+// Times the tiles against `other` at kTimedRows on this thread (a Q8_0 and a Q4_1 matrix of 256 × 576
+// in L2, best of 5, alternating); returns the smallest count from which the tiles were at least 5 %
+// faster at every larger timed count (0: at none), and the ratios in words.
+std::pair<std::int64_t, std::string> time_tile_rows(QPath other) {
+  constexpr std::int64_t out = 256, in = 576;
+  const ProbeMatrix q8(WeightType::Q8_0, out, in, 99), q4(WeightType::Q4_1, out, in, 98);
+  std::vector<float> y(static_cast<std::size_t>(16 * out));
+  std::array<double, kTimedRows.size()> ratio{};
+  for (std::size_t i = 0; i < kTimedRows.size(); ++i) {
+    QRows xq;
+    probe_rows(kTimedRows[i], in, 31, xq);
+    double best[2] = {1e9, 1e9};
+    for (int rep = 0; rep < 5; ++rep)
+      for (int k = 0; k < 2; ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (const ProbeMatrix* m : {&q8, &q4}) {
+          if (k == 0)
+            tile_range(QPath::Amx, m->w, 0, packed::tile_panel_count(out), xq, y.data(), out);
+          else
+            units_range(other, m->w, 0, packed::panel_count(out), xq, y.data(), out);
+        }
+        best[k] = std::min(best[k], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+    ratio[i] = best[0] / best[1];
+  }
+  std::int64_t from = 0;
+  for (std::size_t i = kTimedRows.size(); i-- > 0 && ratio[i] < 0.95;) from = kTimedRows[i];
+  std::string words = "products timed at start took";
+  for (std::size_t i = 0; i < kTimedRows.size(); ++i) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%s %.2fx at %lld row%s", i ? "," : "", ratio[i],
+                  static_cast<long long>(kTimedRows[i]), kTimedRows[i] == 1 ? "" : "s");
+    words += buf;
+  }
+  return {from, words + std::string(" on the tiles (against ") + qpath_name(other) + ")"};
+}
+
+// The non-tile choice: the exact precision's path and its overrides, then VNNI's width by a timing.
+std::pair<QPath, std::string> choose_simd(const std::string& want) {
+  switch (cpu_path()) {
     case CpuPath::Scalar:
       return {QPath::Scalar,
-              "scalar: " + std::string(want == "scalar" ? "SPECACTOR_CPU_PATH=scalar" : "no AVX2 + FMA + F16C") + amx};
+              "scalar: " + std::string(want == "scalar" ? "SPECACTOR_CPU_PATH=scalar" : "no AVX2 + FMA + F16C")};
     case CpuPath::Avx2:
-      if (want == "avx2") return {QPath::Avx2, "avx2: SPECACTOR_CPU_PATH=avx2" + amx};
-      return {QPath::Avx2, "avx2: no AVX-512 F/BW/VL" + amx};
+      if (want == "avx2") return {QPath::Avx2, "avx2: SPECACTOR_CPU_PATH=avx2"};
+      return {QPath::Avx2, "avx2: no AVX-512 F/BW/VL"};
     case CpuPath::Avx512:
       break;
   }
-  if (!has_vnni()) return {QPath::Avx2, "avx2: AVX-512 without VNNI" + amx};
-  if (want == "vnni256") return {QPath::Vnni, "avx512-vnni (256-bit): SPECACTOR_CPU_PATH=vnni256" + amx};
+  if (!has_vnni()) return {QPath::Avx2, "avx2: AVX-512 without VNNI"};
+  if (want == "vnni256") return {QPath::Vnni, "avx512-vnni (256-bit): SPECACTOR_CPU_PATH=vnni256"};
   if (want == "vnni512")
-    return {QPath::Vnni512,
-            "avx512-vnni-512 (512-bit above 8 rows, 256-bit up to 8): SPECACTOR_CPU_PATH=vnni512" + amx};
+    return {QPath::Vnni512, "avx512-vnni-512 (512-bit above 8 rows, 256-bit up to 8): SPECACTOR_CPU_PATH=vnni512"};
   const auto [t256, t512] = time_vnni_widths(7);
   // 512-bit only when it is clearly faster (5 %): the two give the same bits, so a wrong pick costs
   // speed only, and a VM's noise should not flip a tie.
@@ -988,18 +817,134 @@ QPathChoice choose_qpath() {
                 t512 / t256);
   return {wide ? QPath::Vnni512 : QPath::Vnni,
           std::string(wide ? "avx512-vnni-512 (512-bit above 8 rows, 256-bit up to 8): " : "avx512-vnni (256-bit): ") +
-              buf + amx};
+              buf};
 }
 
-const QPathChoice& qpath_choice() {
-  static const QPathChoice choice = choose_qpath();
+QPathDecision choose_qpath() {
+  const char* env = std::getenv("SPECACTOR_CPU_PATH");
+  const std::string want = env ? env : "";
+  const auto [simd, simd_reason] = choose_simd(want);
+  TileProbe probe;
+  const bool considered = want.empty() || want == "amx" || want == "amx-emulated" || want == "avx512";
+  if (considered && want != "amx-emulated") {
+    probe.cpu = tiles::cpu_has_amx_int8() && has_vnni();
+    if (!tiles::cpu_has_amx_int8())
+      probe.cpu_why = "CPUID reports no AMX-TILE/AMX-INT8 (or the OS does not enable the tile state)";
+    else if (!probe.cpu)
+      probe.cpu_why = "AMX without the AVX-512 VNNI the tile kernels fold with";
+    if (probe.cpu) probe.permission = tiles::amx_permission(probe.permission_why);
+    if (probe.permission) probe.self_check = tile_self_check(QPath::Amx, simd, probe.self_check_why);
+    if (probe.self_check && want != "amx") std::tie(probe.tile_rows, probe.timing) = time_tile_rows(simd);
+  }
+  QPathDecision d = decide_qpath(want, simd, simd_reason, probe);
+  if (!d.warning.empty()) std::fprintf(stderr, "specactor: %s\n", d.warning.c_str());
+  return d;
+}
+
+const QPathDecision& qpath_choice() {
+  static const QPathDecision choice = choose_qpath();
   return choice;
+}
+
+// The engine's route (qpath()'s decision), or for a path asked for by name (qmatmul_path: tests,
+// benchmarks) the tiles for every row count and the rest on the widest SIMD.
+Route route_of(QPath p, bool by_name) {
+  const QPathDecision& c = qpath_choice();
+  if (!by_name && p == c.path) return {c.path, c.fallback, c.tile_rows};
+  const QPath other = has_vnni() ? QPath::Vnni : cpu_path_available(CpuPath::Avx2) ? QPath::Avx2 : QPath::Scalar;
+  return {p, is_tile_path(p) ? other : p, 1};
 }
 
 }  // namespace
 
+QPathDecision decide_qpath(const std::string& want, QPath simd, const std::string& simd_reason,
+                           const TileProbe& probe) {
+  QPathDecision d{simd, simd, 0, simd_reason, ""};
+  const std::string running = std::string("; running ") + qpath_name(simd);
+  const char* formats = "Q4_0/Q4_1/Q8_0";
+  if (want == "amx-emulated") {
+    d.path = QPath::AmxEmulated;
+    d.tile_rows = 1;
+    d.reason = std::string("amx-emulated: SPECACTOR_CPU_PATH=amx-emulated (the tile kernels on the software model ") +
+               "for every call of " + formats + ", slow: for tests; other formats on " + simd_reason + ")";
+    return d;
+  }
+  if (!want.empty() && want != "amx" && want != "avx512") {
+    d.reason += "; AMX not used: SPECACTOR_CPU_PATH=" + want;
+    return d;
+  }
+  if (!probe.cpu) {
+    d.reason += "; no AMX: " + probe.cpu_why;
+    if (want == "amx") d.warning = "SPECACTOR_CPU_PATH=amx refused: " + probe.cpu_why + running;
+    return d;
+  }
+  if (!probe.permission) {
+    d.reason += "; AMX not used: " + probe.permission_why;
+    d.warning = "AMX not used: " + probe.permission_why + running;
+    return d;
+  }
+  if (!probe.self_check) {
+    d.reason += "; AMX disabled: the self-check failed (" + probe.self_check_why + ")";
+    d.warning = "error: AMX disabled for this process: the self-check's tile results differ from the " +
+                std::string(qpath_name(simd)) + " path (" + probe.self_check_why + ")" + running;
+    return d;
+  }
+  if (want == "amx") {
+    d.path = QPath::Amx;
+    d.tile_rows = 1;
+    d.reason = std::string("amx: SPECACTOR_CPU_PATH=amx (the tiles for every call of ") + formats +
+               ", self-check passed; other formats on " + simd_reason + ")";
+    return d;
+  }
+  if (probe.tile_rows <= 0) {
+    d.reason += "; AMX not used: slower here at every row count (" + probe.timing + ")";
+    return d;
+  }
+  d.path = QPath::Amx;
+  d.tile_rows = probe.tile_rows;
+  d.reason = "amx: calls of " + std::to_string(probe.tile_rows) + " or more rows of " + formats +
+             " on the tiles (self-check passed; " + probe.timing + "); fewer rows and other formats on " + simd_reason;
+  return d;
+}
+
+bool tile_self_check(QPath tile, QPath reference, std::string& why, bool corrupt) {
+  if (!is_tile_path(tile)) throw std::invalid_argument("tile_self_check: not a tile path");
+  for (const WeightType t : {WeightType::Q8_0, WeightType::Q4_1, WeightType::Q4_0})
+    for (const std::int64_t in : {96, 256}) {  // 3 chunks: a lone last chunk; 8: pairs only
+      constexpr std::int64_t out = 40;         // two whole tile panels and a half one
+      const ProbeMatrix m(t, out, in, 4242 + static_cast<std::uint32_t>(in));
+      std::vector<float> yt(static_cast<std::size_t>(20 * out)), yr(yt.size());
+      for (std::int64_t rows = 1; rows <= 20; rows += rows < 16 ? 1 : 4) {
+        QRows xq;
+        probe_rows(rows, in, 17 + static_cast<std::uint32_t>(rows), xq);
+        const std::int64_t tp = packed::tile_panel_count(out);
+        if (corrupt && t == WeightType::Q8_0)
+          tile == QPath::Amx ? amx::range<Faulty<tiles::Hardware>, WeightType::Q8_0>(m.w, 0, tp, xq, yt.data(), out)
+                             : amx::range<Faulty<tiles::Emulated>, WeightType::Q8_0>(m.w, 0, tp, xq, yt.data(), out);
+        else if (corrupt)
+          continue;
+        else
+          tile_range(tile, m.w, 0, tp, xq, yt.data(), out);
+        units_range(reference, m.w, 0, packed::panel_count(out), xq, yr.data(), out);
+        for (std::int64_t i = 0; i < rows * out; ++i)
+          if (std::memcmp(&yt[static_cast<std::size_t>(i)], &yr[static_cast<std::size_t>(i)], sizeof(float)) != 0) {
+            char buf[200];
+            std::snprintf(buf, sizeof buf, "%s %lld x %lld, %lld rows: output (%lld, %lld) %.9g against %.9g",
+                          t == WeightType::Q8_0 ? "Q8_0" : t == WeightType::Q4_1 ? "Q4_1" : "Q4_0", static_cast<long long>(out), static_cast<long long>(in),
+                          static_cast<long long>(rows), static_cast<long long>(i / out),
+                          static_cast<long long>(i % out), yt[static_cast<std::size_t>(i)],
+                          yr[static_cast<std::size_t>(i)]);
+            why = buf;
+            return false;
+          }
+      }
+    }
+  return true;
+}
+
 QPath qpath() { return qpath_choice().path; }
 const std::string& qpath_reason() { return qpath_choice().reason; }
+std::int64_t qpath_tile_rows() { return is_tile_path(qpath()) ? qpath_choice().tile_rows : 0; }
 
 const char* qpath_name(QPath p) {
   switch (p) {
@@ -1023,7 +968,7 @@ bool qpath_available(QPath p) {
   switch (p) {
     case QPath::Amx: {
       std::string why;
-      return tiles::amx_permission(why);
+      return tiles::cpu_has_amx_int8() && has_vnni() && tiles::amx_permission(why);
     }
     case QPath::AmxEmulated:
       return true;
@@ -1042,10 +987,11 @@ void matmul_many(const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t
   if (precision == Precision::Exact || rows <= 0) return matmul_many(jobs, n_jobs, x, rows);
   bool all_integer = true;
   for (int j = 0; j < n_jobs; ++j) all_integer = all_integer && has_integer_path(jobs[j].w->type);
-  if (all_integer) return qmatmul_many_path(qpath(), jobs, n_jobs, x, rows);
+  const Route route = route_of(qpath(), false);
+  if (all_integer) return qmatmul_many_path(route, jobs, n_jobs, x, rows);
   for (int j = 0; j < n_jobs; ++j) {  // mixed formats: each matrix on its own path
     if (has_integer_path(jobs[j].w->type))
-      qmatmul_many_path(qpath(), &jobs[j], 1, x, rows);
+      qmatmul_many_path(route, &jobs[j], 1, x, rows);
     else
       matmul_many(&jobs[j], 1, x, rows);
   }
@@ -1060,8 +1006,11 @@ void qmatmul_path(QPath path, const WeightMatrix& w, const float* x, std::int64_
   if (!has_integer_path(w.type)) throw std::invalid_argument("qmatmul: no integer kernel for this weight type");
   if (!qpath_available(path))
     throw std::invalid_argument(std::string("qmatmul: this CPU lacks the ") + qpath_name(path) + " path");
+  if (is_tile_path(path) && packed::is_packed(w.type) && !w.tiles)
+    throw std::invalid_argument(std::string("qmatmul: the ") + qpath_name(path) +
+                                " path needs the tile copy (pack_matrix with TileCopy::With)");
   const MatmulJob job{&w, y};
-  qmatmul_many_path(path, &job, 1, x, rows);
+  qmatmul_many_path(route_of(path, true), &job, 1, x, rows);
 }
 
 }  // namespace specactor::kernels

@@ -31,13 +31,20 @@ void check_tile(const Emulated::State& s, int t, const char* what) {
 
 }  // namespace
 
-bool cpu_has_amx_int8() {
+namespace {
+bool probe_amx_int8() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
   const bool tile = (d >> 24) & 1, int8 = (d >> 25) & 1;
   unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
   if (!__get_cpuid(1, &a1, &b1, &c1, &d1) || !((c1 >> 27) & 1)) return false;  // OSXSAVE: xgetbv works
   return tile && int8 && ((xcr0() >> 17) & 3) == 3;
+}
+}  // namespace
+
+bool cpu_has_amx_int8() {
+  static const bool has = probe_amx_int8();  // CPUID is slow in a VM: once
+  return has;
 }
 
 bool amx_permission(std::string& why) {
