@@ -342,11 +342,44 @@ TEST_CASE("specactor inspect and devices") {
       CHECK(path == "scalar");
       CHECK(oj["cpu_float_path"] == "scalar");
     }
-    if (std::string(want) == "scalar" || ip == "avx512-vnni" || ip == "avx512-vnni-512") {
+    if (std::string(want) == "scalar" || ip == "avx512-vnni" || ip == "avx512-vnni-512" || ip == "amx") {
       CHECK(why.find(std::string("SPECACTOR_CPU_PATH=") + want) != std::string::npos);
       if (std::string(want) == "vnni256") CHECK(path == "avx512-vnni");
     }
   }
+}
+
+TEST_CASE("default model on the tile emulator: greedy equals the scalar path, speculative equals plain") {
+  const std::string model = default_model();
+  if (model.empty()) {
+    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
+    return;
+  }
+  // A chat prompt of ~40 tokens: prefill in whole and partial tiles, then 1-row decode steps and
+  // multi-row verification steps, every call of Q4_1/Q8_0 on the emulated tiles.
+  // Drafts with a fixed shape, so that every decode step verifies (the budget might draft nothing here).
+  auto tokens = [&](const char* path, const std::string& algorithm) {
+    ::setenv("SPECACTOR_CPU_PATH", path, 1);
+    const Run r = run("generate --model-path " + model +
+                      " --chat --prompt 'Write a short list of three fruits and say one thing about each.'"
+                      " --max-new-tokens 24 --temperature 0 --json --log-level warn --speculative-algorithm " +
+                      algorithm + (algorithm == "NONE" ? "" : " --speculative-adaptive false"));
+    ::unsetenv("SPECACTOR_CPU_PATH");
+    REQUIRE_MESSAGE(r.rc == 0, r.err);
+    const json j = json::parse(r.out);
+    if (algorithm != "NONE") CHECK(j["speculative"]["drafted"].get<int>() > 0);
+    return j["tokens"].get<std::vector<int>>();
+  };
+  const auto scalar = tokens("scalar", "NONE");
+  REQUIRE(scalar.size() == 24);
+  CHECK(tokens("amx-emulated", "NONE") == scalar);
+  CHECK(tokens("amx-emulated", "EAGLE3") == scalar);  // the shipped head
+  CHECK(tokens("amx-emulated", "NGRAM") == scalar);
+  ::setenv("SPECACTOR_CPU_PATH", "amx-emulated", 1);
+  const Run d = run("devices");
+  ::unsetenv("SPECACTOR_CPU_PATH");
+  REQUIRE(d.rc == 0);
+  CHECK(json::parse(d.out)["cpu_integer_path"] == "amx-emulated");
 }
 
 TEST_CASE("specactor bench --depths: prefill of and decode after each context, against the bandwidth limit") {
