@@ -36,6 +36,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/cpu/machine.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/packed.hpp"
 #include "kernels/cpu/pool.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/gguf.hpp"
@@ -54,6 +55,26 @@ namespace sa = specactor::actors;
 using json = nlohmann::json;
 
 namespace {
+
+// What the AMX path adds, for the load line and bench: the row count from which products run on the
+// tiles, the formats, and the memory of the tile copies (`bytes`); "" when the tiles do not run.
+std::string tile_note(std::size_t bytes) {
+  if (sk::qpath_tile_rows() <= 0) return "";
+  return fmt::format("; tiles for Q4_0/Q4_1/Q8_0 calls of {}+ rows, their tile copy {:.1f} MiB more memory",
+                     sk::qpath_tile_rows(), static_cast<double>(bytes) / 1048576.0);
+}
+
+// Bytes of a model's tile copies (the AMX path's second layout of its matrices).
+std::size_t tile_copy_bytes_of(const sm::LlamaWeights& w) {
+  std::size_t n = 0;
+  auto add = [&](const sk::WeightMatrix& m) {
+    if (m.tiles) n += sk::packed::tile_bytes(m.type, m.out_dim, m.in_dim);
+  };
+  for (const auto& L : w.layers())
+    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) add(*m);
+  add(w.output());
+  return n;
+}
 
 void print_server_flags() {
   sc::ServerArgs defaults;
@@ -209,11 +230,11 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
   std::signal(SIGINT, on_sigint);
   if (!engine->tokenizer()) throw sc::ConfigError("--skip-tokenizer-init: generate needs a tokenizer for --prompt");
   const bool fast = engine->target_snapshot()->cpu_precision == sc::CpuPrecision::Fast;
-  spdlog::info("loaded {} in {:.2f} s through the actor engine ({}); cpu path {} ({} precision)", args.model_path,
+  spdlog::info("loaded {} in {:.2f} s through the actor engine ({}); cpu path {} ({} precision{})", args.model_path,
                load_s, std::string(sc::to_string(engine->target_snapshot()->speculative_algorithm)),
                fast ? specactor::kernels::qpath_name(specactor::kernels::qpath())
                     : specactor::kernels::cpu_path_name(specactor::kernels::cpu_path()),
-               fast ? "fast" : "exact");
+               fast ? "fast" : "exact", fast ? tile_note(specactor::kernels::tile_copy_bytes()) : std::string());
   if (req.chat && sm::ChatTemplate::detect(engine->tokenizer()->chat_template()).format == sm::ChatFormat::Plain)
     spdlog::warn("the model's chat template is not recognised (supported: ChatML, Llama-3); sending plain text");
 
@@ -605,12 +626,16 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
   const std::string path_reason = s.cpu_precision == sc::CpuPrecision::Fast
                                       ? specactor::kernels::qpath_reason()
                                       : std::string(path) + ": the exact precision's float kernels";
+  const std::size_t tile_bytes = tile_copy_bytes_of(*m.weights);
+  const std::string tiles = s.cpu_precision == sc::CpuPrecision::Fast ? tile_note(tile_bytes) : "";
 
   if (as_json) {
     json j = {{"model", s.model_path},
               {"cpu_path", precision_path},
               {"cpu_path_reason", path_reason},
               {"cpu_precision", sc::to_string(s.cpu_precision)},
+              {"tile_rows", s.cpu_precision == sc::CpuPrecision::Fast ? specactor::kernels::qpath_tile_rows() : 0},
+              {"tile_copy_bytes", tile_bytes},
               {"kv_cache_dtype", s.kv_cache_dtype},
               {"threads", threads},
               {"memory_read_gbps", bw.read_gbps},
@@ -645,10 +670,10 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
     return 0;
   }
   std::cout << fmt::format(
-      "specactor bench: {} ({} layers, {:.1f} MiB of weights), --cpu-precision {} (path {}), KV cache {}, {} "
+      "specactor bench: {} ({} layers, {:.1f} MiB of weights), --cpu-precision {} (path {}{}), KV cache {}, {} "
       "threads\n",
       s.model_path, m.config.n_layers, m.weights->weight_bytes() / 1048576.0, sc::to_string(s.cpu_precision),
-      precision_path, s.kv_cache_dtype, threads);
+      precision_path, tiles, s.kv_cache_dtype, threads);
   std::cout << "path:     " << path_reason << "\n";
   std::cout << fmt::format(
       "machine:  memory read {:.1f} GB/s (copy {:.1f} GB/s, {} MiB buffer); peak FMA {:.1f} GFLOP/s\n", bw.read_gbps,

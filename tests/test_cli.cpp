@@ -389,6 +389,8 @@ TEST_CASE("specactor bench --depths: prefill of and decode after each context, a
           "--log-level warn");
   REQUIRE_MESSAGE(r.rc == 0, r.err);
   const json j = json::parse(r.out);
+  CHECK(j["tile_copy_bytes"] == 0);  // float weights: no tile copy whatever the path
+  CHECK(j.contains("tile_rows"));
   REQUIRE(j["depths"].size() == 2);
   CHECK(j["depths"][0]["depth"] == 0);
   CHECK(j["depths"][0]["prefill_tokens_per_s"] == 0.0);  // nothing to prefill
