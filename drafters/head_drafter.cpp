@@ -264,10 +264,13 @@ class HeadDrafter final : public Drafter {
         cache.reserve(seq, p0 + cnt);
         runner_->project(l, toks.data(), feat, width, cnt, pos.data());
         store(cache, seq, p0, cnt);
-        const k::PagedKvView v = cache.view(0, seq);
-        runner_->finish(l, {v, 0, p0}, {v, p0, cnt}, nullptr, hidden);
         seq.length = p0 + cnt;
-        if (l == 0 && p0 + cnt == n - 1) st.root_hidden.assign(hidden.end() - head_->config().hidden, hidden.end());
+        // Only the root's output is kept (layer 0, the last pair): the rest of the layer is not run.
+        if (l == 0 && p0 + cnt == n - 1) {
+          const k::PagedKvView v = cache.view(0, seq);
+          runner_->finish_last(l, {{{v, 0, p0}, {v, p0, cnt}, nullptr, 0, cnt}}, hidden);
+          st.root_hidden = hidden;
+        }
       }
     }
     st.fed = n - 1;
@@ -500,18 +503,16 @@ class HeadDrafter final : public Drafter {
         store(cache, seq, p0, w->rows, w->first_row);
         seq.length = p0 + w->rows;
       }
+      if (l != 0) continue;  // only the roots' outputs (layer 0, each request's last pair) are kept
       for (Work* w : joint) {  // views after every write: a view holds the page table as it is
         const k::PagedKvView v = cache.view(0, w->st->seqs[static_cast<std::size_t>(l)]);
         parts.push_back({{v, 0, w->st->fed}, {v, w->st->fed, w->rows}, nullptr, w->first_row, w->rows});
       }
-      runner_->finish(l, parts, hidden);
-      if (l == 0) {
-        const std::int64_t H = head_->config().hidden;
-        for (Work* w : joint) {
-          const auto last = hidden.begin() + (w->first_row + w->rows - 1) * H;
-          w->st->root_hidden.assign(last, last + H);
-        }
-      }
+      runner_->finish_last(l, parts, hidden);
+      const std::int64_t H = head_->config().hidden;
+      for (std::size_t i = 0; i < joint.size(); ++i)
+        joint[i]->st->root_hidden.assign(hidden.begin() + static_cast<long>(i) * H,
+                                         hidden.begin() + static_cast<long>(i + 1) * H);
     }
     for (Work* w : joint) {
       State& st = *w->st;

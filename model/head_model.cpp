@@ -556,6 +556,39 @@ void HeadRunner::finish(int layer, const std::vector<AttentionPart>& parts, std:
   hidden.assign(x_.begin(), x_.begin() + n * H);
 }
 
+void HeadRunner::finish_last(int layer, const std::vector<AttentionPart>& parts, std::vector<float>& hidden) {
+  const HeadConfig& c = head_->config();
+  const LlamaLayer& ly = head_->layers()[static_cast<std::size_t>(layer)].layer;
+  const auto m = static_cast<std::int64_t>(parts.size());
+  const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, F = c.ffn;
+  const auto eps = static_cast<float>(c.norm_eps);
+  att_.resize(static_cast<std::size_t>(m * QD));
+  std::vector<float> x(static_cast<std::size_t>(m * H));
+  for (std::int64_t i = 0; i < m; ++i) {
+    const AttentionPart& p = parts[static_cast<std::size_t>(i)];
+    if (p.first_row < 0 || p.rows < 1 || p.first_row + p.rows > n_)
+      throw std::logic_error("HeadRunner::finish_last: an attention part outside the projected rows");
+    const std::int64_t r = p.first_row + p.rows - 1;  // as the last of the part's p.rows queries
+    k::attention_segments_cpu(q_.data() + r * QD, 1, c.n_heads, c.n_kv_heads, c.head_dim, p.prefix, p.masked,
+                              p.mask ? p.mask + (p.rows - 1) : nullptr, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                              att_.data() + i * QD);
+    std::copy(x_.begin() + r * H, x_.begin() + (r + 1) * H, x.begin() + i * H);
+  }
+  tmp_.resize(static_cast<std::size_t>(m * H));
+  k::matmul(ly.wo, att_.data(), m, tmp_.data(), precision_);
+  for (std::int64_t i = 0; i < m * H; ++i) x[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
+  xn_.resize(static_cast<std::size_t>(m * H));
+  k::rmsnorm_cpu(xn_.data(), x.data(), ly.ffn_norm, static_cast<int>(m), static_cast<int>(H), eps);
+  gate_.resize(static_cast<std::size_t>(m * F));
+  up_.resize(gate_.size());
+  const k::MatmulJob gu[2] = {{&ly.gate, gate_.data()}, {&ly.up, up_.data()}};
+  k::matmul_many(gu, 2, xn_.data(), m, precision_);
+  k::silu_mul_cpu(gate_.data(), gate_.data(), up_.data(), m * F);
+  k::matmul(ly.down, gate_.data(), m, tmp_.data(), precision_);
+  for (std::int64_t i = 0; i < m * H; ++i) x[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
+  hidden = std::move(x);
+}
+
 void HeadRunner::logits(int layer, const float* hidden, std::int64_t n, std::vector<float>& out) {
   const HeadConfig& c = head_->config();
   const std::int64_t H = c.hidden;

@@ -131,6 +131,11 @@ class HeadRunner {
     std::int64_t first_row = 0, rows = 0;
   };
   void finish(int layer, const std::vector<AttentionPart>& parts, std::vector<float>& hidden_out);
+  // finish() for the last row of each part only (hidden_out: one row per part, in order): what a
+  // catch-up keeps, the root's output. The same bits as that row of finish() (every row's result is
+  // its own, whatever the rows beside it); the other rows' attention, output projection and MLP are
+  // not computed — a catch-up over the rows of steps that drafted nothing then costs their K/V only.
+  void finish_last(int layer, const std::vector<AttentionPart>& parts, std::vector<float>& hidden_out);
   // Draft logits (n × draft_vocab) of head output rows.
   void logits(int layer, const float* hidden, std::int64_t n, std::vector<float>& out);
   // The target id of a draft id.

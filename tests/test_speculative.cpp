@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "actors/engine.hpp"
 #include "config/snapshot.hpp"
@@ -237,6 +239,96 @@ TEST_CASE("heads (random): every head algorithm is lossless on the default model
     reqs.push_back(r);
   }
   check_lossless({"--model-path", kDefaultModel, "--log-level", "warn"}, reqs, heads->configs);
+}
+
+TEST_CASE("head catch-up: finish_last gives each part's last row of finish, bit for bit, alone and joint") {
+  // A catch-up keeps only the root's output; finish_last skips the other rows' attention, output
+  // projection and MLP. Its rows must be exactly those finish() computes over every row.
+  specactor::testing::TinyLlamaShape shape;
+  shape.context = 256;
+  const std::string dir = (fs::temp_directory_path() / ("specactor_finish." + std::to_string(::getpid()))).string();
+  fs::create_directories(dir);
+  specactor::testing::tiny_llama(shape, true, 5).write(dir + "/tiny.gguf");
+  specactor::config::ServerArgs a;
+  a.model_path = dir + "/tiny.gguf";
+  const auto target = specactor::model::load_model(a);
+  using specactor::model::HeadKind;
+  for (const HeadKind kind : {HeadKind::Eagle3, HeadKind::Eagle, HeadKind::Mtp}) {
+    CAPTURE(static_cast<int>(kind));
+    specactor::model::HeadSpec spec;
+    spec.kind = kind;
+    spec.seed = 3;
+    const std::string path = dir + "/head" + std::to_string(static_cast<int>(kind)) + ".gguf";
+    specactor::model::write_random_head(target.info, spec, path);
+    for (const auto wt : {specactor::kernels::WeightType::F32, specactor::kernels::WeightType::Q8_0}) {
+      const auto head = specactor::model::HeadWeights::load(path, kind, target.config, {}, false,
+                                                            specactor::config::LoadFormat::Auto, wt);
+      const auto& hc = head->config();
+      specactor::model::HeadRunner runner(head, target.weights);
+      specactor::model::KvCache cache(1, hc.n_kv_heads, hc.head_dim, 16, 512);
+      // Two sequences: 5 rows already in the KV and 7 new ones; 0 and 3 new ones.
+      const std::int64_t W = hc.feature_width();
+      std::vector<specactor::model::KvCache::Seq> seqs(2);
+      const std::int64_t before[2] = {5, 0}, fresh[2] = {7, 3};
+      std::mt19937 rng(9);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (int i = 0; i < 2; ++i) {  // the earlier rows: projected and stored
+        if (before[i] == 0) continue;
+        std::vector<std::int32_t> toks, pos;
+        std::vector<float> feat(static_cast<std::size_t>(before[i] * W));
+        for (auto& f : feat) f = nd(rng);
+        for (std::int64_t j = 0; j < before[i]; ++j) {
+          toks.push_back(static_cast<std::int32_t>(3 + j));
+          pos.push_back(static_cast<std::int32_t>(j + 1));
+        }
+        runner.project(0, toks.data(), feat.data(), W, before[i], pos.data());
+        cache.reserve(seqs[i], before[i]);
+        for (std::int64_t j = 0; j < before[i]; ++j)
+          cache.write(0, seqs[i], j, runner.k_rows() + j * runner.kv_row(), runner.v_rows() + j * runner.kv_row());
+        seqs[i].length = before[i];
+      }
+      std::vector<std::int32_t> toks, pos;
+      std::vector<float> feat(static_cast<std::size_t>((fresh[0] + fresh[1]) * W));
+      for (auto& f : feat) f = nd(rng);
+      for (int i = 0; i < 2; ++i)
+        for (std::int64_t j = 0; j < fresh[i]; ++j) {
+          toks.push_back(static_cast<std::int32_t>(10 + j + 7 * i));
+          pos.push_back(static_cast<std::int32_t>(before[i] + j + 1));
+        }
+      const auto total = static_cast<std::int64_t>(toks.size());
+      runner.project(0, toks.data(), feat.data(), W, total, pos.data());
+      std::int64_t row = 0;
+      for (int i = 0; i < 2; ++i) {
+        cache.reserve(seqs[i], before[i] + fresh[i]);
+        for (std::int64_t j = 0; j < fresh[i]; ++j, ++row)
+          cache.write(0, seqs[i], before[i] + j, runner.k_rows() + row * runner.kv_row(),
+                      runner.v_rows() + row * runner.kv_row());
+        seqs[i].length = before[i] + fresh[i];
+      }
+      std::vector<specactor::model::HeadRunner::AttentionPart> parts;
+      for (int i = 0; i < 2; ++i) {
+        const auto v = cache.view(0, seqs[i]);
+        parts.push_back({{v, 0, before[i]}, {v, before[i], fresh[i]}, nullptr, i == 0 ? 0 : fresh[0], fresh[i]});
+      }
+      std::vector<float> all, last, alone;
+      runner.finish_last(0, parts, last);  // before finish(), which changes the runner's rows
+      runner.project(0, toks.data(), feat.data(), W, total, pos.data());
+      runner.finish(0, parts, all);
+      const std::int64_t H = hc.hidden;
+      REQUIRE(last.size() == static_cast<std::size_t>(2 * H));
+      for (int i = 0; i < 2; ++i) {
+        const std::int64_t r = parts[static_cast<std::size_t>(i)].first_row + fresh[i] - 1;
+        CHECK(std::memcmp(last.data() + i * H, all.data() + r * H, static_cast<std::size_t>(H) * sizeof(float)) == 0);
+      }
+      // The second sequence's part alone gives the same row.
+      runner.project(0, toks.data() + fresh[0], feat.data() + fresh[0] * W, W, fresh[1], pos.data() + fresh[0]);
+      auto p1 = parts[1];
+      p1.first_row = 0;
+      runner.finish_last(0, {p1}, alone);
+      CHECK(std::memcmp(alone.data(), last.data() + H, static_cast<std::size_t>(H) * sizeof(float)) == 0);
+    }
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("EAGLE head plumbing: the first draft is the target's own prediction from the hidden row handed over") {
