@@ -146,6 +146,10 @@ struct StepPlan {
   bool probes_only = false;  // every request that drafts does so only because a probe was due (one level)
 };
 
+// Where probing cannot pay, a probe may first catch a head drafter up on at most this many rows of a
+// request it never drafted for (its prompt).
+constexpr std::size_t kProbePrimingRows = 64;
+
 class Scheduler {
  public:
   // `release` is called with the id of every retired request that may hold KV in the workers.

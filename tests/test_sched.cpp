@@ -697,3 +697,58 @@ TEST_CASE("budget: a memory learned where rows were dear does not keep drafting 
   }
   CHECK(same_runs[3] + same_runs[4] + same_runs[5] >= 120);
 }
+
+TEST_CASE("budget: where probing cannot pay, no probe makes a head take in a long prompt it never drafted for") {
+  // A head drafter (captured rows of width 4): a request with a 300-token prompt and one with a
+  // 10-token prompt, on a machine where one more row costs 90 % of a step (the probes are held back).
+  for (const std::int64_t prompt_len : {300, 10}) {
+    CAPTURE(prompt_len);
+    Limits l;
+    l.context_length = 4096;
+    Fixture f(l, 400);
+    Clock::time_point now = Clock::time_point{} + std::chrono::hours(1);
+    f.s->set_clock([&] { return now; });
+    f.s->set_target(400, letters(), 4);
+    DraftShape d = chain_draft(3, 4);
+    d.adaptive = true;
+    d.needs.hidden_layers = {1};
+    f.s->set_draft(d);
+    f.s->seed_costs({{1, 10.0}, {2, 19.0}, {4, 37.0}, {8, 73.0}});
+    std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_len), tok('a'));
+    f.submit(1, prompt, 400);
+    std::int64_t fed = 0, rounds = 0, primed_rows = 0;
+    for (int i = 0; i < 400; ++i) {
+      auto plan = f.s->next_step(true);
+      if (!plan) break;
+      if (!plan->proposals.items.empty()) {
+        ++rounds;
+        primed_rows += static_cast<std::int64_t>(plan->proposals.items[0].hidden.size() / 4);
+        Proposals p;
+        p.tokens.push_back({tok('x')});
+        p.parents.push_back({-1});
+        p.probs.emplace_back();
+        REQUIRE(f.s->apply_proposals(*plan, p));
+      }
+      StepResult res;
+      for (const auto& it : plan->batch.items) {
+        ItemResult r;
+        r.req = it.req;
+        const auto n = static_cast<std::int64_t>(it.tokens.size());
+        if (it.sample) r.tokens = {tok('z')};
+        r.drafted = it.prefill ? 0 : static_cast<std::int32_t>(n) - 1;
+        r.hidden.assign(static_cast<std::size_t>((it.prefill ? n : 1) * 4), 0.5f);  // the committed rows
+        r.hidden_first = fed;
+        fed += it.prefill ? n : 1;
+        res.items.push_back(std::move(r));
+      }
+      now += std::chrono::milliseconds(10 + 9 * (plan->rows - 1));
+      f.s->step_done(*plan, res);
+    }
+    CAPTURE(rounds);
+    CAPTURE(primed_rows);
+    if (prompt_len > static_cast<std::int64_t>(kProbePrimingRows))
+      CHECK(rounds == 0);  // never a round that would first catch the head up on 300 rows
+    else
+      CHECK(rounds >= 1);  // a short prompt is still probed now and then
+  }
+}

@@ -499,11 +499,12 @@ void build_tile_copy(const WeightMatrix& w, std::uint8_t* dst) {
       const int h = static_cast<int>(p % 2);
       for (int g = 0; g < groups; ++g)
         std::memcpy(rec + 64 * g + 32 * h, src + packed::scale_bytes(w.type) + 32 * g, 32);
-      auto* d = reinterpret_cast<float*>(rec + qb) + 8 * h;
-      for (int k = 0; k < 8; ++k) {
-        d[k] = f16_to_f32(packed::load_u16(src + 2 * k));
-        if (w.type == WeightType::Q4_0) d[16 + k] = -8.0f * d[k];
-        if (w.type == WeightType::Q4_1) d[16 + k] = f16_to_f32(packed::load_u16(src + 16 + 2 * k));
+      if (w.type == WeightType::Q8_0) {
+        auto* d = reinterpret_cast<float*>(rec + qb) + 8 * h;
+        for (int k = 0; k < 8; ++k) d[k] = f16_to_f32(packed::load_u16(src + 2 * k));
+      } else {  // d (and Q4_1's m) as the file's f16: the panels hold 8 of each at the chunk's start
+        std::memcpy(rec + qb + 16 * h, src, 16);
+        if (w.type == WeightType::Q4_1) std::memcpy(rec + qb + 32 + 16 * h, src + 16, 16);
       }
     }
 }

@@ -43,16 +43,19 @@ inline const std::uint8_t* panel_chunk(const WeightMatrix& w, std::int64_t p, st
 
 // The tile layout (the AMX path; pack_matrix builds it next to the panels when that path runs):
 // panels of 16 output rows, and per panel one record per 32-element chunk c of all 16 rows:
-//   [quants] [d f32 × 16] [wm f32 × 16: Q4_0 −8·d, Q4_1 m (not for Q8_0)]
+//   Q8_0: [quants 512] [d f32 × 16]; Q4_0: [quants 256] [d f16 × 16] [32 bytes unused];
+//   Q4_1: [quants 256] [d f16 × 16] [m f16 × 16]
 // Quants, Q8_0: 8 × 64 bytes, row k = quant bytes 4k..4k+3 of rows 0..15 side by side — exactly the
 // B operand of one tile product over the chunk (8 rows of 16 × 4 bytes). Q4_0/Q4_1: 4 × 64 bytes,
 // block g = ggml quant bytes 4g..4g+3 of rows 0..15: its low nibbles are B row g (elements 4g..4g+3),
 // its high nibbles B row 4 + g (elements 16 + 4g..), so one load, a mask and a shift make two B rows.
-// The scales are stored as the f32 values f16_to_f32 gives (exact), every record 64-byte aligned.
+// Q8_0's scales are stored as the f32 values f16_to_f32 gives (exact); Q4's as the file's f16 (the
+// kernel converts them, exactly: 320 bytes a record where f32 took 384, so no more bytes to stream
+// than the file's own blocks). Every record is 64-byte aligned.
 constexpr std::int64_t kTilePanel = 16;
 constexpr std::int64_t tile_quant_bytes(WeightType t) { return t == WeightType::Q8_0 ? 512 : 256; }
 constexpr std::int64_t tile_chunk_bytes(WeightType t) {
-  return tile_quant_bytes(t) + (t == WeightType::Q8_0 ? 64 : 128);
+  return tile_quant_bytes(t) + 64;
 }
 inline std::int64_t tile_panel_count(std::int64_t out) { return (out + kTilePanel - 1) / kTilePanel; }
 inline std::size_t tile_bytes(WeightType t, std::int64_t out, std::int64_t in) {
