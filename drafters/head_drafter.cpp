@@ -503,7 +503,7 @@ class HeadDrafter final : public Drafter {
         store(cache, seq, p0, w->rows, w->first_row);
         seq.length = p0 + w->rows;
       }
-      if (l != 0) continue;  // only the roots' outputs (layer 0, each request's last pair) are kept
+      if (l != 0) continue;    // only the roots' outputs (layer 0, each request's last pair) are kept
       for (Work* w : joint) {  // views after every write: a view holds the page table as it is
         const k::PagedKvView v = cache.view(0, w->st->seqs[static_cast<std::size_t>(l)]);
         parts.push_back({{v, 0, w->st->fed}, {v, w->st->fed, w->rows}, nullptr, w->first_row, w->rows});

@@ -570,8 +570,8 @@ void HeadRunner::finish_last(int layer, const std::vector<AttentionPart>& parts,
       throw std::logic_error("HeadRunner::finish_last: an attention part outside the projected rows");
     const std::int64_t r = p.first_row + p.rows - 1;  // as the last of the part's p.rows queries
     k::attention_segments_cpu(q_.data() + r * QD, 1, c.n_heads, c.n_kv_heads, c.head_dim, p.prefix, p.masked,
-                              p.mask ? p.mask + (p.rows - 1) : nullptr, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-                              att_.data() + i * QD);
+                              p.mask ? p.mask + (p.rows - 1) : nullptr,
+                              1.0f / std::sqrt(static_cast<float>(c.head_dim)), att_.data() + i * QD);
     std::copy(x_.begin() + r * H, x_.begin() + (r + 1) * H, x.begin() + i * H);
   }
   tmp_.resize(static_cast<std::size_t>(m * H));

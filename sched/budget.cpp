@@ -142,8 +142,8 @@ const CostModel::Line& CostModel::line(int band) const {
   for (int b = 0; b < kBuckets; ++b) {
     const Cell& c = row[static_cast<std::size_t>(b)];
     const double v = c.real.size(since()) >= 3 ? c.real.median(since())
-                     : l.known          ? l.a + l.b * static_cast<double>(bucket_rows(b))
-                                        : 0;
+                     : l.known                 ? l.a + l.b * static_cast<double>(bucket_rows(b))
+                                               : 0;
     running = std::max(running, v);
     pred[static_cast<std::size_t>(b)] = running;
   }

@@ -113,7 +113,7 @@ class CostModel {
   mutable std::array<std::array<double, kBuckets>, kBands> slopes_{};  // per band and bucket; < 0: not yet
   std::array<std::pair<double, double>, 32> draft_obs_{};              // (levels, ms), a ring
   std::int64_t draft_rounds_ = 0;
-  std::int64_t steps_ = 0;  // real steps observed
+  std::int64_t steps_ = 0;                                     // real steps observed
   std::int64_t since() const { return steps_ - kStaleSteps; }  // the oldest stamp that still counts
   mutable bool draft_fresh_ = false;
   mutable double draft_a_ = 0, draft_b_ = 0;

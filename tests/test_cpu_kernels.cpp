@@ -328,8 +328,8 @@ TEST_CASE("fast matmul: the tile kernel (emulated, and on the hardware where AMX
       x[40] = 60.0f;                               // an outlier
       const auto bytes = random_weights(t, out, in, 97 + static_cast<std::uint32_t>(rows));
       std::vector<std::uint8_t> packed;
-      const WeightMatrix w = pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))},
-                                         packed, TileCopy::With);
+      const WeightMatrix w =
+          pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))}, packed, TileCopy::With);
       REQUIRE((w.tiles != nullptr) == (t == WeightType::Q8_0 || t == WeightType::Q4_0 || t == WeightType::Q4_1));
       std::vector<float> ys(static_cast<std::size_t>(rows * out)), ya(ys.size());
       pool.set_threads(1);
@@ -428,9 +428,9 @@ TEST_CASE("AMX decision: forced where it cannot run, refused permission, a faile
 }
 
 TEST_CASE("AMX self-check: the tile kernels agree with the SIMD path, and a corrupted tile result is caught") {
-  const QPath simd = qpath_available(QPath::Vnni) ? QPath::Vnni
+  const QPath simd = qpath_available(QPath::Vnni)   ? QPath::Vnni
                      : qpath_available(QPath::Avx2) ? QPath::Avx2
-                                                   : QPath::Scalar;
+                                                    : QPath::Scalar;
   std::vector<QPath> tile_paths{QPath::AmxEmulated};
   if (qpath_available(QPath::Amx)) tile_paths.push_back(QPath::Amx);
   for (const QPath p : tile_paths) {

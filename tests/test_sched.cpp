@@ -643,7 +643,7 @@ struct Simulation {
       while (acc < rows - 1 && accept(rng)) ++acc;
       verified_steps += rows > 1;
       std::vector<std::int32_t> out(static_cast<std::size_t>(acc), tok('x'));  // the accepted drafts
-      out.push_back(tok('z'));                                                  // and the target's own token
+      out.push_back(tok('z'));                                                 // and the target's own token
       f.answer(*plan, {{1, out}}, acc);
     }
     return verified_steps;
@@ -683,8 +683,8 @@ TEST_CASE("budget: a memory learned where rows were dear does not keep drafting 
   }
   std::string runs;
   for (std::size_t i = 0; i < fresh_runs.size(); ++i)
-    runs += std::to_string(fresh_runs[i]) + "/" + std::to_string(after_runs[i]) + "/" + std::to_string(same_runs[i]) + "/" +
-            std::to_string(worst_runs[i]) + " ";
+    runs += std::to_string(fresh_runs[i]) + "/" + std::to_string(after_runs[i]) + "/" + std::to_string(same_runs[i]) +
+            "/" + std::to_string(worst_runs[i]) + " ";
   CAPTURE(runs);  // per 50 steps: no memory / the busy hour's / the same engine on / the worst memory
   // Without a memory it drafts at once. With the one learned in the busy hour, and with the worst a
   // memory can say, it drafts as often from the start: the step costs are measured afresh. The engine

@@ -21,8 +21,8 @@ struct WeightMatrix {
   std::int64_t out_dim = 0;  // rows (output features)
   std::int64_t in_dim = 0;   // elements per row (input features)
   const std::uint8_t* data = nullptr;
-  std::size_t row_stride = 0;  // bytes between rows (= row_bytes(type, in_dim))
-  bool packed = false;         // Q8_0/Q4_0/Q4_1 in 8-row panels (see pack_matrix, packed.hpp)
+  std::size_t row_stride = 0;           // bytes between rows (= row_bytes(type, in_dim))
+  bool packed = false;                  // Q8_0/Q4_0/Q4_1 in 8-row panels (see pack_matrix, packed.hpp)
   const std::uint8_t* tiles = nullptr;  // packed too: the same matrix in the tile layout (AMX), or null
 };
 

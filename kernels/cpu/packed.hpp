@@ -54,9 +54,7 @@ inline const std::uint8_t* panel_chunk(const WeightMatrix& w, std::int64_t p, st
 // than the file's own blocks). Every record is 64-byte aligned.
 constexpr std::int64_t kTilePanel = 16;
 constexpr std::int64_t tile_quant_bytes(WeightType t) { return t == WeightType::Q8_0 ? 512 : 256; }
-constexpr std::int64_t tile_chunk_bytes(WeightType t) {
-  return tile_quant_bytes(t) + 64;
-}
+constexpr std::int64_t tile_chunk_bytes(WeightType t) { return tile_quant_bytes(t) + 64; }
 inline std::int64_t tile_panel_count(std::int64_t out) { return (out + kTilePanel - 1) / kTilePanel; }
 inline std::size_t tile_bytes(WeightType t, std::int64_t out, std::int64_t in) {
   return static_cast<std::size_t>(tile_panel_count(out) * (in / 32) * tile_chunk_bytes(t));

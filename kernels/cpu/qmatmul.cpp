@@ -717,7 +717,8 @@ struct ProbeMatrix {
 // x (rows × in) of a fixed pseudo-random pattern with an all-zero block, quantized.
 void probe_rows(std::int64_t rows, std::int64_t in, std::uint32_t seed, QRows& xq) {
   std::vector<float> x(static_cast<std::size_t>(rows * in));
-  for (auto& v : x) v = static_cast<float>(static_cast<int>((seed = seed * 1664525u + 1013904223u) >> 24) - 128) / 37.0f;
+  for (auto& v : x)
+    v = static_cast<float>(static_cast<int>((seed = seed * 1664525u + 1013904223u) >> 24) - 128) / 37.0f;
   std::fill(x.begin(), x.begin() + std::min<std::size_t>(32, x.size()), 0.0f);
   quantize_shape(rows, in, xq);
   quantize_blocks(x.data(), in, xq, 0, rows * xq.nc);
@@ -930,10 +931,12 @@ bool tile_self_check(QPath tile, QPath reference, std::string& why, bool corrupt
           if (std::memcmp(&yt[static_cast<std::size_t>(i)], &yr[static_cast<std::size_t>(i)], sizeof(float)) != 0) {
             char buf[200];
             std::snprintf(buf, sizeof buf, "%s %lld x %lld, %lld rows: output (%lld, %lld) %.9g against %.9g",
-                          t == WeightType::Q8_0 ? "Q8_0" : t == WeightType::Q4_1 ? "Q4_1" : "Q4_0", static_cast<long long>(out), static_cast<long long>(in),
-                          static_cast<long long>(rows), static_cast<long long>(i / out),
-                          static_cast<long long>(i % out), yt[static_cast<std::size_t>(i)],
-                          yr[static_cast<std::size_t>(i)]);
+                          t == WeightType::Q8_0   ? "Q8_0"
+                          : t == WeightType::Q4_1 ? "Q4_1"
+                                                  : "Q4_0",
+                          static_cast<long long>(out), static_cast<long long>(in), static_cast<long long>(rows),
+                          static_cast<long long>(i / out), static_cast<long long>(i % out),
+                          yt[static_cast<std::size_t>(i)], yr[static_cast<std::size_t>(i)]);
             why = buf;
             return false;
           }
