@@ -531,8 +531,7 @@ void HeadRunner::finish(int layer, const k::KvSegment& prefix, const k::KvSegmen
 void HeadRunner::finish(int layer, const std::vector<AttentionPart>& parts, std::vector<float>& hidden) {
   const HeadConfig& c = head_->config();
   const LlamaLayer& ly = head_->layers()[static_cast<std::size_t>(layer)].layer;
-  const std::int64_t n = n_, H = c.hidden, QD = c.n_heads * c.head_dim, F = c.ffn;
-  const auto eps = static_cast<float>(c.norm_eps);
+  const std::int64_t n = n_, H = c.hidden, QD = c.n_heads * c.head_dim;
   att_.resize(static_cast<std::size_t>(n * QD));
   for (const AttentionPart& p : parts) {
     if (p.first_row < 0 || p.rows < 0 || p.first_row + p.rows > n)
@@ -541,27 +540,33 @@ void HeadRunner::finish(int layer, const std::vector<AttentionPart>& parts, std:
                               p.masked, p.mask, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
                               att_.data() + p.first_row * QD);
   }
+  layer_tail(ly, n, x_.data());
+  hidden.assign(x_.begin(), x_.begin() + n * H);
+}
+
+// After attention (att_, n rows): x += wo·att; x += MLP(norm(x)).
+void HeadRunner::layer_tail(const LlamaLayer& ly, std::int64_t n, float* x) {
+  const HeadConfig& c = head_->config();
+  const std::int64_t H = c.hidden, F = c.ffn;
   tmp_.resize(static_cast<std::size_t>(n * H));
   k::matmul(ly.wo, att_.data(), n, tmp_.data(), precision_);
-  for (std::int64_t i = 0; i < n * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
+  for (std::int64_t i = 0; i < n * H; ++i) x[i] += tmp_[static_cast<std::size_t>(i)];
   xn_.resize(static_cast<std::size_t>(n * H));
-  k::rmsnorm_cpu(xn_.data(), x_.data(), ly.ffn_norm, static_cast<int>(n), static_cast<int>(H), eps);
+  k::rmsnorm_cpu(xn_.data(), x, ly.ffn_norm, static_cast<int>(n), static_cast<int>(H), static_cast<float>(c.norm_eps));
   gate_.resize(static_cast<std::size_t>(n * F));
   up_.resize(gate_.size());
   const k::MatmulJob gu[2] = {{&ly.gate, gate_.data()}, {&ly.up, up_.data()}};
   k::matmul_many(gu, 2, xn_.data(), n, precision_);
   k::silu_mul_cpu(gate_.data(), gate_.data(), up_.data(), n * F);
   k::matmul(ly.down, gate_.data(), n, tmp_.data(), precision_);
-  for (std::int64_t i = 0; i < n * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
-  hidden.assign(x_.begin(), x_.begin() + n * H);
+  for (std::int64_t i = 0; i < n * H; ++i) x[i] += tmp_[static_cast<std::size_t>(i)];
 }
 
 void HeadRunner::finish_last(int layer, const std::vector<AttentionPart>& parts, std::vector<float>& hidden) {
   const HeadConfig& c = head_->config();
   const LlamaLayer& ly = head_->layers()[static_cast<std::size_t>(layer)].layer;
   const auto m = static_cast<std::int64_t>(parts.size());
-  const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, F = c.ffn;
-  const auto eps = static_cast<float>(c.norm_eps);
+  const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim;
   att_.resize(static_cast<std::size_t>(m * QD));
   std::vector<float> x(static_cast<std::size_t>(m * H));
   for (std::int64_t i = 0; i < m; ++i) {
@@ -574,18 +579,7 @@ void HeadRunner::finish_last(int layer, const std::vector<AttentionPart>& parts,
                               1.0f / std::sqrt(static_cast<float>(c.head_dim)), att_.data() + i * QD);
     std::copy(x_.begin() + r * H, x_.begin() + (r + 1) * H, x.begin() + i * H);
   }
-  tmp_.resize(static_cast<std::size_t>(m * H));
-  k::matmul(ly.wo, att_.data(), m, tmp_.data(), precision_);
-  for (std::int64_t i = 0; i < m * H; ++i) x[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
-  xn_.resize(static_cast<std::size_t>(m * H));
-  k::rmsnorm_cpu(xn_.data(), x.data(), ly.ffn_norm, static_cast<int>(m), static_cast<int>(H), eps);
-  gate_.resize(static_cast<std::size_t>(m * F));
-  up_.resize(gate_.size());
-  const k::MatmulJob gu[2] = {{&ly.gate, gate_.data()}, {&ly.up, up_.data()}};
-  k::matmul_many(gu, 2, xn_.data(), m, precision_);
-  k::silu_mul_cpu(gate_.data(), gate_.data(), up_.data(), m * F);
-  k::matmul(ly.down, gate_.data(), m, tmp_.data(), precision_);
-  for (std::int64_t i = 0; i < m * H; ++i) x[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
+  layer_tail(ly, m, x.data());
   hidden = std::move(x);
 }
 

@@ -144,6 +144,7 @@ class HeadRunner {
   void target_norm(float* rows, std::int64_t n) const;
 
  private:
+  void layer_tail(const LlamaLayer& ly, std::int64_t n, float* x);
   std::shared_ptr<const HeadWeights> head_;
   std::shared_ptr<const LlamaWeights> target_;
   kernels::Precision precision_;
