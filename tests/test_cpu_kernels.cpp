@@ -425,6 +425,13 @@ TEST_CASE("AMX decision: forced where it cannot run, refused permission, a faile
   d = decide_qpath("amx-emulated", QPath::Avx2, "avx2", none);
   CHECK(d.path == QPath::AmxEmulated);
   CHECK(d.tile_rows == 1);
+  CHECK(d.warning.empty());
+  // A value that names no path is not followed, and says so.
+  d = decide_qpath("amx512", QPath::Vnni512, simd_why, good);
+  CHECK(d.path == QPath::Vnni512);
+  CHECK(d.warning.find("SPECACTOR_CPU_PATH=amx512 is not a path") != std::string::npos);
+  d = decide_qpath("vnni512", QPath::Vnni512, simd_why, good);
+  CHECK(d.warning.empty());
 }
 
 TEST_CASE("AMX self-check: the tile kernels agree with the SIMD path, and a corrupted tile result is caught") {

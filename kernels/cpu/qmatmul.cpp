@@ -872,6 +872,10 @@ QPathDecision decide_qpath(const std::string& want, QPath simd, const std::strin
   }
   if (!want.empty() && want != "amx" && want != "avx512") {
     d.reason += "; AMX not used: SPECACTOR_CPU_PATH=" + want;
+    static constexpr const char* kKnown[] = {"scalar", "avx2", "vnni256", "vnni512"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), want) == std::end(kKnown))
+      d.warning = "SPECACTOR_CPU_PATH=" + want +
+                  " is not a path (scalar, avx2, avx512, vnni256, vnni512, amx, amx-emulated): not followed" + running;
     return d;
   }
   if (!probe.cpu) {
