@@ -393,26 +393,28 @@ TEST_CASE("AMX decision: forced where it cannot run, refused permission, a faile
   CHECK(d.path == QPath::Vnni512);
   CHECK(d.warning.empty());
   CHECK(d.reason.find("no AMX") != std::string::npos);
-  // The kernel refused the tile state (a container): one line, the SIMD path, asked for or not.
+  // Asked for or not: the SIMD path, no tile rows, and a line on stderr that starts with `start` and
+  // names `why`.
+  auto falls_back = [&](const TileProbe& probe, const std::string& start, const std::string& why) {
+    for (const char* want : {"", "amx"}) {
+      CAPTURE(want);
+      const QPathDecision f = decide_qpath(want, QPath::Vnni512, simd_why, probe);
+      CHECK(f.path == QPath::Vnni512);
+      CHECK(f.tile_rows == 0);
+      CHECK(f.warning.rfind(start, 0) == 0);
+      CHECK(f.warning.find(why) != std::string::npos);
+    }
+  };
+  // The kernel refused the tile state (a container).
   TileProbe refused = good;
   refused.permission = false;
   refused.permission_why = "arch_prctl(ARCH_REQ_XCOMP_PERM) refused: Operation not permitted";
-  for (const char* want : {"", "amx"}) {
-    d = decide_qpath(want, QPath::Vnni512, simd_why, refused);
-    CHECK(d.path == QPath::Vnni512);
-    CHECK(d.warning.find("ARCH_REQ_XCOMP_PERM") != std::string::npos);
-  }
+  falls_back(refused, "AMX not used", "ARCH_REQ_XCOMP_PERM");
   // The self-check disagreed: AMX off for the process, an error line.
   TileProbe wrong = good;
   wrong.self_check = false;
   wrong.self_check_why = "Q8_0, 3 rows: output 17 differs";
-  for (const char* want : {"", "amx"}) {
-    d = decide_qpath(want, QPath::Vnni512, simd_why, wrong);
-    CHECK(d.path == QPath::Vnni512);
-    CHECK(d.tile_rows == 0);
-    CHECK(d.warning.rfind("error: AMX disabled", 0) == 0);
-    CHECK(d.warning.find("output 17 differs") != std::string::npos);
-  }
+  falls_back(wrong, "error: AMX disabled", "output 17 differs");
   // Slower at every row count: not used, and no line (nothing was asked for).
   TileProbe slow = good;
   slow.tile_rows = 0;
