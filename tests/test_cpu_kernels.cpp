@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -1033,6 +1035,43 @@ TEST_CASE("tensor parallel forward: TP = 2 and 3 on the CPU communicator give TP
 }
 
 #include <sys/resource.h>
+
+TEST_CASE("compute pool: every share of every job runs exactly once while the thread count changes") {
+  // A worker that sat out a job of 2 threads once read the next job's count of 3 before it saw that
+  // job: it ran the job's share, then ran it again on seeing it, and `run` returned while another
+  // share was still running (outputs unwritten at 3 threads on 2 cores). The window is a few
+  // instructions: against that pool this stress caught it in about one run in eight here, the tile
+  // kernel test (3 threads, long shares) in about one in three.
+  auto& pool = specactor::kernels::ComputePool::instance();
+  const int before = pool.threads();
+  // Busy threads beside the pool's, so that its threads are preempted often, as on a loaded machine.
+  std::atomic<bool> done{false};
+  std::vector<std::thread> busy;
+  for (int b = 0; b < 2; ++b)
+    busy.emplace_back([&] {
+      volatile std::uint64_t x = 0;
+      while (!done.load(std::memory_order_relaxed)) x = x + 1;
+    });
+  int wrong = 0;
+  for (int i = 0; i < 2000 && wrong == 0; ++i) {
+    const int n = 2 + i % 2;
+    pool.set_threads(n);
+    std::array<std::atomic<int>, 3> runs{};
+    pool.run([&](int tid, int nth) {
+      if (nth != n) ++wrong;
+      // Shares of uneven length, so that threads (3 may share 2 cores) are preempted at any point.
+      volatile std::uint64_t spin = 0;
+      for (int k = 0; k < (i * 7919 + tid * 104729) % 20000; ++k) spin = spin + 1;
+      runs[static_cast<std::size_t>(tid)].fetch_add(1);
+    });
+    for (int t = 0; t < 3; ++t) wrong += runs[static_cast<std::size_t>(t)].load() != (t < n ? 1 : 0);
+    CAPTURE(i);
+  }
+  done = true;
+  for (auto& t : busy) t.join();
+  pool.set_threads(before);
+  CHECK(wrong == 0);
+}
 
 TEST_CASE("compute pool: threads the system refuses are an error at start, named with the count") {
   // `generate --threads 4096` ended in "internal error: Resource temporarily unavailable" at the first

@@ -34,14 +34,19 @@ struct ComputePool::Impl {
   std::mutex mu;
   std::condition_variable wake;
   std::vector<std::thread> workers;
+  // The job's number and its thread count in one word ((count << 16) | nth): a worker decides from
+  // the generation it saw whether it takes part. With the count alone a worker that had just seen a
+  // job it sat out (tid >= its nth) could read the next job's larger nth, run that job's share, then
+  // see the new generation and run it again: two decrements of `pending`, and the submitter went on
+  // while another share was still running (outputs left unwritten, at 3 threads on 2 cores).
   std::atomic<std::uint64_t> generation{0};
+  std::uint64_t count = 0;  // the submitter's, under `submit`
   std::atomic<int> pending{0};
   std::atomic<bool> stop{false};
   std::atomic<int> want{0};
   std::atomic<int> sleepers{0};  // workers blocked on `wake` (the submitter notifies only then)
   const int n_cores = cores();
   const std::function<void(int, int)>* job = nullptr;
-  int nth = 1;
   std::exception_ptr error;
   std::mutex error_mu;
 
@@ -50,7 +55,9 @@ struct ComputePool::Impl {
     return n == 0 ? 1 : static_cast<int>(n);
   }
 
-  void run_share(int tid) {
+  static int nth_of(std::uint64_t g) { return static_cast<int>(g & 0xFFFF); }
+
+  void run_share(int tid, int nth) {
     try {
       (*job)(tid, nth);
     } catch (...) {
@@ -77,8 +84,8 @@ struct ComputePool::Impl {
       }
       if (stop.load()) return;
       seen = g;
-      if (tid < nth) {
-        run_share(tid);
+      if (tid < nth_of(g)) {
+        run_share(tid, nth_of(g));
         pending.fetch_sub(1, std::memory_order_acq_rel);
       }
     }
@@ -132,17 +139,18 @@ void ComputePool::run(const std::function<void(int tid, int nth)>& fn) {
     fn(0, 1);
     return;
   }
+  if (nth > 0xFFFF) throw std::invalid_argument("compute pool: more than 65535 threads");
   p.ensure_workers(nth);
   p.job = &fn;
-  p.nth = nth;
   p.error = nullptr;
   p.pending.store(nth - 1, std::memory_order_release);
-  p.generation.fetch_add(1);  // seq_cst, as the sleepers count: a worker either sees it or is woken
+  // seq_cst, as the sleepers count: a worker either sees it or is woken
+  p.generation.store((++p.count << 16) | static_cast<std::uint64_t>(nth));
   if (p.sleepers.load() > 0) {
     { std::lock_guard<std::mutex> lock(p.mu); }
     p.wake.notify_all();
   }
-  p.run_share(0);
+  p.run_share(0, nth);
   for (int spin = 0; p.pending.load(std::memory_order_acquire) > 0; ++spin) backoff(spin);
   p.job = nullptr;
   if (p.error) std::rethrow_exception(p.error);
