@@ -555,7 +555,11 @@ std::unique_ptr<Cluster> Cluster::connect(const config::ServerArgs& args, const 
       std::string why;
       for (const auto& r : j) {
         std::string e = r.value("error", r["state"].get<std::string>());
-        if (!options.tls.on() && options.secret.empty() && e.find("disconnect_during_handshake") != std::string::npos)
+        // A worker's gate sends its challenge first: CAF reads it as a broken handshake frame
+        // (malformed_basp_message) or sees the gate close (disconnect_during_handshake), by timing.
+        if (!options.tls.on() && options.secret.empty() &&
+            (e.find("disconnect_during_handshake") != std::string::npos ||
+             e.find("malformed_basp_message") != std::string::npos))
           e += " (a worker that asks for the cluster secret closes on a front without it: give the front "
                "--worker-secret-file, or start the workers with --insecure)";
         if (options.tls.on() && e.find("handshake") != std::string::npos)
