@@ -20,7 +20,7 @@
 #include "config/error.hpp"
 #include "kernels/cpu/machine.hpp"
 #include "kernels/cpu/matmul.hpp"
-#include "sched/memory.hpp"
+#include "sched/budget_memory.hpp"
 #include "sched/policy.hpp"
 
 namespace specactor::actors {
@@ -40,10 +40,7 @@ struct SchedulerState {
   // remote draft worker whose connection is lost never answers — by its down message.
   std::shared_ptr<sched::StepPlan> proposal_in_flight;
   std::unique_ptr<sched::Scheduler> policy;  // everything that is not messaging (sched/policy.hpp)
-  // The budget's memory (sched/memory.hpp): its file and key; empty when not kept.
-  std::string memory_file, memory_key;
-  std::int64_t memory_saved_at = 0;  // decode steps when it was last written
-  bool memory_warned = false;        // a failed write is reported once
+  sched::BudgetMemory memory;                // what the budget learned, kept across starts (sched/budget_memory.hpp)
   static inline const char* name = "scheduler";
 };
 
@@ -53,9 +50,6 @@ using Self = scheduler_actor::stateful_pointer<SchedulerState>;
 
 void tick(Self self);
 void fail_target(Self self, const std::string& error, caf::error reason);
-// Writes what the budget learned (at exit, when the shape changes, every kMemoryEvery decode steps).
-void save_memory(Self self);
-constexpr std::int64_t kMemoryEvery = 4096;
 
 void run_step(Self self, sched::StepPlan plan) {
   auto& st = self->state;
@@ -70,8 +64,7 @@ void run_step(Self self, sched::StepPlan plan) {
           [self, plan](StepResult& res) {
             auto& st = self->state;
             st.policy->step_done(plan, res);
-            if (!st.memory_file.empty() && st.policy->metrics().decode_steps - st.memory_saved_at >= kMemoryEvery)
-              save_memory(self);
+            st.memory.save_if_due(*st.policy);
             tick(self);
           },
           [self, plan](caf::error& err) {
@@ -226,85 +219,10 @@ void spawn_draft(Self self, bool initial) {
   if (initial) request_needs(self);
 }
 
-// Bytes of a file, or of the regular files in a folder (a head): tells one draft model from another
-// at the same path well enough for the memory's key. 0 when it is neither.
-std::uintmax_t bytes_of(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(path, ec)) return std::filesystem::file_size(path, ec);
-  std::uintmax_t n = 0;
-  if (std::filesystem::is_directory(path, ec))
-    for (const auto& e : std::filesystem::directory_iterator(path, ec))
-      if (e.is_regular_file(ec)) n += e.file_size(ec);
-  return n;
-}
-
-// What the budget's memory was learned with: the machine, the target and the drafter with its shape.
-// An engine reads only a file whose key is its own, so a head, a shape or a CPU never borrows
-// another's acceptance or costs.
-std::string memory_key(const SchedulerState& st) {
-  const auto& t = *st.target_snapshot;
-  const auto& d = *st.draft_snapshot;
-  const auto& m = st.info->info;
-  const std::string draft_path = d.speculative_draft_model_path.value_or("");
-  return fmt::format(
-      "cpu={} | path={} | threads={} | precision={} | device={} | kv={} | model={} ({} bytes, {}) | "
-      "draft={} {} ({} bytes) steps={} topk={} tokens={} p_min={} ngram={} suffix={} quantization={} layers={}",
-      kernels::cpu_model_name(), kernels::qpath_name(kernels::qpath()), t.threads, config::to_string(t.cpu_precision),
-      config::to_string(t.device), t.kv_cache_dtype, std::filesystem::path(m.path).filename().string(), m.tensor_bytes,
-      m.weight_types, config::to_string(d.speculative_algorithm), draft_path, bytes_of(draft_path),
-      d.speculative_num_steps.value_or(-1), d.speculative_eagle_topk.value_or(-1),
-      d.speculative_num_draft_tokens.value_or(-1), d.speculative_draft_p_min.value_or(-1),
-      d.speculative_draft_ngram_tokens.value_or(-1), d.speculative_draft_suffix_tokens.value_or(-1),
-      d.speculative_draft_quantization, d.speculative_draft_num_layers.value_or(-1));
-}
-
 // Starts the budget from what an engine of the same key learned before (--speculative-budget-cache).
 void open_memory(Self self) {
   auto& st = self->state;
-  auto& m = st.policy->metrics();
-  st.memory_file.clear();
-  if (!st.draft || !st.draft_snapshot || st.draft_snapshot->speculative_algorithm == config::SpecAlgorithm::None ||
-      !st.draft_snapshot->speculative_adaptive || st.target_snapshot->speculative_budget_cache == "none") {
-    m.budget_memory = "off";
-    return;
-  }
-  const std::string& asked = st.target_snapshot->speculative_budget_cache;
-  const std::string folder = asked.empty() ? sched::default_memory_folder() : asked;
-  if (folder.empty()) {
-    m.budget_memory = "off: neither $XDG_CACHE_HOME nor $HOME is set";
-    return;
-  }
-  st.memory_key = memory_key(st);
-  st.memory_file = sched::memory_file(folder, st.memory_key);
-  st.memory_saved_at = m.decode_steps;
-  std::string text;
-  std::string err = sched::read_memory_file(st.memory_file, text);
-  if (err.empty() && text.empty()) {
-    m.budget_memory = "new " + st.memory_file;
-    return;
-  }
-  if (err.empty()) err = st.policy->restore_memory(text, st.memory_key);
-  if (err.empty()) {
-    m.budget_memory = "read " + st.memory_file;
-    spdlog::debug("budget: started from what it learned before ({})", st.memory_file);
-  } else if (err == "key") {
-    m.budget_memory = "new " + st.memory_file + " (the file there was learned with another key)";
-  } else {
-    m.budget_memory = "ignored " + st.memory_file + ": " + err;
-    spdlog::warn("--speculative-budget-cache: {}: {}; the budget starts from nothing (the file is rewritten)",
-                 st.memory_file, err);
-  }
-}
-
-void save_memory(Self self) {
-  auto& st = self->state;
-  if (st.memory_file.empty()) return;
-  st.memory_saved_at = st.policy->metrics().decode_steps;
-  const std::string err = sched::write_memory_file(st.memory_file, st.policy->save_memory(st.memory_key));
-  if (!err.empty() && !st.memory_warned) {
-    st.memory_warned = true;
-    spdlog::warn("--speculative-budget-cache: {}; what the budget learned is not kept", err);
-  }
+  st.memory.open(*st.policy, *st.target_snapshot, st.draft ? st.draft_snapshot.get() : nullptr, st.info->info);
 }
 
 void announce_ready(Self self) {
@@ -410,7 +328,7 @@ void on_down(Self self, caf::down_msg& dm) {
 
 void on_exit(Self self, caf::exit_msg& msg) {
   auto& s = self->state;
-  save_memory(self);
+  self->state.memory.save(*self->state.policy);
   s.policy->fail_everything("the engine shut down");
   if (s.draft) self->send_exit(s.draft, msg.reason);
   if (s.target) self->send_exit(s.target, msg.reason);
@@ -501,10 +419,11 @@ scheduler_actor::behavior_type scheduler(scheduler_actor::stateful_pointer<Sched
       [self](snapshot_atom) { return report_snapshots(self); },
       [self](reconf_atom, config::Snapshot& snap) {
         auto& s = self->state;
-        save_memory(self);  // under the old shape's key; what is learned from now on goes under the new one
+        self->state.memory.save(
+            *self->state.policy);  // under the old shape's key; what is learned from now on goes under the new one
         s.draft_snapshot = snap;
         s.policy->set_draft(sched::draft_shape_of(snap, s.needs));
-        if (!s.memory_file.empty()) open_memory(self);
+        if (s.memory.kept()) open_memory(self);
         if (s.draft) self->send(s.draft, reconf_atom::value, snap);
       },
       [self](restart_atom) {

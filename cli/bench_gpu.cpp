@@ -28,6 +28,7 @@ namespace sc = specactor::config;
 namespace sm = specactor::model;
 using json = nlohmann::json;
 
+#ifdef SPECACTOR_HAVE_CUDA  // what only a CUDA build measures
 namespace {
 
 struct BatchResult {
@@ -86,6 +87,7 @@ BatchResult decode_batch(sm::ForwardRunner& runner, sm::KvCache& kv, const sm::L
 }
 
 }  // namespace
+#endif
 
 int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptions& o) {
 #ifndef SPECACTOR_HAVE_CUDA

@@ -28,6 +28,7 @@
 #include "model/tokenizer.hpp"
 #include "sched/budget.hpp"
 #include "sched/memory.hpp"
+#include "sched/sequence.hpp"
 #include "sched/step.hpp"
 #include "sched/types.hpp"
 
@@ -35,70 +36,7 @@ namespace specactor::sched {
 
 using model::PrefixTree;
 
-using Clock = std::chrono::steady_clock;
-
-// Stop-string matching on streamed text: text that could still be the start of a stop string is held
-// back until it cannot; once a stop string appears, the text before it is released and the rest dropped.
-class StopMatcher {
- public:
-  explicit StopMatcher(std::vector<std::string> stops = {});
-  // Adds text; returns what may be streamed now. `stopped` turns true when a stop string appeared.
-  std::string push(const std::string& text);
-  bool stopped() const { return stopped_; }
-  // What was held back (at the end of a request that did not stop on a stop string).
-  std::string flush();
-
- private:
-  std::vector<std::string> stops_;
-  std::string held_;
-  bool stopped_ = false;
-};
-
-// One request as the policy tracks it.
-struct Sequence {
-  std::shared_ptr<const Submission> sub;
-  std::vector<std::int32_t> seq;  // prompt + emitted tokens
-  std::size_t prompt_len = 0;
-  std::size_t prefilled = 0;  // prompt tokens in the target's KV
-  std::size_t chunk = 0;      // prompt tokens in the step in flight
-  std::int64_t max_new = 0;
-  std::int64_t need_tokens = 0;     // KV the request may use: prompt + max_new + the draft tree
-  std::int64_t reserved_pages = 0;  // held from admission to retirement
-  std::uint64_t seed = 0;
-  std::vector<std::int32_t> generated;
-  std::unique_ptr<model::StreamDecoder> decoder;
-  StopMatcher stops;
-  bool cancelled = false;
-  bool in_step = false;
-  std::int32_t draft_depth = 0;  // depth of the proposal in the step in flight
-  // The nodes of that proposal the target verifies, with what the acceptance model predicted.
-  struct Verified {
-    std::int32_t token = 0, parent = -1, depth = 1;
-    float score = -1;
-    double prob = 0;
-  };
-  std::vector<Verified> verified;
-  RequestAcceptance acc;
-  // Target features for a head drafter, gathered since the last proposal.
-  std::vector<float> hidden;
-  std::int64_t hidden_first = 0;  // context position of hidden's first row
-  std::int64_t hidden_rows = 0;   // rows received so far (= position after the last row)
-  bool drafter_primed = false;    // a proposal round took in its prompt (its first round)
-  std::vector<std::int32_t> kv_pages;
-  std::int64_t kv_length = 0;
-  // The prefix cache: the request runs on cache_pages (whole pages) and the first copy_len slots of
-  // copy_page copied into a page of its own (a partly matched page) — its first cached_tokens tokens
-  // — under a lock on cache_node; `cacheable`: its KV may be looked up and inserted.
-  bool cacheable = false;
-  PrefixTree::Node* cache_node = nullptr;
-  std::vector<std::int32_t> cache_pages;
-  std::int64_t cached_tokens = 0;
-  std::int32_t copy_page = -1;
-  std::int64_t copy_len = 0;
-  Clock::time_point submitted, first_token;
-  RequestMetrics m;
-  std::uint64_t id() const { return sub->id; }
-};
+struct KeptProposal;  // sched/drafting.cpp
 
 // Settings the policy reads (from the target snapshot).
 struct Limits {
@@ -215,12 +153,14 @@ class Scheduler {
   const Sequence* find(std::uint64_t id) const;
   // Counters; the actor adds what only it knows (draft worker health, timings of round trips).
   EngineMetrics& metrics() { return metrics_; }
+  const EngineMetrics& metrics() const { return metrics_; }
   EngineMetrics snapshot_metrics() const;
 
  private:
   Sequence* find_running(std::uint64_t id);
   void admit();
   void retire(Sequence& r, const std::string& reason, const std::string& error = {}, bool invalid_request = false);
+  std::int64_t leave_to_cache(Sequence& r, bool failed);
   std::string emit(Sequence& r, const std::vector<std::int32_t>& tokens);
   std::string refusal(const Sequence& r) const;
   void plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decoding);
@@ -229,6 +169,10 @@ class Scheduler {
   bool probes_allowed(std::int64_t decoding) const;
   std::string take_result(Sequence& r, ItemResult& item, std::size_t width);
   void observe_verification(Sequence& r, const ItemResult& item);
+  void count_drafted(Sequence& r, const ItemResult& item);
+  std::vector<KeptProposal> keep_proposals(const StepPlan& plan, const Proposals& p, std::vector<Candidate>& cands);
+  void verify_declined(std::vector<KeptProposal>& kept, std::vector<std::vector<bool>>& chosen, std::int64_t decoding);
+  void add_proposal(StepPlan& plan, Sequence& r, std::int32_t depth);
   bool cacheable(const Sequence& r) const;
   void take_hit(Sequence& r, PrefixTree::Node* lock, PrefixTree::Match m, const PrefixTree::Partial& part);
   void cache_prompt(Sequence& r);

@@ -75,7 +75,9 @@ void Exposition::sample(const std::string& name, double value, const Labels& lab
     }
     out_ += "}";
   }
-  out_ += " " + format_value(value) + "\n";
+  out_ += ' ';
+  out_ += format_value(value);
+  out_ += '\n';
 }
 
 void Exposition::counter(const std::string& name, const std::string& help, double value, const Labels& labels) {

@@ -561,7 +561,8 @@ TEST_CASE("budget memory: a damaged text is refused with its line, and the model
       {head + "level 1 1 2\nbogus 1\n", "line 4: unknown record"},
       {std::string(MemoryCodec::kHeader) + "\n", "no key line"},
   };
-  for (const auto& [text, want] : bad) {
+  for (const auto& [text_, want] : bad) {
+    const std::string& text = text_;  // a plain reference: CAPTURE's lambda takes it (Clang 14)
     CAPTURE(text);
     Learned m;
     const std::string err = MemoryCodec::restore(text, "k", m.accept, m.cost, m.feedback);

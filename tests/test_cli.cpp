@@ -16,6 +16,7 @@
 #include "kernels/backend.hpp"
 #include "tests/support/cli_run.hpp"
 #include "tests/support/gguf_writer.hpp"
+#include "tests/support/skip.hpp"
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
@@ -67,8 +68,7 @@ TEST_CASE("specactor config: target and draft snapshots (tiny model)") { check_d
 TEST_CASE("specactor config: target and draft snapshots (default model)") {
   const std::string model = default_model();
   if (model.empty()) {
-    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   check_draft_config(model, 8192);
 }
@@ -156,8 +156,7 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
 TEST_CASE("specactor bench --all-drafters: every drafter against plain decoding, outputs identical") {
   const std::string model = default_model();
   if (model.empty()) {
-    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   const fs::path p = fs::temp_directory_path() / ("specactor_one_prompt." + std::to_string(::getpid()) + ".jsonl");
   std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"Name three colors.\"}\n";
@@ -181,8 +180,7 @@ TEST_CASE("specactor bench --all-drafters: every drafter against plain decoding,
 TEST_CASE("specactor bench --sweep: the budget beside fixed shapes in one run, compared per category") {
   const std::string model = default_model();
   if (model.empty()) {
-    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   const fs::path p = fs::temp_directory_path() / ("specactor_sweep." + std::to_string(::getpid()) + ".jsonl");
   std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"Count: one, two, one, two, one, two,\"}\n"
@@ -207,7 +205,8 @@ TEST_CASE("specactor bench --sweep: the budget beside fixed shapes in one run, c
   for (const auto& x : s) CHECK(x["outputs_identical_to_plain"] == true);
   // Each category's best fixed shape, found here from the settings themselves.
   REQUIRE(j["budget_vs_best_fixed"].size() == 3);  // chat, code, overall
-  for (const auto& [cat, v] : j["budget_vs_best_fixed"].items()) {
+  for (const auto& [cat_, v] : j["budget_vs_best_fixed"].items()) {
+    const std::string cat = cat_;  // a plain variable: CAPTURE's lambda takes it (Clang 14)
     CAPTURE(cat);
     double best = 0;
     for (std::size_t i = 1; i < s.size(); ++i)
@@ -227,8 +226,7 @@ TEST_CASE("specactor bench --sweep: the budget beside fixed shapes in one run, c
 TEST_CASE("specactor bench --concurrency: n requests in flight over the prompts, both modes the same work") {
   const std::string model = default_model();
   if (model.empty()) {
-    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   const fs::path p = fs::temp_directory_path() / ("specactor_conc." + std::to_string(::getpid()) + ".jsonl");
   std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"Count: one, two, one, two, one, two,\"}\n"
@@ -267,8 +265,7 @@ TEST_CASE("specactor bench --concurrency: n requests in flight over the prompts,
 TEST_CASE("specactor bench: a prompt's own max_new_tokens, and {previous} filled with the answer before it") {
   const std::string model = default_model();
   if (model.empty()) {
-    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   const fs::path p = fs::temp_directory_path() / ("specactor_chain." + std::to_string(::getpid()) + ".jsonl");
   std::ofstream(p) << "{\"category\": \"edit\", \"prompt\": \"Write one line of Python.\", \"max_new_tokens\": 5}\n"
@@ -352,8 +349,7 @@ TEST_CASE("specactor inspect and devices") {
 TEST_CASE("default model on the tile emulator: greedy equals the scalar path, speculative equals plain") {
   const std::string model = default_model();
   if (model.empty()) {
-    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   // A chat prompt of ~40 tokens: prefill in whole and partial tiles, then 1-row decode steps and
   // multi-row verification steps, every call of Q4_1/Q8_0 on the emulated tiles.
@@ -466,7 +462,7 @@ TEST_CASE("specactor make-head writes heads that inspect reads and checks agains
     CHECK_MESSAGE(b.err.find("the drafter went down (") != std::string::npos, b.err);
     CHECK_MESSAGE(b.err.find("does not match the target's 576") != std::string::npos, b.err);
   } else {
-    MESSAGE("SKIPPED (bench with a head of another model): default model not fetched (run tools/setup)");
+    MESSAGE("not run here (bench with a head of another model): the default model is not fetched (run tools/setup)");
   }
   const Run kind = run("make-head --target " + tiny_model() + " --kind MEDUSA --out " + (dir / "x.gguf").string());
   CHECK(kind.rc == 2);
@@ -520,8 +516,7 @@ TEST_CASE("specactor generate: flags a newcomer types (typos, -m/--model, help, 
 TEST_CASE("specactor generate on the default model: last flag wins, prompt files, the clamp, the default path") {
   const std::string model = default_model();
   if (model.empty()) {
-    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   const std::string gen = "generate --log-level warn --json -n 4 --model-path " + model;
   const Run b = run(gen + " --prompt " + specactor::testing::shell_quote("Name a color."));
@@ -577,8 +572,7 @@ TEST_CASE("specactor generate on the default model: last flag wins, prompt files
 TEST_CASE("the README's example question is answered right in the default precision") {
   const std::string model = default_model();
   if (model.empty()) {
-    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   // The bare "What is the capital of France?" is a close call in the fast precision (as in llama.cpp);
   // the examples ask for one sentence, which both precisions answer right.
@@ -594,8 +588,7 @@ TEST_CASE("the README's example question is answered right in the default precis
 TEST_CASE("specactor generate: Ctrl-C ends the line, prints the summary, and --json still prints its object") {
   const std::string model = default_model();
   if (model.empty()) {
-    MESSAGE("SKIPPED: default model not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   const fs::path dir = fs::temp_directory_path() / ("specactor_cli_sigint." + std::to_string(::getpid()));
   fs::create_directories(dir);

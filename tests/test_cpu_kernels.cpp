@@ -136,7 +136,7 @@ TEST_CASE("matmul: AVX-512, AVX2 and scalar paths are bit-identical, and close t
     matmul_path(CpuPath::Scalar, w, x.data(), rows, ys.data());
     for (CpuPath p : {CpuPath::Avx2, CpuPath::Avx512}) {
       if (!cpu_path_available(p)) {
-        MESSAGE("SKIPPED: this CPU lacks the " << cpu_path_name(p) << " path");
+        MESSAGE("not run here: this CPU lacks the " << cpu_path_name(p) << " path");
         continue;
       }
       matmul_path(p, w, x.data(), rows, ya.data());
@@ -257,8 +257,9 @@ TEST_CASE("fast matmul: scalar, AVX2 and VNNI paths are bit-identical and comput
   std::normal_distribution<float> d(0.0f, 1.0f);
   // Row counts that exercise every pass width of the kernels (AVX2: up to 4 rows, VNNI: up to 8) and
   // both ways of quantizing the activations (per thread up to 16 rows, shared above).
-  for (const auto& [in, rows] :
+  for (const auto& [in_, rows_] :
        {std::pair<std::int64_t, std::int64_t>{256, 11}, {768, 11}, {256, 5}, {512, 7}, {256, 14}, {256, 20}}) {
+    const std::int64_t in = in_, rows = rows_;    // plain variables: CAPTURE's lambda takes them (Clang 14)
     const std::int64_t out = rows % 2 ? 37 : 29;  // 5 or 4 panels: pairs, a lone one, a partial pair
     std::vector<float> x(static_cast<std::size_t>(rows * in));
     for (auto& v : x) v = d(rng);
@@ -278,7 +279,7 @@ TEST_CASE("fast matmul: scalar, AVX2 and VNNI paths are bit-identical and comput
       qmatmul_path(QPath::Scalar, w, x.data(), rows, ys.data());
       for (QPath p : {QPath::Avx2, QPath::Vnni, QPath::Vnni512}) {
         if (!qpath_available(p)) {
-          MESSAGE("SKIPPED: this CPU lacks the " << std::string(qpath_name(p)) << " path");
+          MESSAGE("not run here: this CPU lacks the " << std::string(qpath_name(p)) << " path");
           continue;
         }
         std::fill(ya.begin(), ya.end(), -1.0f);

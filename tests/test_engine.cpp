@@ -30,6 +30,7 @@
 #include "model/gguf.hpp"
 #include "model/head_writer.hpp"
 #include "tests/support/gguf_writer.hpp"
+#include "tests/support/skip.hpp"
 
 using namespace specactor;
 using namespace specactor::actors;
@@ -614,8 +615,7 @@ TEST_CASE("an engine inside the host's own actor system") {
 
 TEST_CASE("default model: chat through the engine, stop strings, and NGRAM equality on a grounded prompt") {
   if (!fs::exists(kDefaultModel)) {
-    MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   register_recording_drafters();
   auto plain = Engine::from_argv({"--model-path", kDefaultModel, "--log-level", "warn"});
@@ -744,8 +744,7 @@ TEST_CASE("tensor parallel engine: a size the model does not divide by is one cl
 
 TEST_CASE("default model: TP = 3 on the CPU communicator gives TP = 1's greedy tokens") {
   if (!fs::exists(kDefaultModel)) {
-    MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   GenerationRequest g;
   g.prompt = "Write one sentence about the sea.";
@@ -772,16 +771,13 @@ TEST_CASE("default model: TP = 3 on the CPU communicator gives TP = 1's greedy t
 
 TEST_CASE("default model: --device cuda gives --device cpu's greedy tokens, plain and with NGRAM") {
   if (!kernels::cuda_backend()) {
-    MESSAGE("SKIPPED: CUDA end-to-end greedy equality (no usable CUDA device: " << kernels::probe_devices().reason
-                                                                                << ")");
-    return;
+    SKIP_CASE("no CUDA device", "CUDA end-to-end greedy equality: " << kernels::probe_devices().reason);
   }
   // The default model, or SPECACTOR_CUDA_TEST_MODEL (tools/gpu-check: its first 4 blocks).
   const char* env = std::getenv("SPECACTOR_CUDA_TEST_MODEL");
   const std::string model = env && *env ? env : kDefaultModel;
   if (!fs::exists(model)) {
-    MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   std::vector<GenerationRequest> reqs;
   for (const char* p : {"Write one sentence about the sea.", "List three prime numbers.",

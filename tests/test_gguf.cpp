@@ -16,6 +16,7 @@
 #include "model/loader.hpp"
 #include "model/model_info.hpp"
 #include "tests/support/gguf_writer.hpp"
+#include "tests/support/skip.hpp"
 
 using namespace specactor::model;
 using specactor::testing::GgufWriter;
@@ -364,8 +365,7 @@ TEST_CASE("files on disk: mmap, missing, empty, directory") {
 TEST_CASE("the default model (SmolLM2-135M-Instruct Q4_1), when fetched") {
   const std::string path = default_model_path();
   if (path.empty()) {
-    MESSAGE("SKIPPED: models/SmolLM2-135M-Instruct.Q4_1.gguf not present (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   auto f = GgufFile::open(path);
   const ModelInfo m = read_model_info(*f);

@@ -417,7 +417,7 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
     all.push_back({g + " --max-total-tokens 16 --prompt " + testing::shell_quote(long_prompt.substr(0, 60)),
                    "tokens of KV cache but the cache holds 16 (--max-total-tokens)"});
   } else {
-    MESSAGE("SKIPPED: three cases need the default model (run tools/setup)");
+    MESSAGE("not run here: three cases need the default model (run tools/setup)");
   }
   expect_one_line_errors(all);
 }
@@ -520,6 +520,6 @@ TEST_CASE("specactor: bad input that used to be an internal error or pass silent
   // JSON output of a name that is not UTF-8: replaced, never an internal error.
   const testing::CliRun inspect = testing::run_cli("inspect --json " + testing::shell_quote(odd_name), 60);
   CHECK_MESSAGE(inspect.rc == 0, inspect.err);
-  CHECK_NOTHROW((void)json::parse(inspect.out));
+  CHECK(json::accept(inspect.out));
   fs::remove_all("/nonexistent-specactor");
 }

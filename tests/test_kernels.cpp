@@ -11,6 +11,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
 #include "tests/support/random_weights.hpp"
+#include "tests/support/skip.hpp"
 
 using namespace specactor::kernels;
 
@@ -20,8 +21,7 @@ namespace {
 const Backend* gpu_or_skip(const char* kernel) {
   const Backend* b = cuda_backend();
   if (!b)
-    MESSAGE("SKIPPED: " << std::string(kernel) << " CUDA parity (no usable CUDA device: " << probe_devices().reason
-                        << ")");
+    specactor::testing::mark_skipped("no CUDA device", std::string(kernel) + " CUDA parity: " + probe_devices().reason);
   return b;
 }
 
@@ -97,8 +97,7 @@ TEST_CASE("device probe: never throws, the CPU backend is always there") {
 TEST_CASE("rmsnorm CPU vs CUDA parity on seeded random rows") {
   const Backend* cuda = cuda_backend();
   if (!cuda) {
-    MESSAGE("SKIPPED: rmsnorm CUDA parity (no usable CUDA device: " << probe_devices().reason << ")");
-    return;
+    SKIP_CASE("no CUDA device", "rmsnorm CUDA parity: " << probe_devices().reason);
   }
   std::mt19937 rng(42);
   std::normal_distribution<float> d(0.0f, 1.0f);
@@ -254,7 +253,7 @@ TEST_CASE("CPU backend table: the host-pointer entries agree with the kernels th
 
 TEST_CASE("NCCL communicator: all-reduce of device buffers and broadcast over every device present") {
 #ifndef SPECACTOR_HAVE_CUDA
-  MESSAGE("SKIPPED: NCCL communicator (built without CUDA)");
+  SKIP_CASE("built without CUDA", "NCCL communicator");
 #else
   if (!gpu_or_skip("NCCL communicator")) return;
   const int n = probe_devices().device_count;

@@ -20,6 +20,7 @@
 #include "model/runner.hpp"
 #include "model/writers.hpp"
 #include "tests/support/gguf_writer.hpp"
+#include "tests/support/skip.hpp"
 
 using namespace specactor::model;
 using json = nlohmann::json;
@@ -31,7 +32,8 @@ const std::string kDefaultModel = SPECACTOR_SOURCE_DIR "/models/SmolLM2-135M-Ins
 
 bool have_default_model() {
   if (fs::exists(kDefaultModel)) return true;
-  MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
+  specactor::testing::mark_skipped("no default model",
+                                   "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   return false;
 }
 
@@ -662,9 +664,7 @@ void compare_devices(const LoadedModel& m, double tol, const char* what) {
 
 TEST_CASE("CUDA forward: logits and greedy tokens equal the CPU forward (tiny model, then the default model)") {
   if (!specactor::kernels::cuda_backend()) {
-    MESSAGE("SKIPPED: CUDA forward parity (no usable CUDA device: " << specactor::kernels::probe_devices().reason
-                                                                    << ")");
-    return;
+    SKIP_CASE("no CUDA device", "CUDA forward parity: " << specactor::kernels::probe_devices().reason);
   }
   const std::string path = temp_path("specactor_cuda_tiny");
   specactor::testing::TinyLlamaShape shape;

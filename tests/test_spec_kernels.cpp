@@ -12,6 +12,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "kernels/spec.hpp"
+#include "tests/support/skip.hpp"
 
 using namespace specactor::kernels;
 using json = nlohmann::json;
@@ -321,11 +322,10 @@ TEST_CASE("chain rejection sampling emits the target distribution for any draft 
 
 TEST_CASE("spec kernels: CPU vs CUDA parity on the goldens and on random trees") {
 #ifndef SPECACTOR_HAVE_CUDA
-  MESSAGE("SKIPPED: spec kernel CUDA parity (built without CUDA)");
+  SKIP_CASE("built without CUDA", "spec kernel CUDA parity");
 #else
   if (!cuda_backend()) {
-    MESSAGE("SKIPPED: spec kernel CUDA parity (no usable CUDA device: " << probe_devices().reason << ")");
-    return;
+    SKIP_CASE("no CUDA device", "spec kernel CUDA parity: " << probe_devices().reason);
   }
   std::mt19937 rng(23);
   for (int trial = 0; trial < 100; ++trial) {
@@ -378,11 +378,10 @@ TEST_CASE("spec kernels: CPU vs CUDA parity for expansion, organize, chain rejec
   CHECK(std::vector<float>(cpu_rows.begin() + 12, cpu_rows.begin() + 15) ==
         std::vector<float>{21, 22, 23});  // slot 4 <- 7
 #ifndef SPECACTOR_HAVE_CUDA
-  MESSAGE("SKIPPED: spec kernel CUDA parity (built without CUDA)");
+  SKIP_CASE("built without CUDA", "spec kernel CUDA parity");
 #else
   if (!cuda_backend()) {
-    MESSAGE("SKIPPED: spec kernel CUDA parity (no usable CUDA device: " << probe_devices().reason << ")");
-    return;
+    SKIP_CASE("no CUDA device", "spec kernel CUDA parity: " << probe_devices().reason);
   }
   std::vector<float> gpu_rows = rows;
   cuda::compact_accepted_rows_cuda(gpu_rows, 3, 2, {0, 2, 5});

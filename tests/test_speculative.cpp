@@ -27,6 +27,7 @@
 #include "model/model_info.hpp"
 #include "model/runner.hpp"
 #include "tests/support/gguf_writer.hpp"
+#include "tests/support/skip.hpp"
 
 using namespace specactor::actors;
 using namespace specactor::drafters;
@@ -225,8 +226,7 @@ TEST_CASE(
 
 TEST_CASE("heads (random): every head algorithm is lossless on the default model (single and 8 concurrent)") {
   if (!fs::exists(kDefaultModel)) {
-    MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   auto heads = random_heads(kDefaultModel, "default");
   std::vector<GenerationRequest> reqs;
@@ -754,8 +754,7 @@ TEST_CASE("head drafters: --speculative-draft-ngram-tokens adds the prompt-looku
 
 TEST_CASE("default model: every head-free drafter is lossless on the shipped prompts (single and 8 concurrent)") {
   if (!fs::exists(kDefaultModel)) {
-    MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   std::vector<GenerationRequest> reqs;
   for (const auto& p : shipped_prompts()) {
@@ -990,8 +989,7 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
 
 TEST_CASE("NGRAM drafter: matches in the sequence, in an external corpus, and trie proposals") {
   if (!fs::exists(kDefaultModel)) {
-    MESSAGE("SKIPPED: the default model is not fetched (run tools/setup)");
-    return;
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
   specactor::config::ServerArgs args;
   args.model_path = kDefaultModel;

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "model/verify.hpp"
+#include "tests/support/skip.hpp"
 
 using namespace specactor;
 using model::Verdict;
@@ -124,8 +125,7 @@ TEST_CASE("verify_step chain rejection: q equal to p accepts every draft, the sa
 TEST_CASE("verify_step: the CUDA backend's verdicts equal the CPU's") {
   const kernels::Backend* cuda = kernels::cuda_backend();
   if (!cuda) {
-    MESSAGE("SKIPPED: verify_step CUDA parity (no usable CUDA device: " << kernels::probe_devices().reason << ")");
-    return;
+    SKIP_CASE("no CUDA device", "verify_step CUDA parity: " << kernels::probe_devices().reason);
   }
   kernels::SamplingParams greedy, sampled;
   sampled.temperature = 0.8f;

@@ -20,6 +20,13 @@
 // of a run (up to kMaxQ queries), converted to float in a small tile that stays in L1.
 #include <immintrin.h>
 
+// GCC 12 reports the AVX-512 intrinsics' deliberately undefined source operands
+// (_mm512_undefined_*) as maybe-uninitialized once they are inlined into these kernels (GCC bug
+// 105593, fixed in GCC 13); no value of ours is uninitialized there.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
