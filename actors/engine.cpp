@@ -14,6 +14,7 @@
 #include "config/error.hpp"
 #include "config/input.hpp"
 #include "config/resolve.hpp"
+#include "drafters/drafter.hpp"
 #include "kernels/backend.hpp"
 #include "model/chat.hpp"
 #include "model/loader.hpp"
@@ -53,7 +54,12 @@ struct Engine::Impl {
 
 namespace {
 
-config::Snapshot resolve(const config::ServerArgs& user_args) { return model::resolve_target(user_args).target; }
+// A drafter named by the settings must be registered here, unless it runs in a draft worker process
+// (that process checks its own registry): refused before a model is read.
+config::Snapshot resolve(const config::ServerArgs& user_args) {
+  if (user_args.speculative_draft_worker.empty()) drafters::check_registered(user_args);
+  return model::resolve_target(user_args).target;
+}
 
 std::unique_ptr<Engine::Impl> start(caf::actor_system& sys, config::Snapshot target) {
   auto impl = std::make_unique<Engine::Impl>();
@@ -193,15 +199,9 @@ std::vector<std::int32_t> EngineApi::tokenize(const GenerationRequest& r) const 
 }
 
 void EngineApi::prepare(GenerationRequest& r, const std::function<std::string(const std::string&)>& name) const {
-  auto field = [&](const std::string& f) { return name ? name(f) : f; };
-  sched::check_request(r, name);
   if (r.prompt_ids.empty()) r.prompt_ids = tokenize(r);
-  const std::int64_t vocab = model_info().vocab_size;
-  for (std::size_t i = 0; i < r.prompt_ids.size(); ++i)
-    if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= vocab)
-      throw config::ConfigError(field("prompt_ids") + "[" + std::to_string(i) +
-                                "] = " + std::to_string(r.prompt_ids[i]) + " is outside the vocabulary (" +
-                                std::to_string(vocab) + " tokens)");
+  sched::check_request(
+      r, {target_snapshot()->context_length ? *target_snapshot()->context_length : 0, model_info().vocab_size}, name);
 }
 
 std::uint64_t Engine::submit(GenerationRequest request, std::function<void(const TokenEvent&)> on_token) {

@@ -61,11 +61,12 @@ class EngineApi {
   virtual nlohmann::json replicas() { return nullptr; }
   // The prompt ids a request would be tokenized to (chat template applied when asked).
   std::vector<std::int32_t> tokenize(const GenerationRequest& request) const;
-  // The one validation of a request (the server, the CLI and submit call it): sampling and length
-  // ranges (sched::check_request, fields named by `name` when given, e.g. the API's spelling), the
-  // text's UTF-8 and chat roles, the prompt tokenized once into request.prompt_ids (kept when already
-  // given) and ids inside the vocabulary. What needs the scheduler's state (a prompt that fits the
-  // context and the KV budget) is checked at admission. Throws config::ConfigError.
+  // The one validation of a request (the server, the CLI and submit call it): its text's UTF-8 and chat
+  // roles, the prompt tokenized once into request.prompt_ids (kept when already given), then
+  // sched::check_request with the model's context length and vocabulary — the field ranges, ids inside
+  // the vocabulary and the context rule (fields named by `name` when given, e.g. the API's spelling).
+  // Throws sched::RequestError (a config::ConfigError) naming the field; the scheduler checks the KV
+  // budget at admission.
   void prepare(GenerationRequest& request, const std::function<std::string(const std::string&)>& name = {}) const;
 
  protected:

@@ -9,6 +9,7 @@ namespace specactor::actors {
 using sched::EngineMetrics;
 using sched::GenerationRequest;
 using sched::GenerationResult;
+using sched::RequestError;
 using sched::RequestMetrics;
 using sched::SnapshotReport;
 using sched::TokenEvent;

@@ -37,23 +37,26 @@ typename Inspector::result_type inspect(Inspector& f, ChatMessage& x) {
 
 namespace specactor::sched {
 
-// The seed is optional: written as a flag and a value.
+// The seed and max_new_tokens are optional: each written as a flag and a value.
 template <class Inspector>
 std::enable_if_t<Inspector::reads_state, typename Inspector::result_type> inspect(Inspector& f,
                                                                                   const GenerationRequest& x) {
-  bool has_seed = x.seed.has_value();
-  std::uint64_t seed = x.seed.value_or(0);
-  return f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages,
-           x.max_new_tokens, x.sampling, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
+  bool has_seed = x.seed.has_value(), has_max = x.max_new_tokens.has_value();
+  std::uint64_t seed = x.seed ? *x.seed : 0;
+  std::int64_t max_new = x.max_new_tokens ? *x.max_new_tokens : 0;
+  return f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages, has_max,
+           max_new, x.sampling, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
 }
 
 template <class Inspector>
 std::enable_if_t<Inspector::writes_state, typename Inspector::result_type> inspect(Inspector& f, GenerationRequest& x) {
-  bool has_seed = false;
+  bool has_seed = false, has_max = false;
   std::uint64_t seed = 0;
+  std::int64_t max_new = 0;
   auto result = f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages,
-                  x.max_new_tokens, x.sampling, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
+                  has_max, max_new, x.sampling, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
   x.seed = has_seed ? std::optional<std::uint64_t>(seed) : std::nullopt;
+  x.max_new_tokens = has_max ? std::optional<std::int64_t>(max_new) : std::nullopt;
   return result;
 }
 

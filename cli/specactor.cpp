@@ -132,8 +132,8 @@ CLI::Validator finite_number() {
       "NUMBER", "finite_number");
 }
 
-// A request field's name as the CLI spells it: max_new_tokens -> --max-new-tokens.
-std::string flag_of(const std::string& field) { return sc::flag_name(field); }
+// A request field's name as the CLI spells it: max_new_tokens -> --max-new-tokens, the prompt -> --prompt.
+std::string flag_of(const std::string& field) { return field == "prompt_ids" ? "--prompt" : sc::flag_name(field); }
 
 // Server flags (everything a subcommand does not declare itself) → the resolved target snapshot.
 struct Resolved {
@@ -155,21 +155,24 @@ struct GenerateOptions {
   std::string prompt_file;
   std::uint64_t seed = 0;
   bool has_seed = false;
+  std::int64_t max_new_tokens = 0;
+  bool max_new_given = false;
   bool json = false;
 };
 
 void add_generate_flags(CLI::App& cmd, GenerateOptions& o) {
   auto& r = o.req;
-  r.max_new_tokens = 128;
   // A flag given twice takes its last value, so `tools/setup run -- --prompt ...` replaces the default.
   cmd.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd.add_option("-p,--prompt", r.prompt, "the prompt text (this or --prompt-file is required)");
   cmd.add_option("--prompt-file", o.prompt_file, "read the prompt from FILE (- = standard input)");
   cmd.add_flag("--chat", r.chat, "format the prompt with the model's chat template");
   cmd.add_option("--system", r.system, "a system turn (needs --chat)");
-  cmd.add_option("-n,--max-new-tokens", r.max_new_tokens,
-                 "tokens to generate at most (default 128; at most what the context leaves)")
-      ->check(integer_at_least<std::int64_t>(1));
+  cmd.add_option("-n,--max-new-tokens", o.max_new_tokens,
+                 "tokens to generate at most; the prompt and these must fit the context (default: until the "
+                 "end-of-generation token, or as many as the context leaves)")
+      ->check(integer_at_least<std::int64_t>(1))
+      ->each([&o](const std::string&) { o.max_new_given = true; });
   cmd.add_option("--temperature", r.sampling.temperature, "0 = greedy (default)")->check(finite_number());
   cmd.add_option("--top-p", r.sampling.top_p, "nucleus sampling, (0, 1] (default 1 = off)")->check(finite_number());
   cmd.add_option("--top-k", r.sampling.top_k, "keep the k most likely tokens (default 0 = off)")
@@ -217,7 +220,8 @@ extern "C" void on_sigint(int) {
 int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
   sa::GenerationRequest& req = o.req;
   if (o.has_seed) req.seed = o.seed;
-  specactor::sched::check_request(req, flag_of);
+  if (o.max_new_given) req.max_new_tokens = o.max_new_tokens;
+  specactor::sched::check_request(req, {}, flag_of);  // before the model loads; prepare checks the rest
   const bool as_json = o.json;
 
   const sc::ServerArgs args = sc::parse_server_args(rest);
@@ -240,13 +244,6 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
 
   engine->prepare(req, flag_of);  // tokenized once; submit keeps these ids
   const std::vector<std::int32_t> prompt_ids = req.prompt_ids;
-  const std::int64_t context = *engine->target_snapshot()->context_length;
-  const std::int64_t room = context - static_cast<std::int64_t>(prompt_ids.size());
-  if (room > 0 && req.max_new_tokens > room)
-    spdlog::warn(
-        "--max-new-tokens {}: the prompt's {} tokens leave room for {} in the context (--context-length {}); "
-        "generating at most {}",
-        req.max_new_tokens, prompt_ids.size(), room, context, room);
 
   std::promise<sa::TokenEvent> last;
   auto done = last.get_future();
@@ -467,7 +464,7 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
     if (n > 256)
       throw sc::ConfigError("--concurrency: at most 256 concurrent requests (got " + std::to_string(n) + ")");
   // AUTO: speculative with a head that ships for the model, else the plain speed run.
-  sc::SpecAlgorithm algo = parsed.speculative_algorithm;
+  sc::Algorithm algo = parsed.speculative_algorithm;
   if (algo == sc::SpecAlgorithm::Auto) algo = resolve_from_args(rest).target->speculative_algorithm;
   if (!o.depths.empty() && (algo != sc::SpecAlgorithm::None || parsed.device == sc::Device::Cuda || o.all_drafters))
     throw sc::ConfigError(

@@ -339,6 +339,18 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
   return s;
 }
 
+DraftShapeArgs draft_shape_args(const ServerArgs& a) {
+  DraftShapeArgs d;
+  d.num_steps = a.speculative_num_steps.value_or(d.num_steps);
+  d.eagle_topk = std::max<std::int64_t>(1, a.speculative_eagle_topk.value_or(d.eagle_topk));
+  d.num_draft_tokens = a.speculative_num_draft_tokens.value_or(d.num_steps + 1);
+  d.p_min = a.speculative_draft_p_min.value_or(d.p_min);
+  d.ngram_tokens = a.speculative_draft_ngram_tokens.value_or(d.ngram_tokens);
+  d.ngram_min_match = a.speculative_draft_ngram_min_match.value_or(d.ngram_min_match);
+  d.suffix_tokens = a.speculative_draft_suffix_tokens.value_or(d.suffix_tokens);
+  return d;
+}
+
 Snapshot derive_draft(const Snapshot& target_resolved, const ModelFacts& target_model) {
   const ServerArgs& t = *target_resolved;
   if (t.speculative_algorithm == SpecAlgorithm::None)

@@ -74,4 +74,15 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
 // fields applied on top (source "draft.per_runner"). Requires a speculative algorithm.
 Snapshot derive_draft(const Snapshot& target_resolved, const ModelFacts& target_model);
 
+// The draft shape as a drafter and the scheduler read it from a snapshot: the resolved values, and for
+// what resolution leaves unset (every field without an algorithm; the head drafters' own fields for
+// other drafters) the one default written here, beside the resolution that sets the rest. Every reader of these fields
+// goes through this.
+struct DraftShapeArgs {
+  std::int64_t num_steps = 0, eagle_topk = 1, num_draft_tokens = 1;  // unset: nothing drafted
+  double p_min = 0;                                                  // head drafters: no floor
+  std::int64_t ngram_tokens = 0, ngram_min_match = 2, suffix_tokens = 0;
+};
+DraftShapeArgs draft_shape_args(const ServerArgs& args);
+
 }  // namespace specactor::config

@@ -124,6 +124,25 @@ struct Traits<E> {
   }
 };
 
+template <>
+struct Traits<Algorithm> {
+  static inline const std::string kind_str =
+      "one of " + enum_choices<SpecAlgorithm>() +
+      ", or the name of a registered drafter (a letter, then letters, digits or _)";
+  static json to_json(const Algorithm& v) { return v.name(); }
+  static Algorithm from_json(const json& j, const std::string& where) {
+    if (!j.is_string()) throw ConfigError(where + ": expected " + kind_str + ", got " + printable(j.dump()));
+    auto v = Algorithm::parse(j.get<std::string>());
+    if (!v) throw ConfigError(where + ": expected " + kind_str + ", got " + printable(j.dump()));
+    return *v;
+  }
+  static json parse(std::string_view t, const std::string& where) {
+    auto v = Algorithm::parse(t);
+    if (!v) throw ConfigError(where + ": expected " + kind_str + ", got " + in_quotes(printable(t)));
+    return v->name();
+  }
+};
+
 template <class T>
 struct Traits<std::optional<T>> {
   static json to_json(const std::optional<T>& v) { return v ? Traits<T>::to_json(*v) : json(nullptr); }
@@ -240,7 +259,21 @@ bool is_bool_field(std::string_view field) {
 
 bool same_settings(const ServerArgs& a, const ServerArgs& b) { return settings_to_json(a) == settings_to_json(b); }
 
-SpecShape auto_spec_shape(SpecAlgorithm algo, bool llama_family_target) {
+std::optional<Algorithm> Algorithm::parse(std::string_view text) {
+  if (auto k = enum_from_string<SpecAlgorithm>(text); k && *k != SpecAlgorithm::Custom) return Algorithm(*k);
+  if (text.empty() || text.size() > 48 || !std::isalpha(static_cast<unsigned char>(text[0]))) return std::nullopt;
+  Algorithm a(SpecAlgorithm::Custom);
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (!(std::isalnum(u) || c == '_')) return std::nullopt;
+    a.custom.push_back(static_cast<char>(std::toupper(u)));
+  }
+  return a;
+}
+
+std::string Algorithm::name() const { return kind == SpecAlgorithm::Custom ? custom : std::string(to_string(kind)); }
+
+SpecShape auto_spec_shape(const Algorithm& algo, bool llama_family_target) {
   const bool eagle_family = algo == SpecAlgorithm::Eagle || algo == SpecAlgorithm::Eagle3;
   if (eagle_family && llama_family_target) return {5, 4, 8};
   // Earlier requests repeat in long runs (the same question again, an edited file): deep, two branches;
@@ -249,13 +282,13 @@ SpecShape auto_spec_shape(SpecAlgorithm algo, bool llama_family_target) {
   return {3, 1, 4};
 }
 
-bool is_head_drafter(SpecAlgorithm a) {
+bool is_head_drafter(const Algorithm& a) {
   return a == SpecAlgorithm::Eagle || a == SpecAlgorithm::Eagle3 || a == SpecAlgorithm::Mtp ||
          a == SpecAlgorithm::FrozenKvMtp;
 }
 
 bool needs_draft_model(const ServerArgs& a) {
-  switch (a.speculative_algorithm) {
+  switch (a.speculative_algorithm.kind) {
     case SpecAlgorithm::Eagle:
     case SpecAlgorithm::Eagle3:
     case SpecAlgorithm::Mtp:
@@ -267,6 +300,8 @@ bool needs_draft_model(const ServerArgs& a) {
     case SpecAlgorithm::Ngram:
     case SpecAlgorithm::Suffix:
     case SpecAlgorithm::Auto:
+      return false;
+    case SpecAlgorithm::Custom:  // a host's drafter may read one; it is never required
       return false;
   }
   return false;

@@ -36,8 +36,9 @@ enum class LoadFormat { Auto, Gguf, Safetensors, Dummy };
 enum class Device { Auto, Cpu, Cuda };
 enum class CpuPrecision { Fast, Exact };
 // Auto (the default): EAGLE3 with the head shipped for the model when one ships, else NONE; resolution
-// decides, so no resolved snapshot holds Auto.
-enum class SpecAlgorithm { None, Eagle, Eagle3, Mtp, FrozenKvMtp, Standalone, Ngram, Suffix, Auto };
+// decides, so no resolved snapshot holds Auto. Custom: an algorithm a host application registered under
+// a name of its own (see Algorithm).
+enum class SpecAlgorithm { None, Eagle, Eagle3, Mtp, FrozenKvMtp, Standalone, Ngram, Suffix, Auto, Custom };
 
 // Name tables for the enums: the first name of a value is the canonical one; later entries are aliases.
 template <class E>
@@ -82,6 +83,28 @@ std::string_view to_string(E value) {
   return "?";
 }
 
+// The draft algorithm a setting names: a built-in (`kind`), or an algorithm a host application
+// registered under a name of its own (kind Custom, `custom` = that name in upper case; see
+// drafters::register_drafter). Config cannot see the registry (it sits below drafters/), so any
+// well-formed name parses; the engine refuses a name nothing is registered for before it loads a model.
+// Compares with a SpecAlgorithm by kind.
+struct Algorithm {
+  SpecAlgorithm kind = SpecAlgorithm::Auto;
+  std::string custom;
+
+  Algorithm() = default;
+  Algorithm(SpecAlgorithm k) : kind(k) {}  // NOLINT: implicit, so `args.speculative_algorithm = NONE` reads well
+  // A built-in's name or alias (any case), else a well-formed custom name: a letter, then letters,
+  // digits or '_', at most 48 characters. Empty optional when it is neither.
+  static std::optional<Algorithm> parse(std::string_view text);
+  // The canonical name: the built-in's first name, or the custom name.
+  std::string name() const;
+
+  friend bool operator==(const Algorithm&, const Algorithm&) = default;
+  friend bool operator==(const Algorithm& a, SpecAlgorithm k) { return a.kind == k; }
+};
+inline std::string to_string(const Algorithm& a) { return a.name(); }
+
 using OptInt = std::optional<std::int64_t>;
 using OptDouble = std::optional<double>;
 using OptString = std::optional<std::string>;
@@ -117,7 +140,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(std::int64_t,  random_seed,                0,         "seed for sampling when a request gives none") \
   X(std::string,   log_level,                  "info",    "log level: trace|debug|info|warn|error|off") \
   /* ---- speculative decoding ---- */                                                                 \
-  X(SpecAlgorithm, speculative_algorithm,      SpecAlgorithm::Auto, "AUTO|NONE|EAGLE|EAGLE3|NEXTN (= EAGLE)|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX; AUTO = EAGLE3 with the head shipped for the model when one ships (SmolLM2-135M-Instruct), else NONE") \
+  X(Algorithm,     speculative_algorithm,      SpecAlgorithm::Auto, "AUTO|NONE|EAGLE|EAGLE3|NEXTN (= EAGLE)|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX, or a name a host application registered (drafters::register_drafter); AUTO = EAGLE3 with the head shipped for the model when one ships (SmolLM2-135M-Instruct), else NONE") \
   X(bool,          speculative_adaptive,       true,      "a measured cost model and an online acceptance model choose, every step, how deep each request drafts and which nodes are verified (0 when it would not pay); false = the fixed shape every step") \
   X(std::string,   speculative_budget_cache,   "",        "folder where the adaptive budget keeps what it learned across engine starts (acceptance by draft score and depth, draft-round cost, measured gain per batch size), one small file per CPU, model, drafter and shape; empty = $XDG_CACHE_HOME/specactor/budget, else ~/.cache/specactor/budget; none = learn from nothing at every start") \
   X(OptString,     speculative_draft_model_path, {},      "draft model or head (EAGLE/EAGLE3/MTP head, standalone draft GGUF)") \
@@ -206,12 +229,12 @@ void validate(const ServerArgs& args);
 struct SpecShape {
   std::int64_t num_steps, eagle_topk, num_draft_tokens;
 };
-SpecShape auto_spec_shape(SpecAlgorithm algo, bool llama_family_target);
+SpecShape auto_spec_shape(const Algorithm& algo, bool llama_family_target);
 
 // Does this algorithm load a draft model/head from --speculative-draft-model-path?
 bool needs_draft_model(const ServerArgs& args);
 
 // Is this algorithm one of the head drafters (EAGLE, EAGLE3, MTP, FROZEN_KV_MTP)?
-bool is_head_drafter(SpecAlgorithm algo);
+bool is_head_drafter(const Algorithm& algo);
 
 }  // namespace specactor::config

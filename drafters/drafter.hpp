@@ -127,11 +127,20 @@ DraftTree tree_from_matches(const std::vector<SuffixStore::Match>& matches, std:
 using DrafterFactory =
     std::function<std::unique_ptr<Drafter>(const config::Snapshot& draft_snapshot, const DraftContext& context)>;
 
-// Registers (or replaces) the factory of an algorithm name as written in snapshots ("NGRAM", ...).
+// Registers (or replaces) the factory of an algorithm under its name: a built-in's ("NGRAM", or an
+// alias such as "NEXTN") replaces that built-in; any other well-formed name (a letter, then letters,
+// digits or '_'; any case, kept in upper case) adds an algorithm that `--speculative-algorithm NAME`
+// then selects. Throws std::invalid_argument for a malformed name. The factory is called on the draft
+// worker with the draft snapshot, which config::derive_draft made from the target's resolved snapshot;
+// the worker keeps that same snapshot (drafters/README in docs/speculative-decoding.md).
 void register_drafter(const std::string& algorithm, DrafterFactory factory);
-// The factory for the algorithm of `draft_snapshot`; throws std::runtime_error naming the algorithm
-// when none is registered.
+// The factory for the algorithm of `draft_snapshot`, or of a name; throws std::runtime_error naming
+// the algorithm and the registered ones when none is registered.
 DrafterFactory find_drafter(const config::Snapshot& draft_snapshot);
+DrafterFactory find_drafter(const std::string& algorithm);
+// Throws config::ConfigError ("--speculative-algorithm NAME: ...") when `args` names an algorithm no
+// drafter is registered for (NONE and AUTO pass): the engine asks before it loads a model.
+void check_registered(const config::ServerArgs& args);
 std::vector<std::string> registered_drafters();
 
 }  // namespace specactor::drafters

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "config/resolve.hpp"
 #include "drafters/drafter.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/spec.hpp"
@@ -223,14 +224,15 @@ class HeadDrafter final : public Drafter {
   };
 
   void configure(const config::Snapshot& s) {
-    steps_ = static_cast<std::int32_t>(s->speculative_num_steps.value_or(3));
-    topk_ = static_cast<std::int32_t>(std::max<std::int64_t>(1, s->speculative_eagle_topk.value_or(1)));
-    n_tokens_ = static_cast<std::int32_t>(s->speculative_num_draft_tokens.value_or(steps_ + 1));
-    p_min_ = static_cast<float>(s->speculative_draft_p_min.value_or(0.0));
-    ngram_tokens_ = static_cast<std::int32_t>(s->speculative_draft_ngram_tokens.value_or(0));
-    ngram_min_match_ = s->speculative_draft_ngram_min_match.value_or(2);
+    const config::DraftShapeArgs d = config::draft_shape_args(*s);
+    steps_ = static_cast<std::int32_t>(d.num_steps);
+    topk_ = static_cast<std::int32_t>(d.eagle_topk);
+    n_tokens_ = static_cast<std::int32_t>(d.num_draft_tokens);
+    p_min_ = static_cast<float>(d.p_min);
+    ngram_tokens_ = static_cast<std::int32_t>(d.ngram_tokens);
+    ngram_min_match_ = d.ngram_min_match;
     ngram_max_match_ = std::max(ngram_min_match_, s->speculative_ngram_max_match_window_size);
-    suffix_tokens_ = static_cast<std::int32_t>(s->speculative_draft_suffix_tokens.value_or(0));
+    suffix_tokens_ = static_cast<std::int32_t>(d.suffix_tokens);
     suffix_max_match_ = s->speculative_suffix_max_match;
     if (static_cast<std::int64_t>(steps_) * topk_ + 1 > config::kMaxHeadDraftNodes)  // resolution refuses it first
       throw std::runtime_error(

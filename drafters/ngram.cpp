@@ -10,6 +10,7 @@
 
 #include "config/error.hpp"
 #include "config/input.hpp"
+#include "config/resolve.hpp"
 #include "drafters/drafter.hpp"
 
 namespace specactor::drafters {
@@ -86,7 +87,7 @@ class NgramDrafter final : public Drafter {
     min_window_ = s->speculative_ngram_min_match_window_size;
     max_window_ = s->speculative_ngram_max_match_window_size;
     breadth_ = static_cast<std::int32_t>(
-        std::min<std::int64_t>(s->speculative_eagle_topk.value_or(1), s->speculative_ngram_max_bfs_breadth));
+        std::min<std::int64_t>(config::draft_shape_args(*s).eagle_topk, s->speculative_ngram_max_bfs_breadth));
     if (breadth_ < 1) breadth_ = 1;
   }
 

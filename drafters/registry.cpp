@@ -3,6 +3,8 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "config/error.hpp"
+#include "config/input.hpp"
 #include "drafters/drafter.hpp"
 
 namespace specactor::drafters {
@@ -47,23 +49,45 @@ DraftTree DraftTree::chain(std::vector<std::int32_t> tokens) {
 }
 
 void register_drafter(const std::string& algorithm, DrafterFactory factory) {
+  const auto name = config::Algorithm::parse(algorithm);
+  if (!name || *name == config::SpecAlgorithm::None || *name == config::SpecAlgorithm::Auto)
+    throw std::invalid_argument("register_drafter: '" + config::printable(algorithm) +
+                                "' is not a drafter name (a letter, then letters, digits or _; not NONE or AUTO)");
   Registry& r = registry();
   std::lock_guard lock(r.mu);
-  r.factories[algorithm] = std::move(factory);
+  r.factories[name->name()] = std::move(factory);
 }
 
-DrafterFactory find_drafter(const config::Snapshot& draft_snapshot) {
-  const std::string algo(config::to_string(draft_snapshot->speculative_algorithm));
+namespace {
+
+std::string unregistered(const std::string& algo, Registry& r) {
+  std::string known;
+  for (const auto& [name, f] : r.factories) known += (known.empty() ? "" : ", ") + name;
+  return "--speculative-algorithm " + algo + ": no drafter is registered under this name (registered: " + known + ")";
+}
+
+}  // namespace
+
+DrafterFactory find_drafter(const std::string& algorithm) {
+  const auto parsed = config::Algorithm::parse(algorithm);
+  const std::string algo = parsed ? parsed->name() : algorithm;
   Registry& r = registry();
   std::lock_guard lock(r.mu);
   auto it = r.factories.find(algo);
-  if (it == r.factories.end()) {
-    std::string known;
-    for (const auto& [name, f] : r.factories) known += (known.empty() ? "" : ", ") + name;
-    throw std::runtime_error("--speculative-algorithm " + algo +
-                             ": no drafter is registered for it (registered: " + known + ")");
-  }
+  if (it == r.factories.end()) throw std::runtime_error(unregistered(config::printable(algo), r));
   return it->second;
+}
+
+DrafterFactory find_drafter(const config::Snapshot& draft_snapshot) {
+  return find_drafter(draft_snapshot->speculative_algorithm.name());
+}
+
+void check_registered(const config::ServerArgs& args) {
+  const config::Algorithm& a = args.speculative_algorithm;
+  if (a == config::SpecAlgorithm::None || a == config::SpecAlgorithm::Auto) return;
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  if (!r.factories.count(a.name())) throw config::ConfigError(unregistered(a.name(), r));
 }
 
 std::vector<std::string> registered_drafters() {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <map>
 
+#include "config/resolve.hpp"
 #include "drafters/drafter.hpp"
 #include "drafters/suffix_store.hpp"
 
@@ -90,7 +91,7 @@ class SuffixDrafter final : public Drafter {
 
   void reconfigure(const config::Snapshot& s) override {
     max_match_ = s->speculative_suffix_max_match;
-    breadth_ = static_cast<std::int32_t>(std::max<std::int64_t>(1, s->speculative_eagle_topk.value_or(1)));
+    breadth_ = static_cast<std::int32_t>(config::draft_shape_args(*s).eagle_topk);
   }
 
  private:

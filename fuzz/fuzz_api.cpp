@@ -26,8 +26,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                : which == 1 ? server::parse_completion(j, limits)
                                             : server::parse_generate(j, limits);
         const auto prompt = static_cast<std::int64_t>(a.request.prompt.size() + a.request.prompt_ids.size());
-        server::resolve_max_tokens(a, prompt, 4096);
-        if (a.request.max_new_tokens < 1 || prompt + a.request.max_new_tokens > 4096) std::abort();
+        a.request.prompt_ids.resize(static_cast<std::size_t>(prompt), 1);
+        try {
+          sched::check_request(a.request, {4096, 0}, server::api_field_names(a));
+        } catch (const sched::RequestError& e) {
+          if (server::request_error(e).status != 400) std::abort();
+          continue;
+        }
+        const std::int64_t budget = sched::new_token_budget(a.request, prompt, 4096);
+        if (budget < 1 || prompt + budget > 4096) std::abort();
         server::Outcome o;
         o.text = a.request.prompt;
         o.tokens = a.request.prompt_ids;

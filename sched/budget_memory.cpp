@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "config/resolve.hpp"
 #include "kernels/cpu/machine.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "sched/memory.hpp"
@@ -30,17 +31,17 @@ std::uintmax_t bytes_of(const std::string& path) {
 }  // namespace
 
 std::string budget_memory_key(const config::ServerArgs& t, const config::ServerArgs& d, const model::ModelInfo& m) {
-  const std::string draft_path = d.speculative_draft_model_path.value_or("");
+  const std::string draft_path = d.speculative_draft_model_path ? *d.speculative_draft_model_path : std::string();
+  const config::DraftShapeArgs shape = config::draft_shape_args(d);
   return fmt::format(
       "cpu={} | path={} | threads={} | precision={} | device={} | kv={} | model={} ({} bytes, {}) | "
       "draft={} {} ({} bytes) steps={} topk={} tokens={} p_min={} ngram={} suffix={} quantization={} layers={}",
       kernels::cpu_model_name(), kernels::qpath_name(kernels::qpath()), t.threads, config::to_string(t.cpu_precision),
       config::to_string(t.device), t.kv_cache_dtype, std::filesystem::path(m.path).filename().string(), m.tensor_bytes,
-      m.weight_types, config::to_string(d.speculative_algorithm), draft_path, bytes_of(draft_path),
-      d.speculative_num_steps.value_or(-1), d.speculative_eagle_topk.value_or(-1),
-      d.speculative_num_draft_tokens.value_or(-1), d.speculative_draft_p_min.value_or(-1),
-      d.speculative_draft_ngram_tokens.value_or(-1), d.speculative_draft_suffix_tokens.value_or(-1),
-      d.speculative_draft_quantization, d.speculative_draft_num_layers.value_or(-1));
+      m.weight_types, config::to_string(d.speculative_algorithm), draft_path, bytes_of(draft_path), shape.num_steps,
+      shape.eagle_topk, shape.num_draft_tokens, shape.p_min, shape.ngram_tokens, shape.suffix_tokens,
+      d.speculative_draft_quantization,
+      d.speculative_draft_num_layers ? *d.speculative_draft_num_layers : std::int64_t{-1});
 }
 
 void BudgetMemory::open(Scheduler& policy, const config::ServerArgs& target, const config::ServerArgs* draft,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "config/resolve.hpp"
 #include "config/server_args.hpp"
 #include "sched/policy.hpp"
 #include "sched/policy_detail.hpp"
@@ -18,14 +19,15 @@ DraftShape draft_shape_of(const config::Snapshot& draft, drafters::DrafterNeeds 
   DraftShape d;
   if (!draft) return d;
   d.configured = true;
-  d.num_draft_tokens = draft->speculative_num_draft_tokens.value_or(1);
-  d.num_steps = draft->speculative_num_steps.value_or(1);
+  const config::DraftShapeArgs shape = config::draft_shape_args(*draft);
+  d.num_draft_tokens = shape.num_draft_tokens;
+  d.num_steps = shape.num_steps;
   // A head drafter's prompt-lookup branch: up to this many more nodes, as deep as it is long.
-  if (const std::int64_t branch = draft->speculative_draft_ngram_tokens.value_or(0); branch > 0) {
+  if (const std::int64_t branch = shape.ngram_tokens; branch > 0) {
     d.num_draft_tokens += branch;
     d.num_steps = std::max(d.num_steps, branch);
   }
-  if (const std::int64_t branch = draft->speculative_draft_suffix_tokens.value_or(0); branch > 0) {
+  if (const std::int64_t branch = shape.suffix_tokens; branch > 0) {
     d.num_draft_tokens += branch;
     d.num_steps = std::max(d.num_steps, branch);
   }

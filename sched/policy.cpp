@@ -119,13 +119,16 @@ void Scheduler::retire(Sequence& r, const std::string& reason, const std::string
 }
 
 std::string Scheduler::refusal(const Sequence& r) const {
-  const std::int64_t ctx = limits_.context_length;
-  const auto& g = r.sub->request;
-  if (r.prompt_len == 0) return "prompt: is empty (at least one token is needed)";
-  if (static_cast<std::int64_t>(r.prompt_len) >= ctx)
-    return "prompt: has " + std::to_string(r.prompt_len) + " tokens; the context length (--context-length) is " +
-           std::to_string(ctx) + ", which must leave room for at least one new token";
-  if (g.max_new_tokens < 1) return "max_new_tokens must be >= 1 (got " + std::to_string(g.max_new_tokens) + ")";
+  // The request's checks, again here for what reaches the scheduler without EngineApi::prepare (the
+  // actor-level API, another process): the same function, the same messages.
+  GenerationRequest g = r.sub->request;
+  g.prompt_ids = r.seq;
+  try {
+    check_request(g, {limits_.context_length, 0},
+                  [](const std::string& f) { return f == "prompt_ids" ? "prompt" : f; });
+  } catch (const RequestError& e) {
+    return e.what();
+  }
   if (target_known_) {
     const std::int64_t need = r.kv.need + draft_.num_draft_tokens;
     if (pages_for(need, limits_.page_size) > total_pages_)
@@ -146,8 +149,7 @@ void Scheduler::submit(std::shared_ptr<const Submission> sub) {
   r->seed = g.seed.value_or(limits_.default_seed);
   r->out.stops = StopMatcher(g.stop);
   if (tokenizer_) r->out.decoder = std::make_unique<model::StreamDecoder>(*tokenizer_);
-  r->max_new = std::max<std::int64_t>(
-      0, std::min<std::int64_t>(g.max_new_tokens, limits_.context_length - static_cast<std::int64_t>(r->prompt_len)));
+  r->max_new = new_token_budget(g, static_cast<std::int64_t>(r->prompt_len), limits_.context_length);
   r->kv.need = static_cast<std::int64_t>(r->prompt_len) + r->max_new;
   if (!target_error_.empty()) {
     retire(*r, "error", target_error_);

@@ -1,6 +1,7 @@
 // sched/types.cpp — the request checks (see types.hpp).
 #include "sched/types.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -20,11 +21,15 @@ std::string shortest(float v) {
 
 }  // namespace
 
-void check_request(const GenerationRequest& r, const std::function<std::string(const std::string&)>& name) {
+void check_request(const GenerationRequest& r, const RequestLimits& limits,
+                   const std::function<std::string(const std::string&)>& name) {
   auto field = [&](const std::string& f) { return name ? name(f) : f; };
-  auto fail = [&](const std::string& f, const std::string& m) { throw config::ConfigError(field(f) + ": " + m); };
+  auto fail = [&](const std::string& f, const std::string& m, const char* code = "invalid_value") {
+    throw RequestError(field(f), m, code);
+  };
   const auto& sp = r.sampling;
-  if (r.max_new_tokens < 1) fail("max_new_tokens", "must be >= 1 (got " + std::to_string(r.max_new_tokens) + ")");
+  if (r.max_new_tokens && *r.max_new_tokens < 1)
+    fail("max_new_tokens", "must be >= 1 (got " + std::to_string(*r.max_new_tokens) + ")");
   if (!(std::isfinite(sp.temperature) && sp.temperature >= 0)) fail("temperature", "must be a finite number >= 0");
   // Logits are divided by the temperature in float32: below 1e-5 that overflows to infinity (and a
   // subnormal 1e-40 picked the last token forever), so such values are refused rather than sampled.
@@ -37,13 +42,41 @@ void check_request(const GenerationRequest& r, const std::function<std::string(c
   for (std::size_t i = 0; i < r.stop.size(); ++i) {
     std::string at;  // built by appending: GCC 12 warns (-Wrestrict, a false positive) on "[" + std::string
     if (r.stop.size() > 1) at.append("[").append(std::to_string(i)).append("]");
-    if (r.stop[i].empty()) throw config::ConfigError(field("stop") + at + ": is empty");
+    if (r.stop[i].empty()) throw RequestError(field("stop") + at, "is empty");
     try {
       model::check_utf8(r.stop[i]);
     } catch (const config::ConfigError& e) {
-      throw config::ConfigError(field("stop") + at + ": " + e.what());
+      throw RequestError(field("stop") + at, e.what());
     }
   }
+  if (limits.vocab_size > 0)
+    for (std::size_t i = 0; i < r.prompt_ids.size(); ++i)
+      if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= limits.vocab_size)
+        throw RequestError(field("prompt_ids") + "[" + std::to_string(i) + "]",
+                           "token id " + std::to_string(r.prompt_ids[i]) + " is outside the vocabulary (" +
+                               std::to_string(limits.vocab_size) + " tokens)");
+  if (limits.context_length <= 0) return;
+  // The context rule. The totals are printed as unsigned sums: the largest max_new_tokens does not wrap.
+  const auto ctx = limits.context_length, prompt = static_cast<std::int64_t>(r.prompt_ids.size());
+  if (prompt == 0) fail("prompt_ids", "is empty (at least one token is needed)");
+  if (prompt >= ctx)
+    fail("prompt_ids",
+         "this model's maximum context length is " + std::to_string(ctx) + " tokens; the prompt has " +
+             std::to_string(prompt) + ", which leaves no room for a new token",
+         "context_length_exceeded");
+  if (r.max_new_tokens && *r.max_new_tokens > ctx - prompt)
+    fail("max_new_tokens",
+         "this model's maximum context length is " + std::to_string(ctx) + " tokens; you requested " +
+             std::to_string(static_cast<unsigned long long>(prompt) +
+                            static_cast<unsigned long long>(*r.max_new_tokens)) +
+             " tokens (" + std::to_string(prompt) + " in the prompt, " + std::to_string(*r.max_new_tokens) +
+             " for the completion); ask for at most " + std::to_string(ctx - prompt) +
+             ", or leave it unset for as many as fit",
+         "context_length_exceeded");
+}
+
+std::int64_t new_token_budget(const GenerationRequest& r, std::int64_t prompt_tokens, std::int64_t context_length) {
+  return r.max_new_tokens ? *r.max_new_tokens : std::max<std::int64_t>(0, context_length - prompt_tokens);
 }
 
 }  // namespace specactor::sched

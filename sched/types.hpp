@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "config/error.hpp"
 #include "config/snapshot.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/chat.hpp"
@@ -21,7 +22,9 @@ struct GenerationRequest {
   bool chat = false;                         // format `prompt` with the model's chat template
   std::string system;                        // optional system turn for chat
   std::vector<model::ChatMessage> messages;  // chat: a whole conversation (used instead of prompt/system)
-  std::int64_t max_new_tokens = 128;
+  // Unset: as many as the context leaves room for (generation stops earlier at the end-of-generation
+  // token or a stop string). Given: at least 1, and the prompt plus these must fit the context.
+  std::optional<std::int64_t> max_new_tokens;
   kernels::SamplingParams sampling;   // greedy by default
   std::optional<std::uint64_t> seed;  // default: the snapshot's random_seed
   std::vector<std::string> stop;      // stop strings (not included in the output)
@@ -121,14 +124,38 @@ struct EngineMetrics {
                draft_cache_evicted_pages = 0;
 };
 
-// Checks a request's own fields: max_new_tokens >= 1, sampling values finite and in range
-// (temperature >= 0, top_p in (0, 1], top_k >= 0, min_p in [0, 1)), stop strings non-empty UTF-8.
-// Throws config::ConfigError naming the field as `name` spells it (default: the field's own name;
-// the CLI passes its flag names). The one place these ranges are written down.
 // The smallest usable temperature and top-p (0 temperature = greedy).
 inline constexpr float kMinTemperature = 1e-5f, kMinTopP = 1e-5f;
 
-void check_request(const GenerationRequest& r, const std::function<std::string(const std::string& field)>& name = {});
+// A request the engine refuses: the field (as the caller spells it) and an OpenAI-style error code
+// ("invalid_value", or "context_length_exceeded" when it does not fit the context). what() is
+// "FIELD: why".
+class RequestError : public config::ConfigError {
+ public:
+  RequestError(std::string f, const std::string& why, std::string c = "invalid_value")
+      : config::ConfigError(f + ": " + why), field(std::move(f)), code(std::move(c)) {}
+  std::string field, code;
+};
+
+// What the model and the engine allow (0 = not known yet: the rules that need it are not checked).
+struct RequestLimits {
+  std::int64_t context_length = 0;  // the resolved --context-length
+  std::int64_t vocab_size = 0;
+};
+
+// The one check of a request: the server, the CLI, an embedding host (EngineApi::prepare) and the
+// scheduler's admission all call it. Its own fields: max_new_tokens >= 1 when given, sampling values
+// finite and in range (temperature 0 or >= 1e-5, top_p in [1e-5, 1], top_k >= 0, min_p in [0, 1)),
+// stop strings non-empty UTF-8. With limits, on the tokenized request (prompt_ids): ids inside the
+// vocabulary, and the context rule — the prompt leaves room for at least one new token, and a given
+// max_new_tokens fits in that room (else "context_length_exceeded"; it is never shortened); unset, the
+// request gets the room. Throws RequestError naming the field as `name` spells it (default: the
+// field's own name, "prompt_ids" for the prompt).
+void check_request(const GenerationRequest& r, const RequestLimits& limits = {},
+                   const std::function<std::string(const std::string& field)>& name = {});
+
+// The tokens a checked request may generate: max_new_tokens, or the room the context leaves.
+std::int64_t new_token_budget(const GenerationRequest& r, std::int64_t prompt_tokens, std::int64_t context_length);
 
 // The snapshot objects each party holds, for the isolation tests.
 struct SnapshotReport {

@@ -122,16 +122,13 @@ void read_sampling(const json& o, sched::GenerationRequest& r, const std::string
   r.ignore_eos = get_bool(o, "ignore_eos", false, prefix);
 }
 
-// The engine's own range checks (sched::check_request), answered as a 400 naming the API's field.
-void check_ranges(const sched::GenerationRequest& r, const std::string& max_tokens_name, const std::string& prefix) {
-  std::string param;
+// The engine's own checks of the request's fields (sched::check_request), at parse time: a 400 naming
+// the API's field before anything is tokenized.
+void check_ranges(const ApiRequest& a) {
   try {
-    sched::check_request(r, [&](const std::string& f) {
-      param = f == "max_new_tokens" ? max_tokens_name : where(prefix, f.c_str());
-      return param;
-    });
-  } catch (const config::ConfigError& e) {
-    throw ApiError(400, e.what(), param);
+    sched::check_request(a.request, {}, api_field_names(a));
+  } catch (const sched::RequestError& e) {
+    throw request_error(e);
   }
 }
 
@@ -204,11 +201,9 @@ void read_common(const json& body, const ApiLimits& limits, ApiRequest& a) {
   r.speculative = get_bool(body, "speculative", true);
   auto mt = get_int(body, "max_completion_tokens");
   if (!mt) mt = get_int(body, "max_tokens");
-  if (mt) {
-    r.max_new_tokens = *mt;
-    a.max_tokens_given = true;
-  }
-  check_ranges(r, field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens", "");
+  if (mt) r.max_new_tokens = *mt;
+  if (field(body, "max_completion_tokens")) a.max_tokens_name = "max_completion_tokens";
+  check_ranges(a);
 }
 
 }  // namespace
@@ -216,6 +211,7 @@ void read_common(const json& body, const ApiLimits& limits, ApiRequest& a) {
 ApiRequest parse_chat(const json& body, const ApiLimits& limits) {
   ApiRequest a;
   a.endpoint = Endpoint::Chat;
+  a.prompt_name = "messages";
   const json* msgs = field(body, "messages");
   if (!msgs || !msgs->is_array() || msgs->empty())
     throw ApiError(400, "messages: expected a non-empty array of {\"role\", \"content\"}", "messages");
@@ -271,6 +267,8 @@ ApiRequest parse_completion(const json& body, const ApiLimits& limits) {
 ApiRequest parse_generate(const json& body, const ApiLimits& limits) {
   ApiRequest a;
   a.endpoint = Endpoint::Generate;
+  a.max_tokens_name = "sampling_params.max_new_tokens";
+  a.sampling_prefix = "sampling_params";
   auto& r = a.request;
   if (auto t = get_string(body, "text")) {
     r.prompt = *t;
@@ -280,6 +278,7 @@ ApiRequest parse_generate(const json& body, const ApiLimits& limits) {
   } else {
     throw ApiError(400, "text or input_ids: one is required", "text");
   }
+  a.prompt_name = r.prompt_ids.empty() ? "text" : "input_ids";
   if (r.prompt.empty() && r.prompt_ids.empty()) throw ApiError(400, "text: is empty", "text");
   check_model(body, limits, a);
   a.stream = get_bool(body, "stream", false);
@@ -287,38 +286,23 @@ ApiRequest parse_generate(const json& body, const ApiLimits& limits) {
   if (const json* sp = field(body, "sampling_params")) {
     if (!sp->is_object()) throw ApiError(400, "sampling_params: expected an object", "sampling_params");
     read_sampling(*sp, r, "sampling_params");
-    if (auto mt = get_int(*sp, "max_new_tokens", "sampling_params")) {
-      r.max_new_tokens = *mt;
-      a.max_tokens_given = true;
-    }
+    if (auto mt = get_int(*sp, "max_new_tokens", "sampling_params")) r.max_new_tokens = *mt;
   }
-  check_ranges(r, "sampling_params.max_new_tokens", "sampling_params");
+  check_ranges(a);
   return a;
 }
 
-void resolve_max_tokens(ApiRequest& a, std::int64_t prompt_tokens, std::int64_t context_length) {
-  const std::int64_t room = context_length - prompt_tokens;
-  if (room < 1)
-    throw ApiError(400,
-                   "This model's maximum context length is " + std::to_string(context_length) +
-                       " tokens; the prompt has " + std::to_string(prompt_tokens),
-                   a.endpoint == Endpoint::Chat       ? "messages"
-                   : a.endpoint == Endpoint::Generate ? "text"
-                                                      : "prompt",
-                   "invalid_request_error", "context_length_exceeded");
-  const std::string name = a.endpoint == Endpoint::Generate ? "sampling_params.max_new_tokens" : "max_tokens";
-  if (!a.max_tokens_given) {
-    a.request.max_new_tokens = room;
-  } else if (a.request.max_new_tokens > room) {
-    throw ApiError(400,
-                   "This model's maximum context length is " + std::to_string(context_length) +
-                       " tokens. However, you requested " +
-                       std::to_string(static_cast<unsigned long long>(prompt_tokens) +
-                                      static_cast<unsigned long long>(a.request.max_new_tokens)) +
-                       " tokens (" + std::to_string(prompt_tokens) + " in the prompt, " +
-                       std::to_string(a.request.max_new_tokens) + " for the completion)",
-                   name, "invalid_request_error", "context_length_exceeded");
-  }
+std::function<std::string(const std::string&)> api_field_names(const ApiRequest& a) {
+  return [max_tokens = a.max_tokens_name, prompt = a.prompt_name, prefix = a.sampling_prefix](const std::string& f) {
+    if (f == "max_new_tokens") return max_tokens;
+    if (f == "prompt_ids") return prompt;
+    return where(prefix, f.c_str());
+  };
+}
+
+ApiError request_error(const sched::RequestError& e) {
+  return ApiError(400, e.what(), e.field.substr(0, e.field.find('[')), "invalid_request_error",
+                  e.code == "invalid_value" ? std::string() : e.code);
 }
 
 std::string openai_finish_reason(const std::string& r) {

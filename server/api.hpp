@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -35,9 +36,17 @@ struct ApiRequest {
   sched::GenerationRequest request;
   std::string model;  // as the client named it (empty: not given)
   bool stream = false;
-  bool include_usage = false;     // stream_options.include_usage
-  bool max_tokens_given = false;  // else the engine's context decides (see resolve_max_tokens)
+  bool include_usage = false;  // stream_options.include_usage
+  // How this request spells the engine's fields (for errors): the length limit, the prompt, the
+  // sampling fields' prefix ("sampling_params" for /generate).
+  std::string max_tokens_name = "max_tokens", prompt_name = "prompt", sampling_prefix;
 };
+
+// The engine's field names (sched::check_request) as the request spells them; max_tokens unset means
+// as many as the context leaves room for (OpenAI's rule), more than fits is a 400.
+std::function<std::string(const std::string&)> api_field_names(const ApiRequest& r);
+// An engine refusal as a 400 naming the API's field, with its code (e.g. "context_length_exceeded").
+ApiError request_error(const sched::RequestError& e);
 
 // Limits the parser needs: the served model's name (a request naming another model is a 404).
 struct ApiLimits {
@@ -55,10 +64,6 @@ ApiRequest parse_completion(const json& body, const ApiLimits& limits);
 ApiRequest parse_generate(const json& body, const ApiLimits& limits);
 // Parses the text as JSON; a syntax error or a non-object is a 400.
 json parse_body(const std::string& text);
-
-// Once the prompt is tokenized: max_tokens beyond what the context leaves is a 400 naming the field
-// (OpenAI's rule); without max_tokens, generate up to the end of the context.
-void resolve_max_tokens(ApiRequest& r, std::int64_t prompt_tokens, std::int64_t context_length);
 
 // What came back from the engine for one request.
 struct Outcome {

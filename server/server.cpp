@@ -284,19 +284,16 @@ class Server {
       a = ep == Endpoint::Chat         ? parse_chat(body, limits)
           : ep == Endpoint::Completion ? parse_completion(body, limits)
                                        : parse_generate(body, limits);
-      // The engine's one validation; its messages name the API's fields.
-      std::string param;
+      // The engine's one validation (the context rule included); its messages name the API's fields.
       try {
-        engine->prepare(a.request, [&](const std::string& f) {
-          param = f == "prompt_ids" ? (ep == Endpoint::Generate ? "input_ids" : "prompt") : f;
-          return param;
-        });
-      } catch (const config::ConfigError& e) {
+        engine->prepare(a.request, api_field_names(a));
+      } catch (const sched::RequestError& e) {
+        throw request_error(e);
+      } catch (const config::ConfigError& e) {  // the text itself (UTF-8, chat roles): named in its message
         const std::string msg = e.what();
-        throw ApiError(400, msg, param.empty() ? msg.substr(0, msg.find(':')) : param);
+        throw ApiError(400, msg, msg.substr(0, msg.find_first_of(":[")));
       }
       ids = a.request.prompt_ids;
-      resolve_max_tokens(a, static_cast<std::int64_t>(ids.size()), context_length_);
     } catch (const ApiError& e) {
       send_error(res, e);
       return;

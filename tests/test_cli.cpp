@@ -1,6 +1,8 @@
 // tests/test_cli.cpp — the specactor launcher as a user runs it: exit codes, stdout JSON, stderr
 // messages.
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "actors/engine.hpp"
 #include "kernels/backend.hpp"
 #include "tests/support/cli_run.hpp"
 #include "tests/support/gguf_writer.hpp"
@@ -101,6 +104,8 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
        "specactor: error: --max-new-tokens: 'zero' is not a valid integer"},
       {"generate --model-path " + tiny_model() + " --prompt hi --max-new-tokens 0",
        "specactor: error: --max-new-tokens: must be >= 1 (got 0)"},
+      {"generate --model-path " + tiny_model() + " --prompt hi --speculative-algorithm MEDUSA",
+       "specactor: error: --speculative-algorithm MEDUSA: no drafter is registered under this name (registered: "},
       {"bench --model-path " + tiny_model() + " --repeats 0", "specactor: error: --repeats: must be >= 1"},
       {"bench --model-path " + tiny_model() + " --concurrency -1", "specactor: error: --concurrency: must be >= 0"},
       {"bench --model-path " + tiny_model() + " --concurrency 300", "specactor: error: --concurrency: at most 256"},
@@ -648,4 +653,79 @@ TEST_CASE("specactor inspect: a Hugging Face model folder is a model, not a draf
   CHECK(gen.err.find("--skip-tokenizer-init runs it without one, for requests given as token ids only") !=
         std::string::npos);
   fs::remove_all(dir);
+}
+
+namespace {
+// A loopback port nothing listens on now.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) {
+    ::close(fd);
+    return 0;
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+}  // namespace
+
+TEST_CASE("one bad request through the CLI, the embedding API and the HTTP API: one check, the same error") {
+  const std::string model = default_model();
+  if (model.empty()) {
+    SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
+  }
+  // A short prompt and 100 new tokens in a 64-token context: too long everywhere, refused (never shortened), by
+  // sched::check_request, each door naming the field its own way.
+  const std::string why = "this model's maximum context length is 64 tokens; you requested ";
+  const Run cli =
+      run("generate --log-level warn --model-path " + model + " --context-length 64 -p 'Hello there' -n 100");
+  CHECK(cli.rc == 2);
+  const auto at = cli.err.find("specactor: error: --max-new-tokens: " + why);
+  REQUIRE_MESSAGE(at != std::string::npos, cli.err);
+  std::string cli_msg = cli.err.substr(at + std::string("specactor: error: --max-new-tokens: ").size());
+  cli_msg = cli_msg.substr(0, cli_msg.find('\n'));
+
+  auto engine = specactor::actors::Engine::from_argv(
+      {"--model-path", model, "--context-length", "64", "--log-level", "warn", "--speculative-algorithm", "NONE"});
+  specactor::actors::GenerationRequest req;
+  req.prompt = "Hello there";
+  req.max_new_tokens = 100;
+  std::string field, embed_msg;
+  try {
+    (void)engine->generate(req);
+  } catch (const specactor::actors::RequestError& e) {
+    field = e.field;
+    embed_msg = std::string(e.what()).substr(e.field.size() + 2);
+    CHECK(e.code == "context_length_exceeded");
+  }
+  engine->shutdown();
+  CHECK(field == "max_new_tokens");
+  CHECK(embed_msg == cli_msg);
+
+  const int port = free_port();
+  REQUIRE(port > 0);
+  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  // The server in the background, one curl once it is healthy, then SIGTERM.
+  const std::string cmd = "timeout 120 sh -c '" + std::string(SPECACTOR_BINARY) +
+                          " serve --log-level warn --model-path " + model + " --context-length 64 --port " +
+                          std::to_string(port) + " >/dev/null 2>&1 & pid=$!; for i in $(seq 300); do curl -sf " + url +
+                          "/health >/dev/null && break; sleep 0.1; done; printf BODY:; curl -s " + url +
+                          "/v1/completions -H \"Content-Type: application/json\" -d "
+                          "\"{\\\"prompt\\\": \\\"Hello there\\\", \\\"max_tokens\\\": 100}\"; kill $pid; wait $pid'";
+  Run api{0, "", ""};
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    std::array<char, 4096> buf;
+    for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;) api.out.append(buf.data(), n);
+    api.rc = ::pclose(p);
+  }
+  const auto body = api.out.find("BODY:");
+  REQUIRE_MESSAGE(body != std::string::npos, api.out);
+  const json err = json::parse(api.out.substr(body + 5))["error"];
+  CHECK(err["param"] == "max_tokens");
+  CHECK(err["code"] == "context_length_exceeded");
+  CHECK(err["message"] == "max_tokens: " + embed_msg);
 }

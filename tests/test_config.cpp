@@ -145,10 +145,11 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
       {{"--tp-size"}, "--tp-size: expected a value"},
       {{"--skip-tokenizer-init=maybe"}, "--skip-tokenizer-init: expected a boolean (true|false), got 'maybe'"},
       {{"--speculative-accept-threshold-acc", "x"}, "--speculative-accept-threshold-acc: expected a number, got 'x'"},
-      {{"--speculative-algorithm", "MEDUSA"},
+      // A well-formed name parses (a host may have registered it; the engine refuses it otherwise).
+      {{"--speculative-algorithm", "MEDUSA-2"},
        "--speculative-algorithm: expected one of "
-       "NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX|AUTO|NEXTN, got "
-       "'MEDUSA'"},
+       "NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX|AUTO|NEXTN, or the name of a registered drafter "
+       "(a letter, then letters, digits or _), got 'MEDUSA-2'"},
       {{"--load-format", "pt"}, "--load-format: expected one of auto|gguf|safetensors|dummy, got 'pt'"},
       {{"--cpu-precision", "int8"}, "--cpu-precision: expected one of fast|exact, got 'int8'"},
       {{"--kv-cache-dtype", "fp8"}, "--kv-cache-dtype: expected one of auto|float32|float16|bfloat16, got 'fp8'"},

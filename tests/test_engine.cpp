@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <caf/all.hpp>
 #include <chrono>
@@ -243,6 +244,68 @@ TEST_CASE("isolation at actor level: every algorithm, before and after the draft
   }
 }
 
+TEST_CASE("a host registers a drafter under a new name: the factory and the worker share the derived snapshot") {
+  // Proposes the context's last token again, up to the depth asked for (a real drafter, poor but lossless).
+  struct RepeatDrafter final : Drafter {
+    DraftTree propose(std::uint64_t, const std::vector<std::int32_t>& ctx, std::int32_t nodes,
+                      std::int32_t depth) override {
+      return DraftTree::chain(std::vector<std::int32_t>(static_cast<std::size_t>(std::min(nodes, depth)), ctx.back()));
+    }
+  };
+  static std::mutex mu;  // static: the registration outlives this case (the registry has no removal)
+  static std::vector<config::Snapshot> given;
+  given.clear();
+  register_drafter("repeat_last", [](const config::Snapshot& s, const DraftContext&) {
+    std::lock_guard lock(mu);
+    given.push_back(s);
+    return std::make_unique<RepeatDrafter>();
+  });
+  const std::vector<std::string> names = registered_drafters();
+  CHECK(std::count(names.begin(), names.end(), "REPEAT_LAST") == 1);
+  CHECK_THROWS_WITH_AS(register_drafter("no spaces", {}), doctest::Contains("not a drafter name"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(register_drafter("NONE", {}), doctest::Contains("not a drafter name"), std::invalid_argument);
+
+  auto engine = Engine::from_argv(tiny_args(
+      {"--speculative-algorithm", "Repeat_Last", "--speculative-adaptive", "false", "--speculative-num-steps", "3"}));
+  const config::Snapshot resolved = engine->target_snapshot();
+  const std::uint64_t hash_before = config::content_hash(*resolved);
+  CHECK(resolved->speculative_algorithm.name() == "REPEAT_LAST");
+  CHECK(resolved->speculative_algorithm == config::SpecAlgorithm::Custom);
+  auto plain = Engine::from_argv(tiny_args({"--speculative-algorithm", "NONE"}));
+  for (int i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    const auto req = ids_request(tiny_prompt(i), 16);
+    CHECK(engine->generate(req).tokens == plain->generate(req).tokens);
+  }
+  const SnapshotReport r = engine->snapshots();
+  REQUIRE(r.draft_worker);
+  {
+    std::lock_guard lock(mu);
+    REQUIRE(given.size() == 1);
+    CHECK(given[0].get() == r.draft_worker.get());  // the very object, not a copy
+    CHECK(given[0].get() == r.derived_draft.get());
+  }
+  // Derived from the target's resolved snapshot: its override log extends the target's by the draft's entry.
+  REQUIRE(r.draft_worker->override_log.size() == resolved->override_log.size() + 1);
+  CHECK(r.draft_worker->override_log.back().source == "draft.per_runner");
+  CHECK(r.draft_worker->speculative_num_steps == 3);
+  CHECK(r.target_worker.get() == resolved.get());
+  CHECK(config::content_hash(*r.target_worker) == hash_before);
+  CHECK(engine->target_hash_before_draft() == config::hash_hex(hash_before));
+  const EngineMetrics m = engine->metrics();
+  CHECK(m.algorithm == "REPEAT_LAST");
+  CHECK(m.drafted > 0);
+  engine->shutdown();
+
+  // A name nothing is registered under is refused before the model is read, naming the flag.
+  CHECK_THROWS_WITH_AS(Engine::from_argv(tiny_args({"--speculative-algorithm", "NO_SUCH_DRAFTER"})),
+                       doctest::Contains("--speculative-algorithm NO_SUCH_DRAFTER: no drafter is registered"),
+                       config::ConfigError);
+  CHECK_THROWS_WITH_AS(config::parse_server_args({"--speculative-algorithm", "no such"}),
+                       doctest::Contains("--speculative-algorithm: expected one of"), config::ConfigError);
+}
+
 TEST_CASE("continuous batching: 8 concurrent requests give exactly what each gives alone (greedy)") {
   auto engine = Engine::from_argv(tiny_args({"--chunked-prefill-size", "16"}));  // prompts span several chunks
   std::vector<GenerationRequest> reqs;
@@ -392,14 +455,28 @@ TEST_CASE("KV exhaustion: more requests than fit all complete, none lost, in bou
   CHECK(too_big.finish_reason == "error");
   CHECK(too_big.error.find("needs") != std::string::npos);
   CHECK(too_big.error.find("--max-total-tokens") != std::string::npos);
-  const auto too_long = engine->generate(ids_request(std::vector<std::int32_t>(600, 7), 4));
-  CHECK(too_long.error ==
-        "prompt: has 600 tokens; the context length (--context-length) is 512, which must leave room for at least one "
-        "new token");
-  CHECK(too_long.invalid_request);
   CHECK(too_big.invalid_request);
+  // What does not fit the context is refused when submitted (sched::check_request), never shortened.
+  CHECK_THROWS_WITH_AS(engine->generate(ids_request(std::vector<std::int32_t>(600, 7), 4)),
+                       "prompt_ids: this model's maximum context length is 512 tokens; the prompt has 600, which "
+                       "leaves no room for a new token",
+                       RequestError);
+  CHECK_THROWS_WITH_AS(engine->generate(ids_request(std::vector<std::int32_t>(500, 7), 13)),
+                       "max_new_tokens: this model's maximum context length is 512 tokens; you requested 513 tokens "
+                       "(500 in the prompt, 13 for the completion); ask for at most 12, or leave it unset for as many "
+                       "as fit",
+                       RequestError);
+  // Unset: the room the context leaves.
+  auto short_context =
+      Engine::from_argv({"--model-path", tiny_model(), "--log-level", "warn", "--context-length", "64"});
+  GenerationRequest fill = ids_request(std::vector<std::int32_t>(50, 7), 1);
+  fill.max_new_tokens.reset();
+  fill.ignore_eos = true;
+  const auto filled = short_context->generate(fill);
+  CHECK(filled.finish_reason == "length");
+  CHECK(filled.tokens.size() == 14);
   CHECK_THROWS_WITH(engine->submit(ids_request({1, 2, 500}, 4), nullptr),
-                    "prompt_ids[2] = 500 is outside the vocabulary (96 tokens)");
+                    "prompt_ids[2]: token id 500 is outside the vocabulary (96 tokens)");
 }
 
 namespace {

@@ -142,8 +142,9 @@ TEST_CASE("refusals end the request at once, as the request's own error") {
   f.submit(3, {tok('a')}, 0);
   f.submit(4, std::vector<std::int32_t>(10, tok('a')), 5);  // 10 + 5 + 1 = 16 tokens > 12
   CHECK(f.events.final_event(1).error.find("prompt: is empty") != std::string::npos);
-  CHECK(f.events.final_event(2).error.find("--context-length") != std::string::npos);
-  CHECK(f.events.final_event(3).error.find("max_new_tokens must be >= 1") != std::string::npos);
+  CHECK(f.events.final_event(2).error.find("prompt: this model's maximum context length is 16 tokens") !=
+        std::string::npos);
+  CHECK(f.events.final_event(3).error.find("max_new_tokens: must be >= 1") != std::string::npos);
   CHECK(f.events.final_event(4).error.find("--max-total-tokens") != std::string::npos);
   for (std::uint64_t id = 1; id <= 4; ++id) {
     CHECK(f.events.final_event(id).invalid_request);
@@ -250,7 +251,7 @@ TEST_CASE("proposals: depth limited by max_new and the context, malformed nodes 
   Fixture f(l);
   f.s->set_draft(chain_draft(/*steps=*/4, /*tokens=*/8));
   f.submit(1, {tok('a')}, 3);                              // 3 to emit: depth ≤ 2 (the bonus token is the last)
-  f.submit(2, std::vector<std::int32_t>(8, tok('a')), 9);  // context 12: max_new 4; after one token room 3
+  f.submit(2, std::vector<std::int32_t>(8, tok('a')), 4);  // context 12: max_new 4 fills it; after one token room 3
   f.submit(3, {tok('a')}, 9, {}, /*speculative=*/false);   // opted out: no proposal
   auto plan = f.s->next_step(true);
   REQUIRE(plan);

@@ -57,7 +57,7 @@ TEST_CASE("chat requests: messages, sampling fields, extensions") {
   CHECK(r.messages[1].content == "Hi there");
   CHECK(r.messages[3].role == "system");  // developer is the system role
   CHECK(r.max_new_tokens == 12);          // max_completion_tokens wins over max_tokens
-  CHECK(a.max_tokens_given);
+  CHECK(a.max_tokens_name == "max_completion_tokens");
   CHECK(r.sampling.temperature == doctest::Approx(0.5));
   CHECK(r.sampling.top_k == 0);  // -1 = off
   CHECK(r.seed == std::optional<std::uint64_t>(7));
@@ -68,7 +68,7 @@ TEST_CASE("chat requests: messages, sampling fields, extensions") {
   CHECK(r.ignore_eos);
 
   const ApiRequest plain = parse_chat(json::parse(R"({"messages": [{"role": "user", "content": "x"}]})"), kLimits);
-  CHECK(!plain.max_tokens_given);
+  CHECK(!plain.request.max_new_tokens);               // unset: the room the context leaves
   CHECK(plain.request.sampling.temperature == 0.0f);  // greedy by default
   CHECK(plain.request.speculative);
   CHECK(plain.model.empty());
@@ -169,26 +169,43 @@ TEST_CASE("completions and /generate: prompt forms") {
         }).param == "sampling_params.temperature");
 }
 
-TEST_CASE("max_tokens against the context: the default fills it, more than fits is a 400") {
-  ApiRequest a = parse_completion(json::parse(R"({"prompt": "abc"})"), kLimits);
-  resolve_max_tokens(a, 10, 100);
-  CHECK(a.request.max_new_tokens == 90);
-  ApiRequest b = parse_completion(json::parse(R"({"prompt": "abc", "max_tokens": 91})"), kLimits);
-  const ApiError e = error_of([&] { resolve_max_tokens(b, 10, 100); });
+// The context rule is the engine's (sched::check_request, called by EngineApi::prepare); the API names
+// its fields and answers with OpenAI's code.
+ApiError context_error(ApiRequest a, std::int64_t prompt_tokens, std::int64_t context_length) {
+  a.request.prompt_ids.assign(static_cast<std::size_t>(prompt_tokens), 1);
+  try {
+    specactor::sched::check_request(a.request, {context_length, 0}, api_field_names(a));
+  } catch (const specactor::sched::RequestError& e) {
+    return request_error(e);
+  }
+  return ApiError(0, "no error");
+}
+
+TEST_CASE("max_tokens against the context: unset fits, more than fits is a 400 naming the API's field") {
+  const ApiRequest a = parse_completion(json::parse(R"({"prompt": "abc"})"), kLimits);
+  CHECK(context_error(a, 10, 100).status == 0);
+  CHECK(specactor::sched::new_token_budget(a.request, 10, 100) == 90);
+  const ApiError e =
+      context_error(parse_completion(json::parse(R"({"prompt": "abc", "max_tokens": 91})"), kLimits), 10, 100);
   CHECK(e.status == 400);
   CHECK(e.param == "max_tokens");
   CHECK(e.code == "context_length_exceeded");
   CHECK(std::string(e.what()).find("you requested 101 tokens (10 in the prompt, 91 for the completion)") !=
         std::string::npos);
-  ApiRequest c = parse_completion(json::parse(R"({"prompt": "abc", "max_tokens": 90})"), kLimits);
-  resolve_max_tokens(c, 10, 100);
-  CHECK(c.request.max_new_tokens == 90);
-  ApiRequest d = parse_completion(json::parse(R"({"prompt": "abc"})"), kLimits);
-  CHECK(error_of([&] { resolve_max_tokens(d, 100, 100); }).param == "prompt");
+  CHECK(
+      context_error(parse_completion(json::parse(R"({"prompt": "abc", "max_tokens": 90})"), kLimits), 10, 100).status ==
+      0);
+  CHECK(context_error(a, 100, 100).param == "prompt");
+  CHECK(context_error(parse_chat(json::parse(R"({"messages": [{"role": "user", "content": "x"}]})"), kLimits), 100, 100)
+            .param == "messages");
+  CHECK(
+      context_error(parse_generate(json::parse(R"({"text": "x", "sampling_params": {"max_new_tokens": 95}})"), kLimits),
+                    10, 100)
+          .param == "sampling_params.max_new_tokens");
   // The largest max_tokens: the requested total is printed as it is, not wrapped negative.
-  ApiRequest huge = parse_completion(json::parse(R"({"prompt": "abc", "max_tokens": 9223372036854775807})"), kLimits);
-  CHECK(std::string(error_of([&] { resolve_max_tokens(huge, 10, 100); }).what())
-            .find("you requested 9223372036854775817 tokens") != std::string::npos);
+  const ApiError huge = context_error(
+      parse_completion(json::parse(R"({"prompt": "abc", "max_tokens": 9223372036854775807})"), kLimits), 10, 100);
+  CHECK(std::string(huge.what()).find("you requested 9223372036854775817 tokens") != std::string::npos);
 }
 
 TEST_CASE("responses, chunks and SSE framing") {

@@ -485,6 +485,7 @@ TEST_CASE("drafters' own prefix cache: STANDALONE and a one-layer head start on 
           is_head ? specactor::config::SpecAlgorithm::Eagle3 : specactor::config::SpecAlgorithm::Standalone;
       d.speculative_draft_model_path = is_head ? head : model;
       d.disable_radix_cache = !cache;
+      d.speculative_num_steps = 3;  // as resolution would set it (unset: nothing is drafted)
       const auto snap = specactor::config::freeze(d);
       return find_drafter(snap)(snap, DraftContext{target.info, target.tokenizer, target.weights, kv});
     };
