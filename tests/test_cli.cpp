@@ -476,7 +476,7 @@ TEST_CASE("specactor make-head writes heads that inspect reads and checks agains
 
 // --- the newcomer's path: what a user of llama.cpp, vLLM or sglang tries first -------------------
 
-TEST_CASE("specactor generate: flags a newcomer types (typos, -m/--model, help, --system, clamp)") {
+TEST_CASE("specactor generate: flags a newcomer types (typos, -m/--model, help, --system)") {
   // Typos of the command's own flags get a hint, like server flags do.
   const Run typo = run("generate --model-path " + tiny_model() + " --promt hi");
   CHECK(typo.rc == 2);
@@ -518,7 +518,7 @@ TEST_CASE("specactor generate: flags a newcomer types (typos, -m/--model, help, 
         std::string::npos);
 }
 
-TEST_CASE("specactor generate on the default model: last flag wins, prompt files, the clamp, the default path") {
+TEST_CASE("specactor generate on the default model: last flag wins, prompt files, the context rule, the default path") {
   const std::string model = default_model();
   if (model.empty()) {
     SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
@@ -554,14 +554,18 @@ TEST_CASE("specactor generate on the default model: last flag wins, prompt files
   REQUIRE_MESSAGE(in.rc == 0, in.err);
   CHECK(json::parse(in.out)["prompt_tokens"] == want["prompt_tokens"]);
   fs::remove(pf);
-  // More new tokens than the context leaves: said once, then generated up to the context.
-  const Run clamp = run("generate --model-path " + model + " -p hi -n 100000 --context-length 40 --ignore-eos --json");
-  REQUIRE_MESSAGE(clamp.rc == 0, clamp.err);
-  CHECK_MESSAGE(clamp.err.find("--max-new-tokens 100000: the prompt's") != std::string::npos, clamp.err);
-  CHECK(clamp.err.find("generating at most") != std::string::npos);
-  const json cj = json::parse(clamp.out);
+  // More new tokens than the context leaves: refused, naming the flag (never shortened); unset, the
+  // request gets the room the context leaves.
+  const Run over = run("generate --model-path " + model + " -p hi -n 100000 --context-length 40 --ignore-eos --json");
+  CHECK(over.rc == 2);
+  CHECK_MESSAGE(
+      over.err.find("--max-new-tokens: this model's maximum context length is 40 tokens") != std::string::npos,
+      over.err);
+  const Run fill = run("generate --model-path " + model + " -p hi --context-length 40 --ignore-eos --json");
+  REQUIRE_MESSAGE(fill.rc == 0, fill.err);
+  const json cj = json::parse(fill.out);
   CHECK(cj["finish_reason"] == "length");
-  CHECK(cj["prompt_tokens"].size() + cj["tokens"].size() <= 40);
+  CHECK(cj["prompt_tokens"].size() + cj["tokens"].size() == 40);
   // No --model-path: the model tools/setup fetched, found from outside the checkout too.
   const Run cfg = run("config", 120, fs::temp_directory_path().string());
   REQUIRE_MESSAGE(cfg.rc == 0, cfg.err);
