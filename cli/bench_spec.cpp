@@ -25,6 +25,7 @@
 
 #include "actors/engine.hpp"
 #include "cli/bench.hpp"
+#include "cli/bench_detail.hpp"
 #include "config/error.hpp"
 #include "config/input.hpp"
 #include "config/resolve.hpp"
@@ -34,31 +35,7 @@ namespace sa = specactor::actors;
 namespace sc = specactor::config;
 using json = nlohmann::json;
 
-namespace {
-
-struct Prompt {
-  std::string category, text;
-  std::int64_t max_new = 0;  // its own "max_new_tokens" (0: the run's --max-new-tokens)
-};
-
-// A prompt may contain {previous}: the answer to the prompt before it goes there (an edit loop that
-// rewrites the same file again and again). See resolve_chain.
-constexpr std::string_view kPrevious = "{previous}";
-
-struct Run {
-  std::vector<std::int32_t> tokens;
-  double tps = 0, tau = 0;
-  std::int64_t drafted = 0, accepted = 0;
-};
-
-struct Setting {
-  std::string label;
-  std::vector<std::string> flags;
-  std::vector<Run> runs, plain;  // speculative and plain runs, per prompt
-  sa::EngineMetrics metrics;
-  double median_speedup = 0, mean_tau = 0, alpha = 0;
-  int mismatches = 0;
-};
+namespace specactor::cli::bench_detail {
 
 // Sums the counters of one engine's run into `t` (the last run's model state: cost curve, calibration).
 void add_metrics(sa::EngineMetrics& t, const sa::EngineMetrics& m) {
@@ -278,169 +255,6 @@ void write_chart(const std::string& path, const std::vector<Setting>& settings) 
   o << "</svg>\n";
 }
 
-// Where a mode's concurrent runs spent their time (summed over its runs; engine metrics deltas).
-struct ConcurrentTime {
-  double wall_ms = 0, step_wall_ms = 0, compute_ms = 0, draft_ms = 0;
-  std::int64_t steps = 0, tokens = 0, cache_query_tokens = 0, cache_hit_tokens = 0;
-  json to_json() const {
-    return {{"wall_ms", wall_ms},
-            {"target_steps", steps},
-            {"step_wall_ms", step_wall_ms},
-            {"compute_ms", compute_ms},
-            {"draft_ms", draft_ms},
-            {"tokens", tokens},
-            {"prompt_tokens", cache_query_tokens},
-            {"prompt_tokens_from_cache", cache_hit_tokens}};
-  }
-};
-
-// A run of n concurrent chat requests, all plain or all speculative, as n clients that each send
-// their next request when the last one ends: `total` requests in all (the prompts in turn). Two
-// figures from the same run:
-//   steady — tokens streamed while n requests were in flight (from the first submission until the
-//            last request was submitted) ÷ that time: what a server holding n requests delivers;
-//   drain  — every token ÷ (first submission → last completion), which adds the tail where fewer
-//            than n run and the run waits for its slowest requests.
-struct ConcurrentRate {
-  double steady = 0, drain = 0;
-};
-ConcurrentRate concurrent_run(sa::Engine& engine, const std::vector<Prompt>& prompts, std::int64_t n,
-                              std::int64_t total, std::int64_t max_new, bool speculative,
-                              ConcurrentTime* time = nullptr) {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::int64_t in_flight = 0, tokens = 0;
-  std::string error;
-  const sa::EngineMetrics before = engine.metrics();
-  const auto t0 = std::chrono::steady_clock::now();
-  auto on_event = [&](const sa::TokenEvent& ev) {
-    std::lock_guard<std::mutex> lock(mu);
-    tokens += static_cast<std::int64_t>(ev.tokens.size());
-    if (!ev.finished) return;
-    --in_flight;
-    if (!ev.error.empty()) error = ev.error;
-    cv.notify_all();
-  };
-  std::int64_t steady_tokens = 0;
-  double steady_s = 0;
-  std::unique_lock<std::mutex> lock(mu);
-  for (std::int64_t i = 0; i < total; ++i) {
-    cv.wait(lock, [&] { return in_flight < n || !error.empty(); });
-    if (!error.empty()) break;
-    if (i == total - 1 && total > n) {  // the window closes as the last request goes in
-      steady_tokens = tokens;
-      steady_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    ++in_flight;
-    sa::GenerationRequest r;
-    const Prompt& p = prompts[static_cast<std::size_t>(i) % prompts.size()];
-    r.prompt = p.text;
-    r.chat = true;
-    r.max_new_tokens = p.max_new > 0 ? p.max_new : max_new;
-    r.speculative = speculative;
-    lock.unlock();
-    engine.submit(r, on_event);
-    lock.lock();
-  }
-  cv.wait(lock, [&] { return in_flight == 0; });
-  if (!error.empty()) throw std::runtime_error("bench: " + error);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (time) {
-    const sa::EngineMetrics after = engine.metrics();
-    time->wall_ms += 1e3 * s;
-    time->steps += after.steps - before.steps;
-    time->step_wall_ms += after.step_wall_ms - before.step_wall_ms;
-    time->compute_ms += after.step_compute_ms - before.step_compute_ms;
-    time->draft_ms += after.draft_ms - before.draft_ms;
-    time->tokens += tokens;
-    time->cache_query_tokens += after.cache_query_tokens - before.cache_query_tokens;
-    time->cache_hit_tokens += after.cache_hit_tokens - before.cache_hit_tokens;
-  }
-  ConcurrentRate rate;
-  rate.drain = s > 0 ? static_cast<double>(tokens) / s : 0.0;
-  rate.steady = steady_s > 0 ? static_cast<double>(steady_tokens) / steady_s : rate.drain;
-  return rate;
-}
-
-// Best of `repeats` rounds; a round is two fresh engines, each warmed up on other prompts, one running
-// plain then speculative, the other speculative then plain. A drafter that remembers requests
-// (SUFFIX) never sees these prompts' outputs before its speculative run. Requests per run: every
-// prompt at least once and at least 6 per client, so the steady window holds several turns of each.
-// The prefix cache is flushed before each timed run: otherwise the second run of an engine finds
-// every prompt cached and skips its prefill (~25 % faster at 4 in flight on short answers), and the
-// ratio measures which mode ran second.
-struct ConcurrentResult {
-  ConcurrentRate plain, spec;
-  std::vector<double> pair_ratios;  // per engine: speculative ÷ plain of its two adjacent runs (steady)
-  std::int64_t requests = 0;
-  sa::EngineMetrics metrics;
-  ConcurrentTime plain_time, spec_time;
-};
-ConcurrentResult run_concurrent(const std::vector<std::string>& args, const std::vector<Prompt>& prompts,
-                                std::int64_t n, std::int64_t max_new, int repeats) {
-  ConcurrentResult out;
-  out.requests = std::max<std::int64_t>(static_cast<std::int64_t>(prompts.size()), 6 * n);
-  // Warm-up prompts outside the set: the engine's cost and acceptance models start from real steps
-  // of this batch size, as they would in a server that has been running.
-  std::vector<Prompt> warm;
-  for (std::int64_t i = 0; i < n; ++i)
-    warm.push_back({"warm-up", "Write a few sentences about the number " + std::to_string(i + 1) + "."});
-  for (int k = 0; k < repeats; ++k)
-    for (bool plain_first : {true, false}) {  // plain then speculative, then the other way round
-      auto engine = sa::Engine::from_argv(args);
-      concurrent_run(*engine, warm, n, n, max_new, true);
-      double rate[2] = {0, 0};
-      for (bool speculative : {!plain_first, plain_first}) {
-        engine->flush_cache();
-        const ConcurrentRate v = concurrent_run(*engine, prompts, n, out.requests, max_new, speculative,
-                                                speculative ? &out.spec_time : &out.plain_time);
-        ConcurrentRate& best = speculative ? out.spec : out.plain;
-        best.steady = std::max(best.steady, v.steady);
-        best.drain = std::max(best.drain, v.drain);
-        rate[speculative ? 1 : 0] = v.steady;
-      }
-      if (rate[0] > 0) out.pair_ratios.push_back(rate[1] / rate[0]);
-      add_metrics(out.metrics, engine->metrics());
-      engine->shutdown();
-    }
-  return out;
-}
-
-json budget_json(const sa::EngineMetrics& m) {
-  return {{"adaptive", m.adaptive},
-          {"decode_steps", m.speculative_steps},
-          {"budget_skipped_steps", m.budget_skipped_steps},
-          {"verified_nodes_histogram", m.verified_nodes},
-          {"calibration_error", m.calibration_error},
-          {"calibrated_nodes", m.calibrated_nodes},
-          {"cost_model_c_k", m.step_cost},
-          {"cost_model_one_row_ms", m.step_ms_1},
-          {"memory", m.budget_memory}};
-}
-
-void print_budget(const json& b) {
-  std::string hist;
-  const auto& h = b["verified_nodes_histogram"];
-  for (std::size_t n = 0; n < h.size(); ++n)
-    if (h[n].get<std::int64_t>() > 0)
-      hist += fmt::format(" {}{}:{}", n, n + 1 == h.size() && n == 32 ? "+" : "", h[n].get<std::int64_t>());
-  std::cout << fmt::format("  budget: {}; {} of {} decode steps ran without drafts by the budget\n",
-                           b["adaptive"].get<bool>() ? "adaptive" : "fixed shape (--speculative-adaptive false)",
-                           b["budget_skipped_steps"].get<std::int64_t>(), b["decode_steps"].get<std::int64_t>());
-  std::cout << "  draft nodes verified per step (nodes:steps):" << (hist.empty() ? " -" : hist) << "\n";
-  std::string ck;
-  const std::vector<int> ks{1, 2, 4, 8, 16, 32};
-  for (std::size_t i = 0; i < b["cost_model_c_k"].size() && i < ks.size(); ++i)
-    ck += fmt::format(" c({})={:.2f}", ks[i], b["cost_model_c_k"][i].get<double>());
-  std::cout << fmt::format(
-      "  acceptance model: calibration error {:.3f} over {:.0f} nodes; cost model: {:.2f} ms/row{}\n",
-      b["calibration_error"].get<double>(), b["calibrated_nodes"].get<double>(),
-      b["cost_model_one_row_ms"].get<double>(), ck);
-  if (b.contains("memory") && !b["memory"].get<std::string>().empty())
-    std::cout << "  budget memory (--speculative-budget-cache) of the first engine: " << b["memory"].get<std::string>()
-              << "\n";
-}
-
 // The engines a bench starts log warnings only, unless the user asked for a level (--log-level trace
 // shows the budget's decisions): a flag the user gave is honoured, not overridden.
 void quiet_unless_asked(std::vector<std::string>& args) {
@@ -453,17 +267,14 @@ bool is_spec_shape_flag(const std::string& a) {
   return a == "--speculative-num-steps" || a == "--speculative-eagle-topk" || a == "--speculative-num-draft-tokens";
 }
 
-}  // namespace
+}  // namespace specactor::cli::bench_detail
 
-int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
-                      std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart,
-                      const std::vector<std::int64_t>& concurrency) {
-  const sc::ServerArgs user = sc::parse_server_args(server_args);
-  spdlog::set_level(spdlog::level::from_str(user.log_level));
-  const std::string algo(sc::to_string(user.speculative_algorithm));
-  std::vector<Prompt> loaded = load_prompts(prompts_path);
+using namespace specactor::cli::bench_detail;
 
-  // With --sweep the grid replaces the user's own shape flags.
+namespace {
+
+// The user's server flags for the speculative engines; with --sweep the grid replaces their shape flags.
+std::vector<std::string> spec_base_args(const std::vector<std::string>& server_args, bool sweep) {
   std::vector<std::string> spec_base;
   for (std::size_t i = 0; i < server_args.size(); ++i) {
     const std::string& a = server_args[i];
@@ -475,8 +286,11 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     spec_base.push_back(a);
   }
   quiet_unless_asked(spec_base);
-  const std::vector<Prompt> prompts = resolve_chain(spec_base, std::move(loaded), max_new);
+  return spec_base;
+}
 
+// The settings to run: the user's, or with --sweep the grid (and the budget's row first when it is on).
+std::vector<Setting> make_settings(const sc::ServerArgs& user, bool sweep, const std::string& algo) {
   std::vector<Setting> settings;
   // With the budget on (the default), the sweep's first row is the budget at the drafter's default
   // shape and the grid's rows are fixed shapes (--speculative-adaptive false), all in the same run.
@@ -507,32 +321,16 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     settings.push_back(std::move(st));
   }
 
-  for (auto& s : settings) {
-    std::vector<std::string> args = spec_base;
-    args.insert(args.end(), s.flags.begin(), s.flags.end());
-    spdlog::info("bench: {} {} on {} prompts, plain and speculative alternating", algo, s.label, prompts.size());
-    run_setting(args, prompts, max_new, repeats, s);
-    // A drafter that went down leaves the engine decoding without drafts: not a measurement.
-    if (!s.metrics.draft_error.empty())
-      throw std::runtime_error("bench: " + algo + " " + s.label + ": the drafter went down (" + s.metrics.draft_error +
-                               "), so the speculative runs decoded without drafts; nothing to report");
-  }
+  return settings;
+}
 
-  // Per category for the chosen (or best) setting.
-  const auto best = std::max_element(settings.begin(), settings.end(), [](const Setting& a, const Setting& b) {
-    return a.median_speedup < b.median_speedup;
-  });
+// Per category for each setting, per prompt, and the budget's summary.
+json settings_json(const std::vector<Setting>& settings, const std::vector<Prompt>& prompts) {
   std::map<std::string, std::vector<std::size_t>> by_cat;
   for (std::size_t i = 0; i < prompts.size(); ++i) by_cat[prompts[i].category].push_back(i);
   by_cat["overall"] = {};
   for (std::size_t i = 0; i < prompts.size(); ++i) by_cat["overall"].push_back(i);
-
-  json j;
-  j["algorithm"] = algo;
-  j["prompts"] = prompts_path;
-  j["max_new_tokens"] = max_new;
-  j["repeats"] = repeats;
-  j["settings"] = json::array();
+  json out = json::array();
   for (const auto& s : settings) {
     json pos = json::array();
     for (std::size_t d = 0; d < s.metrics.drafted_at.size(); ++d) {
@@ -566,75 +364,75 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
                             {"identical", s.runs[i].tokens == s.plain[i].tokens},
                             {"generated_tokens", s.plain[i].tokens.size()},
                             {"prompt", prompts[i].text}});
-    j["settings"].push_back({{"label", s.label},
-                             {"flags", s.flags},
-                             {"median_speedup", s.median_speedup},
-                             {"mean_tau", s.mean_tau},
-                             {"alpha", s.alpha},
-                             {"acceptance_by_position", pos},
-                             {"outputs_identical_to_plain", s.mismatches == 0},
-                             {"mismatched_prompts", s.mismatches},
-                             {"draft_ms", s.metrics.draft_ms},
-                             {"verify_ms", s.metrics.step_compute_ms},
-                             {"overhead_ms", s.metrics.step_wall_ms - s.metrics.step_compute_ms},
-                             {"by_category", cats},
-                             {"by_prompt", per_prompt},
-                             {"budget", budget_json(s.metrics)}});
+    out.push_back({{"label", s.label},
+                   {"flags", s.flags},
+                   {"median_speedup", s.median_speedup},
+                   {"mean_tau", s.mean_tau},
+                   {"alpha", s.alpha},
+                   {"acceptance_by_position", pos},
+                   {"outputs_identical_to_plain", s.mismatches == 0},
+                   {"mismatched_prompts", s.mismatches},
+                   {"draft_ms", s.metrics.draft_ms},
+                   {"verify_ms", s.metrics.step_compute_ms},
+                   {"overhead_ms", s.metrics.step_wall_ms - s.metrics.step_compute_ms},
+                   {"by_category", cats},
+                   {"by_prompt", per_prompt},
+                   {"budget", budget_json(s.metrics)}});
   }
-  j["best"] = best->label;
-  // The budget against the best fixed shape of each category (each category its own best).
-  if (budget_row) {
-    json cmp = json::object();
-    const json& b = j["settings"][0]["by_category"];
-    for (const auto& [cat, v] : b.items()) {
-      double best_fixed = 0;
-      std::string label;
-      for (std::size_t i = 1; i < j["settings"].size(); ++i) {
-        const double x = j["settings"][i]["by_category"][cat]["median_speedup"].get<double>();
-        if (x > best_fixed) best_fixed = x, label = j["settings"][i]["label"].get<std::string>();
-      }
-      const double mine = v["median_speedup"].get<double>();
-      cmp[cat] = {{"budget_speedup", mine},
-                  {"best_fixed", label},
-                  {"best_fixed_speedup", best_fixed},
-                  {"ratio", best_fixed > 0 ? mine / best_fixed : 0.0}};
-    }
-    j["budget_vs_best_fixed"] = cmp;
-  }
-  // Concurrent requests with the chosen (or best) setting: aggregate throughput with and without drafts.
-  j["concurrent"] = json::array();
-  {
-    std::vector<std::string> args = spec_base;
-    args.insert(args.end(), best->flags.begin(), best->flags.end());
-    for (std::int64_t n : concurrency)
-      if (n > 0) {
-        spdlog::info("bench: {} concurrent requests, plain and speculative alternating", n);
-        const ConcurrentResult r = run_concurrent(args, prompts, n, max_new, repeats);
-        j["concurrent"].push_back(
-            {{"requests", n},
-             {"requests_per_run", r.requests},
-             {"plain_tokens_per_s", r.plain.steady},
-             {"speculative_tokens_per_s", r.spec.steady},
-             {"ratio", r.plain.steady > 0 ? r.spec.steady / r.plain.steady : 0.0},
-             {"pair_ratios", r.pair_ratios},
-             {"balanced_ratio", geometric_mean(r.pair_ratios)},
-             {"drain_plain_tokens_per_s", r.plain.drain},
-             {"drain_speculative_tokens_per_s", r.spec.drain},
-             {"drain_ratio", r.plain.drain > 0 ? r.spec.drain / r.plain.drain : 0.0},
-             {"time", {{"plain", r.plain_time.to_json()}, {"speculative", r.spec_time.to_json()}}},
-             {"budget", budget_json(r.metrics)}});
-      }
-  }
-  if (!chart.empty()) write_chart(chart, settings);
+  return out;
+}
 
-  if (as_json) {
-    std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
-    return 0;
+// The budget against the best fixed shape of each category (each category its own best).
+json budget_vs_best_fixed(const json& settings) {
+  json cmp = json::object();
+  const json& b = settings[0]["by_category"];
+  for (const auto& [cat, v] : b.items()) {
+    double best_fixed = 0;
+    std::string label;
+    for (std::size_t i = 1; i < settings.size(); ++i) {
+      const double x = settings[i]["by_category"][cat]["median_speedup"].get<double>();
+      if (x > best_fixed) best_fixed = x, label = settings[i]["label"].get<std::string>();
+    }
+    const double mine = v["median_speedup"].get<double>();
+    cmp[cat] = {{"budget_speedup", mine},
+                {"best_fixed", label},
+                {"best_fixed_speedup", best_fixed},
+                {"ratio", best_fixed > 0 ? mine / best_fixed : 0.0}};
   }
+  return cmp;
+}
+
+// Concurrent requests with the chosen (or best) setting: aggregate throughput with and without drafts.
+json concurrent_json(const std::vector<std::string>& args, const std::vector<Prompt>& prompts,
+                     const std::vector<std::int64_t>& concurrency, std::int64_t max_new, int repeats) {
+  json out = json::array();
+  for (std::int64_t n : concurrency)
+    if (n > 0) {
+      spdlog::info("bench: {} concurrent requests, plain and speculative alternating", n);
+      const ConcurrentResult r = run_concurrent(args, prompts, n, max_new, repeats);
+      out.push_back({{"requests", n},
+                     {"requests_per_run", r.requests},
+                     {"plain_tokens_per_s", r.plain.steady},
+                     {"speculative_tokens_per_s", r.spec.steady},
+                     {"ratio", r.plain.steady > 0 ? r.spec.steady / r.plain.steady : 0.0},
+                     {"pair_ratios", r.pair_ratios},
+                     {"balanced_ratio", geometric_mean(r.pair_ratios)},
+                     {"drain_plain_tokens_per_s", r.plain.drain},
+                     {"drain_speculative_tokens_per_s", r.spec.drain},
+                     {"drain_ratio", r.plain.drain > 0 ? r.spec.drain / r.plain.drain : 0.0},
+                     {"time", {{"plain", r.plain_time.to_json()}, {"speculative", r.spec_time.to_json()}}},
+                     {"budget", budget_json(r.metrics)}});
+    }
+  return out;
+}
+
+void print_settings(const json& j, const std::string& algo, std::size_t prompt_count, const std::string& prompts_path,
+                    std::int64_t max_new, int repeats) {
+  const std::size_t n_prompts = prompt_count;
   std::cout << fmt::format(
       "specactor bench: plain vs {} on {} prompts ({}), greedy, up to {} new tokens each, best of "
       "{} alternating runs per prompt\n",
-      algo, prompts.size(), prompts_path, max_new, repeats);
+      algo, n_prompts, prompts_path, max_new, repeats);
   for (const auto& s : j["settings"]) {
     std::cout << fmt::format("\nsetting {}: median speedup {:.2f}x, mean τ {:.2f}, α {:.2f}, outputs identical: {}\n",
                              s["label"].get<std::string>(), s["median_speedup"].get<double>(),
@@ -653,7 +451,10 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
                              s["draft_ms"].get<double>(), s["verify_ms"].get<double>(), s["overhead_ms"].get<double>());
     print_budget(s["budget"]);
   }
-  if (sweep) std::cout << fmt::format("\nbest setting: {} ({:.2f}x)\n", best->label, best->median_speedup);
+}
+
+void print_comparisons(const json& j, const Setting& best, bool sweep) {
+  if (sweep) std::cout << fmt::format("\nbest setting: {} ({:.2f}x)\n", best.label, best.median_speedup);
   if (j.contains("budget_vs_best_fixed")) {
     std::cout << "\nthe budget against each category's best fixed shape (same run):\n";
     std::cout << fmt::format("  {:<10} {:>8} {:>12} {:>9} {:>7}\n", "category", "budget", "best fixed", "speedup",
@@ -667,7 +468,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     std::cout << fmt::format(
         "\nconcurrent: {} requests in flight ({}, {} requests a run): aggregate {:.1f} tok/s plain, {:.1f} tok/s "
         "speculative = {:.2f}x while {} were in flight; {:.2f}x to the last completion ({:.1f} / {:.1f} tok/s)\n",
-        c["requests"].get<std::int64_t>(), best->label, c["requests_per_run"].get<std::int64_t>(),
+        c["requests"].get<std::int64_t>(), best.label, c["requests_per_run"].get<std::int64_t>(),
         c["plain_tokens_per_s"].get<double>(), c["speculative_tokens_per_s"].get<double>(), c["ratio"].get<double>(),
         c["requests"].get<std::int64_t>(), c["drain_ratio"].get<double>(), c["drain_plain_tokens_per_s"].get<double>(),
         c["drain_speculative_tokens_per_s"].get<double>());
@@ -688,107 +489,52 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
     }
     print_budget(c["budget"]);
   }
+}
+
+}  // namespace
+
+int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
+                      std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart,
+                      const std::vector<std::int64_t>& concurrency) {
+  const sc::ServerArgs user = sc::parse_server_args(server_args);
+  spdlog::set_level(spdlog::level::from_str(user.log_level));
+  const std::string algo(sc::to_string(user.speculative_algorithm));
+  const std::vector<std::string> spec_base = spec_base_args(server_args, sweep);
+  const std::vector<Prompt> prompts = resolve_chain(spec_base, load_prompts(prompts_path), max_new);
+  std::vector<Setting> settings = make_settings(user, sweep, algo);
+  for (auto& s : settings) {
+    std::vector<std::string> args = spec_base;
+    args.insert(args.end(), s.flags.begin(), s.flags.end());
+    spdlog::info("bench: {} {} on {} prompts, plain and speculative alternating", algo, s.label, prompts.size());
+    run_setting(args, prompts, max_new, repeats, s);
+    // A drafter that went down leaves the engine decoding without drafts: not a measurement.
+    if (!s.metrics.draft_error.empty())
+      throw std::runtime_error("bench: " + algo + " " + s.label + ": the drafter went down (" + s.metrics.draft_error +
+                               "), so the speculative runs decoded without drafts; nothing to report");
+  }
+
+  // Per category for the chosen (or best) setting.
+  const auto best = std::max_element(settings.begin(), settings.end(), [](const Setting& a, const Setting& b) {
+    return a.median_speedup < b.median_speedup;
+  });
+  json j;
+  j["algorithm"] = algo;
+  j["prompts"] = prompts_path;
+  j["max_new_tokens"] = max_new;
+  j["repeats"] = repeats;
+  j["settings"] = settings_json(settings, prompts);
+  j["best"] = best->label;
+  if (sweep && user.speculative_adaptive) j["budget_vs_best_fixed"] = budget_vs_best_fixed(j["settings"]);
+  std::vector<std::string> best_args = spec_base;
+  best_args.insert(best_args.end(), best->flags.begin(), best->flags.end());
+  j["concurrent"] = concurrent_json(best_args, prompts, concurrency, max_new, repeats);
+  if (!chart.empty()) write_chart(chart, settings);
+  if (as_json) {
+    std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
+    return 0;
+  }
+  print_settings(j, algo, prompts.size(), prompts_path, max_new, repeats);
+  print_comparisons(j, *best, sweep);
   if (!chart.empty()) std::cout << "chart: " << chart << "\n";
   return 0;
-}
-
-std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& server_args,
-                                           const std::vector<DrafterChoice>& drafters, const std::string& prompts_path,
-                                           std::int64_t max_new, int repeats) {
-  std::vector<std::string> plain_args = server_args;
-  quiet_unless_asked(plain_args);
-  const std::vector<Prompt> prompts = resolve_chain(plain_args, load_prompts(prompts_path), max_new);
-  std::vector<DrafterRow> rows;
-  for (const auto& d : drafters) {
-    DrafterRow row;
-    row.label = d.label;
-    std::vector<std::string> args = server_args;
-    args.insert(args.end(), d.flags.begin(), d.flags.end());
-    quiet_unless_asked(args);
-    spdlog::info("bench: plain vs {} on {} prompts", d.label, prompts.size());
-    try {
-      Setting s;
-      run_setting(args, prompts, max_new, repeats, s);
-      std::vector<double> p, q;
-      for (std::size_t i = 0; i < prompts.size(); ++i) {
-        p.push_back(s.plain[i].tps);
-        q.push_back(s.runs[i].tps);
-      }
-      row.plain_tps = median(p);
-      row.spec_tps = median(q);
-      row.median_speedup = s.median_speedup;
-      row.mean_tau = s.mean_tau;
-      row.identical = s.mismatches == 0;
-      // A drafter that failed to start leaves the engine decoding without drafts: not a measurement.
-      if (!s.metrics.draft_error.empty()) row.error = "the drafter did not start: " + s.metrics.draft_error;
-    } catch (const std::exception& e) {
-      row.error = e.what();  // e.g. an algorithm this device refuses: reported, the others still run
-    }
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
-
-std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& server_args,
-                                            const specactor::model::ModelInfo& target, std::int64_t target_layers,
-                                            const std::string& prompts_path, std::int64_t max_new, int repeats) {
-  namespace sm = specactor::model;
-  const auto dir = std::filesystem::temp_directory_path() / ("specactor_bench_heads." + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::int64_t self_layers = std::min<std::int64_t>(8, std::max<std::int64_t>(1, target_layers / 2));
-  std::vector<DrafterChoice> drafters = {{"NGRAM", {"--speculative-algorithm", "NGRAM"}},
-                                         {fmt::format("STANDALONE (first {} layers)", self_layers),
-                                          {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers",
-                                           std::to_string(self_layers), "--speculative-num-steps", "2"}}};
-  for (auto kind : {sm::HeadKind::Eagle, sm::HeadKind::Eagle3, sm::HeadKind::Mtp}) {
-    sm::HeadSpec spec;
-    spec.kind = kind;
-    const std::string name(sm::to_string(kind));
-    const std::string path = (dir / (name + ".gguf")).string();
-    sm::write_random_head(target, spec, path);
-    drafters.push_back(
-        {name + " (random head)", {"--speculative-algorithm", name, "--speculative-draft-model-path", path}});
-  }
-  drafters.push_back(
-      {"FROZEN_KV_MTP (random head)",
-       {"--speculative-algorithm", "FROZEN_KV_MTP", "--speculative-draft-model-path", (dir / "MTP.gguf").string()}});
-  std::vector<DrafterRow> rows;
-  try {
-    rows = bench_each_drafter(server_args, drafters, prompts_path, max_new, repeats);
-  } catch (...) {
-    std::filesystem::remove_all(dir);
-    throw;
-  }
-  std::filesystem::remove_all(dir);
-  return rows;
-}
-
-void print_drafter_rows(const std::vector<DrafterRow>& rows, const std::string& prompts_path, std::int64_t max_new,
-                        std::int64_t repeats) {
-  std::cout << fmt::format(
-      "plain vs each drafter on {} (greedy, up to {} new tokens, best of {} per prompt, medians):\n", prompts_path,
-      max_new, repeats);
-  std::cout << fmt::format("  {:<30} {:>12} {:>12} {:>9} {:>6} {:>10}\n", "drafter", "plain tok/s", "spec tok/s",
-                           "speedup", "τ", "identical");
-  for (const auto& r : rows) {
-    if (!r.error.empty()) {
-      std::cout << fmt::format("  {:<30} not run: {}\n", r.label, r.error);
-      continue;
-    }
-    std::cout << fmt::format("  {:<30} {:>12.1f} {:>12.1f} {:>8.2f}x {:>6.2f} {:>10}\n", r.label, r.plain_tps,
-                             r.spec_tps, r.median_speedup, r.mean_tau, r.identical ? "yes" : "NO");
-  }
-}
-
-json drafter_rows_json(const std::vector<DrafterRow>& rows) {
-  json out = json::array();
-  for (const auto& r : rows)
-    out.push_back({{"drafter", r.label},
-                   {"plain_tokens_per_s", r.plain_tps},
-                   {"speculative_tokens_per_s", r.spec_tps},
-                   {"median_speedup", r.median_speedup},
-                   {"mean_tau", r.mean_tau},
-                   {"outputs_identical_to_plain", r.identical},
-                   {"error", r.error}});
-  return out;
 }

@@ -424,11 +424,50 @@ std::vector<int> parse_layers(const std::string& s, std::int64_t n_layers) {
 
 }  // namespace
 
-int make_data(const MakeDataOptions& o, const std::vector<std::string>& server_args) {
+namespace {
+
+void check_options(const MakeDataOptions& o) {
   if (!(o.sampled_share >= 0 && o.sampled_share <= 1))
     throw sc::ConfigError("--sampled-share: expected a fraction in [0, 1]");
   if (!(o.temperature > 0)) throw sc::ConfigError("--temperature: expected > 0 (the sampled share's temperature)");
   if (!(o.top_p > 0 && o.top_p <= 1)) throw sc::ConfigError("--top-p: expected a value in (0, 1]");
+}
+
+// An existing manifest.json of --out must come from the same target and settings (a resumed run).
+void check_manifest(const std::string& manifest_path, const std::string& out, const json& target,
+                    const json& settings) {
+  if (!fs::exists(manifest_path)) return;
+  const json old = sc::parse_json(sc::read_text_file(manifest_path, manifest_path), manifest_path);
+  if (!old.is_object() || old.value("format", "") != kFormat)
+    throw sc::ConfigError("--out " + out + ": manifest.json is not a make-data manifest");
+  auto differs = [&](const json& a, const json& b, const char* key) {
+    return !a.contains(key) || !b.contains(key) || a[key] != b[key];
+  };
+  for (const char* key : {"fingerprint", "aux_layers", "cpu_precision"})
+    if (differs(old.value("target", json::object()), target, key))
+      throw sc::ConfigError("--out " + out + ": this folder was made from another target or setting (target " + key +
+                            " " + old.value("target", json::object()).value(key, json()).dump() + " vs " +
+                            target[key].dump() + "); use a new --out");
+  for (const char* key :
+       {"prompts_fingerprint", "max_new_tokens", "sampled_share", "temperature", "top_p", "shard_samples"})
+    if (differs(old.value("settings", json::object()), settings, key))
+      throw sc::ConfigError("--out " + out + ": this folder was made with another " + key + " (" +
+                            old.value("settings", json::object()).value(key, json()).dump() + " vs " +
+                            settings[key].dump() + "); use a new --out or the same flags");
+}
+
+json model_json(const sm::LlamaConfig& c) {
+  return {{"hidden_size", c.hidden},          {"intermediate_size", c.ffn},
+          {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.n_kv_heads},
+          {"head_dim", c.head_dim},           {"num_hidden_layers", c.n_layers},
+          {"vocab_size", c.vocab_size},       {"rope_theta", c.rope_base},
+          {"rms_norm_eps", c.norm_eps},       {"max_position_embeddings", c.context_length}};
+}
+
+}  // namespace
+
+int make_data(const MakeDataOptions& o, const std::vector<std::string>& server_args) {
+  check_options(o);
   sc::ServerArgs args = sc::parse_server_args(server_args);
   spdlog::set_level(spdlog::level::from_str(args.log_level));
   if (args.speculative_algorithm != sc::SpecAlgorithm::None && args.speculative_algorithm != sc::SpecAlgorithm::Auto)
@@ -458,25 +497,7 @@ int make_data(const MakeDataOptions& o, const std::vector<std::string>& server_a
                    {"temperature", o.temperature},
                    {"top_p", o.top_p},
                    {"shard_samples", o.shard_samples}};
-  if (fs::exists(manifest_path)) {
-    const json old = sc::parse_json(sc::read_text_file(manifest_path, manifest_path), manifest_path);
-    if (!old.is_object() || old.value("format", "") != kFormat)
-      throw sc::ConfigError("--out " + o.out + ": manifest.json is not a make-data manifest");
-    auto differs = [&](const json& a, const json& b, const char* key) {
-      return !a.contains(key) || !b.contains(key) || a[key] != b[key];
-    };
-    for (const char* key : {"fingerprint", "aux_layers", "cpu_precision"})
-      if (differs(old.value("target", json::object()), target, key))
-        throw sc::ConfigError("--out " + o.out + ": this folder was made from another target or setting (target " +
-                              key + " " + old.value("target", json::object()).value(key, json()).dump() + " vs " +
-                              target[key].dump() + "); use a new --out");
-    for (const char* key :
-         {"prompts_fingerprint", "max_new_tokens", "sampled_share", "temperature", "top_p", "shard_samples"})
-      if (differs(old.value("settings", json::object()), settings, key))
-        throw sc::ConfigError("--out " + o.out + ": this folder was made with another " + key + " (" +
-                              old.value("settings", json::object()).value(key, json()).dump() + " vs " +
-                              settings[key].dump() + "); use a new --out or the same flags");
-  }
+  check_manifest(manifest_path, o.out, target, settings);
   json manifest = {{"format", kFormat},    {"version", kVersion}, {"target", target},
                    {"settings", settings}, {"complete", false},   {"shards", json::array()}};
   auto save_manifest = [&] {
@@ -538,12 +559,7 @@ int make_data(const MakeDataOptions& o, const std::vector<std::string>& server_a
   manifest["complete"] = true;
   manifest["samples"] = all.size();
   manifest["tokens"] = total_tokens;
-  const auto& c = m.config;
-  manifest["model"] = {{"hidden_size", c.hidden},          {"intermediate_size", c.ffn},
-                       {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.n_kv_heads},
-                       {"head_dim", c.head_dim},           {"num_hidden_layers", c.n_layers},
-                       {"vocab_size", c.vocab_size},       {"rope_theta", c.rope_base},
-                       {"rms_norm_eps", c.norm_eps},       {"max_position_embeddings", c.context_length}};
+  manifest["model"] = model_json(m.config);
   save_manifest();
   std::printf("make-data: %zu samples, %lld tokens in %zu shards under %s\n", all.size(),
               static_cast<long long>(total_tokens), manifest["shards"].size(), o.out.c_str());

@@ -292,6 +292,29 @@ ApiRequest parse_generate(const json& body, const ApiLimits& limits) {
   return a;
 }
 
+sched::GenerationRequest parse_tokenize(const json& body, const ApiLimits& limits) {
+  if (body.contains("messages")) return parse_chat(body, limits).request;
+  sched::GenerationRequest r;
+  const auto it = body.find("prompt");
+  if (it == body.end() || !it->is_string()) throw ApiError(400, "prompt: expected a string", "prompt");
+  r.prompt = it->get<std::string>();
+  return r;
+}
+
+std::vector<std::int32_t> parse_detokenize(const json& body, std::int64_t vocab_size) {
+  const auto it = body.find("tokens");
+  if (it == body.end() || !it->is_array()) throw ApiError(400, "tokens: expected an array of token ids", "tokens");
+  std::vector<std::int32_t> ids;
+  for (std::size_t i = 0; i < it->size(); ++i) {
+    const json& t = (*it)[i];
+    if (!t.is_number_integer() || t.get<std::int64_t>() < 0 || t.get<std::int64_t>() >= vocab_size)
+      throw ApiError(400, "tokens[" + std::to_string(i) + "]: expected a token id below " + std::to_string(vocab_size),
+                     "tokens");
+    ids.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
+  }
+  return ids;
+}
+
 std::function<std::string(const std::string&)> api_field_names(const ApiRequest& a) {
   return [max_tokens = a.max_tokens_name, prompt = a.prompt_name, prefix = a.sampling_prefix](const std::string& f) {
     if (f == "max_new_tokens") return max_tokens;

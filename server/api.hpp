@@ -62,6 +62,10 @@ inline constexpr std::size_t kMaxErrorChars = 300;
 ApiRequest parse_chat(const json& body, const ApiLimits& limits);
 ApiRequest parse_completion(const json& body, const ApiLimits& limits);
 ApiRequest parse_generate(const json& body, const ApiLimits& limits);
+// /tokenize: {"prompt"} or {"messages"} (a chat, templated as generation would); /detokenize: {"tokens"},
+// each an id below vocab_size. A 400 naming the field otherwise.
+sched::GenerationRequest parse_tokenize(const json& body, const ApiLimits& limits);
+std::vector<std::int32_t> parse_detokenize(const json& body, std::int64_t vocab_size);
 // Parses the text as JSON; a syntax error or a non-object is a 400.
 json parse_body(const std::string& text);
 

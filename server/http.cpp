@@ -249,70 +249,74 @@ struct Server::Impl {
     return queue(c, x, resp, whole, false);
   }
 
+  // The headers are in: the exchange is made, and the limits and the precheck may refuse it at once.
+  static MHD_Result on_headers(Impl& s, MHD_Connection* c, const char* url, const char* method, const char* version,
+                               void** con_cls) {
+    auto xp = std::make_shared<Reply::Exchange>();
+    auto& x = *xp;
+    x.conn = c;
+    x.closing = &s.closing;
+    x.req.method = method ? method : "";
+    x.req.path = url ? url : "";
+    x.req.version = version ? version : "";
+    MHD_get_connection_values(c, MHD_HEADER_KIND, &collect_header, &x.req);
+    *con_cls = new std::shared_ptr<Reply::Exchange>(xp);
+    std::int64_t open = 0;
+    if (Conn* cn = conn_of(c)) {
+      x.fd = cn->fd;
+      std::lock_guard<std::mutex> lock(s.g);
+      cn->phase = Conn::Phase::Body;
+      cn->since = Clock::now();
+      cn->ex = xp;
+      open = static_cast<std::int64_t>(s.conns.size());
+    }
+    auto refuse = [&](int status, const std::string& why, Headers extra = {}) {
+      Response r{status, "application/json", error_json(status, why), std::move(extra)};
+      return queue_whole(c, x, r, true);
+    };
+    if (x.req.headers.size() > s.limits.max_headers) {
+      std::lock_guard<std::mutex> lock(s.g);
+      ++s.stats.refused_header_too_large;
+      return refuse(431, "too many header lines (at most " + std::to_string(s.limits.max_headers) + ")");
+    }
+    if (open > s.limits.max_connections) {
+      {
+        std::lock_guard<std::mutex> lock(s.g);
+        ++s.stats.refused_connection_cap;
+      }
+      return refuse(503,
+                    "too many open connections (--max-connections " + std::to_string(s.limits.max_connections) + ")",
+                    {{"Retry-After", "1"}});
+    }
+    const std::string length = x.req.header("Content-Length");
+    if (!length.empty()) {
+      // MHD has refused a malformed length already; here it is digits.
+      errno = 0;
+      const unsigned long long n = std::strtoull(length.c_str(), nullptr, 10);
+      if (errno == ERANGE || n > static_cast<unsigned long long>(s.limits.max_body_bytes)) {
+        std::lock_guard<std::mutex> lock(s.g);
+        ++s.stats.refused_body_too_large;
+        return refuse(413, std::string(reason_phrase(413)) + ": Content-Length " + length.substr(0, 24) + " is over " +
+                               std::to_string(s.limits.max_body_bytes) + " bytes");
+      }
+    }
+    if (s.closing) return refuse(503, "the server is shutting down");
+    if (std::optional<Response> r = s.precheck(x.req)) {
+      const std::string te = x.req.header("Transfer-Encoding");
+      if ((length.empty() || length == "0") && te.empty()) {
+        x.refusal = std::move(*r);  // no body: answered when MHD has the request complete, keeping the connection
+        return MHD_YES;
+      }
+      return queue_whole(c, x, *r, true);  // MHD skips the body and closes the connection after
+    }
+    return MHD_YES;
+  }
+
   static MHD_Result access(void* cls, MHD_Connection* c, const char* url, const char* method, const char* version,
                            const char* upload_data, size_t* upload_size, void** con_cls) {
     auto& s = *static_cast<Impl*>(cls);
     auto* holder = static_cast<std::shared_ptr<Reply::Exchange>*>(*con_cls);
-    if (!holder) {  // the headers are in
-      auto xp = std::make_shared<Reply::Exchange>();
-      auto& x = *xp;
-      x.conn = c;
-      x.closing = &s.closing;
-      x.req.method = method ? method : "";
-      x.req.path = url ? url : "";
-      x.req.version = version ? version : "";
-      MHD_get_connection_values(c, MHD_HEADER_KIND, &collect_header, &x.req);
-      *con_cls = new std::shared_ptr<Reply::Exchange>(xp);
-      std::int64_t open = 0;
-      if (Conn* cn = conn_of(c)) {
-        x.fd = cn->fd;
-        std::lock_guard<std::mutex> lock(s.g);
-        cn->phase = Conn::Phase::Body;
-        cn->since = Clock::now();
-        cn->ex = xp;
-        open = static_cast<std::int64_t>(s.conns.size());
-      }
-      auto refuse = [&](int status, const std::string& why, Headers extra = {}) {
-        Response r{status, "application/json", error_json(status, why), std::move(extra)};
-        return queue_whole(c, x, r, true);
-      };
-      if (x.req.headers.size() > s.limits.max_headers) {
-        std::lock_guard<std::mutex> lock(s.g);
-        ++s.stats.refused_header_too_large;
-        return refuse(431, "too many header lines (at most " + std::to_string(s.limits.max_headers) + ")");
-      }
-      if (open > s.limits.max_connections) {
-        {
-          std::lock_guard<std::mutex> lock(s.g);
-          ++s.stats.refused_connection_cap;
-        }
-        return refuse(503,
-                      "too many open connections (--max-connections " + std::to_string(s.limits.max_connections) + ")",
-                      {{"Retry-After", "1"}});
-      }
-      const std::string length = x.req.header("Content-Length");
-      if (!length.empty()) {
-        // MHD has refused a malformed length already; here it is digits.
-        errno = 0;
-        const unsigned long long n = std::strtoull(length.c_str(), nullptr, 10);
-        if (errno == ERANGE || n > static_cast<unsigned long long>(s.limits.max_body_bytes)) {
-          std::lock_guard<std::mutex> lock(s.g);
-          ++s.stats.refused_body_too_large;
-          return refuse(413, std::string(reason_phrase(413)) + ": Content-Length " + length.substr(0, 24) +
-                                 " is over " + std::to_string(s.limits.max_body_bytes) + " bytes");
-        }
-      }
-      if (s.closing) return refuse(503, "the server is shutting down");
-      if (std::optional<Response> r = s.precheck(x.req)) {
-        const std::string te = x.req.header("Transfer-Encoding");
-        if ((length.empty() || length == "0") && te.empty()) {
-          x.refusal = std::move(*r);  // no body: answered when MHD has the request complete, keeping the connection
-          return MHD_YES;
-        }
-        return queue_whole(c, x, *r, true);  // MHD skips the body and closes the connection after
-      }
-      return MHD_YES;
-    }
+    if (!holder) return on_headers(s, c, url, method, version, con_cls);  // the headers are in
     const std::shared_ptr<Reply::Exchange> xp = *holder;
     Reply::Exchange& x = *xp;
     if (*upload_size > 0) {  // a piece of the body
@@ -586,23 +590,6 @@ std::int64_t Server::open_exchanges() const {
 Stats Server::stats() const {
   std::lock_guard<std::mutex> lock(impl_->g);
   return impl_->stats;
-}
-
-bool ensure_fd_limit(std::int64_t connections, std::int64_t& have) {
-  // Each connection is one descriptor; the model files, the engine and the logs need a few more.
-  const std::int64_t need = connections + 128;
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
-    have = -1;
-    return true;  // cannot tell: let accept(2) report it
-  }
-  const std::int64_t hard = rl.rlim_max == RLIM_INFINITY ? INT64_MAX : static_cast<std::int64_t>(rl.rlim_max);
-  have = std::min(hard, INT64_MAX) - 128;
-  if (static_cast<std::int64_t>(rl.rlim_cur) >= need && rl.rlim_cur != RLIM_INFINITY) return true;
-  if (rl.rlim_cur == RLIM_INFINITY) return true;
-  if (hard < need) return false;
-  rl.rlim_cur = static_cast<rlim_t>(need);
-  return ::setrlimit(RLIMIT_NOFILE, &rl) == 0;
 }
 
 }  // namespace specactor::server::http

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "server/http.hpp"
+
 namespace specactor::server {
 
 Histogram::Histogram(std::vector<double> upper_bounds)
@@ -97,6 +99,72 @@ void Exposition::histogram(const std::string& name, const std::string& help, con
   sample(name + "_bucket", static_cast<double>(h.count), {{"le", "+Inf"}});
   sample(name + "_sum", h.sum);
   sample(name + "_count", static_cast<double>(h.count));
+}
+
+void add_engine_metrics(Exposition& x, const sched::EngineMetrics& m) {
+  x.gauge("specactor:num_requests_running", "requests in the running batch", static_cast<double>(m.running));
+  x.gauge("specactor:num_requests_waiting", "requests queued for the batch", static_cast<double>(m.queued));
+  x.gauge("specactor:kv_pages_total", "pages of the target's KV pool", static_cast<double>(m.kv_pages_total));
+  x.gauge("specactor:kv_pages_used", "KV pages reserved by admitted requests",
+          static_cast<double>(m.kv_pages_total - m.kv_pages_free - m.cache_pages));
+  x.gauge("specactor:prefix_cache_enabled", "1 when the prefix cache is on (not --disable-radix-cache)",
+          m.prefix_cache ? 1 : 0);
+  x.gauge("specactor:prefix_cache_pages", "KV pages the prefix cache holds", static_cast<double>(m.cache_pages));
+  x.counter("specactor:prefix_cache_queries_total", "prompt tokens of requests that looked the cache up",
+            static_cast<double>(m.cache_query_tokens));
+  x.counter("specactor:prefix_cache_hits_total", "of those, tokens found in the cache (not prefilled)",
+            static_cast<double>(m.cache_hit_tokens));
+  x.counter("specactor:prefix_cache_evicted_pages_total", "pages the cache gave up for room or a flush",
+            static_cast<double>(m.cache_evicted_pages));
+  x.counter("specactor:draft_prefix_cache_queries_total",
+            "draft KV slots asked for at requests' starts (STANDALONE, one-layer heads)",
+            static_cast<double>(m.draft_cache_query_tokens));
+  x.counter("specactor:draft_prefix_cache_hits_total", "of those, found in the drafter's own prefix cache",
+            static_cast<double>(m.draft_cache_hit_tokens));
+  x.gauge("specactor:draft_prefix_cache_pages", "draft KV pages the drafter's prefix cache holds",
+          static_cast<double>(m.draft_cache_pages));
+  x.counter("specactor:generation_tokens_total", "tokens generated", static_cast<double>(m.generated_tokens));
+  x.counter("specactor:spec_decode_num_drafts_total", "decode steps whose request got a proposal",
+            m.drafted_at.empty() ? 0.0 : static_cast<double>(m.drafted_at[0]));
+  x.counter("specactor:spec_decode_num_draft_tokens_total", "draft tokens verified", static_cast<double>(m.drafted));
+  x.counter("specactor:spec_decode_num_accepted_tokens_total", "draft tokens accepted",
+            static_cast<double>(m.accepted));
+  x.family("specactor:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+           "draft tokens accepted at each depth of the proposal (position 0 = the first draft)");
+  for (std::size_t d = 0; d < m.accepted_at.size(); ++d)
+    x.sample("specactor:spec_decode_num_accepted_tokens_per_pos_total", static_cast<double>(m.accepted_at[d]),
+             {{"position", std::to_string(d)}});
+  x.counter("specactor:spec_decode_draft_failures_total", "times the draft worker failed",
+            static_cast<double>(m.draft_failures));
+  x.counter("specactor:spec_decode_fallback_steps_total", "decode steps run without a draft after a failure",
+            static_cast<double>(m.fallback_steps));
+  x.gauge("specactor:spec_budget_adaptive", "1 when the budget decides what is drafted and verified",
+          m.adaptive ? 1 : 0);
+  x.counter("specactor:spec_budget_skipped_steps_total",
+            "per-request decode steps run without a draft because the budget said it would not pay",
+            static_cast<double>(m.budget_skipped_steps));
+  x.family("specactor:spec_budget_verified_nodes_total", "counter",
+           "per-request decode steps by the number of draft nodes verified (the last bucket: that many or more)");
+  for (std::size_t n = 0; n < m.verified_nodes.size(); ++n)
+    x.sample("specactor:spec_budget_verified_nodes_total", static_cast<double>(m.verified_nodes[n]),
+             {{"nodes", std::to_string(n)}});
+  x.gauge("specactor:spec_budget_calibration_error",
+          "acceptance model: expected calibration error of its node predictions", m.calibration_error);
+  x.gauge("specactor:spec_budget_step_ms", "cost model: one row's step time at a short context (ms)", m.step_ms_1);
+  x.family("specactor:spec_budget_step_cost_ratio", "gauge", "cost model: c(k), k rows' step time over one row's");
+  const std::vector<int> ks{1, 2, 4, 8, 16, 32};
+  for (std::size_t i = 0; i < m.step_cost.size() && i < ks.size(); ++i)
+    x.sample("specactor:spec_budget_step_cost_ratio", m.step_cost[i], {{"rows", std::to_string(ks[i])}});
+}
+
+void add_http_refusals(Exposition& x, const http::Stats& h) {
+  x.family("specactor:http_refused_total", "counter", "exchanges the HTTP layer refused or cut, by reason");
+  for (auto [reason, n] :
+       {std::pair{"connection_cap", h.refused_connection_cap},
+        std::pair{"headers_too_large", h.refused_header_too_large},
+        std::pair{"body_too_large", h.refused_body_too_large}, std::pair{"header_timeout", h.header_timeouts},
+        std::pair{"body_timeout", h.body_timeouts}, std::pair{"client_gone", h.clients_gone}})
+    x.sample("specactor:http_refused_total", static_cast<double>(n), {{"reason", reason}});
 }
 
 }  // namespace specactor::server

@@ -9,7 +9,12 @@
 #include <utility>
 #include <vector>
 
+#include "sched/types.hpp"
+
 namespace specactor::server {
+namespace http {
+struct Stats;
+}
 
 using Labels = std::vector<std::pair<std::string, std::string>>;
 
@@ -51,5 +56,10 @@ class Exposition {
 std::string escape_label(const std::string& v);
 // A sample value: integers without a fraction, +Inf/-Inf/NaN spelled as Prometheus does.
 std::string format_value(double v);
+
+// The engine's gauges and counters (running and queued requests, KV pages, prefix caches, speculative
+// decoding and the budget), and the HTTP layer's refusals by reason, as /metrics shows them.
+void add_engine_metrics(Exposition& x, const sched::EngineMetrics& m);
+void add_http_refusals(Exposition& x, const http::Stats& h);
 
 }  // namespace specactor::server

@@ -124,16 +124,6 @@ class Server {
   }
 
  private:
-  static http::Limits http_limits(const ServeOptions& o) {
-    http::Limits l;
-    l.threads = static_cast<int>(o.http_threads);
-    l.max_connections = o.max_connections;
-    l.max_body_bytes = o.max_body_bytes;
-    l.header_timeout_s = o.header_timeout_seconds;
-    l.body_timeout_s = o.body_timeout_seconds;
-    return l;
-  }
-
   // --- plumbing -----------------------------------------------------------------------------------
   void send_error(const http::Reply& res, const ApiError& e) {
     if (e.status == 400 || e.status == 404) ++rejected_invalid_;
@@ -141,7 +131,7 @@ class Server {
   }
 
   bool protected_path(const std::string& path) const {
-    return path != "/health" && path != "/metrics" && path != "/v1/models" && path != "/ping";
+    return path != "/health" && path != "/metrics" && path != "/v1/models";
   }
 
   // Before the body is read: the route, the API key, the Content-Type.
@@ -273,99 +263,115 @@ class Server {
         {}, "service_unavailable");
   }
 
-  void generate(const http::Request& req, const http::Reply& res, Endpoint ep) {
-    actors::EngineApi* engine = engine_or_503(res);
-    if (!engine) return;
-    ApiRequest a;
-    std::vector<std::int32_t> ids;
+  // The request parsed and validated by the engine (prepare: the context rule included), its messages
+  // naming the API's fields; a 400 answered and nothing when it is refused.
+  std::optional<ApiRequest> parse_request(const http::Request& req, const http::Reply& res, Endpoint ep,
+                                          actors::EngineApi& engine) {
     try {
       const json body = parse_body(req.body);
       const ApiLimits limits{name_};
-      a = ep == Endpoint::Chat         ? parse_chat(body, limits)
-          : ep == Endpoint::Completion ? parse_completion(body, limits)
-                                       : parse_generate(body, limits);
-      // The engine's one validation (the context rule included); its messages name the API's fields.
+      ApiRequest a = ep == Endpoint::Chat         ? parse_chat(body, limits)
+                     : ep == Endpoint::Completion ? parse_completion(body, limits)
+                                                  : parse_generate(body, limits);
       try {
-        engine->prepare(a.request, api_field_names(a));
+        engine.prepare(a.request, api_field_names(a));
       } catch (const sched::RequestError& e) {
         throw request_error(e);
       } catch (const config::ConfigError& e) {  // the text itself (UTF-8, chat roles): named in its message
         const std::string msg = e.what();
         throw ApiError(400, msg, msg.substr(0, msg.find_first_of(":[")));
       }
-      ids = a.request.prompt_ids;
+      return a;
     } catch (const ApiError& e) {
       send_error(res, e);
-      return;
+      return std::nullopt;
     }
+  }
+
+  // How one request is answered.
+  struct Answer {
+    Endpoint ep;
+    std::string rid;
+    std::int64_t created;
+    bool streamed, include_usage;
+    std::string budget_param;
+  };
+
+  // Runs on an engine thread for each event: keeps the latency histograms, the outcome, and answers
+  // (a streamed request's chunk; a whole request's response on the final event).
+  void deliver(Live& live, const actors::TokenEvent& ev, const http::Reply& res, const Answer& ans) {
+    const auto now = Clock::now();
+    std::unique_lock<std::mutex> lock(live.m);
+    if (!ev.tokens.empty()) {
+      if (live.first_token) {
+        ttft_.observe(seconds(now - live.arrived));
+        live.first_token = false;
+      } else {
+        const double gap = seconds(now - live.last) / static_cast<double>(ev.tokens.size());
+        for (std::size_t i = 0; i < ev.tokens.size(); ++i) itl_.observe(gap);
+      }
+      live.last = now;
+    }
+    Outcome& o = live.outcome;
+    o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+    o.text += ev.text;
+    if (ev.finished) {
+      o.finish_reason = ev.finish_reason;
+      o.error = ev.error;
+      o.invalid_request = ev.invalid_request;
+      o.metrics = ev.metrics;
+      live.finished = true;
+      e2e_.observe(seconds(now - live.arrived));
+      res.log_note("prompt=" + std::to_string(o.prompt_tokens) + " completion=" + std::to_string(o.tokens.size()));
+    }
+    if (ans.streamed) {
+      std::string out = sse_for(live, ev, ans.ep, ans.rid, ans.created, ans.include_usage);
+      if (!out.empty()) res.write(std::move(out));
+      if (ev.finished) res.end();
+    } else if (ev.finished) {
+      if (o.finish_reason == "error") {
+        // A request the engine refused (its KV budget, its context) is the client's: 400 naming it.
+        if (o.invalid_request)
+          send_error(res, ApiError(400, o.error, ans.budget_param));
+        else
+          send_json(res, 500, status_error_body(500, o.error));
+      } else if (o.finish_reason == "cancelled" && grace_cut_) {
+        send_json(res, 503, error_body(shutdown_error()));
+      } else {
+        send_json(res, 200,
+                  ans.ep == Endpoint::Chat         ? chat_response(ans.rid, ans.created, name_, o)
+                  : ans.ep == Endpoint::Completion ? completion_response(ans.rid, ans.created, name_, o)
+                                                   : generate_response(ans.rid, o));
+      }
+    }
+    if (ev.finished) {
+      lock.unlock();
+      // Last: once live_ is empty and the response is out, the drain may end.
+      std::lock_guard<std::mutex> g(m_);
+      ++outcomes_[ev.finish_reason];
+      live_.erase(ev.id);
+    }
+  }
+
+  void generate(const http::Request& req, const http::Reply& res, Endpoint ep) {
+    actors::EngineApi* engine = engine_or_503(res);
+    if (!engine) return;
+    std::optional<ApiRequest> parsed = parse_request(req, res, ep, *engine);
+    if (!parsed) return;
+    ApiRequest& a = *parsed;
+    const std::vector<std::int32_t> ids = a.request.prompt_ids;
 
     const std::string rid = (ep == Endpoint::Chat         ? "chatcmpl-"
                              : ep == Endpoint::Completion ? "cmpl-"
                                                           : "gen-") +
                             std::to_string(next_id_++);
-    const std::int64_t created = unix_now();
-    const bool streamed = a.stream, include_usage = a.include_usage;
-    const std::string budget_param = ep == Endpoint::Generate ? "sampling_params.max_new_tokens" : "max_tokens";
+    const bool streamed = a.stream;
+    const Answer ans{ep, rid, unix_now(), streamed, a.include_usage, a.max_tokens_name};
     auto live = std::make_shared<Live>();
     live->outcome.prompt_tokens = static_cast<std::int64_t>(ids.size());
     live->arrived = live->last = Clock::now();
 
-    // Runs on an engine thread for each event: keeps the latency histograms, the outcome, and
-    // answers (a streamed request's chunk; a whole request's response on the final event).
-    auto on_event = [this, live, res, ep, rid, created, streamed, include_usage,
-                     budget_param](const actors::TokenEvent& ev) {
-      const auto now = Clock::now();
-      std::unique_lock<std::mutex> lock(live->m);
-      if (!ev.tokens.empty()) {
-        if (live->first_token) {
-          ttft_.observe(seconds(now - live->arrived));
-          live->first_token = false;
-        } else {
-          const double gap = seconds(now - live->last) / static_cast<double>(ev.tokens.size());
-          for (std::size_t i = 0; i < ev.tokens.size(); ++i) itl_.observe(gap);
-        }
-        live->last = now;
-      }
-      Outcome& o = live->outcome;
-      o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
-      o.text += ev.text;
-      if (ev.finished) {
-        o.finish_reason = ev.finish_reason;
-        o.error = ev.error;
-        o.invalid_request = ev.invalid_request;
-        o.metrics = ev.metrics;
-        live->finished = true;
-        e2e_.observe(seconds(now - live->arrived));
-        res.log_note("prompt=" + std::to_string(o.prompt_tokens) + " completion=" + std::to_string(o.tokens.size()));
-      }
-      if (streamed) {
-        std::string out = sse_for(*live, ev, ep, rid, created, include_usage);
-        if (!out.empty()) res.write(std::move(out));
-        if (ev.finished) res.end();
-      } else if (ev.finished) {
-        if (o.finish_reason == "error") {
-          // A request the engine refused (its KV budget, its context) is the client's: 400 naming it.
-          if (o.invalid_request)
-            send_error(res, ApiError(400, o.error, budget_param));
-          else
-            send_json(res, 500, status_error_body(500, o.error));
-        } else if (o.finish_reason == "cancelled" && grace_cut_) {
-          send_json(res, 503, error_body(shutdown_error()));
-        } else {
-          send_json(res, 200,
-                    ep == Endpoint::Chat         ? chat_response(rid, created, name_, o)
-                    : ep == Endpoint::Completion ? completion_response(rid, created, name_, o)
-                                                 : generate_response(rid, o));
-        }
-      }
-      if (ev.finished) {
-        lock.unlock();
-        // Last: once live_ is empty and the response is out, the drain may end.
-        std::lock_guard<std::mutex> g(m_);
-        ++outcomes_[ev.finish_reason];
-        live_.erase(ev.id);
-      }
-    };
+    auto on_event = [this, live, res, ans](const actors::TokenEvent& ev) { deliver(*live, ev, res, ans); };
 
     {
       std::lock_guard<std::mutex> lock(m_);
@@ -416,15 +422,7 @@ class Server {
     actors::EngineApi* engine = engine_or_503(res);
     if (!engine) return;
     try {
-      const json body = parse_body(req.body);
-      actors::GenerationRequest r;
-      if (body.contains("messages")) {
-        r = parse_chat(body, {name_}).request;
-      } else {
-        const auto it = body.find("prompt");
-        if (it == body.end() || !it->is_string()) throw ApiError(400, "prompt: expected a string", "prompt");
-        r.prompt = it->get<std::string>();
-      }
+      const actors::GenerationRequest r = parse_tokenize(parse_body(req.body), {name_});
       std::vector<std::int32_t> ids;
       try {
         ids = engine->tokenize(r);
@@ -442,20 +440,9 @@ class Server {
     if (!engine) return;
     try {
       const json body = parse_body(req.body);
-      const auto it = body.find("tokens");
-      if (it == body.end() || !it->is_array()) throw ApiError(400, "tokens: expected an array of token ids", "tokens");
       const auto tok = engine->tokenizer();
       if (!tok) throw ApiError(400, "this server has no tokenizer (--skip-tokenizer-init)");
-      std::vector<std::int32_t> ids;
-      for (std::size_t i = 0; i < it->size(); ++i) {
-        const json& t = (*it)[i];
-        if (!t.is_number_integer() || t.get<std::int64_t>() < 0 || t.get<std::int64_t>() >= tok->vocab_size())
-          throw ApiError(
-              400, "tokens[" + std::to_string(i) + "]: expected a token id below " + std::to_string(tok->vocab_size()),
-              "tokens");
-        ids.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
-      }
-      send_json(res, 200, {{"prompt", tok->decode(ids)}});
+      send_json(res, 200, {{"prompt", tok->decode(parse_detokenize(body, tok->vocab_size()))}});
     } catch (const ApiError& e) {
       send_error(res, e);
     }
@@ -482,63 +469,7 @@ class Server {
   void metrics(const http::Reply& res) {
     Exposition x;
     x.gauge("specactor:model_loaded", "1 once the model is loaded and the server answers requests", ready_ ? 1 : 0);
-    if (ready_) {
-      const actors::EngineMetrics m = engine_->metrics();
-      x.gauge("specactor:num_requests_running", "requests in the running batch", static_cast<double>(m.running));
-      x.gauge("specactor:num_requests_waiting", "requests queued for the batch", static_cast<double>(m.queued));
-      x.gauge("specactor:kv_pages_total", "pages of the target's KV pool", static_cast<double>(m.kv_pages_total));
-      x.gauge("specactor:kv_pages_used", "KV pages reserved by admitted requests",
-              static_cast<double>(m.kv_pages_total - m.kv_pages_free - m.cache_pages));
-      x.gauge("specactor:prefix_cache_enabled", "1 when the prefix cache is on (not --disable-radix-cache)",
-              m.prefix_cache ? 1 : 0);
-      x.gauge("specactor:prefix_cache_pages", "KV pages the prefix cache holds", static_cast<double>(m.cache_pages));
-      x.counter("specactor:prefix_cache_queries_total", "prompt tokens of requests that looked the cache up",
-                static_cast<double>(m.cache_query_tokens));
-      x.counter("specactor:prefix_cache_hits_total", "of those, tokens found in the cache (not prefilled)",
-                static_cast<double>(m.cache_hit_tokens));
-      x.counter("specactor:prefix_cache_evicted_pages_total", "pages the cache gave up for room or a flush",
-                static_cast<double>(m.cache_evicted_pages));
-      x.counter("specactor:draft_prefix_cache_queries_total",
-                "draft KV slots asked for at requests' starts (STANDALONE, one-layer heads)",
-                static_cast<double>(m.draft_cache_query_tokens));
-      x.counter("specactor:draft_prefix_cache_hits_total", "of those, found in the drafter's own prefix cache",
-                static_cast<double>(m.draft_cache_hit_tokens));
-      x.gauge("specactor:draft_prefix_cache_pages", "draft KV pages the drafter's prefix cache holds",
-              static_cast<double>(m.draft_cache_pages));
-      x.counter("specactor:generation_tokens_total", "tokens generated", static_cast<double>(m.generated_tokens));
-      x.counter("specactor:spec_decode_num_drafts_total", "decode steps whose request got a proposal",
-                m.drafted_at.empty() ? 0.0 : static_cast<double>(m.drafted_at[0]));
-      x.counter("specactor:spec_decode_num_draft_tokens_total", "draft tokens verified",
-                static_cast<double>(m.drafted));
-      x.counter("specactor:spec_decode_num_accepted_tokens_total", "draft tokens accepted",
-                static_cast<double>(m.accepted));
-      x.family("specactor:spec_decode_num_accepted_tokens_per_pos_total", "counter",
-               "draft tokens accepted at each depth of the proposal (position 0 = the first draft)");
-      for (std::size_t d = 0; d < m.accepted_at.size(); ++d)
-        x.sample("specactor:spec_decode_num_accepted_tokens_per_pos_total", static_cast<double>(m.accepted_at[d]),
-                 {{"position", std::to_string(d)}});
-      x.counter("specactor:spec_decode_draft_failures_total", "times the draft worker failed",
-                static_cast<double>(m.draft_failures));
-      x.counter("specactor:spec_decode_fallback_steps_total", "decode steps run without a draft after a failure",
-                static_cast<double>(m.fallback_steps));
-      x.gauge("specactor:spec_budget_adaptive", "1 when the budget decides what is drafted and verified",
-              m.adaptive ? 1 : 0);
-      x.counter("specactor:spec_budget_skipped_steps_total",
-                "per-request decode steps run without a draft because the budget said it would not pay",
-                static_cast<double>(m.budget_skipped_steps));
-      x.family("specactor:spec_budget_verified_nodes_total", "counter",
-               "per-request decode steps by the number of draft nodes verified (the last bucket: that many or more)");
-      for (std::size_t n = 0; n < m.verified_nodes.size(); ++n)
-        x.sample("specactor:spec_budget_verified_nodes_total", static_cast<double>(m.verified_nodes[n]),
-                 {{"nodes", std::to_string(n)}});
-      x.gauge("specactor:spec_budget_calibration_error",
-              "acceptance model: expected calibration error of its node predictions", m.calibration_error);
-      x.gauge("specactor:spec_budget_step_ms", "cost model: one row's step time at a short context (ms)", m.step_ms_1);
-      x.family("specactor:spec_budget_step_cost_ratio", "gauge", "cost model: c(k), k rows' step time over one row's");
-      const std::vector<int> ks{1, 2, 4, 8, 16, 32};
-      for (std::size_t i = 0; i < m.step_cost.size() && i < ks.size(); ++i)
-        x.sample("specactor:spec_budget_step_cost_ratio", m.step_cost[i], {{"rows", std::to_string(ks[i])}});
-    }
+    if (ready_) add_engine_metrics(x, engine_->metrics());
     {
       std::lock_guard<std::mutex> lock(m_);
       x.family("specactor:request_success_total", "counter", "requests by how they ended");
@@ -556,13 +487,7 @@ class Server {
     }
     const http::Stats h = http_.stats();
     x.gauge("specactor:http_connections_open", "open HTTP connections", static_cast<double>(h.connections_open));
-    x.family("specactor:http_refused_total", "counter", "exchanges the HTTP layer refused or cut, by reason");
-    for (auto [reason, n] :
-         {std::pair{"connection_cap", h.refused_connection_cap},
-          std::pair{"headers_too_large", h.refused_header_too_large},
-          std::pair{"body_too_large", h.refused_body_too_large}, std::pair{"header_timeout", h.header_timeouts},
-          std::pair{"body_timeout", h.body_timeouts}, std::pair{"client_gone", h.clients_gone}})
-      x.sample("specactor:http_refused_total", static_cast<double>(n), {{"reason", reason}});
+    add_http_refusals(x, h);
     x.counter("specactor:prompt_tokens_total", "prompt tokens of accepted requests",
               static_cast<double>(prompt_tokens_.load()));
     x.histogram("specactor:time_to_first_token_seconds", "from the request's arrival to its first token",
@@ -595,42 +520,6 @@ class Server {
 };
 
 }  // namespace
-
-void check_serve_options(const ServeOptions& o) {
-  if (o.api_key_given && o.api_key.empty())
-    throw config::ConfigError(
-        "--api-key: is empty, which would turn authentication off; give a key, or leave the flag (and "
-        "SPECACTOR_API_KEY) out to serve without one");
-  for (std::size_t i = 0; i < o.api_key.size(); ++i) {
-    const auto c = static_cast<unsigned char>(o.api_key[i]);
-    if (c <= 0x20 || c == 0x7f)
-      throw config::ConfigError("--api-key: has a space or control character at byte " + std::to_string(i) +
-                                ", which an 'Authorization: Bearer' header cannot carry (a key of visible characters "
-                                "is expected)");
-  }
-  if (!(o.grace_seconds >= 0 && o.grace_seconds <= kMaxGraceSeconds))
-    throw config::ConfigError("--grace-period: must be in [0, " + std::to_string(static_cast<int>(kMaxGraceSeconds)) +
-                              "] seconds (got " + config::printable(std::to_string(o.grace_seconds)) + ")");
-  if (o.http_threads < 1 || o.http_threads > kMaxHttpThreads)
-    throw config::ConfigError("--http-threads: must be in [1, " + std::to_string(kMaxHttpThreads) + "] (got " +
-                              std::to_string(o.http_threads) + ")");
-  if (o.max_connections < 1 || o.max_connections > kMaxConnections)
-    throw config::ConfigError("--max-connections: must be in [1, " + std::to_string(kMaxConnections) + "] (got " +
-                              std::to_string(o.max_connections) + ")");
-  if (!o.workers.empty()) (void)actors::parse_workers(o.workers);
-  if (!(o.workers_wait_seconds >= 0 && o.workers_wait_seconds <= 3600))
-    throw config::ConfigError("--workers-wait: must be in [0, 3600] seconds (got " +
-                              config::printable(std::to_string(o.workers_wait_seconds)) + ")");
-  actors::check_tls({o.worker_tls_certificate, o.worker_tls_key, o.worker_tls_ca}, "--worker-tls-");
-  if (o.routing != "cache-aware" && o.routing != "least-loaded" && o.routing != "round-robin")
-    throw config::ConfigError("--routing: '" + config::printable(o.routing, 40) +
-                              "' (expected cache-aware, least-loaded or round-robin)");
-  for (auto [flag, v] :
-       {std::pair{"--header-timeout", o.header_timeout_seconds}, std::pair{"--body-timeout", o.body_timeout_seconds}})
-    if (!(v >= 0.1 && v <= 3600))
-      throw config::ConfigError(std::string(flag) + ": must be in [0.1, 3600] seconds (got " +
-                                config::printable(std::to_string(v)) + ")");
-}
 
 int serve(const config::ServerArgs& args, const ServeOptions& given) {
   // SIGINT/SIGTERM are taken by sigtimedwait below, never by a handler: block them before any thread starts.

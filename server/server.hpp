@@ -49,6 +49,11 @@ inline constexpr double kMaxGraceSeconds = 7 * 24 * 3600.0;
 // Refuses serve options that cannot work (an empty API key, a grace period beyond kMaxGraceSeconds,
 // thread and connection counts and timeouts out of range).
 void check_serve_options(const ServeOptions& options);
+namespace http {
+struct Limits;
+}
+// The HTTP layer's limits from the options (server/options.cpp).
+http::Limits http_limits(const ServeOptions& options);
 
 // Binds args.host:args.port exclusively (ConfigError when it cannot), answers /health with 503 while
 // the engine loads the model, serves until SIGINT or SIGTERM, drains, and returns 0 (128 + the
