@@ -361,48 +361,39 @@ PathNames path_names(const sc::ServerArgs& s, const SpeedRun& run) {
 
 void print_speed_json(const sc::ServerArgs& s, const SpeedRun& run) {
   const PathNames names = path_names(s, run);
-  const std::int64_t prompt_tokens = run.prompt_tokens, decode_tokens = run.decode_tokens, repeats = run.repeats;
-  const double decode_tps = run.decode_tps, direct_decode_tps = run.direct_decode_tps, prefill_tps = run.prefill_tps;
-  const double overhead_pct = run.overhead_pct, overhead_us = run.overhead_us, peak_gflops = run.peak_gflops;
-  const double bytes_per_token = run.bytes_per_token, ceiling_tps = run.ceiling_tps;
-  const double achieved_gflops = run.achieved_gflops;
-  const auto& bw = run.bw;
-  const auto& rows_times = run.rows_times;
-  const auto& concurrent = run.concurrent;
-  const auto& depth_runs = run.depth_runs;
   const char* precision_path = names.precision_path;
   const std::string& path_reason = names.reason;
-  const std::size_t tile_bytes = run.tile_bytes;
   const int threads = names.threads;
   json j = {{"model", s.model_path},
             {"cpu_path", precision_path},
             {"cpu_path_reason", path_reason},
             {"cpu_precision", sc::to_string(s.cpu_precision)},
             {"tile_rows", s.cpu_precision == sc::CpuPrecision::Fast ? specactor::kernels::qpath_tile_rows() : 0},
-            {"tile_copy_bytes", tile_bytes},
+            {"tile_copy_bytes", run.tile_bytes},
             {"kv_cache_dtype", s.kv_cache_dtype},
             {"threads", threads},
-            {"memory_read_gbps", bw.read_gbps},
-            {"memory_copy_gbps", bw.copy_gbps},
-            {"peak_fma_gflops", peak_gflops},
-            {"prompt_tokens", prompt_tokens},
-            {"prefill_tokens_per_s", prefill_tps},
-            {"decode_tokens", decode_tokens},
-            {"decode_tokens_per_s", decode_tps},
-            {"decode_tokens_per_s_without_actors", direct_decode_tps},
-            {"actor_overhead_percent_of_step", overhead_pct},
-            {"actor_overhead_us_per_step", overhead_us},
-            {"bytes_per_decode_token", bytes_per_token},
-            {"bandwidth_ceiling_tokens_per_s", ceiling_tps},
-            {"fraction_of_bandwidth_ceiling", decode_tps / ceiling_tps},
-            {"decode_gflops", achieved_gflops},
-            {"fraction_of_peak_fma", peak_gflops > 0 ? achieved_gflops / peak_gflops : 0.0},
-            {"repeats", repeats}};
-  for (const auto& [k, t] : rows_times)
-    j["forward_rows"].push_back({{"rows", k}, {"ms", 1000 * t}, {"c", t / rows_times[0].second}});
-  for (const auto& [n, tps] : concurrent)
-    j["concurrent"].push_back({{"requests", n}, {"tokens_per_s", tps}, {"ratio_to_one", tps / concurrent[0].second}});
-  for (const DepthRun& run : depth_runs)
+            {"memory_read_gbps", run.bw.read_gbps},
+            {"memory_copy_gbps", run.bw.copy_gbps},
+            {"peak_fma_gflops", run.peak_gflops},
+            {"prompt_tokens", run.prompt_tokens},
+            {"prefill_tokens_per_s", run.prefill_tps},
+            {"decode_tokens", run.decode_tokens},
+            {"decode_tokens_per_s", run.decode_tps},
+            {"decode_tokens_per_s_without_actors", run.direct_decode_tps},
+            {"actor_overhead_percent_of_step", run.overhead_pct},
+            {"actor_overhead_us_per_step", run.overhead_us},
+            {"bytes_per_decode_token", run.bytes_per_token},
+            {"bandwidth_ceiling_tokens_per_s", run.ceiling_tps},
+            {"fraction_of_bandwidth_ceiling", run.decode_tps / run.ceiling_tps},
+            {"decode_gflops", run.achieved_gflops},
+            {"fraction_of_peak_fma", run.peak_gflops > 0 ? run.achieved_gflops / run.peak_gflops : 0.0},
+            {"repeats", run.repeats}};
+  for (const auto& [k, t] : run.rows_times)
+    j["forward_rows"].push_back({{"rows", k}, {"ms", 1000 * t}, {"c", t / run.rows_times[0].second}});
+  for (const auto& [n, tps] : run.concurrent)
+    j["concurrent"].push_back(
+        {{"requests", n}, {"tokens_per_s", tps}, {"ratio_to_one", tps / run.concurrent[0].second}});
+  for (const DepthRun& run : run.depth_runs)
     j["depths"].push_back({{"depth", run.depth},
                            {"prefill_tokens_per_s", run.prefill_tps},
                            {"decode_tokens_per_s", run.decode_tps},
@@ -415,17 +406,6 @@ void print_speed_json(const sc::ServerArgs& s, const SpeedRun& run) {
 
 void print_speed_text(const sc::ServerArgs& s, const SpeedRun& run) {
   const PathNames names = path_names(s, run);
-  const std::int64_t prompt_tokens = run.prompt_tokens, decode_tokens = run.decode_tokens, repeats = run.repeats;
-  const double decode_tps = run.decode_tps, direct_decode_tps = run.direct_decode_tps, prefill_tps = run.prefill_tps;
-  const double overhead_pct = run.overhead_pct, overhead_us = run.overhead_us, peak_gflops = run.peak_gflops;
-  const double bytes_per_token = run.bytes_per_token, ceiling_tps = run.ceiling_tps;
-  const double achieved_gflops = run.achieved_gflops, achieved_gbps = run.achieved_gbps;
-  const double best_prefill = run.best_prefill;
-  const std::uint64_t macs = run.macs;
-  const auto& bw = run.bw;
-  const auto& rows_times = run.rows_times;
-  const auto& concurrent = run.concurrent;
-  const auto& depth_runs = run.depth_runs;
   const char* precision_path = names.precision_path;
   const std::string& path_reason = names.reason;
   const std::string& tiles = names.tiles;
@@ -437,44 +417,44 @@ void print_speed_text(const sc::ServerArgs& s, const SpeedRun& run) {
       threads);
   std::cout << "path:     " << path_reason << "\n";
   std::cout << fmt::format(
-      "machine:  memory read {:.1f} GB/s (copy {:.1f} GB/s, {} MiB buffer); peak FMA {:.1f} GFLOP/s\n", bw.read_gbps,
-      bw.copy_gbps, bw.bytes >> 20, peak_gflops);
-  std::cout << fmt::format("prefill:  {} tokens in {:.3f} s = {:.1f} tok/s (best of {})\n", prompt_tokens, best_prefill,
-                           prefill_tps, repeats);
+      "machine:  memory read {:.1f} GB/s (copy {:.1f} GB/s, {} MiB buffer); peak FMA {:.1f} GFLOP/s\n",
+      run.bw.read_gbps, run.bw.copy_gbps, run.bw.bytes >> 20, run.peak_gflops);
+  std::cout << fmt::format("prefill:  {} tokens in {:.3f} s = {:.1f} tok/s (best of {})\n", run.prompt_tokens,
+                           run.best_prefill, run.prefill_tps, run.repeats);
   std::cout << fmt::format(
       "decode:   batch 1, {} tokens: {:.1f} tok/s through the actor engine, {:.1f} tok/s calling the "
       "model directly (best of {})\n",
-      decode_tokens, decode_tps, direct_decode_tps, repeats);
+      run.decode_tokens, run.decode_tps, run.direct_decode_tps, run.repeats);
   std::cout << fmt::format(
       "actors:   {:.1f} us per step outside the target's compute = {:.2f}% of the step "
       "(messages, copies, scheduling)\n",
-      overhead_us, overhead_pct);
+      run.overhead_us, run.overhead_pct);
   std::cout << fmt::format(
       "          {:.1f} MB read per token (weights + KV) -> bandwidth ceiling {:.1f} tok/s; "
       "reached {:.1f}% ({:.1f} GB/s)\n",
-      bytes_per_token / 1e6, ceiling_tps, 100.0 * decode_tps / ceiling_tps, achieved_gbps);
+      run.bytes_per_token / 1e6, run.ceiling_tps, 100.0 * run.decode_tps / run.ceiling_tps, run.achieved_gbps);
   std::cout << fmt::format("          {:.2f} GFLOP per token -> {:.1f} GFLOP/s = {:.1f}% of the measured FMA peak\n",
-                           2.0 * macs / 1e9, achieved_gflops,
-                           peak_gflops > 0 ? 100.0 * achieved_gflops / peak_gflops : 0.0);
+                           2.0 * run.macs / 1e9, run.achieved_gflops,
+                           run.peak_gflops > 0 ? 100.0 * run.achieved_gflops / run.peak_gflops : 0.0);
   std::string ck =
-      fmt::format("c(k):     one forward over k query rows at context {}, ÷ 1 row (best of {}):", prompt_tokens,
-                  std::max<std::int64_t>(repeats, 3));
-  for (const auto& [k, t] : rows_times)
-    ck += fmt::format("  c({})={:.2f} ({:.1f} ms)", k, t / rows_times[0].second, 1000 * t);
+      fmt::format("c(k):     one forward over k query rows at context {}, ÷ 1 row (best of {}):", run.prompt_tokens,
+                  std::max<std::int64_t>(run.repeats, 3));
+  for (const auto& [k, t] : run.rows_times)
+    ck += fmt::format("  c({})={:.2f} ({:.1f} ms)", k, t / run.rows_times[0].second, 1000 * t);
   std::cout << ck << "\n";
   std::string cc = fmt::format(
-      "batching: aggregate decode tok/s of n concurrent requests through the engine (32-token prompts, {} new "
+      "batching: aggregate decode tok/s of n run.concurrent requests through the engine (32-token prompts, {} new "
       "tokens each):",
-      decode_tokens);
-  for (const auto& [n, tps] : concurrent)
-    cc += fmt::format("  n={}: {:.1f} ({:.2f}x)", n, tps, tps / concurrent[0].second);
+      run.decode_tokens);
+  for (const auto& [n, tps] : run.concurrent)
+    cc += fmt::format("  n={}: {:.1f} ({:.2f}x)", n, tps, tps / run.concurrent[0].second);
   std::cout << cc << "\n";
-  if (!depth_runs.empty())
+  if (!run.depth_runs.empty())
     std::cout << fmt::format(
         "depths:   prefill of D tokens (the model alone) and batch-1 decode of {} tokens after them (through the "
         "engine; best of {}), against the bandwidth limit of the bytes each token reads (weights + KV):\n",
-        decode_tokens, repeats);
-  for (const DepthRun& run : depth_runs)
+        run.decode_tokens, run.repeats);
+  for (const DepthRun& run : run.depth_runs)
     std::cout << fmt::format(
         "          D={}: {}decode {:.1f} tok/s ({:.1f} without actors); {:.1f} MB per token -> "
         "limit {:.1f} tok/s; reached {:.1f}%\n",

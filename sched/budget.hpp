@@ -77,9 +77,8 @@ class CostModel {
   // the whole prompt): a one-time prefill of the drafter's own state, not what a round costs, left
   // out; counting it made one slow first round look like the price of every round, and the budget
   // then drafted nothing more to learn otherwise. The catch-up after idle steps is counted: it recurs
-  // whenever drafting is sparse (4 in flight: 14 rows per request, rounds of ~1.1 ms against ~0.6 ms),
-  // and leaving out every round above 8 rows per request (the rule until 2026-12-04) hid exactly the
-  // rounds that made sparse drafting a loss.
+  // whenever drafting is sparse, and leaving such rounds out hides exactly the rounds that make sparse
+  // drafting a loss (docs/performance.md, 2026-12-05 house entry).
   void observe_draft(std::int64_t levels, double ms, bool priming = false);
   // Predicted wall time of a draft round of `levels` levels (0 for none, and before any round): a
   // robust line (fixed cost per round + cost per level) through the last 32 rounds. While they all

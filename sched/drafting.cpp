@@ -73,8 +73,8 @@ void Scheduler::plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decodi
     // engine's record over all requests does not say a first draft is mostly wasted.
     // A request whose last verified draft was accepted whole may be probed whatever the record says.
     // Where probing cannot pay, a request whose drafter has not yet taken in its prompt is not probed:
-    // its first round would catch the head up on every prompt row (measured: long grounded prompts
-    // read 0.91-0.94x plain with drafting otherwise off, one probe each).
+    // its first round would catch the head up on every prompt row (docs/performance.md, 2026-12-05
+    // house entry).
     const std::size_t width = draft_.needs.hidden_layers.size() * static_cast<std::size_t>(hidden_size_);
     const bool priming_cheap = r->draft.primed || width == 0 || r->draft.hidden.size() / width <= kProbePrimingRows;
     a.probe = probe_due(r->draft.acc) && probe_quota > 0 &&

@@ -1,8 +1,6 @@
 // tests/test_cli.cpp — the specactor launcher as a user runs it: exit codes, stdout JSON, stderr
 // messages.
 #include <doctest/doctest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +16,7 @@
 #include "actors/engine.hpp"
 #include "kernels/backend.hpp"
 #include "tests/support/cli_run.hpp"
+#include "tests/support/free_port.hpp"
 #include "tests/support/gguf_writer.hpp"
 #include "tests/support/skip.hpp"
 
@@ -659,24 +658,6 @@ TEST_CASE("specactor inspect: a Hugging Face model folder is a model, not a draf
   fs::remove_all(dir);
 }
 
-namespace {
-// A loopback port nothing listens on now.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t n = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) {
-    ::close(fd);
-    return 0;
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-}  // namespace
-
 TEST_CASE("one bad request through the CLI, the embedding API and the HTTP API: one check, the same error") {
   const std::string model = default_model();
   if (model.empty()) {
@@ -710,7 +691,7 @@ TEST_CASE("one bad request through the CLI, the embedding API and the HTTP API: 
   CHECK(field == "max_new_tokens");
   CHECK(embed_msg == cli_msg);
 
-  const int port = free_port();
+  const int port = specactor::testing::free_port();
   REQUIRE(port > 0);
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
   // The server in the background, one curl once it is healthy, then SIGTERM.

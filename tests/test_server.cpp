@@ -19,6 +19,7 @@
 #include "server/api.hpp"
 #include "server/http.hpp"
 #include "server/metrics.hpp"
+#include "tests/support/free_port.hpp"
 
 using namespace specactor::server;
 
@@ -312,17 +313,7 @@ TEST_CASE("unsupported OpenAI fields: neutral values pass, others are refused, e
 
 namespace {
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using specactor::testing::free_port;
 
 int dial(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
