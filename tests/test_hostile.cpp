@@ -390,7 +390,7 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
       {gen + " --prompt hi --device cpu --attention-backend cuda",
        "--attention-backend cuda: not supported yet (attention runs where the forward runs: --device cpu)"},
       {gen + " --prompt hi --disable-chunked-prefix-cache", "--disable-chunked-prefix-cache true: not supported yet"},
-      {gen + " --prompt ''", "specactor: error: prompt: is empty"},
+      {gen + " --prompt ''", "specactor: error: --prompt: is empty"},
       {gen + " --prompt hi --temperature nan", "specactor: error: --temperature: 'nan' is not a finite number"},
       {gen + " --prompt hi --temperature inf", "--temperature: 'inf' is not a finite number"},
       {gen + " --prompt hi --top-k 4294967297", "--top-k: 4294967297 is out of range [-2147483648, 2147483647]"},
@@ -413,7 +413,7 @@ TEST_CASE("specactor: each hostile input ends in exit status 2 and one line nami
     all.push_back({g + " --chat --prompt " + testing::shell_quote("hi\xff"),
                    "specactor: error: prompt: text is not valid UTF-8: byte 2"});
     all.push_back({g + " --context-length 64 --prompt " + testing::shell_quote(long_prompt),
-                   "the context length (--context-length) is 64"});
+                   "--prompt: this model's maximum context length is 64 tokens; the prompt has"});
     all.push_back({g + " --max-total-tokens 16 --prompt " + testing::shell_quote(long_prompt.substr(0, 60)),
                    "tokens of KV cache but the cache holds 16 (--max-total-tokens)"});
   } else {
