@@ -103,8 +103,8 @@ struct InspectOptions {
 void add_inspect_flags(CLI::App& cmd, InspectOptions& o);
 int cmd_inspect(const InspectOptions& o);
 struct MakeHeadOptions {
-  std::string target, out, kind = "EAGLE", format = "gguf";
-  std::int64_t layers = 1, draft_vocab = 0;
+  std::string target, out, kind = "EAGLE", format;  // format "": gguf for heads, safetensors for DFLASH
+  std::int64_t layers = 1, draft_vocab = 0, block_size = 8;
   std::uint32_t seed = 1;
   bool own_output = false;
 };

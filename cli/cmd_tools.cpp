@@ -33,6 +33,7 @@
 #include "kernels/cpu/packed.hpp"
 #include "kernels/cpu/pool.hpp"
 #include "kernels/cpu/sampling.hpp"
+#include "model/block_drafter.hpp"
 #include "model/gguf.hpp"
 #include "model/head_model.hpp"
 #include "model/head_writer.hpp"
@@ -70,10 +71,13 @@ int cmd_config(const std::vector<std::string>& args) {
 }
 
 void add_inspect_flags(CLI::App& cmd, InspectOptions& o) {
-  cmd.add_option("model", o.path, "a GGUF model, or a draft head (GGUF file or safetensors directory)")->required();
+  cmd.add_option("model", o.path,
+                 "a GGUF model, a draft head (GGUF file or safetensors directory) or a DFLASH drafter (directory)")
+      ->required();
   cmd.add_flag("--json", o.json, "print JSON");
   cmd.add_flag("--tensors", o.tensors, "also list every tensor (name, type, shape)");
-  cmd.add_option("--target", o.target, "draft heads: check that the head fits this target model");
+  cmd.add_option("--target", o.target,
+                 "draft heads: check that the head fits this target model (DFLASH drafters: required)");
 }
 
 int cmd_inspect(const InspectOptions& o) {
@@ -85,6 +89,20 @@ int cmd_inspect(const InspectOptions& o) {
   if (!hf) gguf = sm::GgufFile::open(path);
   const std::string arch =
       gguf && gguf->has("general.architecture") ? std::string(gguf->get_string("general.architecture")) : "";
+  if (hf && sm::is_block_drafter_checkpoint(path)) {  // a DFLASH drafter: every check is against a target
+    if (target.empty())
+      throw sc::ConfigError("--target: is required to inspect a DFLASH drafter (" + path +
+                            "): its fields are checked against the target model it drafts for");
+    sc::ServerArgs t;
+    t.model_path = target;
+    const sm::ModelInfo ti = sm::read_any_model_info(t);
+    json j = sm::BlockDraftWeights::load(path, sm::LlamaConfig::from(ti, ""), ti.context_length, sc::LoadFormat::Auto)
+                 ->config()
+                 .to_json();
+    j["fits_target"] = target;
+    std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
+    return 0;
+  }
   if (hf && !sm::is_head_checkpoint(path)) {  // a Hugging Face model checkpoint, not a head
     sc::ServerArgs m;
     m.model_path = path;
@@ -143,9 +161,14 @@ int cmd_inspect(const InspectOptions& o) {
 void add_make_head_flags(CLI::App& cmd, MakeHeadOptions& o) {
   cmd.add_option("--target", o.target, "the target model (GGUF or Hugging Face directory)")->required();
   cmd.add_option("--out", o.out, "output: a .gguf file, or a directory for --format safetensors")->required();
-  cmd.add_option("--kind", o.kind, "EAGLE | EAGLE3 | MTP")->check(CLI::IsMember({"EAGLE", "EAGLE3", "MTP"}));
-  cmd.add_option("--format", o.format, "gguf | safetensors")->check(CLI::IsMember({"gguf", "safetensors"}));
-  cmd.add_option("--layers", o.layers, "MTP: next-token-prediction layers")->check(CLI::Range(1, 8));
+  cmd.add_option("--kind", o.kind, "EAGLE | EAGLE3 | MTP | DFLASH (a block drafter: always a safetensors folder)")
+      ->check(CLI::IsMember({"EAGLE", "EAGLE3", "MTP", "DFLASH"}));
+  cmd.add_option("--format", o.format, "gguf (the heads' default) | safetensors (DFLASH: the only one)")
+      ->check(CLI::IsMember({"gguf", "safetensors"}));
+  cmd.add_option("--layers", o.layers, "MTP: next-token-prediction layers; DFLASH: decoder layers")
+      ->check(CLI::Range(1, 8));
+  cmd.add_option("--block-size", o.block_size, "DFLASH: tokens per block (the root and block-size − 1 drafts)")
+      ->check(CLI::Range(2, 64));
   cmd.add_option("--draft-vocab", o.draft_vocab,
                  "EAGLE3: size of the reduced draft vocabulary (default 0 = min(vocab, 4096))")
       ->check(integer_at_least<std::int64_t>(0));
@@ -161,6 +184,20 @@ int cmd_make_head(const MakeHeadOptions& o) {
   sc::ServerArgs t;
   t.model_path = target;
   const sm::ModelInfo info = sm::read_any_model_info(t);
+  if (kind == "DFLASH") {
+    if (format == "gguf")
+      throw sc::ConfigError(
+          "--format gguf: a DFLASH drafter is written as a safetensors folder (config.json + "
+          "model.safetensors), as the published DFlash checkpoints are");
+    sm::BlockDrafterSpec b;
+    b.layers = layers;
+    b.block_size = o.block_size;
+    b.seed = seed;
+    sm::write_random_block_drafter(info, b, out);
+    std::cerr << fmt::format("wrote a random DFLASH drafter ({} layer(s), block {}) for {} to {}\n", layers,
+                             o.block_size, target, out);
+    return 0;
+  }
   sm::HeadSpec spec;
   spec.kind = kind == "EAGLE" ? sm::HeadKind::Eagle : kind == "EAGLE3" ? sm::HeadKind::Eagle3 : sm::HeadKind::Mtp;
   spec.layers = layers;

@@ -279,6 +279,9 @@ SpecShape auto_spec_shape(const Algorithm& algo, bool llama_family_target) {
   // Earlier requests repeat in long runs (the same question again, an edited file): deep, two branches;
   // the budget verifies only what is likely.
   if (algo == SpecAlgorithm::Suffix) return {16, 2, 24};
+  // A block drafter drafts its whole block in one pass (it caps the chain at block_size - 1): the
+  // public checkpoints' 16-token block.
+  if (algo == SpecAlgorithm::Dflash) return {15, 1, 16};
   return {3, 1, 4};
 }
 
@@ -293,6 +296,7 @@ bool needs_draft_model(const ServerArgs& a) {
     case SpecAlgorithm::Eagle3:
     case SpecAlgorithm::Mtp:
     case SpecAlgorithm::FrozenKvMtp:
+    case SpecAlgorithm::Dflash:
       return true;
     case SpecAlgorithm::Standalone:
       return !a.speculative_draft_num_layers.has_value();
@@ -414,7 +418,11 @@ void validate(const ServerArgs& a) {
     if (set && spec && !undecided && !is_head_drafter(a.speculative_algorithm))
       fail(field, "only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got " + algo + ")");
   };
-  head_only("speculative_draft_quantization", a.speculative_draft_quantization != "auto");
+  if (a.speculative_draft_quantization != "auto" && spec && !undecided && !is_head_drafter(a.speculative_algorithm) &&
+      a.speculative_algorithm != SpecAlgorithm::Dflash)
+    fail("speculative_draft_quantization",
+         "only applies to the drafters with weights of their own: EAGLE, EAGLE3, MTP, FROZEN_KV_MTP and DFLASH (got " +
+             algo + ")");
   head_only("speculative_draft_p_min", a.speculative_draft_p_min.has_value());
   head_only("speculative_draft_ngram_tokens", a.speculative_draft_ngram_tokens.has_value());
   head_only("speculative_draft_ngram_min_match", a.speculative_draft_ngram_min_match.has_value());
@@ -458,6 +466,8 @@ void validate(const ServerArgs& a) {
       (!a.speculative_draft_model_path || a.speculative_draft_model_path->empty())) {
     std::string what = a.speculative_algorithm == SpecAlgorithm::Standalone
                            ? "a draft model (or --speculative-draft-num-layers K for self-speculation)"
+                       : a.speculative_algorithm == SpecAlgorithm::Dflash
+                           ? "the DFlash drafter to load (a folder of config.json and safetensors)"
                            : "the " + algo + " head to load";
     fail("speculative_draft_model_path", "is required by --speculative-algorithm " + algo + ": give " + what);
   }

@@ -38,7 +38,7 @@ enum class CpuPrecision { Fast, Exact };
 // Auto (the default): EAGLE3 with the head shipped for the model when one ships, else NONE; resolution
 // decides, so no resolved snapshot holds Auto. Custom: an algorithm a host application registered under
 // a name of its own (see Algorithm).
-enum class SpecAlgorithm { None, Eagle, Eagle3, Mtp, FrozenKvMtp, Standalone, Ngram, Suffix, Auto, Custom };
+enum class SpecAlgorithm { None, Eagle, Eagle3, Mtp, FrozenKvMtp, Standalone, Ngram, Suffix, Dflash, Auto, Custom };
 
 // Name tables for the enums: the first name of a value is the canonical one; later entries are aliases.
 template <class E>
@@ -63,7 +63,7 @@ struct EnumNames<CpuPrecision> {
 };
 template <>
 struct EnumNames<SpecAlgorithm> {
-  static constexpr std::array<std::pair<SpecAlgorithm, std::string_view>, 10> table{
+  static constexpr std::array<std::pair<SpecAlgorithm, std::string_view>, 11> table{
       {{SpecAlgorithm::None, "NONE"},
        {SpecAlgorithm::Eagle, "EAGLE"},
        {SpecAlgorithm::Eagle3, "EAGLE3"},
@@ -72,6 +72,7 @@ struct EnumNames<SpecAlgorithm> {
        {SpecAlgorithm::Standalone, "STANDALONE"},
        {SpecAlgorithm::Ngram, "NGRAM"},
        {SpecAlgorithm::Suffix, "SUFFIX"},
+       {SpecAlgorithm::Dflash, "DFLASH"},
        {SpecAlgorithm::Auto, "AUTO"},
        {SpecAlgorithm::Eagle, "NEXTN"}}};  // NEXTN is sglang's alias of EAGLE
 };
@@ -140,7 +141,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(std::int64_t,  random_seed,                0,         "seed for sampling when a request gives none") \
   X(std::string,   log_level,                  "info",    "log level: trace|debug|info|warn|error|off") \
   /* ---- speculative decoding ---- */                                                                 \
-  X(Algorithm,     speculative_algorithm,      SpecAlgorithm::Auto, "AUTO|NONE|EAGLE|EAGLE3|NEXTN (= EAGLE)|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX, or a name a host application registered (drafters::register_drafter); AUTO = EAGLE3 with the head shipped for the model when one ships (SmolLM2-135M-Instruct), else NONE") \
+  X(Algorithm,     speculative_algorithm,      SpecAlgorithm::Auto, "AUTO|NONE|EAGLE|EAGLE3|NEXTN (= EAGLE)|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX|DFLASH, or a name a host application registered (drafters::register_drafter); AUTO = EAGLE3 with the head shipped for the model when one ships (SmolLM2-135M-Instruct), else NONE") \
   X(bool,          speculative_adaptive,       true,      "a measured cost model and an online acceptance model choose, every step, how deep each request drafts and which nodes are verified (0 when it would not pay); false = the fixed shape every step") \
   X(std::string,   speculative_budget_cache,   "",        "folder where the adaptive budget keeps what it learned across engine starts (acceptance by draft score and depth, draft-round cost, measured gain per batch size), one small file per CPU, model, drafter and shape; empty = $XDG_CACHE_HOME/specactor/budget, else ~/.cache/specactor/budget; none = learn from nothing at every start") \
   X(OptString,     speculative_draft_model_path, {},      "draft model or head (EAGLE/EAGLE3/MTP head, standalone draft GGUF)") \

@@ -16,6 +16,7 @@ std::unique_ptr<Drafter> make_eagle_drafter(const config::Snapshot& snapshot, co
 std::unique_ptr<Drafter> make_eagle3_drafter(const config::Snapshot& snapshot, const DraftContext& context);
 std::unique_ptr<Drafter> make_mtp_drafter(const config::Snapshot& snapshot, const DraftContext& context);
 std::unique_ptr<Drafter> make_frozen_kv_mtp_drafter(const config::Snapshot& snapshot, const DraftContext& context);
+std::unique_ptr<Drafter> make_dflash_drafter(const config::Snapshot& snapshot, const DraftContext& context);
 
 namespace {
 
@@ -30,6 +31,7 @@ struct Registry {
     factories["EAGLE3"] = &make_eagle3_drafter;
     factories["MTP"] = &make_mtp_drafter;
     factories["FROZEN_KV_MTP"] = &make_frozen_kv_mtp_drafter;
+    factories["DFLASH"] = &make_dflash_drafter;
   }
 };
 

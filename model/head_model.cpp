@@ -16,6 +16,7 @@
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/quant.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
+#include "model/draft_files.hpp"
 #include "model/safetensors.hpp"
 
 namespace specactor::model {
@@ -63,35 +64,12 @@ json HeadConfig::to_json() const {
 
 namespace {
 
-bool is_hf_path(const std::string& path) {
-  return fs::is_directory(path) || (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0);
-}
-
 HeadKind kind_from_gguf_arch(const std::string& path, std::string_view arch) {
   if (arch == "eagle") return HeadKind::Eagle;
   if (arch == "eagle3") return HeadKind::Eagle3;
   if (arch == "mtp") return HeadKind::Mtp;
   throw GgufError(path + ": general.architecture is '" + std::string(arch) +
                   "', expected a draft head: eagle, eagle3 or mtp");
-}
-
-json read_config_json(const std::string& path) {
-  const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
-  const std::string cfg = (dir / "config.json").string();
-  if (!fs::exists(cfg)) throw GgufError(cfg + ": cannot open (a safetensors head needs its config.json beside it)");
-  json j = config::parse_json(config::read_text_file(cfg, cfg), cfg);
-  if (!j.is_object()) throw GgufError(cfg + ": expected a JSON object");
-  return j;
-}
-
-std::int64_t cfg_int(const json& j, const std::string& where, const char* key, std::int64_t dflt = -1) {
-  if (!j.contains(key)) {
-    if (dflt >= 0) return dflt;
-    throw GgufError(where + ": missing '" + key + "'");
-  }
-  if (!j[key].is_number_integer() || j[key].get<std::int64_t>() < 0)
-    throw GgufError(where + ": '" + key + "' must be a non-negative integer, got " + config::printable(j[key].dump()));
-  return j[key].get<std::int64_t>();
 }
 
 HeadKind kind_from_hf(const json& j, const std::string& where) {
@@ -324,47 +302,7 @@ std::shared_ptr<const HeadWeights> HeadWeights::load(const std::string& path, He
   }
 
   WeightBinder binder(*w->source_, format == config::LoadFormat::Dummy, w->owned_);
-  // Every tensor is checked for NaN and infinities as it is bound: a head with one would silently
-  // draft garbage (or poison the probabilities rejection sampling divides by).
-  struct CheckedBinder {
-    WeightBinder& b;
-    const std::string& path;
-    k::WeightType quantize_to;
-    std::vector<std::vector<std::uint8_t>>& owned;
-    bool has(const std::string& name) const { return b.has(name); }
-    kernels::WeightMatrix matrix(const std::string& name, std::int64_t out, std::int64_t in) {
-      kernels::WeightMatrix m = b.matrix(name, out, in);
-      const bool to_q = quantize_to != k::WeightType::F32 &&
-                        (m.type == k::WeightType::F32 || m.type == k::WeightType::F16 || m.type == k::WeightType::BF16);
-      const std::size_t q_row = k::row_bytes(quantize_to, static_cast<std::size_t>(in));
-      std::vector<std::uint8_t> q(to_q ? q_row * static_cast<std::size_t>(out) : 0);
-      std::vector<float> row(static_cast<std::size_t>(in));
-      const auto quantize_row = quantize_to == k::WeightType::Q4_1 ? &k::quantize_row_q4_1 : &k::quantize_row_q8_0;
-      for (std::int64_t r = 0; r < out; ++r) {
-        kernels::weight_row(m, r, row.data());
-        check(name, row.data(), in);
-        if (to_q) quantize_row(row.data(), q.data() + static_cast<std::size_t>(r) * q_row, row.size());
-      }
-      if (!to_q) return m;
-      k::WeightMatrix qm{quantize_to, out, in, q.data(), q_row, false};
-      std::vector<std::uint8_t> packed;
-      qm = k::pack_matrix(qm, packed);
-      owned.push_back(std::move(q));
-      if (!packed.empty()) owned.push_back(std::move(packed));
-      return qm;
-    }
-    const float* vector(const std::string& name, std::int64_t n) {
-      const float* v = b.vector(name, n);
-      check(name, v, n);
-      return v;
-    }
-    void check(const std::string& name, const float* v, std::int64_t n) const {
-      for (std::int64_t i = 0; i < n; ++i)
-        if (!std::isfinite(v[i]))
-          throw GgufError(path + ": tensor '" + config::printable(name) + "' holds a non-finite value (" +
-                          std::to_string(v[i]) + ")");
-    }
-  } bind{binder, path, quantize_to, w->owned_};
+  CheckedBinder bind(binder, path, quantize_to, w->owned_);
   const bool hf = c.format == "safetensors";
   const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
   const std::int64_t attn_in = c.kind == HeadKind::Eagle3 ? 2 * H : H;
@@ -544,22 +482,9 @@ void HeadRunner::finish(int layer, const std::vector<AttentionPart>& parts, std:
   hidden.assign(x_.begin(), x_.begin() + n * H);
 }
 
-// After attention (att_, n rows): x += wo·att; x += MLP(norm(x)).
 void HeadRunner::layer_tail(const LlamaLayer& ly, std::int64_t n, float* x) {
   const HeadConfig& c = head_->config();
-  const std::int64_t H = c.hidden, F = c.ffn;
-  tmp_.resize(static_cast<std::size_t>(n * H));
-  k::matmul(ly.wo, att_.data(), n, tmp_.data(), precision_);
-  for (std::int64_t i = 0; i < n * H; ++i) x[i] += tmp_[static_cast<std::size_t>(i)];
-  xn_.resize(static_cast<std::size_t>(n * H));
-  k::rmsnorm_cpu(xn_.data(), x, ly.ffn_norm, static_cast<int>(n), static_cast<int>(H), static_cast<float>(c.norm_eps));
-  gate_.resize(static_cast<std::size_t>(n * F));
-  up_.resize(gate_.size());
-  const k::MatmulJob gu[2] = {{&ly.gate, gate_.data()}, {&ly.up, up_.data()}};
-  k::matmul_many(gu, 2, xn_.data(), n, precision_);
-  k::silu_mul_cpu(gate_.data(), gate_.data(), up_.data(), n * F);
-  k::matmul(ly.down, gate_.data(), n, tmp_.data(), precision_);
-  for (std::int64_t i = 0; i < n * H; ++i) x[i] += tmp_[static_cast<std::size_t>(i)];
+  model::layer_tail(ly, n, c.hidden, c.ffn, static_cast<float>(c.norm_eps), precision_, att_.data(), x, tail_);
 }
 
 void HeadRunner::finish_last(int layer, const std::vector<AttentionPart>& parts, std::vector<float>& hidden) {

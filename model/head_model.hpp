@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.hpp"
+#include "model/draft_files.hpp"
 #include "model/llama.hpp"
 
 namespace specactor::model {
@@ -149,7 +150,8 @@ class HeadRunner {
   std::shared_ptr<const LlamaWeights> target_;
   kernels::Precision precision_;
   std::int64_t n_ = 0;
-  std::vector<float> in_, x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, rope_;
+  std::vector<float> in_, x_, xn_, q_, k_, v_, att_, rope_;
+  LayerTailScratch tail_;
   std::vector<float> hot_;  // FR-Spec: the hot rows of the output head, float32
   kernels::WeightMatrix hot_m_;
 };

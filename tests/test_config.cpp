@@ -148,7 +148,8 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
       // A well-formed name parses (a host may have registered it; the engine refuses it otherwise).
       {{"--speculative-algorithm", "MEDUSA-2"},
        "--speculative-algorithm: expected one of "
-       "NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX|AUTO|NEXTN, or the name of a registered drafter "
+       "NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX|DFLASH|AUTO|NEXTN, or the name of a registered "
+       "drafter "
        "(a letter, then letters, digits or _), got 'MEDUSA-2'"},
       {{"--load-format", "pt"}, "--load-format: expected one of auto|gguf|safetensors|dummy, got 'pt'"},
       {{"--cpu-precision", "int8"}, "--cpu-precision: expected one of fast|exact, got 'int8'"},
@@ -218,8 +219,8 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
        "--speculative-draft-quantization: expected one of auto|q8_0|q4_1|none, got 'q2_k'"},
       {{"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "4",
         "--speculative-draft-quantization", "q4_1"},
-       "--speculative-draft-quantization: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got "
-       "STANDALONE)"},
+       "--speculative-draft-quantization: only applies to the drafters with weights of their own: EAGLE, EAGLE3, MTP, "
+       "FROZEN_KV_MTP and DFLASH (got STANDALONE)"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-use-rejection-sampling", "--speculative-eagle-topk", "2"},
        "--speculative-use-rejection-sampling: needs a chain draft (--speculative-eagle-topk 1, got 2)"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-ngram-min-match-window-size", "5",

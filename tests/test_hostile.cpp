@@ -451,6 +451,15 @@ TEST_CASE("specactor: bad input that used to be an internal error or pass silent
   };
   const std::string head_eps = head_with("head_eps", "rms_norm_eps", 0.0);
   const std::string head_rope = head_with("head_rope", "rope_theta", -1.0);
+  // A DFLASH drafter made for a wider target.
+  const std::string wide = (dir / "dflash_wide").string();
+  {
+    const testing::CliRun made = testing::run_cli("make-head --target " + tiny + " --kind DFLASH --out " + wide);
+    REQUIRE_MESSAGE(made.rc == 0, made.err);
+    json c = json::parse(std::ifstream(wide + "/config.json"));
+    c["hidden_size"] = 64;
+    std::ofstream(wide + "/config.json") << c.dump();
+  }
 
   const std::vector<CliCase> cases = {
       {"config --model-path " + rope_inf, "rope.freq_base must be a finite number of at least 1 (got inf)"},
@@ -478,6 +487,10 @@ TEST_CASE("specactor: bad input that used to be an internal error or pass silent
       {"inspect " + head_rope, "the head's RoPE base must be a finite number of at least 1 (got -1"},
       {"make-head --target " + tiny + " --kind EAGLE3 --draft-vocab -1 --out " + (dir / "h.gguf").string(),
        "--draft-vocab: must be >= 0 (got -1)"},
+      {"make-head --target " + tiny + " --kind DFLASH --format gguf --out " + (dir / "d").string(),
+       "--format gguf: a DFLASH drafter is written as a safetensors folder"},
+      {"inspect " + wide + " --target " + tiny, "config.json: 'hidden_size' is 64 but the target's hidden size is 32"},
+      {"inspect " + wide, "--target: is required to inspect a DFLASH drafter"},
       {"make-head --target " + tiny + " --out /nonexistent-specactor/dir/h.gguf",
        "cannot write /nonexistent-specactor/dir/h.gguf: the folder /nonexistent-specactor/dir does not exist"},
       {"shrink " + tiny + " --layers 1 --out /nonexistent-specactor/dir/s.gguf",

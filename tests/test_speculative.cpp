@@ -19,6 +19,7 @@
 #include "config/snapshot.hpp"
 #include "drafters/drafter.hpp"
 #include "kernels/cpu/sampling.hpp"
+#include "model/block_drafter.hpp"
 #include "model/gguf.hpp"
 #include "model/head_model.hpp"
 #include "model/head_writer.hpp"
@@ -178,12 +179,25 @@ std::unique_ptr<Heads> random_heads(const std::string& model, const std::string&
                                     "--speculative-num-steps",        steps, "--speculative-eagle-topk",       topk,
                                     "--speculative-num-draft-tokens", tokens};
   };
+  // DFLASH block drafters: one layer with a block of 4 (all 3 drafts verified), two layers with a block
+  // of 8 of which the scheduler asks for 5.
+  auto block = [&](std::int64_t layers, std::int64_t block_size, const std::string& name) {
+    specactor::model::BlockDrafterSpec spec;
+    spec.layers = layers;
+    spec.block_size = block_size;
+    spec.seed = 5;
+    const std::string p = h->dir + "/" + name;
+    specactor::model::write_random_block_drafter(info, spec, p);
+    return p;
+  };
+  const std::string dflash1 = block(1, 4, "dflash1"), dflash2 = block(2, 8, "dflash2");
   h->configs = {cfg("EAGLE", eagle, "3", "1", "4"),     // chain
                 cfg("EAGLE", eagle_id, "3", "3", "7"),  // tree; drafts the root again: accepts on repeats
-                cfg("EAGLE3", eagle3, "3", "2", "5"),     cfg("EAGLE3", eagle3_hf, "2", "1", "3"),
-                cfg("MTP", mtp_hf, "1", "1", "2"),           // one layer
-                cfg("MTP", mtp2, "2", "2", "4"),             // two layers, one runner each
-                cfg("FROZEN_KV_MTP", mtp2, "3", "2", "5")};  // no KV of its own
+                cfg("EAGLE3", eagle3, "3", "2", "5"),      cfg("EAGLE3", eagle3_hf, "2", "1", "3"),
+                cfg("MTP", mtp_hf, "1", "1", "2"),          // one layer
+                cfg("MTP", mtp2, "2", "2", "4"),            // two layers, one runner each
+                cfg("FROZEN_KV_MTP", mtp2, "3", "2", "5"),  // no KV of its own
+                cfg("DFLASH", dflash1, "3", "1", "4"),     cfg("DFLASH", dflash2, "5", "1", "6")};
   // A path-probability floor and the head quantized to Q4_1 (on the tiny model: 26 of the 720 drafts
   // the identity tree makes without a floor are proposed, and every one is accepted).
   auto floored = cfg("EAGLE", eagle_id, "3", "3", "7");
@@ -216,7 +230,8 @@ specactor::model::ForwardResult commit_all_but_root(specactor::model::LlamaRunne
 }  // namespace
 
 TEST_CASE(
-    "heads (random): EAGLE chain and tree, EAGLE3, MTP 1 and 2 layers, FROZEN_KV_MTP are lossless on the tiny model") {
+    "heads (random): EAGLE chain and tree, EAGLE3, MTP 1 and 2 layers, FROZEN_KV_MTP, DFLASH are lossless on the tiny "
+    "model") {
   const std::string p = write_tiny_model("heads_tiny");
   auto heads = random_heads(p, "tiny");
   const auto reqs = tiny_requests(24);
@@ -224,7 +239,8 @@ TEST_CASE(
   fs::remove(p);
 }
 
-TEST_CASE("heads (random): every head algorithm is lossless on the default model (single and 8 concurrent)") {
+TEST_CASE(
+    "heads (random): every head algorithm and DFLASH are lossless on the default model (single and 8 concurrent)") {
   if (!fs::exists(kDefaultModel)) {
     SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
@@ -964,9 +980,35 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
                                        "--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
                                        "--speculative-num-draft-tokens", "4", "--speculative-draft-ngram-tokens", "3",
                                        "--speculative-draft-ngram-min-match", "1", "--speculative-adaptive", "false"});
-  int df1 = 0, df2 = 0, df3 = 0;
+  // A random DFLASH drafter whose drafts are drawn from its own probabilities (rejection sampling), and
+  // the same drafter's argmax chain verified by target-only sampling.
+  const std::string block = p + ".dflash";
+  {
+    specactor::model::BlockDrafterSpec spec;
+    spec.block_size = 4;
+    spec.seed = 4;
+    spec.scale = 0.3f;  // broad draft distributions: some drafts are accepted
+    specactor::model::write_random_block_drafter(
+        specactor::model::read_model_info(*specactor::model::GgufFile::open(p)), spec, block);
+  }
+  const std::vector<std::string> dflash = {
+      "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", block,
+      "--speculative-num-steps", "3",      "--speculative-adaptive",         "false"};
+  auto with = [](std::vector<std::string> a, std::vector<std::string> more) {
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  const auto [dflash_rej, drm] = histogram(with(dflash, {"--speculative-use-rejection-sampling"}));
+  const auto [dflash_tgt, dtm] = histogram(dflash);
+  int df1 = 0, df2 = 0, df3 = 0, df4 = 0, df5 = 0;
   const double chi_rej = two_sample_chi2(plain, rejection, df1), chi_tgt = two_sample_chi2(plain, target_only, df2);
   const double chi_hyb = two_sample_chi2(plain, hybrid, df3);
+  const double chi_drej = two_sample_chi2(plain, dflash_rej, df4), chi_dtgt = two_sample_chi2(plain, dflash_tgt, df5);
+  MESSAGE("DFLASH: rejection sampling chi2 = " << chi_drej << " (df " << df4 << ", drafted " << drm.drafted
+                                               << ", accepted " << drm.accepted << "); target-only chi2 = " << chi_dtgt
+                                               << " (df " << df5 << ", accepted " << dtm.accepted << ")");
+  CHECK(drm.accepted > 0);
+  CHECK(dtm.drafted > 0);
   MESSAGE("head with a prompt-lookup branch: chi2 = " << chi_hyb << " (df " << df3 << ", drafted " << hm.drafted
                                                       << ", accepted " << hm.accepted << ")");
   CHECK(hm.drafted > 0);
@@ -984,6 +1026,9 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   CHECK(chi_rej < crit(df1));
   CHECK(chi_tgt < crit(df2));
   CHECK(chi_hyb < crit(df3));
+  CHECK(chi_drej < crit(df4));
+  CHECK(chi_dtgt < crit(df5));
+  fs::remove_all(block);
   fs::remove(head);
   fs::remove(p);
 }

@@ -1,0 +1,179 @@
+// drafters/block_drafter.cpp — DFLASH: a block drafter (model/block_drafter.hpp) drafts a chain of up to
+// block_size − 1 tokens in one forward pass.
+//
+// Positions: the target commits t_0 … t_{n−2} and hands over their hidden rows h_0 … h_{n−2} (the
+// outputs of the drafter's target_layer_ids); the root t_{n−1} is not in its KV yet. The drafter's KV
+// holds one context row per committed position p (from h_p, at position p), filled when a proposal
+// needs it, never rolled back (nothing uncommitted is written there). A proposal runs the block
+// [t_{n−1}, MASK × (B−1)] at positions n−1 … n+B−2 — always the whole block the drafter was trained
+// on, since its rows attend to each other — and keeps the first min(depth, B−1) drafts.
+// With --speculative-use-rejection-sampling at T > 0 each draft is drawn from the drafter's
+// probabilities at its position (sent along for rejection sampling); otherwise the chain is the argmax.
+#include "model/block_drafter.hpp"
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "config/resolve.hpp"
+#include "drafters/drafter.hpp"
+#include "kernels/cpu/sampling.hpp"
+#include "model/runner.hpp"
+
+namespace specactor::drafters {
+
+namespace {
+
+namespace k = specactor::kernels;
+
+class BlockDrafter final : public Drafter {
+ public:
+  BlockDrafter(const config::Snapshot& s, const DraftContext& ctx) : sampling_(s->speculative_use_rejection_sampling) {
+    const std::string algo(config::to_string(s->speculative_algorithm));
+    if (!s->speculative_draft_model_path)
+      throw std::runtime_error("--speculative-algorithm " + algo +
+                               " needs --speculative-draft-model-path (a DFlash drafter folder: config.json and "
+                               "safetensors; `specactor make-head --kind dflash` writes a random one)");
+    if (!ctx.target_weights)
+      throw std::runtime_error(algo + " needs the target's weights in this process (its embedding and output head)");
+    target_ = ctx.target_weights;
+    const std::string& q = s->speculative_draft_quantization;
+    const k::Precision precision = model::cpu_precision(*s);
+    const k::WeightType quantize_to = precision != k::Precision::Fast || q == "none" ? k::WeightType::F32
+                                      : q == "q4_1"                                  ? k::WeightType::Q4_1
+                                                                                     : k::WeightType::Q8_0;
+    weights_ = model::BlockDraftWeights::load(*s->speculative_draft_model_path, target_->config(),
+                                              s->context_length.value_or(target_->config().context_length),
+                                              s->load_format, quantize_to);
+    runner_ = std::make_unique<model::BlockDraftRunner>(weights_, target_, precision);
+    const auto& c = weights_->config();
+    kv_ = std::make_unique<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, *s->max_total_tokens,
+                                           true, model::kv_type(*s));
+    kv_->warm(std::size_t{2} << 20);
+  }
+
+  DrafterNeeds needs() const override { return {weights_->config().target_layer_ids, false}; }
+
+  std::string model_config() const override {
+    auto j = weights_->config().to_json();
+    j["algorithm"] = "DFLASH";
+    j["owns_kv_pool"] = true;
+    return j.dump();
+  }
+
+  void set_sampling(std::uint64_t req, const k::SamplingParams& params, std::uint64_t seed) override {
+    State& st = states_[req];
+    st.params = params;
+    if (!st.seeded) {
+      st.rng = k::Rng(seed ^ 0xdf1a54b10c4ULL);  // the draft's own stream, independent of the target's
+      st.seeded = true;
+    }
+  }
+
+  void observe(std::uint64_t req, const TargetFeatures& f) override {
+    if (f.hidden.empty()) return;
+    State& st = states_[req];
+    const std::int64_t width = weights_->config().feature_width();
+    if (f.first != st.rows) st.broken = true;  // a gap (e.g. this worker restarted): no drafts for req
+    st.feat.insert(st.feat.end(), f.hidden.begin(), f.hidden.end());
+    st.rows += static_cast<std::int64_t>(f.hidden.size()) / width;
+  }
+
+  DraftTree propose(std::uint64_t req, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
+                    std::int32_t max_depth) override {
+    auto it = states_.find(req);
+    if (it == states_.end() || ctx.size() < 2) return {};
+    State& st = it->second;
+    const auto n = static_cast<std::int64_t>(ctx.size());
+    const auto& c = weights_->config();
+    const std::int32_t depth = std::min({max_depth, max_nodes, static_cast<std::int32_t>(c.block_size - 1)});
+    if (st.broken || st.rows != n - 1 || depth <= 0) return {};  // features do not line up, or nothing asked
+    std::vector<float> logits;
+    try {
+      catch_up(st, n);
+      std::vector<std::int32_t> block(static_cast<std::size_t>(c.block_size), c.mask_token_id);
+      block[0] = ctx.back();
+      std::vector<k::KvSegment> prefix;
+      for (std::int64_t l = 0; l < c.n_layers; ++l) prefix.push_back({kv_->view(l, st.seq), 0, st.fed});
+      runner_->block(block.data(), c.block_size, n - 1, prefix, logits);
+    } catch (const model::KvExhausted&) {
+      return {};  // the drafter's cache is full: the target decodes plainly this step
+    }
+    return chain(st, logits, depth);
+  }
+
+  void release(std::uint64_t req) override {
+    auto it = states_.find(req);
+    if (it == states_.end()) return;
+    kv_->release(it->second.seq);
+    states_.erase(it);
+  }
+
+ private:
+  struct State {
+    std::vector<float> feat;  // target features of positions [fed, rows)
+    std::int64_t rows = 0, fed = 0;
+    bool broken = false;
+    model::KvCache::Seq seq;
+    k::SamplingParams params;
+    k::Rng rng;
+    bool seeded = false;
+  };
+
+  // Context rows for the committed positions [st.fed, n − 1) into every layer's KV.
+  void catch_up(State& st, std::int64_t n) {
+    const auto& c = weights_->config();
+    const std::int64_t width = c.feature_width(), row = c.kv_row();
+    for (std::int64_t p0 = st.fed; p0 < n - 1; p0 += 256) {
+      const std::int64_t cnt = std::min<std::int64_t>(256, n - 1 - p0);
+      std::vector<std::int32_t> pos(static_cast<std::size_t>(cnt));
+      for (std::int64_t i = 0; i < cnt; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(p0 + i);
+      kv_->reserve(st.seq, p0 + cnt);
+      runner_->context(st.feat.data() + (p0 - st.fed) * width, cnt, pos.data());
+      for (std::int64_t l = 0; l < c.n_layers; ++l)
+        for (std::int64_t i = 0; i < cnt; ++i)
+          kv_->write(l, st.seq, p0 + i, runner_->ctx_k(static_cast<int>(l)) + i * row,
+                     runner_->ctx_v(static_cast<int>(l)) + i * row);
+      st.seq.length = p0 + cnt;
+    }
+    st.feat.erase(st.feat.begin(), st.feat.begin() + (n - 1 - st.fed) * width);
+    st.fed = n - 1;
+  }
+
+  // The first `depth` rows' drafts: argmax, or drawn from the drafter's probabilities (sent along).
+  DraftTree chain(State& st, const std::vector<float>& logits, std::int32_t depth) {
+    const std::int64_t vocab = target_->config().vocab_size;
+    const bool sample = sampling_ && !st.params.greedy();
+    std::vector<std::int32_t> drafts;
+    std::vector<float> q_rows, q;
+    for (std::int32_t i = 0; i < depth; ++i) {
+      const float* row = logits.data() + static_cast<std::int64_t>(i) * vocab;
+      if (sample) {
+        k::sampling_probs(row, vocab, st.params, q);
+        drafts.push_back(k::sample_from_probs(q, st.rng.uniform()));
+        q_rows.insert(q_rows.end(), q.begin(), q.end());
+      } else {
+        drafts.push_back(k::argmax(row, vocab));
+      }
+    }
+    DraftTree t = DraftTree::chain(std::move(drafts));
+    if (sample) t.probs = std::move(q_rows);
+    return t;
+  }
+
+  bool sampling_;  // --speculative-use-rejection-sampling: draw drafts from q instead of argmax
+  std::shared_ptr<const model::LlamaWeights> target_;
+  std::shared_ptr<const model::BlockDraftWeights> weights_;
+  std::unique_ptr<model::BlockDraftRunner> runner_;
+  std::unique_ptr<model::KvCache> kv_;
+  std::map<std::uint64_t, State> states_;
+};
+
+}  // namespace
+
+std::unique_ptr<Drafter> make_dflash_drafter(const config::Snapshot& s, const DraftContext& c) {
+  return std::make_unique<BlockDrafter>(s, c);
+}
+
+}  // namespace specactor::drafters

@@ -1,0 +1,355 @@
+// model/block_drafter.cpp — DFLASH drafter files, checks and the CPU forward (see block_drafter.hpp).
+#include "model/block_drafter.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "config/input.hpp"
+#include "kernels/cpu/rmsnorm.hpp"
+#include "model/draft_files.hpp"
+#include "model/safetensors.hpp"
+#include "model/writers.hpp"
+
+namespace specactor::model {
+
+namespace k = specactor::kernels;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json BlockDraftConfig::to_json() const {
+  return json{{"kind", "DFLASH"},
+              {"path", path},
+              {"format", "safetensors"},
+              {"hidden_size", hidden},
+              {"intermediate_size", ffn},
+              {"num_layers", n_layers},
+              {"num_attention_heads", n_heads},
+              {"num_key_value_heads", n_kv_heads},
+              {"head_dim", head_dim},
+              {"rope_theta", rope_base},
+              {"rms_norm_eps", norm_eps},
+              {"block_size", block_size},
+              {"mask_token_id", mask_token_id},
+              {"target_layer_ids", target_layer_ids},
+              {"input_embedding_scale", embed_scale},
+              {"output_multiplier", output_multiplier},
+              {"final_logit_softcapping", logit_softcap}};
+}
+
+namespace {
+
+bool names_architecture(const json& j, const std::string& arch) {
+  if (!j.contains("architectures") || !j["architectures"].is_array()) return false;
+  for (const auto& a : j["architectures"])
+    if (a.is_string() && a.get<std::string>() == arch) return true;
+  return false;
+}
+
+// A field of the drafter's own settings: "dflash_config" first, then the top level (as published).
+const json* draft_field(const json& j, const char* key) {
+  if (j.contains("dflash_config") && j["dflash_config"].is_object() && j["dflash_config"].contains(key))
+    return &j["dflash_config"][key];
+  return j.contains(key) ? &j[key] : nullptr;
+}
+
+double draft_number(const json& j, const std::string& where, const char* key, double dflt) {
+  const json* v = draft_field(j, key);
+  if (!v || v->is_null()) return dflt;
+  if (!v->is_number() || !std::isfinite(v->get<double>()))
+    throw GgufError(where + ": '" + key + "' must be a finite number, got " + config::printable(v->dump()));
+  return v->get<double>();
+}
+
+// The config of a drafter folder and its checks against the target (everything but the tensors).
+BlockDraftConfig read_block_config(const std::string& path, const LlamaConfig& target, std::int64_t context_length) {
+  const json j = read_config_json(path);
+  const std::string where =
+      (fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path()).string() + "/config.json";
+  auto fail = [&](const std::string& field, const std::string& what) {
+    throw GgufError(where + ": '" + field + "' " + what);
+  };
+  if (names_architecture(j, "DFlash2DraftModel"))
+    fail("architectures",
+         "is DFlash2DraftModel (convolutions and a candidate selector), which is not supported; "
+         "DFLASH reads DFlashDraftModel checkpoints");
+  if (!names_architecture(j, "DFlashDraftModel")) fail("architectures", "must name DFlashDraftModel");
+  BlockDraftConfig c;
+  c.path = path;
+  c.hidden = cfg_int(j, where, "hidden_size");
+  if (c.hidden != target.hidden)
+    fail("hidden_size", "is " + std::to_string(c.hidden) + " but the target's hidden size is " +
+                            std::to_string(target.hidden) + " (the drafter reads the target's hidden states)");
+  c.ffn = cfg_int(j, where, "intermediate_size");
+  c.n_layers = cfg_int(j, where, "num_hidden_layers");
+  c.n_heads = cfg_int(j, where, "num_attention_heads");
+  c.n_kv_heads = cfg_int(j, where, "num_key_value_heads", c.n_heads);
+  c.head_dim = c.n_heads > 0 ? cfg_int(j, where, "head_dim", c.hidden / c.n_heads) : 0;
+  if (c.n_layers < 1) fail("num_hidden_layers", "must be at least 1");
+  if (c.ffn < 1) fail("intermediate_size", "must be at least 1");
+  if (c.n_heads < 1 || c.n_kv_heads < 1 || c.n_heads % c.n_kv_heads != 0)
+    fail("num_key_value_heads",
+         "must divide num_attention_heads (" + std::to_string(c.n_heads) + "), got " + std::to_string(c.n_kv_heads));
+  if (c.head_dim < 2 || c.head_dim % 2 != 0) fail("head_dim", "must be even and at least 2");
+  if (j.contains("vocab_size") && cfg_int(j, where, "vocab_size") != target.vocab_size)
+    fail("vocab_size", "is " + std::to_string(cfg_int(j, where, "vocab_size")) + " but the target's vocabulary has " +
+                           std::to_string(target.vocab_size) +
+                           " tokens (the drafter uses the target's embedding and output head)");
+  if (j.contains("rms_norm_eps") && j["rms_norm_eps"].is_number()) c.norm_eps = j["rms_norm_eps"].get<double>();
+  if (j.contains("rope_theta") && j["rope_theta"].is_number())
+    c.rope_base = j["rope_theta"].get<double>();
+  else if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+           j["rope_parameters"].contains("rope_theta") && j["rope_parameters"]["rope_theta"].is_number())
+    c.rope_base = j["rope_parameters"]["rope_theta"].get<double>();
+  if (!(c.rope_base > 0) || !(c.norm_eps > 0)) fail("rope_theta", "and rms_norm_eps must be positive");
+  if (j.contains("attention_bias") && j["attention_bias"] == true)
+    fail("attention_bias", "is true; DFLASH drafters with attention biases are not supported");
+  if (j.contains("is_causal") && j["is_causal"] == true)
+    fail("is_causal", "is true; a DFLASH block attends non-causally");
+  if (j.contains("layer_types") && j["layer_types"].is_array())
+    for (const auto& t : j["layer_types"])
+      if (t != "full_attention")
+        fail("layer_types", "holds " + config::printable(t.dump()) + "; only full_attention layers are supported");
+  const json* bs = draft_field(j, "block_size");
+  c.block_size = bs ? (bs->is_number_integer() ? bs->get<std::int64_t>() : -1) : 16;
+  if (c.block_size < 2 || c.block_size > 64)
+    fail("block_size", "must be an integer in [2, 64] (a block is the root and 1 to 63 drafts), got " +
+                           (bs ? config::printable(bs->dump()) : std::string("?")));
+  if (c.block_size > context_length)
+    fail("block_size",
+         "is " + std::to_string(c.block_size) + ", beyond the context length of " + std::to_string(context_length));
+  const json* mask = draft_field(j, "mask_token_id");
+  if (!mask || mask->is_null())
+    fail("mask_token_id", "is missing (the token id that fills the block's draft positions)");
+  if (!mask->is_number_integer() || mask->get<std::int64_t>() < 0 || mask->get<std::int64_t>() >= target.vocab_size)
+    fail("mask_token_id", "must be a token id below the target's vocabulary of " + std::to_string(target.vocab_size) +
+                              ", got " + config::printable(mask->dump()));
+  c.mask_token_id = mask->get<std::int32_t>();
+  const json* ids = draft_field(j, "target_layer_ids");
+  if (!ids || !ids->is_array() || ids->empty())
+    fail("target_layer_ids", "must be a non-empty array of target layer ids");
+  for (const auto& v : *ids) {
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() >= target.n_layers)
+      fail("target_layer_ids", "holds " + config::printable(v.dump()) + "; the target has layers 0 to " +
+                                   std::to_string(target.n_layers - 1));
+    c.target_layer_ids.push_back(v.get<std::int32_t>());
+  }
+  c.embed_scale = draft_number(j, where, "input_embedding_scale", 1.0);
+  c.output_multiplier = draft_number(j, where, "output_multiplier", 1.0);
+  c.logit_softcap = draft_number(j, where, "final_logit_softcapping", 0.0);
+  return c;
+}
+
+}  // namespace
+
+bool is_block_drafter_checkpoint(const std::string& path) {
+  if (!is_hf_path(path)) return false;
+  try {
+    const json j = read_config_json(path);
+    return names_architecture(j, "DFlashDraftModel") || names_architecture(j, "DFlash2DraftModel");
+  } catch (const GgufError&) {
+    return false;
+  }
+}
+
+std::shared_ptr<const BlockDraftWeights> BlockDraftWeights::load(const std::string& path, const LlamaConfig& target,
+                                                                 std::int64_t context_length, config::LoadFormat format,
+                                                                 k::WeightType quantize_to) {
+  if (format == config::LoadFormat::Gguf)
+    throw GgufError(path +
+                    ": --speculative-draft-load-format gguf: DFLASH drafters are read from a folder of "
+                    "config.json and safetensors");
+  if (!is_hf_path(path))
+    throw GgufError(path + ": a DFLASH drafter is a folder with config.json and model.safetensors");
+  auto w = std::shared_ptr<BlockDraftWeights>(new BlockDraftWeights());
+  BlockDraftConfig& c = w->cfg_;
+  c = read_block_config(path, target, context_length);
+  w->source_ = SafetensorsSource::open(path);
+  WeightBinder binder(*w->source_, format == config::LoadFormat::Dummy, w->owned_);
+  CheckedBinder bind(binder, path, quantize_to, w->owned_);
+  const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, KD = c.kv_row();
+  w->fc_ = bind.matrix("fc.weight", H, c.feature_width());
+  w->hidden_norm_ = bind.vector("hidden_norm.weight", H);
+  w->norm_ = bind.vector("norm.weight", H);
+  for (std::int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    BlockLayerWeights bl;
+    LlamaLayer& ly = bl.layer;
+    ly.attn_norm = bind.vector(p + "input_layernorm.weight", H);
+    ly.ffn_norm = bind.vector(p + "post_attention_layernorm.weight", H);
+    ly.wq = bind.matrix(p + "self_attn.q_proj.weight", QD, H);
+    ly.wk = bind.matrix(p + "self_attn.k_proj.weight", KD, H);
+    ly.wv = bind.matrix(p + "self_attn.v_proj.weight", KD, H);
+    ly.wo = bind.matrix(p + "self_attn.o_proj.weight", H, QD);
+    bl.q_norm = bind.vector(p + "self_attn.q_norm.weight", c.head_dim);
+    bl.k_norm = bind.vector(p + "self_attn.k_norm.weight", c.head_dim);
+    ly.gate = bind.matrix(p + "mlp.gate_proj.weight", c.ffn, H);
+    ly.up = bind.matrix(p + "mlp.up_proj.weight", c.ffn, H);
+    ly.down = bind.matrix(p + "mlp.down_proj.weight", H, c.ffn);
+    w->layers_.push_back(bl);
+  }
+  return w;
+}
+
+BlockDraftRunner::BlockDraftRunner(std::shared_ptr<const BlockDraftWeights> drafter,
+                                   std::shared_ptr<const LlamaWeights> target, k::Precision precision)
+    : w_(std::move(drafter)), target_(std::move(target)), precision_(precision) {
+  ctx_k_.resize(static_cast<std::size_t>(config().n_layers));
+  ctx_v_.resize(ctx_k_.size());
+}
+
+// k (and q when with_q) of n rows of `in`, normed per head, rotated at `positions`; v of the rows.
+void BlockDraftRunner::qkv(const BlockLayerWeights& bl, const float* in, std::int64_t n, const std::int32_t* positions,
+                           bool with_q) {
+  const BlockDraftConfig& c = config();
+  const auto eps = static_cast<float>(c.norm_eps);
+  const std::int64_t QD = c.n_heads * c.head_dim, KD = c.kv_row();
+  k_.resize(static_cast<std::size_t>(n * KD));
+  v_.resize(k_.size());
+  if (with_q) q_.resize(static_cast<std::size_t>(n * QD));
+  std::vector<k::MatmulJob> jobs = {{&bl.layer.wk, k_.data()}, {&bl.layer.wv, v_.data()}};
+  if (with_q) jobs.push_back({&bl.layer.wq, q_.data()});
+  k::matmul_many(jobs.data(), static_cast<int>(jobs.size()), in, n, precision_);
+  auto head_norm = [&](std::vector<float>& x, const float* weight, std::int64_t heads) {
+    norm_tmp_.resize(x.size());
+    k::rmsnorm_cpu(norm_tmp_.data(), x.data(), weight, static_cast<int>(n * heads), static_cast<int>(c.head_dim), eps);
+    x.swap(norm_tmp_);
+  };
+  head_norm(k_, bl.k_norm, c.n_kv_heads);
+  if (with_q) head_norm(q_, bl.q_norm, c.n_heads);
+  rope_.resize(static_cast<std::size_t>(n * c.head_dim));
+  k::rope_table_cpu(positions, n, c.head_dim, c.rope_base, rope_.data());
+  k::rope_apply_cpu(k_.data(), n, c.n_kv_heads, c.head_dim, c.head_dim, rope_.data(), true);
+  if (with_q) k::rope_apply_cpu(q_.data(), n, c.n_heads, c.head_dim, c.head_dim, rope_.data(), true);
+}
+
+void BlockDraftRunner::context(const float* features, std::int64_t n, const std::int32_t* positions) {
+  const BlockDraftConfig& c = config();
+  const std::int64_t H = c.hidden;
+  x_.resize(static_cast<std::size_t>(n * H));
+  c_.resize(x_.size());
+  k::matmul(w_->fc(), features, n, x_.data(), precision_);
+  k::rmsnorm_cpu(c_.data(), x_.data(), w_->hidden_norm(), static_cast<int>(n), static_cast<int>(H),
+                 static_cast<float>(c.norm_eps));
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    qkv(w_->layers()[static_cast<std::size_t>(l)], c_.data(), n, positions, false);
+    ctx_k_[static_cast<std::size_t>(l)] = k_;
+    ctx_v_[static_cast<std::size_t>(l)] = v_;
+  }
+}
+
+void BlockDraftRunner::block(const std::int32_t* tokens, std::int64_t b, std::int64_t first_pos,
+                             const std::vector<k::KvSegment>& prefix, std::vector<float>& logits) {
+  const BlockDraftConfig& c = config();
+  const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, KD = c.kv_row();
+  const auto eps = static_cast<float>(c.norm_eps);
+  if (b < 2 || b > 64 || static_cast<std::int64_t>(prefix.size()) != c.n_layers)
+    throw std::logic_error("BlockDraftRunner::block: 2 to 64 rows and one prefix per layer");
+  x_.resize(static_cast<std::size_t>(b * H));
+  for (std::int64_t i = 0; i < b; ++i) {
+    k::weight_row(target_->embedding(), tokens[i], x_.data() + i * H);
+    if (c.embed_scale != 1.0)
+      for (std::int64_t d = 0; d < H; ++d) x_[static_cast<std::size_t>(i * H + d)] *= static_cast<float>(c.embed_scale);
+  }
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(b));
+  for (std::int64_t i = 0; i < b; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(first_pos + i);
+  const std::uint64_t all = b == 64 ? ~0ull : (1ull << b) - 1;
+  const std::vector<std::uint64_t> mask(static_cast<std::size_t>(b), all);  // non-causal inside the block
+  static const std::int32_t page0 = 0;
+  xn_.resize(x_.size());
+  att_.resize(static_cast<std::size_t>(b * QD));
+  LayerTailScratch tail;
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    const BlockLayerWeights& bl = w_->layers()[static_cast<std::size_t>(l)];
+    k::rmsnorm_cpu(xn_.data(), x_.data(), bl.layer.attn_norm, static_cast<int>(b), static_cast<int>(H), eps);
+    qkv(bl, xn_.data(), b, pos.data(), true);
+    const k::PagedKvView rows{k_.data(), v_.data(), &page0, 64, 64 * KD, KD};
+    k::attention_segments_cpu(q_.data(), b, c.n_heads, c.n_kv_heads, c.head_dim, prefix[static_cast<std::size_t>(l)],
+                              {rows, 0, b}, mask.data(), 1.0f / std::sqrt(static_cast<float>(c.head_dim)), att_.data());
+    layer_tail(bl.layer, b, H, c.ffn, eps, precision_, att_.data(), x_.data(), tail);
+  }
+  // Rows 1 … b−1: the drafter's final norm, the target's output head.
+  const std::int64_t m = b - 1;
+  xn_.resize(static_cast<std::size_t>(m * H));
+  k::rmsnorm_cpu(xn_.data(), x_.data() + H, w_->norm(), static_cast<int>(m), static_cast<int>(H), eps);
+  const k::WeightMatrix& out = target_->output();
+  logits.resize(static_cast<std::size_t>(m * out.out_dim));
+  k::matmul(out, xn_.data(), m, logits.data(), precision_);
+  const auto mult = static_cast<float>(c.output_multiplier), cap = static_cast<float>(c.logit_softcap);
+  if (mult != 1.0f)
+    for (float& v : logits) v *= mult;
+  if (cap > 0.0f)
+    for (float& v : logits) v = std::tanh(v / cap) * cap;
+}
+
+BlockDraftConfig write_random_block_drafter(const ModelInfo& t, const BlockDrafterSpec& spec, const std::string& out) {
+  const std::int64_t H = t.hidden_size, nh = t.num_heads, nkv = t.num_kv_heads, hd = H / nh, F = t.ffn_hidden_size;
+  std::vector<std::int32_t> ids = spec.target_layer_ids;
+  if (ids.empty()) {
+    const auto L = static_cast<std::int32_t>(t.num_layers);
+    ids = {std::min(1, L - 1), std::max(0, L / 2 - 1), std::max(0, L - 2)};
+  }
+  std::mt19937 rng(spec.seed);
+  std::normal_distribution<float> dist(0.0f, spec.scale);
+  std::vector<std::pair<std::string, HfTensor>> ts;
+  auto mat = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
+    HfTensor x{{static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols)}, {}};
+    x.values.resize(static_cast<std::size_t>(rows * cols));
+    for (auto& v : x.values) v = dist(rng);
+    ts.emplace_back(name, std::move(x));
+  };
+  auto ones = [&](const std::string& name, std::int64_t n) {
+    ts.emplace_back(name,
+                    HfTensor{{static_cast<std::uint64_t>(n)}, std::vector<float>(static_cast<std::size_t>(n), 1)});
+  };
+  mat("fc.weight", H, H * static_cast<std::int64_t>(ids.size()));
+  ones("hidden_norm.weight", H);
+  ones("norm.weight", H);
+  for (std::int64_t i = 0; i < spec.layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    ones(p + "input_layernorm.weight", H);
+    ones(p + "post_attention_layernorm.weight", H);
+    mat(p + "self_attn.q_proj.weight", nh * hd, H);
+    mat(p + "self_attn.k_proj.weight", nkv * hd, H);
+    mat(p + "self_attn.v_proj.weight", nkv * hd, H);
+    mat(p + "self_attn.o_proj.weight", H, nh * hd);
+    ones(p + "self_attn.q_norm.weight", hd);
+    ones(p + "self_attn.k_norm.weight", hd);
+    mat(p + "mlp.gate_proj.weight", F, H);
+    mat(p + "mlp.up_proj.weight", F, H);
+    mat(p + "mlp.down_proj.weight", H, F);
+  }
+  std::sort(ts.begin(), ts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  json cfg{{"architectures", {"DFlashDraftModel"}},
+           {"model_type", "qwen3"},
+           {"hidden_size", H},
+           {"intermediate_size", F},
+           {"num_hidden_layers", spec.layers},
+           {"num_attention_heads", nh},
+           {"num_key_value_heads", nkv},
+           {"head_dim", hd},
+           {"rms_norm_eps", t.norm_eps},
+           {"rope_theta", t.rope_base},
+           {"vocab_size", t.vocab_size},
+           {"num_target_layers", t.num_layers},
+           {"attention_bias", false},
+           {"torch_dtype", "float32"},
+           {"dflash_config",
+            {{"block_size", spec.block_size},
+             {"mask_token_id", spec.mask_token_id >= 0 ? spec.mask_token_id : t.vocab_size - 1},
+             {"target_layer_ids", ids}}}};
+  if (!spec.config_patch.empty()) cfg.merge_patch(json::parse(spec.config_patch));
+  fs::create_directories(out);
+  std::ofstream(fs::path(out) / "config.json") << cfg.dump(2) << "\n";
+  write_safetensors((fs::path(out) / "model.safetensors").string(), ts, {});
+  BlockDraftConfig c;
+  c.path = out;
+  c.target_layer_ids = ids;
+  c.block_size = spec.block_size;
+  return c;
+}
+
+}  // namespace specactor::model

@@ -1,0 +1,129 @@
+// model/block_drafter.hpp — block drafters (DFLASH), their files and the CPU forward. No CAF here.
+//
+// A block drafter proposes B−1 tokens in one forward pass. It has N decoder layers of its own (Qwen3's:
+// RMSNorm per head on q and k, RoPE on rotate-half pairs, SiLU-gated MLP) and no embedding or output
+// head: it uses the target's. Its inputs:
+//   context: the target's hidden states of every committed position p, the outputs of K target layers
+//            (target_layer_ids) concatenated, c_p = hidden_norm(fc(h_p)); each draft layer l turns c_p
+//            into a key k_norm(W_k,l c_p) (RoPE at p) and a value W_v,l c_p, kept in the drafter's KV
+//            (only committed context ever lives there);
+//   block:   x = embed([root, MASK × (B−1)]) · input_embedding_scale at positions n−1 … n+B−2 (the root
+//            is the newest token, not yet in the target's KV). Each layer: y = input_norm(x); q, k, v of
+//            y as above; every block row attends to every context key and every block key (non-causal
+//            inside the block); x += o_proj(attention); x += MLP(post_attention_norm(x)).
+// Row i ≥ 1 of norm(x), through the target's output head (× output_multiplier, then softcapped when
+// final_logit_softcapping > 0), gives the draft for position n−1+i.
+//
+// Files: a Hugging Face folder, config.json + *.safetensors, as the public DFlash checkpoints lay them
+// out. config.json: architectures ["DFlashDraftModel"], hidden_size, intermediate_size,
+// num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta (or
+// rope_parameters.rope_theta), vocab_size (optional; must be the target's), and, in "dflash_config" or
+// at the top level: block_size (default 16), mask_token_id, target_layer_ids; optional
+// input_embedding_scale, output_multiplier, final_logit_softcapping. Tensors: fc.weight [H, K·H],
+// hidden_norm.weight, norm.weight, layers.{i}.{input_layernorm,post_attention_layernorm}.weight,
+// layers.{i}.self_attn.{q,k,v,o}_proj.weight, layers.{i}.self_attn.{q,k}_norm.weight [head_dim],
+// layers.{i}.mlp.{gate,up,down}_proj.weight.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "config/server_args.hpp"
+#include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "model/llama.hpp"
+#include "model/model_info.hpp"
+
+namespace specactor::model {
+
+struct BlockDraftConfig {
+  std::string path;
+  std::int64_t hidden = 0, ffn = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  double rope_base = 10000.0, norm_eps = 1e-6;
+  std::int64_t block_size = 16;
+  std::int32_t mask_token_id = -1;
+  std::vector<std::int32_t> target_layer_ids;  // target layers whose outputs feed the drafter
+  double embed_scale = 1.0, output_multiplier = 1.0, logit_softcap = 0.0;
+  std::int64_t feature_width() const { return hidden * static_cast<std::int64_t>(target_layer_ids.size()); }
+  std::int64_t kv_row() const { return n_kv_heads * head_dim; }
+  nlohmann::json to_json() const;
+};
+
+struct BlockLayerWeights {
+  LlamaLayer layer;  // attn_norm = input_layernorm, ffn_norm = post_attention_layernorm
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+};
+
+class BlockDraftWeights {
+ public:
+  // Reads a DFLASH drafter and checks it against the target and the context length: every problem is a
+  // GgufError naming the file and the config field or tensor. `quantize_to` as for heads (Q8_0/Q4_1
+  // quantize float matrices at load; F32 keeps them).
+  static std::shared_ptr<const BlockDraftWeights> load(const std::string& path, const LlamaConfig& target,
+                                                       std::int64_t context_length, config::LoadFormat format,
+                                                       kernels::WeightType quantize_to = kernels::WeightType::F32);
+  const BlockDraftConfig& config() const { return cfg_; }
+  const std::vector<BlockLayerWeights>& layers() const { return layers_; }
+  const kernels::WeightMatrix& fc() const { return fc_; }
+  const float* hidden_norm() const { return hidden_norm_; }
+  const float* norm() const { return norm_; }
+
+ private:
+  BlockDraftConfig cfg_;
+  std::shared_ptr<const TensorSource> source_;
+  std::vector<BlockLayerWeights> layers_;
+  kernels::WeightMatrix fc_;
+  const float* hidden_norm_ = nullptr;
+  const float* norm_ = nullptr;
+  std::vector<std::vector<std::uint8_t>> owned_;
+};
+
+// Whether a checkpoint folder is a block drafter (its config.json names DFlashDraftModel).
+bool is_block_drafter_checkpoint(const std::string& path);
+
+// The CPU forward of a block drafter.
+class BlockDraftRunner {
+ public:
+  BlockDraftRunner(std::shared_ptr<const BlockDraftWeights> drafter, std::shared_ptr<const LlamaWeights> target,
+                   kernels::Precision precision);
+  const BlockDraftConfig& config() const { return w_->config(); }
+
+  // n committed positions' target features (n × feature_width) → each layer's context keys and values:
+  // ctx_k(l), ctx_v(l) hold n rows of kv_row floats.
+  void context(const float* features, std::int64_t n, const std::int32_t* positions);
+  const float* ctx_k(int layer) const { return ctx_k_[static_cast<std::size_t>(layer)].data(); }
+  const float* ctx_v(int layer) const { return ctx_v_[static_cast<std::size_t>(layer)].data(); }
+
+  // One block of `b` tokens (b ≤ 64) from position `first_pos`, each layer attending to prefix[layer]
+  // (its context KV) and to the whole block: the logits of rows 1 … b−1 ((b−1) × vocab).
+  void block(const std::int32_t* tokens, std::int64_t b, std::int64_t first_pos,
+             const std::vector<kernels::KvSegment>& prefix, std::vector<float>& logits);
+
+ private:
+  void qkv(const BlockLayerWeights& ly, const float* in, std::int64_t n, const std::int32_t* positions, bool with_q);
+  std::shared_ptr<const BlockDraftWeights> w_;
+  std::shared_ptr<const LlamaWeights> target_;
+  kernels::Precision precision_;
+  std::vector<std::vector<float>> ctx_k_, ctx_v_;
+  std::vector<float> c_, x_, xn_, q_, k_, v_, att_, rope_, tmp_, gate_, up_, norm_tmp_;
+};
+
+// A randomly initialised DFLASH drafter for a target (the tests, `specactor make-head --kind dflash`):
+// config.json + model.safetensors in `out`, weights ~ N(0, scale²), norms 1.
+struct BlockDrafterSpec {
+  std::int64_t layers = 1, block_size = 8;
+  std::vector<std::int32_t> target_layer_ids;  // empty: three spread over the target's depth
+  std::int32_t mask_token_id = -1;             // -1: the target's last id
+  std::uint32_t seed = 1;
+  float scale = 0.02f;
+  // Test-only: write config.json with these fields replaced (a JSON object text), to make malformed ones.
+  std::string config_patch;
+};
+BlockDraftConfig write_random_block_drafter(const ModelInfo& target, const BlockDrafterSpec& spec,
+                                            const std::string& out);
+
+}  // namespace specactor::model

@@ -1,0 +1,226 @@
+// tests/test_block_drafter.cpp — the DFLASH block drafter on its own: malformed drafters are refused at
+// load naming the field, and its drafts (and logits) equal an independent numpy forward
+// (training/dflash_reference.py, float64) of the same random drafter on the same target features.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "config/snapshot.hpp"
+#include "drafters/drafter.hpp"
+#include "kernels/cpu/sampling.hpp"
+#include "model/block_drafter.hpp"
+#include "model/gguf.hpp"
+#include "model/loader.hpp"
+#include "model/writers.hpp"
+#include "tests/support/gguf_writer.hpp"
+#include "tests/support/skip.hpp"
+
+namespace fs = std::filesystem;
+namespace sm = specactor::model;
+namespace sc = specactor::config;
+using nlohmann::json;
+
+namespace {
+
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    dir = fs::temp_directory_path() / ("specactor_block." + std::to_string(::getpid()));
+    fs::create_directories(dir);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+};
+
+// The tiny target (vocabulary 96, hidden 32, 2 layers, context 128), loaded.
+sm::LoadedModel tiny_target(const fs::path& dir) {
+  specactor::testing::TinyLlamaShape s;
+  s.vocab = 96;
+  const std::string p = (dir / "tiny.gguf").string();
+  specactor::testing::tiny_llama(s, true, 7).write(p);
+  sc::ServerArgs a;
+  a.model_path = p;
+  return sm::load_model(*sc::freeze(a));
+}
+
+std::string drafter(const sm::LoadedModel& t, const fs::path& dir, const std::string& name, const std::string& patch,
+                    std::int64_t layers = 1, std::int64_t block = 4) {
+  sm::BlockDrafterSpec spec;
+  spec.layers = layers;
+  spec.block_size = block;
+  spec.seed = 21;
+  spec.scale = 0.3f;
+  spec.config_patch = patch;
+  const std::string p = (dir / name).string();
+  sm::write_random_block_drafter(t.info, spec, p);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("DFLASH files: a malformed drafter is refused at load with one error naming the field") {
+  Scratch s;
+  const sm::LoadedModel t = tiny_target(s.dir);
+  const std::int64_t ctx = 128;
+  struct Case {
+    std::string patch, expect;
+    std::int64_t context = 128;
+  };
+  const std::vector<Case> cases = {
+      {R"({"hidden_size": 64})", "'hidden_size' is 64 but the target's hidden size is 32"},
+      {R"({"dflash_config": {"target_layer_ids": [0, 5]}})",
+       "'target_layer_ids' holds 5; the target has layers 0 to 1"},
+      {R"({"dflash_config": {"block_size": 0}})", "'block_size' must be an integer in [2, 64]"},
+      {R"({"dflash_config": {"block_size": 65}})", "'block_size' must be an integer in [2, 64]"},
+      {R"({"dflash_config": {"block_size": 16}})", "'block_size' is 16, beyond the context length of 8", 8},
+      {R"({"dflash_config": {"mask_token_id": null}})", "'mask_token_id' is missing"},
+      {R"({"dflash_config": {"mask_token_id": 96}})",
+       "'mask_token_id' must be a token id below the target's "
+       "vocabulary of 96, got 96"},
+      {R"({"vocab_size": 100})", "'vocab_size' is 100 but the target's vocabulary has 96 tokens"},
+      {R"({"architectures": ["DFlash2DraftModel"]})", "'architectures' is DFlash2DraftModel"},
+      {R"({"architectures": ["LlamaForCausalLM"]})", "'architectures' must name DFlashDraftModel"},
+      {R"({"layer_types": ["sliding_attention"]})", "'layer_types' holds \"sliding_attention\""},
+      {R"({"num_hidden_layers": 0})", "'num_hidden_layers' must be at least 1"},
+      {R"({"dflash_config": {"target_layer_ids": []}})", "'target_layer_ids' must be a non-empty array"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    CAPTURE(c.patch);
+    const std::string p = drafter(t, s.dir, "bad" + std::to_string(i++), c.patch);
+    CHECK_THROWS_WITH_AS(sm::BlockDraftWeights::load(p, t.config, c.context, sc::LoadFormat::Auto),
+                         doctest::Contains(c.expect.c_str()), sm::GgufError);
+  }
+  // A well-formed one loads; a GGUF load format is refused; a missing tensor is named.
+  const std::string good = drafter(t, s.dir, "good", "");
+  CHECK(sm::BlockDraftWeights::load(good, t.config, ctx, sc::LoadFormat::Auto)->config().block_size == 4);
+  CHECK_THROWS_WITH_AS(sm::BlockDraftWeights::load(good, t.config, ctx, sc::LoadFormat::Gguf),
+                       doctest::Contains("--speculative-draft-load-format gguf"), sm::GgufError);
+  CHECK(sm::BlockDraftWeights::load(good, t.config, ctx, sc::LoadFormat::Auto)->config().mask_token_id == 95);
+  const std::string two = drafter(t, s.dir, "two", R"({"num_hidden_layers": 2})");  // tensors for 1 layer only
+  CHECK_THROWS_WITH_AS(sm::BlockDraftWeights::load(two, t.config, ctx, sc::LoadFormat::Auto),
+                       doctest::Contains("layers.1.input_layernorm.weight"), sm::GgufError);
+}
+
+namespace {
+
+// The drafter's KV of `n` context rows (float32), filled through the runner: what the drafter's own
+// catch-up does, written out here so the runner's logits can be compared.
+std::vector<float> runner_logits(const std::shared_ptr<const sm::BlockDraftWeights>& w,
+                                 const std::shared_ptr<const sm::LlamaWeights>& target, const std::vector<float>& feat,
+                                 const std::vector<std::int32_t>& tokens) {
+  const auto& c = w->config();
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  sm::BlockDraftRunner r(w, target, specactor::kernels::Precision::Exact);
+  sm::KvCache kv(c.n_layers, c.n_kv_heads, c.head_dim, 4, 256, true, specactor::kernels::KvType::F32);
+  sm::KvCache::Seq seq;
+  kv.reserve(seq, n - 1);
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(n - 1));
+  for (std::int64_t i = 0; i < n - 1; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+  r.context(feat.data(), n - 1, pos.data());
+  for (std::int64_t l = 0; l < c.n_layers; ++l)
+    for (std::int64_t i = 0; i < n - 1; ++i)
+      kv.write(l, seq, i, r.ctx_k(static_cast<int>(l)) + i * c.kv_row(), r.ctx_v(static_cast<int>(l)) + i * c.kv_row());
+  seq.length = n - 1;
+  std::vector<specactor::kernels::KvSegment> prefix;
+  for (std::int64_t l = 0; l < c.n_layers; ++l) prefix.push_back({kv.view(l, seq), 0, n - 1});
+  std::vector<std::int32_t> block(static_cast<std::size_t>(c.block_size), c.mask_token_id);
+  block[0] = tokens.back();
+  std::vector<float> logits;
+  r.block(block.data(), c.block_size, n - 1, prefix, logits);
+  kv.release(seq);
+  return logits;
+}
+
+sm::HfTensor rows_of(const specactor::kernels::WeightMatrix& m) {
+  sm::HfTensor t{{static_cast<std::uint64_t>(m.out_dim), static_cast<std::uint64_t>(m.in_dim)}, {}};
+  t.values.resize(static_cast<std::size_t>(m.out_dim * m.in_dim));
+  for (std::int64_t r = 0; r < m.out_dim; ++r) specactor::kernels::weight_row(m, r, t.values.data() + r * m.in_dim);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("DFLASH forward: drafts and logits equal the numpy reference (training/dflash_reference.py)") {
+  const std::string python = SPECACTOR_SOURCE_DIR "/.venv-train/bin/python";
+  if (!fs::exists(python))
+    SKIP_CASE("no training venv", "the numpy reference runs in .venv-train (training/train-venv)");
+  Scratch s;
+  const sm::LoadedModel t = tiny_target(s.dir);
+  // Two layers, a block of 6, softcapped and scaled logits: every optional step of the forward.
+  const std::string path = drafter(t, s.dir, "dflash",
+                                   R"({"dflash_config": {"output_multiplier": 0.7, "final_logit_softcapping": 9.0,
+                  "input_embedding_scale": 1.5}})",
+                                   2, 6);
+  const auto w = sm::BlockDraftWeights::load(path, t.config, 128, sc::LoadFormat::Auto);
+  const auto& c = w->config();
+  // Context: 14 tokens; features of the 13 committed ones; first proposal after 6 tokens.
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<std::int32_t> tok(0, 94);
+  std::normal_distribution<float> gauss(0.0f, 1.0f);
+  std::vector<std::int32_t> tokens(14);
+  for (auto& x : tokens) x = tok(rng);
+  std::vector<float> feat(static_cast<std::size_t>(13 * c.feature_width()));
+  for (auto& x : feat) x = gauss(rng);
+  const std::vector<std::size_t> contexts = {6, 14};
+  const fs::path case_dir = s.dir / "case";
+  fs::create_directories(case_dir);
+  sm::write_safetensors((case_dir / "target.safetensors").string(),
+                        {{"embed", rows_of(t.weights->embedding())}, {"output", rows_of(t.weights->output())}});
+  sm::write_safetensors((case_dir / "features.safetensors").string(),
+                        {{"features", sm::HfTensor{{13, static_cast<std::uint64_t>(c.feature_width())}, feat}}});
+  std::ofstream(case_dir / "case.json") << json{{"drafter", path}, {"tokens", tokens}, {"contexts", contexts}}.dump();
+  const std::string cmd = python + " " SPECACTOR_SOURCE_DIR "/training/dflash_reference.py " + case_dir.string() +
+                          " > " + (case_dir / "log").string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream log_in(case_dir / "log");
+  const std::string log((std::istreambuf_iterator<char>(log_in)), std::istreambuf_iterator<char>());
+  REQUIRE_MESSAGE(rc == 0, log);
+  const json ref = json::parse(std::ifstream(case_dir / "reference.json"));
+
+  // Through the drafter: features handed over in two parts, a proposal after each.
+  sc::ServerArgs a;
+  a.model_path = (s.dir / "tiny.gguf").string();
+  a.speculative_algorithm = sc::SpecAlgorithm::Dflash;
+  a.speculative_draft_model_path = path;
+  a.cpu_precision = sc::CpuPrecision::Exact;
+  a.kv_cache_dtype = "float32";
+  a.page_size = 4;
+  a.max_total_tokens = 256;
+  a.context_length = 128;
+  auto d = specactor::drafters::find_drafter("DFLASH")(sc::freeze(a), {t.info, t.tokenizer, t.weights, nullptr});
+  const std::vector<std::int32_t> no_pages;
+  std::size_t handed = 0;
+  for (std::size_t k = 0; k < contexts.size(); ++k) {
+    const std::size_t n = contexts[k];
+    CAPTURE(n);
+    const json& r = ref["contexts"][k];
+    const std::vector<float> part(feat.begin() + static_cast<long>(handed * c.feature_width()),
+                                  feat.begin() + static_cast<long>((n - 1) * c.feature_width()));
+    d->observe(1, {part, static_cast<std::int64_t>(handed), no_pages, 0});
+    handed = n - 1;
+    const std::vector<std::int32_t> ctx(tokens.begin(), tokens.begin() + static_cast<long>(n));
+    const auto tree = d->propose(1, ctx, 63, 63);
+    const auto want = r["tokens"].get<std::vector<std::int32_t>>();
+    for (double m : r["margins"].get<std::vector<double>>()) CHECK(m > 1e-3);  // no near-ties to compare
+    CHECK(tree.tokens == want);
+    CHECK(tree.parents == std::vector<std::int32_t>{-1, 0, 1, 2, 3});
+    // The runner's logits, row by row.
+    const std::vector<float> got = runner_logits(w, t.weights, feat, ctx);
+    const auto ref_logits = r["logits"].get<std::vector<std::vector<double>>>();
+    REQUIRE(got.size() == ref_logits.size() * 96);
+    double worst = 0;
+    for (std::size_t i = 0; i < ref_logits.size(); ++i)
+      for (std::size_t v = 0; v < 96; ++v) worst = std::max(worst, std::abs(got[i * 96 + v] - ref_logits[i][v]));
+    MESSAGE("context " << n << ": drafts " << json(tree.tokens).dump() << ", largest logit difference " << worst);
+    CHECK(worst < 1e-3);
+  }
+  // A depth below the block keeps the first drafts only.
+  CHECK(d->propose(1, tokens, 63, 2).tokens ==
+        std::vector<std::int32_t>(ref["contexts"][1]["tokens"].begin(), ref["contexts"][1]["tokens"].begin() + 2));
+}

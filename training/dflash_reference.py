@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""An independent float64 numpy forward of a DFlash drafter (the C++ one is model/block_drafter.cpp),
+for tests/test_block_drafter.cpp. Written from the architecture's description, not from the C++ code.
+
+    python training/dflash_reference.py CASE_DIR
+
+CASE_DIR holds case.json {"drafter": FOLDER, "tokens": [...], "contexts": [n1, n2, ...]},
+target.safetensors {"embed": [V, H], "output": [V, H]} (the target's embedding and output head) and
+features.safetensors {"features": [rows, K*H]} (the target's hidden rows of positions 0, 1, ...). For
+each n in contexts the drafter sees tokens[:n] (features of positions 0..n-2, the root tokens[n-1]) and
+the script writes, to CASE_DIR/reference.json, the drafts (argmax of the block's rows 1..B-1), their
+logits and each row's margin between its best and second-best logit.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+from safetensors.numpy import load_file
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+def rotate(x, positions, theta):
+    """RoPE on rotate-half pairs (i, i + d/2) of each head; x: [n, heads, d]."""
+    d = x.shape[-1]
+    inv = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = positions[:, None].astype(np.float64) * inv[None, :]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    a, b = x[..., : d // 2], x[..., d // 2:]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+class Drafter:
+    def __init__(self, folder):
+        cfg = json.load(open(os.path.join(folder, "config.json")))
+        extra = cfg.get("dflash_config", {})
+        get = lambda k, d=None: extra.get(k, cfg.get(k, d))  # noqa: E731
+        self.H = cfg["hidden_size"]
+        self.heads = cfg["num_attention_heads"]
+        self.kv_heads = cfg.get("num_key_value_heads", self.heads)
+        self.d = cfg.get("head_dim", self.H // self.heads)
+        self.layers = cfg["num_hidden_layers"]
+        self.eps = cfg.get("rms_norm_eps", 1e-6)
+        self.theta = cfg.get("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+        self.block = get("block_size", 16)
+        self.mask = get("mask_token_id")
+        self.embed_scale = get("input_embedding_scale", 1.0)
+        self.mult = get("output_multiplier", 1.0)
+        self.cap = get("final_logit_softcapping", 0.0) or 0.0
+        self.w = {k: v.astype(np.float64) for k, v in load_file(os.path.join(folder, "model.safetensors")).items()}
+
+    def kv(self, i, x, positions):
+        w, p = self.w, f"layers.{i}.self_attn."
+        n = x.shape[0]
+        k = rms_norm((x @ w[p + "k_proj.weight"].T).reshape(n, self.kv_heads, self.d), w[p + "k_norm.weight"], self.eps)
+        v = (x @ w[p + "v_proj.weight"].T).reshape(n, self.kv_heads, self.d)
+        return rotate(k, positions, self.theta), v
+
+    def forward(self, embed, output, features, tokens):
+        """Logits [B-1, V] of the block after `tokens` given the features of tokens[:-1]."""
+        w, n = self.w, len(tokens)
+        ctx = rms_norm(features[: n - 1] @ w["fc.weight"].T, w["hidden_norm.weight"], self.eps)
+        ctx_pos = np.arange(n - 1)
+        block = [tokens[-1]] + [self.mask] * (self.block - 1)
+        pos = np.arange(n - 1, n - 1 + self.block)
+        x = embed[block] * self.embed_scale
+        group = self.heads // self.kv_heads
+        for i in range(self.layers):
+            p = f"layers.{i}."
+            y = rms_norm(x, w[p + "input_layernorm.weight"], self.eps)
+            q = rms_norm((y @ w[p + "self_attn.q_proj.weight"].T).reshape(self.block, self.heads, self.d),
+                         w[p + "self_attn.q_norm.weight"], self.eps)
+            q = rotate(q, pos, self.theta)
+            kc, vc = self.kv(i, ctx, ctx_pos)
+            kb, vb = self.kv(i, y, pos)
+            k, v = np.concatenate([kc, kb]), np.concatenate([vc, vb])
+            att = np.zeros((self.block, self.heads, self.d))
+            for h in range(self.heads):
+                scores = q[:, h, :] @ k[:, h // group, :].T / np.sqrt(self.d)  # every key: no causal mask
+                scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+                att[:, h, :] = (scores / scores.sum(axis=-1, keepdims=True)) @ v[:, h // group, :]
+            x = x + att.reshape(self.block, -1) @ w[p + "self_attn.o_proj.weight"].T
+            y = rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps)
+            x = x + (silu(y @ w[p + "mlp.gate_proj.weight"].T) * (y @ w[p + "mlp.up_proj.weight"].T)) @ \
+                w[p + "mlp.down_proj.weight"].T
+        logits = rms_norm(x[1:], w["norm.weight"], self.eps) @ output.T * self.mult
+        if self.cap > 0:
+            logits = np.tanh(logits / self.cap) * self.cap
+        return logits
+
+
+def main():
+    case = sys.argv[1]
+    spec = json.load(open(os.path.join(case, "case.json")))
+    target = {k: v.astype(np.float64) for k, v in load_file(os.path.join(case, "target.safetensors")).items()}
+    features = load_file(os.path.join(case, "features.safetensors"))["features"].astype(np.float64)
+    drafter = Drafter(spec["drafter"])
+    out = []
+    for n in spec["contexts"]:
+        logits = drafter.forward(target["embed"], target["output"], features, spec["tokens"][:n])
+        top2 = np.sort(logits, axis=-1)[:, -2:]
+        out.append({"n": n, "tokens": [int(t) for t in logits.argmax(axis=-1)],
+                    "margins": [float(m) for m in top2[:, 1] - top2[:, 0]], "logits": logits.tolist()})
+        print(f"context {n}: drafts {out[-1]['tokens']}")
+    json.dump({"contexts": out}, open(os.path.join(case, "reference.json"), "w"))
+
+
+if __name__ == "__main__":
+    main()
