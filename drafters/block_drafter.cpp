@@ -142,8 +142,9 @@ class BlockDrafter final : public Drafter {
   }
 
   // The first `depth` rows' drafts: argmax, or drawn from the drafter's probabilities (sent along).
+  // Over a draft vocabulary, q is spread back onto the target's ids (zero elsewhere).
   DraftTree chain(State& st, const std::vector<float>& logits, std::int32_t depth) {
-    const std::int64_t vocab = target_->config().vocab_size;
+    const std::int64_t vocab = runner_->vocab(), full = target_->config().vocab_size;
     const bool sample = sampling_ && !st.params.greedy();
     std::vector<std::int32_t> drafts;
     std::vector<float> q_rows, q;
@@ -151,10 +152,12 @@ class BlockDrafter final : public Drafter {
       const float* row = logits.data() + static_cast<std::int64_t>(i) * vocab;
       if (sample) {
         k::sampling_probs(row, vocab, st.params, q);
-        drafts.push_back(k::sample_from_probs(q, st.rng.uniform()));
-        q_rows.insert(q_rows.end(), q.begin(), q.end());
+        drafts.push_back(runner_->to_target(k::sample_from_probs(q, st.rng.uniform())));
+        const std::size_t at = q_rows.size();
+        q_rows.resize(at + static_cast<std::size_t>(full), 0.0f);
+        for (std::int64_t j = 0; j < vocab; ++j) q_rows[at + static_cast<std::size_t>(runner_->to_target(j))] = q[j];
       } else {
-        drafts.push_back(k::argmax(row, vocab));
+        drafts.push_back(runner_->to_target(k::argmax(row, vocab)));
       }
     }
     DraftTree t = DraftTree::chain(std::move(drafts));

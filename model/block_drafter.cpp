@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -37,7 +38,8 @@ json BlockDraftConfig::to_json() const {
               {"target_layer_ids", target_layer_ids},
               {"input_embedding_scale", embed_scale},
               {"output_multiplier", output_multiplier},
-              {"final_logit_softcapping", logit_softcap}};
+              {"final_logit_softcapping", logit_softcap},
+              {"draft_vocab_size", static_cast<std::int64_t>(draft_vocab.size())}};
 }
 
 namespace {
@@ -143,6 +145,21 @@ BlockDraftConfig read_block_config(const std::string& path, const LlamaConfig& t
   return c;
 }
 
+// The optional draft vocabulary: I32 [Vd], strictly ascending target ids.
+std::vector<std::int32_t> read_draft_vocab(const TensorView& t, const std::string& path, const LlamaConfig& target) {
+  const std::string where = path + ": tensor 'draft_vocab'";
+  if (t.ggml_type != 26 || t.dims.size() != 1 || t.dims[0] < 1 || t.n_bytes != t.dims[0] * 4)  // 26: ggml I32
+    throw GgufError(where + " must be a non-empty I32 vector of target token ids");
+  std::vector<std::int32_t> ids(t.dims[0]);
+  std::memcpy(ids.data(), t.data, t.n_bytes);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= target.vocab_size || (i > 0 && ids[i] <= ids[i - 1]))
+      throw GgufError(where + " must hold strictly ascending ids below the target's vocabulary of " +
+                      std::to_string(target.vocab_size) + " (entry " + std::to_string(i) + " is " +
+                      std::to_string(ids[i]) + ")");
+  return ids;
+}
+
 }  // namespace
 
 bool is_block_drafter_checkpoint(const std::string& path) {
@@ -171,6 +188,7 @@ std::shared_ptr<const BlockDraftWeights> BlockDraftWeights::load(const std::stri
   WeightBinder binder(*w->source_, format == config::LoadFormat::Dummy, w->owned_);
   CheckedBinder bind(binder, path, quantize_to, w->owned_);
   const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, KD = c.kv_row();
+  if (const TensorView* dv = w->source_->find("draft_vocab")) c.draft_vocab = read_draft_vocab(*dv, path, target);
   w->fc_ = bind.matrix("fc.weight", H, c.feature_width());
   w->hidden_norm_ = bind.vector("hidden_norm.weight", H);
   w->norm_ = bind.vector("norm.weight", H);
@@ -199,6 +217,19 @@ BlockDraftRunner::BlockDraftRunner(std::shared_ptr<const BlockDraftWeights> draf
     : w_(std::move(drafter)), target_(std::move(target)), precision_(precision) {
   ctx_k_.resize(static_cast<std::size_t>(config().n_layers));
   ctx_v_.resize(ctx_k_.size());
+  out_ = &target_->output();
+  const auto& dv = config().draft_vocab;
+  if (!dv.empty()) {  // the draft vocabulary's rows of the target's output head, dequantized once
+    const std::int64_t H = config().hidden;
+    hot_.resize(dv.size() * static_cast<std::size_t>(H));
+    for (std::size_t i = 0; i < dv.size(); ++i) k::weight_row(target_->output(), dv[i], hot_.data() + i * H);
+    hot_m_.type = k::WeightType::F32;
+    hot_m_.out_dim = static_cast<std::int64_t>(dv.size());
+    hot_m_.in_dim = H;
+    hot_m_.data = reinterpret_cast<const std::uint8_t*>(hot_.data());
+    hot_m_.row_stride = static_cast<std::size_t>(H) * sizeof(float);
+    out_ = &hot_m_;
+  }
 }
 
 // k (and q when with_q) of n rows of `in`, normed per head, rotated at `positions`; v of the rows.
@@ -275,9 +306,8 @@ void BlockDraftRunner::block(const std::int32_t* tokens, std::int64_t b, std::in
   const std::int64_t m = b - 1;
   xn_.resize(static_cast<std::size_t>(m * H));
   k::rmsnorm_cpu(xn_.data(), x_.data() + H, w_->norm(), static_cast<int>(m), static_cast<int>(H), eps);
-  const k::WeightMatrix& out = target_->output();
-  logits.resize(static_cast<std::size_t>(m * out.out_dim));
-  k::matmul(out, xn_.data(), m, logits.data(), precision_);
+  logits.resize(static_cast<std::size_t>(m * out_->out_dim));
+  k::matmul(*out_, xn_.data(), m, logits.data(), precision_);
   const auto mult = static_cast<float>(c.output_multiplier), cap = static_cast<float>(c.logit_softcap);
   if (mult != 1.0f)
     for (float& v : logits) v *= mult;
@@ -323,6 +353,14 @@ BlockDraftConfig write_random_block_drafter(const ModelInfo& t, const BlockDraft
     mat(p + "mlp.down_proj.weight", H, F);
   }
   std::sort(ts.begin(), ts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::int32_t> vocab;
+  if (spec.draft_vocab > 0) {  // the first ids of a seeded permutation, ascending
+    std::vector<std::int32_t> perm(static_cast<std::size_t>(t.vocab_size));
+    for (std::size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<std::int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    vocab.assign(perm.begin(), perm.begin() + std::min<std::int64_t>(spec.draft_vocab, t.vocab_size));
+    std::sort(vocab.begin(), vocab.end());
+  }
   json cfg{{"architectures", {"DFlashDraftModel"}},
            {"model_type", "qwen3"},
            {"hidden_size", H},
@@ -344,7 +382,21 @@ BlockDraftConfig write_random_block_drafter(const ModelInfo& t, const BlockDraft
   if (!spec.config_patch.empty()) cfg.merge_patch(json::parse(spec.config_patch));
   fs::create_directories(out);
   std::ofstream(fs::path(out) / "config.json") << cfg.dump(2) << "\n";
-  write_safetensors((fs::path(out) / "model.safetensors").string(), ts, {});
+  if (vocab.empty()) {
+    write_safetensors((fs::path(out) / "model.safetensors").string(), ts, {});
+  } else {  // F32 tensors and the I32 draft vocabulary
+    std::vector<RawTensor> raw;
+    for (const auto& [name, x] : ts) {
+      RawTensor r{name, "F32", x.shape, std::vector<std::uint8_t>(x.values.size() * 4)};
+      std::memcpy(r.bytes.data(), x.values.data(), r.bytes.size());
+      raw.push_back(std::move(r));
+    }
+    RawTensor r{
+        "draft_vocab", "I32", {static_cast<std::uint64_t>(vocab.size())}, std::vector<std::uint8_t>(vocab.size() * 4)};
+    std::memcpy(r.bytes.data(), vocab.data(), r.bytes.size());
+    raw.push_back(std::move(r));
+    write_safetensors_raw((fs::path(out) / "model.safetensors").string(), raw);
+  }
   BlockDraftConfig c;
   c.path = out;
   c.target_layer_ids = ids;

@@ -22,7 +22,10 @@
 // input_embedding_scale, output_multiplier, final_logit_softcapping. Tensors: fc.weight [H, K·H],
 // hidden_norm.weight, norm.weight, layers.{i}.{input_layernorm,post_attention_layernorm}.weight,
 // layers.{i}.self_attn.{q,k,v,o}_proj.weight, layers.{i}.self_attn.{q,k}_norm.weight [head_dim],
-// layers.{i}.mlp.{gate,up,down}_proj.weight.
+// layers.{i}.mlp.{gate,up,down}_proj.weight. Optional (specactor's, not in the published layout):
+// draft_vocab, I32 [Vd], ascending target ids: the drafter's logits cover only those rows of the
+// target's output head (Vd × H instead of V × H per drafted row), draft i meaning target id
+// draft_vocab[i] — the trainer (training/train_dflash.py) scores over the same rows.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +50,9 @@ struct BlockDraftConfig {
   std::int32_t mask_token_id = -1;
   std::vector<std::int32_t> target_layer_ids;  // target layers whose outputs feed the drafter
   double embed_scale = 1.0, output_multiplier = 1.0, logit_softcap = 0.0;
+  // specactor's extension: target ids (ascending) whose output-head rows the drafter's logits cover;
+  // empty = the whole vocabulary (as the published checkpoints do).
+  std::vector<std::int32_t> draft_vocab;
   std::int64_t feature_width() const { return hidden * static_cast<std::int64_t>(target_layer_ids.size()); }
   std::int64_t kv_row() const { return n_kv_heads * head_dim; }
   nlohmann::json to_json() const;
@@ -97,9 +103,16 @@ class BlockDraftRunner {
   void context(const float* features, std::int64_t n, const std::int32_t* positions);
   const float* ctx_k(int layer) const { return ctx_k_[static_cast<std::size_t>(layer)].data(); }
   const float* ctx_v(int layer) const { return ctx_v_[static_cast<std::size_t>(layer)].data(); }
+  // Logits per drafted row, and the target id of logit column i.
+  std::int64_t vocab() const { return out_->out_dim; }
+  std::int32_t to_target(std::int64_t i) const {
+    return config().draft_vocab.empty() ? static_cast<std::int32_t>(i)
+                                        : config().draft_vocab[static_cast<std::size_t>(i)];
+  }
 
   // One block of `b` tokens (b ≤ 64) from position `first_pos`, each layer attending to prefix[layer]
-  // (its context KV) and to the whole block: the logits of rows 1 … b−1 ((b−1) × vocab).
+  // (its context KV) and to the whole block: the logits of rows 1 … b−1 ((b−1) × vocab(), over the
+  // draft vocabulary when the drafter has one).
   void block(const std::int32_t* tokens, std::int64_t b, std::int64_t first_pos,
              const std::vector<kernels::KvSegment>& prefix, std::vector<float>& logits);
 
@@ -109,7 +122,10 @@ class BlockDraftRunner {
   std::shared_ptr<const LlamaWeights> target_;
   kernels::Precision precision_;
   std::vector<std::vector<float>> ctx_k_, ctx_v_;
-  std::vector<float> c_, x_, xn_, q_, k_, v_, att_, rope_, tmp_, gate_, up_, norm_tmp_;
+  std::vector<float> c_, x_, xn_, q_, k_, v_, att_, rope_, norm_tmp_;
+  std::vector<float> hot_;  // the draft vocabulary's output rows, float32
+  kernels::WeightMatrix hot_m_;
+  const kernels::WeightMatrix* out_ = nullptr;  // the output head the logits use
 };
 
 // A randomly initialised DFLASH drafter for a target (the tests, `specactor make-head --kind dflash`):
@@ -118,6 +134,7 @@ struct BlockDrafterSpec {
   std::int64_t layers = 1, block_size = 8;
   std::vector<std::int32_t> target_layer_ids;  // empty: three spread over the target's depth
   std::int32_t mask_token_id = -1;             // -1: the target's last id
+  std::int64_t draft_vocab = 0;                // > 0: a draft vocabulary of the first ids of a seeded permutation
   std::uint32_t seed = 1;
   float scale = 0.02f;
   // Test-only: write config.json with these fields replaced (a JSON object text), to make malformed ones.

@@ -8,8 +8,9 @@ CASE_DIR holds case.json {"drafter": FOLDER, "tokens": [...], "contexts": [n1, n
 target.safetensors {"embed": [V, H], "output": [V, H]} (the target's embedding and output head) and
 features.safetensors {"features": [rows, K*H]} (the target's hidden rows of positions 0, 1, ...). For
 each n in contexts the drafter sees tokens[:n] (features of positions 0..n-2, the root tokens[n-1]) and
-the script writes, to CASE_DIR/reference.json, the drafts (argmax of the block's rows 1..B-1), their
-logits and each row's margin between its best and second-best logit.
+the script writes, to CASE_DIR/reference.json, the drafts (argmax of the block's rows 1..B-1, as target
+ids), their logits (over the drafter's draft vocabulary when it has one) and each row's margin between
+its best and second-best logit.
 """
 import json
 import os
@@ -54,7 +55,10 @@ class Drafter:
         self.embed_scale = get("input_embedding_scale", 1.0)
         self.mult = get("output_multiplier", 1.0)
         self.cap = get("final_logit_softcapping", 0.0) or 0.0
-        self.w = {k: v.astype(np.float64) for k, v in load_file(os.path.join(folder, "model.safetensors")).items()}
+        tensors = load_file(os.path.join(folder, "model.safetensors"))
+        # specactor's optional draft vocabulary: the logits cover these target ids' output rows only
+        self.vocab = tensors.pop("draft_vocab", None)
+        self.w = {k: v.astype(np.float64) for k, v in tensors.items()}
 
     def kv(self, i, x, positions):
         w, p = self.w, f"layers.{i}.self_attn."
@@ -90,7 +94,8 @@ class Drafter:
             y = rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps)
             x = x + (silu(y @ w[p + "mlp.gate_proj.weight"].T) * (y @ w[p + "mlp.up_proj.weight"].T)) @ \
                 w[p + "mlp.down_proj.weight"].T
-        logits = rms_norm(x[1:], w["norm.weight"], self.eps) @ output.T * self.mult
+        head = output if self.vocab is None else output[self.vocab]
+        logits = rms_norm(x[1:], w["norm.weight"], self.eps) @ head.T * self.mult
         if self.cap > 0:
             logits = np.tanh(logits / self.cap) * self.cap
         return logits
@@ -106,7 +111,10 @@ def main():
     for n in spec["contexts"]:
         logits = drafter.forward(target["embed"], target["output"], features, spec["tokens"][:n])
         top2 = np.sort(logits, axis=-1)[:, -2:]
-        out.append({"n": n, "tokens": [int(t) for t in logits.argmax(axis=-1)],
+        ids = logits.argmax(axis=-1)
+        if drafter.vocab is not None:
+            ids = drafter.vocab[ids]
+        out.append({"n": n, "tokens": [int(t) for t in ids],
                     "margins": [float(m) for m in top2[:, 1] - top2[:, 0]], "logits": logits.tolist()})
         print(f"context {n}: drafts {out[-1]['tokens']}")
     json.dump({"contexts": out}, open(os.path.join(case, "reference.json"), "w"))

@@ -503,7 +503,8 @@ def export(params, cfg, ds, d2t, t2d, out):
     os.replace(os.path.join(out, "config.json.tmp"), os.path.join(out, "config.json"))
 
 
-def write_chart(history, path):
+def write_chart(history, path, loss_label="training loss (TTT-weighted soft cross-entropy)",
+                tau_label="held-out τ estimate (chain of the TTT depth)"):
     """An SVG of the training loss per logged step and the held-out τ estimate per epoch (no plotting library)."""
     pts = [(h["step"], h["loss"]) for h in history if "loss" in h]
     ev = [(h["step"], h["eval"]["tau_est"]) for h in history if "eval" in h]
@@ -524,15 +525,14 @@ def write_chart(history, path):
            f'<text x="{W / 2}" y="{Hh - 8}" text-anchor="middle">optimizer step</text>',
            f'<text x="{L - 6}" y="{Y(hi) + 4}" text-anchor="end">{hi:.2f}</text>',
            f'<text x="{L - 6}" y="{Y(lo) + 4}" text-anchor="end">{lo:.2f}</text>',
-           f'<text x="{L}" y="{T - 10}" fill="#1f77b4">training loss (TTT-weighted soft cross-entropy)</text>',
+           f'<text x="{L}" y="{T - 10}" fill="#1f77b4">{loss_label}</text>',
            f'<text x="{W - R - 6}" y="{Hh - B - 6}" text-anchor="end">{x1}</text>',
            '<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="' +
            " ".join(f"{X(s):.1f},{Y(v):.1f}" for s, v in pts) + '"/>']
     if ev:
         out.append(f'<text x="{W - R + 6}" y="{Yt(tmax) + 4}" fill="#d62728">{tmax:.2f}</text>')
         out.append(f'<text x="{W - R + 6}" y="{Yt(1) + 4}" fill="#d62728">1.00</text>')
-        out.append(f'<text x="{W - R}" y="{T - 10}" text-anchor="end" fill="#d62728">held-out τ estimate (chain of '
-                   f'the TTT depth)</text>')
+        out.append(f'<text x="{W - R}" y="{T - 10}" text-anchor="end" fill="#d62728">{tau_label}</text>')
         out.append('<polyline fill="none" stroke="#d62728" stroke-width="1.5" points="' +
                    " ".join(f"{X(s):.1f},{Yt(t):.1f}" for s, t in ev) + '"/>')
         for s, t in ev:

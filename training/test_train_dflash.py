@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""The DFlash training recipe end to end on a tiny target (CTest: train_dflash), quick enough for CI:
+
+  a 2-block cut of the default model (`specactor shrink`) -> make-data (16 prompts) -> train_dflash.py
+  for 16 steps (the logged loss must fall) -> the export has the published layout plus the draft
+  vocabulary, loads in specactor (`inspect --target`) and drafts losslessly (`generate` with DFLASH
+  equals plain greedy, with drafts made) -> `--resume` continues from the checkpoint -> bad inputs
+  (a missing data folder, a block size of 1, a mask token outside the vocabulary) each give one clear
+  error and exit status 2.
+
+    .venv-train/bin/python training/test_train_dflash.py BUILD_DIR MODEL.gguf
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd, expect=0):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != expect:
+        sys.exit(f"FAILED: {' '.join(cmd)}\nexit {p.returncode}, expected {expect}\nstdout:\n{p.stdout[-3000:]}\n"
+                 f"stderr:\n{p.stderr[-3000:]}")
+    return p
+
+
+def check(cond, what):
+    if not cond:
+        sys.exit(f"FAILED: {what}")
+    print(f"ok: {what}", flush=True)
+
+
+def generate(spec, model, prompt, extra):
+    p = run([spec, "generate", "--model-path", model, "--prompt", prompt, "--chat", "--max-new-tokens", "24",
+             "--log-level", "warn", "--json", *extra])
+    return json.loads(p.stdout)
+
+
+def main():
+    build, model = sys.argv[1], sys.argv[2]
+    spec = os.path.join(build, "specactor")
+    trainer = [sys.executable, os.path.join(ROOT, "training", "train_dflash.py")]
+    tmp = tempfile.mkdtemp(prefix="specactor-dflash-")
+    try:
+        tiny = os.path.join(tmp, "tiny.gguf")
+        run([spec, "shrink", model, "--layers", "2", "--out", tiny])
+        prompts = os.path.join(tmp, "prompts.jsonl")
+        run([sys.executable, os.path.join(ROOT, "training", "make_prompts.py"), "--out", prompts, "--count", "16"])
+        data = os.path.join(tmp, "data")
+        run([spec, "make-data", "--prompts", prompts, "--out", data, "--max-new-tokens", "32", "--shard-samples", "8",
+             "--model-path", tiny, "--threads", "2"])
+        manifest = json.load(open(os.path.join(data, "manifest.json")))
+        out, work = os.path.join(tmp, "drafter"), os.path.join(tmp, "work")
+        common = ["--data", data, "--out", out, "--work", work, "--block-size", "4", "--draft-vocab", "256",
+                  "--lr", "3e-3", "--log-every", "2", "--quiet", "--eval-share", "0.2"]
+        run([*trainer, *common, "--max-steps", "16", "--epochs", "50"])
+        hist = json.load(open(os.path.join(work, "history.json")))
+        losses = [h["loss"] for h in hist if "loss" in h]
+        check(len(losses) >= 6 and sum(losses[-2:]) < sum(losses[:2]),
+              f"the training loss falls ({losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} log entries)")
+        cfg = json.load(open(os.path.join(out, "config.json")))
+        d = cfg["dflash_config"]
+        check(cfg["architectures"] == ["DFlashDraftModel"] and d["block_size"] == 4 and d["mask_token_id"] == 16
+              and d["target_layer_ids"] == manifest["target"]["aux_layers"],
+              f"the export is a DFlashDraftModel (block 4, mask 16, target layers {d['target_layer_ids']} = the "
+              f"data's capture layers)")
+        info = json.loads(run([spec, "inspect", out, "--target", tiny]).stdout)
+        check(info["kind"] == "DFLASH" and info["draft_vocab_size"] == 256 and info["fits_target"] == tiny,
+              "specactor inspect --target loads it: DFLASH, a draft vocabulary of 256")
+        drafted = 0
+        for prompt in ("Name three colors.", "Write a haiku about rain.", "What is 12 times 7?"):
+            plain = generate(spec, tiny, prompt, ["--speculative-algorithm", "NONE"])
+            fast = generate(spec, tiny, prompt, ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
+                                                 out, "--speculative-adaptive", "false"])
+            check(fast["tokens"] == plain["tokens"], f"DFLASH output equals plain greedy output for {prompt!r} "
+                                                     f"(τ {fast['speculative']['mean_accepted_length']:.2f})")
+            drafted += fast["speculative"]["drafted"]
+        check(drafted > 0, f"the trained drafter drafted ({drafted} drafts)")
+        again = run([*trainer, *common, "--max-steps", "20", "--epochs", "50", "--resume"])
+        hist = json.load(open(os.path.join(work, "history.json")))
+        check("resumed from" in again.stdout and max(h["step"] for h in hist) == 20,
+              "--resume continues from the checkpoint (step 16 -> 20)")
+        for args, want in (([*common[:2], "--data", os.path.join(tmp, "nope"), "--out", out], "manifest.json: not found"),
+                           ([*common, "--block-size", "1"], "--block-size: out of range"),
+                           ([*common, "--mask-token-id", "999999"], "--mask-token-id: 999999 is outside")):
+            p = run([*trainer, *args], expect=2)
+            check(want in p.stderr and p.stderr.count("\n") == 1, f"a bad input is one clear error: {want!r}")
+        print("all checks passed")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,397 @@
+#!/usr/bin/env python3
+"""Trains a DFlash block drafter on data written by `specactor make-data` (the same data the EAGLE-3
+head trains on), and exports it as a DFlashDraftModel folder (config.json + model.safetensors) that
+specactor loads with --speculative-algorithm DFLASH.
+
+    .venv-train/bin/python training/train_dflash.py --data data/dflash/data --out DIR \
+        [--block-size 8] [--layers 1] [--epochs 2] [--draft-vocab 4096] [--lr 1e-3] [--resume]
+
+The model (model/block_drafter.hpp, row for row): context rows c_p = hidden_norm(fc(h_p)) of the
+target's captured layers (make-data's capture layers become the drafter's target_layer_ids); a block
+[t_a, MASK x (B-1)] at positions a .. a+B-1 whose rows attend to every context row p < a and to each
+other (non-causal inside the block), through Qwen3 decoder layers (q/k RMSNorm per head, rotate-half
+RoPE); block row k >= 1 scores the draft for position a+k over the draft vocabulary's rows of the
+target's output head (frozen, as is the target's embedding).
+Objective: blocks at random anchors a (a response token follows a); row k is scored by the soft
+cross-entropy against the target's next-token distribution at position a+k-1 (restricted to the draft
+vocabulary), weighted DECAY^(k-1) (--pos-decay); rows whose token is not a response token, or whose
+target argmax lies outside the draft vocabulary, are masked.
+Everything is float32 on the CPU (JAX, pinned in training/requirements-train.txt).
+"""
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_eagle3 import (DataError, Dataset, batches, held_out_split, make_batch, select_vocab,  # noqa: E402
+                          write_chart)
+
+# SmolLM2's tokenizer reserves <empty_output> (id 16) for code pretraining; chat never produces it.
+DEFAULT_MASK = 16
+
+
+def fail(msg):
+    print(f"train_dflash: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def anchors(lm, valid, count, rng):
+    """[S, count] block anchors (-1: none): positions a >= 1 whose next token is a response token,
+    drawn without replacement."""
+    S, T = lm.shape
+    out = np.full((S, count), -1, np.int32)
+    for s in range(S):
+        ok = np.flatnonzero((lm[s, 2:] > 0) & (valid[s, 2:] > 0)) + 1  # a in [1, T-2]
+        if len(ok):
+            pick = rng.choice(ok, size=min(count, len(ok)), replace=False)
+            out[s, :len(pick)] = np.sort(pick)
+    return out
+
+
+def init_params(key, cfg, norm_init):
+    import jax
+    import jax.numpy as jnp
+
+    H, F, QD, KD, hd = cfg["H"], cfg["F"], cfg["QD"], cfg["KD"], cfg["hd"]
+    ks = iter(jax.random.split(key, 1 + 7 * cfg["layers"]))
+
+    def lin(i, o, scale=1.0):
+        return jax.random.normal(next(ks), (i, o), jnp.float32) * (scale / math.sqrt(i))
+
+    # The final norm starts as the target's: its output head expects the target's scale.
+    p = {"fc": lin(cfg["K"] * H, H), "hidden_norm": jnp.ones(H), "norm": jnp.asarray(norm_init), "layers": []}
+    for _ in range(cfg["layers"]):
+        p["layers"].append({"input_layernorm": jnp.ones(H), "post_attention_layernorm": jnp.ones(H),
+                            "q": lin(H, QD), "k": lin(H, KD), "v": lin(H, KD), "o": lin(QD, H, 0.1),
+                            "q_norm": jnp.ones(hd), "k_norm": jnp.ones(hd),
+                            "gate": lin(H, F), "up": lin(H, F), "down": lin(F, H, 0.1)})
+    return p
+
+
+def build_fns(cfg, tx, pos_decay):
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    nh, nkv, hd, eps, B = cfg["nh"], cfg["nkv"], cfg["hd"], cfg["eps"], cfg["block"]
+    group, half, scale = nh // nkv, hd // 2, 1.0 / math.sqrt(hd)
+    inv = jnp.asarray(cfg["rope_theta"] ** (-2.0 * np.arange(half) / hd), jnp.float32)
+    weights = jnp.asarray(pos_decay ** np.arange(B - 1), jnp.float32)
+
+    def rms(x, w):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+    def rope(x, pos):  # x [..., n, heads, hd], pos [..., n]
+        ang = pos[..., None].astype(jnp.float32) * inv
+        c, s = jnp.cos(ang)[..., None, :], jnp.sin(ang)[..., None, :]
+        x0, x1 = x[..., :half], x[..., half:]
+        return jnp.concatenate([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)
+
+    def forward(p, embed, head_d, batch):
+        tok, lm, am, aux, last, valid, anc = batch[:7]
+        S, T = tok.shape
+        A = anc.shape[1]
+        a = jnp.maximum(anc, 0)
+        c = rms(aux @ p["fc"], p["hidden_norm"])  # [S, T, H]
+        ctx_pos = jnp.arange(T)
+        root = jnp.take_along_axis(tok, a, axis=1)  # [S, A]
+        btok = jnp.concatenate([root[..., None], jnp.full((S, A, B - 1), cfg["mask"], tok.dtype)], axis=-1)
+        x = embed[btok]  # [S, A, B, H]
+        bpos = a[..., None] + jnp.arange(B)  # [S, A, B]
+        seen = (ctx_pos[None, None, :] < a[..., None])[:, :, None, None, :]  # context p < a: [S, A, 1, 1, T]
+        for ly in p["layers"]:
+            y = rms(x, ly["input_layernorm"])
+            q = rope(rms((y @ ly["q"]).reshape(S, A, B, nh, hd), ly["q_norm"]), bpos)
+            kb = rope(rms((y @ ly["k"]).reshape(S, A, B, nkv, hd), ly["k_norm"]), bpos)
+            vb = (y @ ly["v"]).reshape(S, A, B, nkv, hd)
+            kc = rope(rms((c @ ly["k"]).reshape(S, T, nkv, hd), ly["k_norm"]), jnp.broadcast_to(ctx_pos, (S, T)))
+            vc = (c @ ly["v"]).reshape(S, T, nkv, hd)
+            kc, vc = jnp.repeat(kc, group, axis=2), jnp.repeat(vc, group, axis=2)
+            kb, vb = jnp.repeat(kb, group, axis=3), jnp.repeat(vb, group, axis=3)
+            sc = jnp.einsum("sabhd,sthd->sabht", q, kc) * scale
+            sc = jnp.where(seen, sc, -1e30)
+            sb = jnp.einsum("sabhd,sarhd->sabhr", q, kb) * scale  # the whole block: non-causal
+            w = jax.nn.softmax(jnp.concatenate([sc, sb], axis=-1), axis=-1)
+            att = jnp.einsum("sabht,sthd->sabhd", w[..., :T], vc) + jnp.einsum("sabhr,sarhd->sabhd", w[..., T:], vb)
+            x = x + att.reshape(S, A, B, nh * hd) @ ly["o"]
+            hm = rms(x, ly["post_attention_layernorm"])
+            x = x + (jax.nn.silu(hm @ ly["gate"]) * (hm @ ly["up"])) @ ly["down"]
+        return rms(x[:, :, 1:], p["norm"]) @ head_d  # [S, A, B-1, Vd]
+
+    def loss_fn(p, embed, head_d, tgt_norm, batch):
+        tok, lm, am, aux, last, valid, anc, in_vocab = batch
+        S, T = tok.shape
+        logits = forward(p, embed, head_d, batch)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        # row k scores position a+k: the target's distribution after position a+k-1
+        lpos = jnp.clip(jnp.maximum(anc, 0)[..., None] + jnp.arange(B - 1), 0, T - 2)  # [S, A, B-1]
+        tprob = jax.lax.stop_gradient(jax.nn.softmax(rms(last, tgt_norm) @ head_d, axis=-1))  # [S, T, Vd]
+        tp = jax.vmap(lambda t, i: t[i])(tprob, lpos)  # [S, A, B-1, Vd]
+        take = jax.vmap(lambda v, i: v[i])
+        inb = (jnp.maximum(anc, 0)[..., None] + jnp.arange(B - 1)) <= T - 2
+        m = (anc[..., None] >= 0) & inb & (take(lm, lpos + 1) > 0) & (take(valid, lpos + 1) > 0)
+        m = m.astype(jnp.float32) * in_vocab[take(am, lpos)]
+        ce = -jnp.sum(tp * logp, axis=-1)
+        n = jnp.maximum(jnp.sum(m), 1.0)
+        loss = jnp.sum(ce * m * weights) / n
+        pred = jnp.argmax(logits, axis=-1)
+        return loss, (pred, m, ce)
+
+    def train_step(p, opt_state, embed, head_d, tgt_norm, batch):
+        (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, embed, head_d, tgt_norm, batch)
+        updates, opt_state = tx.update(grads, opt_state, p)
+        return optax.apply_updates(p, updates), opt_state, loss
+
+    return jax.jit(train_step), jax.jit(loss_fn)
+
+
+def block_accepted(tok, am, anc, pred, mask, ids, B):
+    """Greedy chain acceptance as the engine counts it, on teacher-forced data: at anchor a, draft k
+    (block row k) is accepted when drafts 1..k-1 were, its target id equals the target's argmax at
+    position a+k-1, and the data continues with that argmax. Returns (accepted per position, anchors
+    counted, sum of accepted lengths)."""
+    S, T = tok.shape
+    acc = np.zeros(B - 1)
+    total, counted = 0.0, 0
+    for s in range(S):
+        for j, a in enumerate(anc[s]):
+            if a < 0 or mask[s, j, 0] == 0:
+                continue
+            counted += 1
+            for k in range(1, B):
+                p = a + k - 1
+                if p + 1 >= T or mask[s, j, k - 1] == 0:
+                    break
+                if ids[pred[s, j, k - 1]] != am[s, p] or tok[s, p + 1] != am[s, p]:
+                    break
+                acc[k - 1] += 1
+                total += 1
+    return acc, counted, total
+
+
+def export(params, cfg, ids, out, info):
+    from safetensors.numpy import save_file
+
+    os.makedirs(out, exist_ok=True)
+    t = {"fc.weight": params["fc"].T, "hidden_norm.weight": params["hidden_norm"], "norm.weight": params["norm"],
+         "draft_vocab": np.asarray(ids, np.int32)}
+    names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+             "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+    for i, ly in enumerate(params["layers"]):
+        pre = f"layers.{i}."
+        for k, hf in names.items():
+            t[pre + hf + ".weight"] = ly[k].T
+        for k in ("input_layernorm", "post_attention_layernorm"):
+            t[pre + k + ".weight"] = ly[k]
+        t[pre + "self_attn.q_norm.weight"] = ly["q_norm"]
+        t[pre + "self_attn.k_norm.weight"] = ly["k_norm"]
+    t = {k: np.ascontiguousarray(np.asarray(v, np.int32 if k == "draft_vocab" else np.float32)) for k, v in t.items()}
+    tmp = os.path.join(out, "model.safetensors.tmp")
+    save_file(t, tmp, metadata={"format": "pt", "trained_by": "specactor training/train_dflash.py"})
+    os.replace(tmp, os.path.join(out, "model.safetensors"))
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": cfg["H"],
+              "intermediate_size": cfg["F"], "num_hidden_layers": cfg["layers"], "num_attention_heads": cfg["nh"],
+              "num_key_value_heads": cfg["nkv"], "head_dim": cfg["hd"], "rms_norm_eps": cfg["eps"],
+              "rope_theta": cfg["rope_theta"], "vocab_size": cfg["V"], "num_target_layers": cfg["target_layers"],
+              "attention_bias": False, "torch_dtype": "float32",
+              "dflash_config": {"block_size": cfg["block"], "mask_token_id": cfg["mask"],
+                                "target_layer_ids": cfg["target_layer_ids"]},
+              "specactor": info}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="train a DFlash block drafter on `specactor make-data` output")
+    ap.add_argument("--data", required=True, nargs="+", help="the make-data folder(s), of one target")
+    ap.add_argument("--out", required=True, help="the drafter folder to write (config.json + model.safetensors)")
+    ap.add_argument("--work", default="", help="checkpoints and the loss log (default: OUT.work)")
+    ap.add_argument("--block-size", type=int, default=8, help="tokens per block: the root and B-1 drafts")
+    ap.add_argument("--layers", type=int, default=1, help="decoder layers")
+    ap.add_argument("--intermediate-size", type=int, default=0, help="MLP width (default: the target's)")
+    ap.add_argument("--mask-token-id", type=int, default=DEFAULT_MASK,
+                    help=f"the token that fills the block's draft positions (default {DEFAULT_MASK}, SmolLM2's "
+                         "reserved <empty_output>)")
+    ap.add_argument("--draft-vocab", type=int, default=4096, help="target ids the drafter scores (most frequent)")
+    ap.add_argument("--pos-decay", type=float, default=0.85, help="weight of block row k is DECAY^(k-1)")
+    ap.add_argument("--anchors-per-token", type=float, default=0.125,
+                    help="blocks per sample = this x the batch's padded length (default 1/8)")
+    ap.add_argument("--epochs", type=float, default=2)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=float, default=0.03)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--clip", type=float, default=0.5)
+    ap.add_argument("--batch-tokens", type=int, default=1024)
+    ap.add_argument("--max-len", type=int, default=384)
+    ap.add_argument("--eval-share", type=float, default=0.05)
+    ap.add_argument("--max-samples", type=int, default=0)
+    ap.add_argument("--max-steps", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args()
+    for name, ok in [("--block-size", 2 <= a.block_size <= 64), ("--layers", 1 <= a.layers <= 8),
+                     ("--intermediate-size", a.intermediate_size >= 0), ("--draft-vocab", a.draft_vocab >= 2),
+                     ("--pos-decay", 0 < a.pos_decay <= 1), ("--anchors-per-token", 0 < a.anchors_per_token <= 1),
+                     ("--epochs", a.epochs > 0), ("--lr", a.lr > 0), ("--batch-tokens", a.batch_tokens >= 64),
+                     ("--max-len", a.max_len >= 8), ("--eval-share", 0 <= a.eval_share < 1),
+                     ("--warmup", 0 <= a.warmup < 1), ("--log-every", a.log_every >= 1)]:
+        if not ok:
+            fail(f"{name}: out of range")
+    work = a.work or (a.out.rstrip("/") + ".work")
+    try:
+        ds = Dataset(a.data, a.max_samples)
+    except DataError as e:
+        fail(str(e))
+    m = ds.model
+    if not 0 <= a.mask_token_id < m["vocab_size"]:
+        fail(f"--mask-token-id: {a.mask_token_id} is outside the target's vocabulary of {m['vocab_size']}")
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from tqdm import tqdm
+
+    ckpt = os.path.join(work, "checkpoint.npz")
+    resuming = a.resume and os.path.exists(ckpt)
+    try:
+        fixed = np.load(ckpt, allow_pickle=False)["draft_ids"] if resuming else None
+        ids, _, t2d, covered = select_vocab(ds, a.draft_vocab, fixed)
+    except (DataError, KeyError, ValueError, OSError) as e:
+        fail(f"{ckpt}: cannot resume from it ({e}); delete it or drop --resume")
+    cfg = {"H": m["hidden_size"], "F": a.intermediate_size or m["intermediate_size"], "nh": m["num_attention_heads"],
+           "nkv": m["num_key_value_heads"], "hd": m["head_dim"], "eps": m["rms_norm_eps"],
+           "rope_theta": m["rope_theta"], "V": m["vocab_size"], "layers": a.layers, "block": a.block_size,
+           "mask": a.mask_token_id, "K": len(ds.aux_layers), "target_layer_ids": list(ds.aux_layers),
+           "target_layers": m["num_hidden_layers"]}
+    cfg["QD"], cfg["KD"] = cfg["nh"] * cfg["hd"], cfg["nkv"] * cfg["hd"]
+    eval_idx, train_idx = held_out_split(ds, a.eval_share, a.seed)
+    buckets = [b for b in (64, 128, 192, 256, 320, 384, 512, 768, 1024) if b < a.max_len] + [a.max_len]
+    n_batches = len(batches(ds, train_idx, a.batch_tokens, np.random.default_rng(0), buckets))
+    total_steps = max(1, int(math.ceil(n_batches * a.epochs)))
+    if a.max_steps:
+        total_steps = min(total_steps, a.max_steps)
+    print(f"train_dflash: {len(ds)} samples ({len(train_idx)} train, {len(eval_idx)} held out), "
+          f"{int(ds.offsets[-1])} tokens; block {a.block_size}, {a.layers} layer(s), target layers "
+          f"{cfg['target_layer_ids']}, mask token {a.mask_token_id}; draft vocabulary {len(ids)} covers "
+          f"{100 * covered:.1f}% of trained next tokens; {total_steps} steps of ~{a.batch_tokens} tokens", flush=True)
+
+    sched = optax.warmup_cosine_decay_schedule(0.0, a.lr, max(1, int(total_steps * a.warmup)), total_steps,
+                                               end_value=a.lr * 0.05)
+    tx = optax.chain(optax.clip_by_global_norm(a.clip), optax.adamw(sched, weight_decay=a.weight_decay))
+    embed = jnp.asarray(ds.embed)
+    head_d = jnp.asarray(ds.lm_head[ids].T)  # [H, Vd]
+    tgt_norm = jnp.asarray(ds.output_norm)
+    in_vocab = jnp.asarray(t2d.astype(np.float32))
+    params = init_params(jax.random.PRNGKey(a.seed), cfg, ds.output_norm.copy())
+    opt_state = tx.init(params)
+    step, history = 0, []
+    os.makedirs(work, exist_ok=True)
+    if resuming:
+        try:
+            z = np.load(ckpt, allow_pickle=False)
+            leaves, treedef = jax.tree_util.tree_flatten((params, opt_state))
+            loaded = [z[f"l{i}"] for i in range(len(leaves))]
+            for i, (x, y) in enumerate(zip(leaves, loaded)):
+                if np.shape(x) != y.shape:
+                    raise DataError(f"leaf {i} has shape {y.shape}, expected {np.shape(x)} (other settings?)")
+            params, opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(v) for v in loaded])
+            step, history = int(z["step"]), json.loads(str(z["history"]))
+            print(f"train_dflash: resumed from {ckpt} at step {step}", flush=True)
+        except (DataError, KeyError, ValueError, OSError) as e:
+            fail(f"{ckpt}: cannot resume from it ({e}); delete it or drop --resume")
+    elif a.resume:
+        print(f"train_dflash: no checkpoint in {work}; starting fresh", flush=True)
+
+    def save():
+        leaves, _ = jax.tree_util.tree_flatten((params, opt_state))
+        tmp = ckpt + ".tmp.npz"
+        np.savez(tmp, step=step, draft_ids=ids, history=json.dumps(history),
+                 **{f"l{i}": np.asarray(x) for i, x in enumerate(leaves)})
+        os.replace(tmp, ckpt)
+
+    train_step, eval_fn = build_fns(cfg, tx, a.pos_decay)
+    stop = {"now": False}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.update(now=True))
+
+    def batch_of(bi, T, rng):
+        tok, lm, am, aux, last, valid = make_batch(ds, bi, T)
+        anc = anchors(lm, valid, max(1, int(round(T * a.anchors_per_token))), rng)
+        return tok, lm, am, aux, last, valid, anc, in_vocab
+
+    def evaluate():
+        if not eval_idx:
+            return None
+        rng = np.random.default_rng(12345)  # the same anchors every time
+        acc, counted, total, ce_sum, ce_n = np.zeros(a.block_size - 1), 0, 0.0, 0.0, 0.0
+        for bi, T in batches(ds, eval_idx, a.batch_tokens, np.random.default_rng(0), buckets):
+            b = batch_of(bi, T, rng)
+            _, (pred, mask, ce) = eval_fn(params, embed, head_d, tgt_norm, b)
+            mask = np.asarray(mask)
+            ce_sum += float(np.sum(np.asarray(ce) * mask)); ce_n += float(mask.sum())
+            ac, n, tot = block_accepted(b[0], b[2], b[6], np.asarray(pred), mask, ids, a.block_size)
+            acc += ac; counted += n; total += tot
+        by_pos = (acc / max(counted, 1)).round(4).tolist()  # P(drafts 1..k all accepted)
+        return {"accepted_by_position": by_pos, "ce": round(ce_sum / max(ce_n, 1), 4),
+                "tau_est": round(1 + total / max(counted, 1), 3), "anchors": counted}
+
+    t0 = time.time()
+    epoch = step // max(1, n_batches)
+    bar = tqdm(total=total_steps, initial=step, disable=a.quiet, unit="step", dynamic_ncols=True,
+               mininterval=0.1 if sys.stderr.isatty() else 30)
+    run_loss, run_n = 0.0, 0
+    while step < total_steps and not stop["now"]:
+        erng = np.random.default_rng(a.seed * 1000 + epoch)
+        plan = batches(ds, train_idx, a.batch_tokens, erng, buckets)
+        skip = step - epoch * n_batches
+        for bi, T in plan[max(0, skip):]:
+            if step >= total_steps or stop["now"]:
+                break
+            batch = batch_of(bi, T, np.random.default_rng(a.seed * 1000003 + step))
+            params, opt_state, loss = train_step(params, opt_state, embed, head_d, tgt_norm, batch)
+            step += 1
+            run_loss += float(loss); run_n += 1
+            if step % a.log_every == 0 or step == total_steps:
+                history.append({"step": step, "epoch": round(step / n_batches, 3), "loss": run_loss / run_n,
+                                "lr": float(sched(step)), "elapsed_s": round(time.time() - t0, 1)})
+                bar.set_postfix(loss=f"{run_loss / run_n:.3f}")
+                run_loss, run_n = 0.0, 0
+            bar.update(1)
+            if step % 200 == 0:
+                save()
+        epoch += 1
+        if not stop["now"]:
+            ev = evaluate()
+            if ev:
+                history.append({"step": step, "epoch": round(step / n_batches, 3), "eval": ev})
+                tqdm.write(f"epoch {epoch}: held-out τ estimate {ev['tau_est']}, all of drafts 1..k accepted "
+                           f"{ev['accepted_by_position']}")
+            save()
+    bar.close()
+    save()
+    with open(os.path.join(work, "history.json"), "w") as f:
+        json.dump(history, f, indent=1)
+    write_chart(history, os.path.join(work, "loss.svg"), "training loss (position-weighted soft cross-entropy)",
+                "held-out τ estimate (the block's chain)")
+    if stop["now"]:
+        print(f"train_dflash: interrupted at step {step}; rerun with --resume to continue", flush=True)
+        sys.exit(130)
+    last = next((h["eval"] for h in reversed(history) if "eval" in h), None)
+    info = {"steps": step, "samples": len(ds), "draft_vocab": len(ids), "pos_decay": a.pos_decay,
+            "held_out": last}
+    export(jax.tree_util.tree_map(np.asarray, params), cfg, ids, a.out, info)
+    print(f"train_dflash: wrote {a.out} after {step} steps in {time.time() - t0:.0f} s"
+          + (f"; held-out τ estimate {last['tau_est']}, all of drafts 1..k accepted {last['accepted_by_position']}"
+             if last else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()
