@@ -259,6 +259,10 @@ void request_needs(Self self) {
       .then(
           [self](drafters::DrafterNeeds& n) {
             self->state.needs = std::move(n);
+            // The drafter's model config (kind, block size, layers...), for /server_info and /metrics.
+            self->request(self->state.draft, caf::infinite, info_atom::value)
+                .then([self](std::string& cfg) { self->state.policy->metrics().draft_model = std::move(cfg); },
+                      [](caf::error&) {});  // a remote worker that does not answer: nothing to show
             announce_ready(self);
           },
           [self](caf::error&) {

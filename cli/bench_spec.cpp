@@ -370,6 +370,8 @@ json settings_json(const std::vector<Setting>& settings, const std::vector<Promp
                    {"mean_tau", s.mean_tau},
                    {"alpha", s.alpha},
                    {"acceptance_by_position", pos},
+                   {"drafter",
+                    s.metrics.draft_model.empty() ? json(nullptr) : json::parse(s.metrics.draft_model, nullptr, false)},
                    {"outputs_identical_to_plain", s.mismatches == 0},
                    {"mismatched_prompts", s.mismatches},
                    {"draft_ms", s.metrics.draft_ms},
@@ -447,6 +449,10 @@ void print_settings(const json& j, const std::string& algo, std::size_t prompt_c
     std::string pos;
     for (const auto& a : s["acceptance_by_position"]) pos += fmt::format(" {:.2f}", a.get<double>());
     std::cout << "  acceptance by position:" << (pos.empty() ? " (no drafts)" : pos) << "\n";
+    if (s["drafter"].is_object() && s["drafter"].contains("block_size"))
+      std::cout << fmt::format("  block: {} tokens (the root and up to {} drafts per pass)\n",
+                               s["drafter"]["block_size"].get<std::int64_t>(),
+                               s["drafter"]["block_size"].get<std::int64_t>() - 1);
     std::cout << fmt::format("  time: draft {:.0f} ms, verify {:.0f} ms, actor overhead {:.1f} ms\n",
                              s["draft_ms"].get<double>(), s["verify_ms"].get<double>(), s["overhead_ms"].get<double>());
     print_budget(s["budget"]);

@@ -104,6 +104,7 @@ struct EngineMetrics {
   double step_ms_1 = 0;           // cost model: one row's step time, ms (short context)
   std::string budget_memory;      // what the budget started from: "read FILE", "new FILE", "off", or the problem
   bool draft_alive = false;
+  std::string draft_model;                // the drafter's model config (JSON text), asked when its worker came up
   std::string algorithm;                  // the speculative algorithm in the draft snapshot ("NONE" without)
   double step_wall_ms = 0;                // Σ wall time of target steps seen by the scheduler
   double step_compute_ms = 0;             // Σ compute time reported by the target worker

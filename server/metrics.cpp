@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "server/http.hpp"
 
@@ -129,6 +130,12 @@ void add_engine_metrics(Exposition& x, const sched::EngineMetrics& m) {
   x.counter("specactor:spec_decode_num_draft_tokens_total", "draft tokens verified", static_cast<double>(m.drafted));
   x.counter("specactor:spec_decode_num_accepted_tokens_total", "draft tokens accepted",
             static_cast<double>(m.accepted));
+  if (!m.draft_model.empty()) {  // block drafters: tokens per block (the root and block − 1 drafts)
+    const auto d = nlohmann::json::parse(m.draft_model, nullptr, false);
+    if (d.is_object() && d.contains("block_size") && d["block_size"].is_number_integer())
+      x.gauge("specactor:spec_draft_block_size", "the block drafter's tokens per block (the root and block - 1 drafts)",
+              d["block_size"].get<double>());
+  }
   x.family("specactor:spec_decode_num_accepted_tokens_per_pos_total", "counter",
            "draft tokens accepted at each depth of the proposal (position 0 = the first draft)");
   for (std::size_t d = 0; d < m.accepted_at.size(); ++d)

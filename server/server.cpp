@@ -457,6 +457,9 @@ class Server {
     j["served_model_name"] = name_;
     j["target"] = config::to_json(*rep.resolved_target);
     if (rep.derived_draft) j["draft"] = config::to_json(*rep.derived_draft);
+    // The drafter's own model config (heads: shapes and vocabularies; DFLASH: the block size, the
+    // target layers it reads), as its worker reported it.
+    if (const std::string d = engine->metrics().draft_model; !d.empty()) j["drafter"] = json::parse(d, nullptr, false);
     j["target_hash_before_draft"] = engine->target_hash_before_draft();
     j["target_hash_after_draft"] =
         config::hash_hex(config::content_hash(rep.target_worker ? *rep.target_worker : *rep.resolved_target));

@@ -251,6 +251,12 @@ TEST_CASE("isolation at actor level: every algorithm, before and after the draft
     }
     // Generation runs through the real drafter.
     CHECK(engine->generate(ids_request(tiny_prompt(1), 8)).error.empty());
+    // The drafter's model config reaches the metrics (/server_info and /metrics show it).
+    if (a != "NGRAM" && a != "STANDALONE") {
+      const auto shown = nlohmann::json::parse(engine->metrics().draft_model);
+      CHECK(shown == nlohmann::json::parse(drafter_configs()[a == "NEXTN" ? "EAGLE" : a]));
+      if (a == "DFLASH") CHECK(shown["block_size"] == 4);
+    }
 
     // A runtime reconfigure reaches the draft worker; the target keeps its object.
     engine->reconfigure_draft({{"speculative_num_steps", 2}, {"speculative_num_draft_tokens", 3}});
