@@ -33,8 +33,9 @@ std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& serve
                                            std::int64_t max_new, int repeats);
 
 // Every drafter against plain decoding on the server args' device: NGRAM, STANDALONE self-speculation
-// (the first min(8, layers/2) layers), and random EAGLE, EAGLE3, MTP and FROZEN_KV_MTP heads written
-// for `target` to a temporary folder. Random heads measure the drafting overhead, not acceptance.
+// (the first min(8, layers/2) layers), random EAGLE, EAGLE3, MTP and FROZEN_KV_MTP heads and a random
+// DFLASH drafter written for `target` to a temporary folder. Random drafters measure the drafting
+// overhead, not acceptance.
 std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& server_args,
                                             const specactor::model::ModelInfo& target, std::int64_t target_layers,
                                             const std::string& prompts_path, std::int64_t max_new, int repeats);

@@ -26,6 +26,7 @@
 #include "config/error.hpp"
 #include "config/input.hpp"
 #include "config/resolve.hpp"
+#include "model/block_drafter.hpp"
 #include "model/head_writer.hpp"
 
 namespace sa = specactor::actors;
@@ -93,6 +94,11 @@ std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& serv
   drafters.push_back(
       {"FROZEN_KV_MTP (random head)",
        {"--speculative-algorithm", "FROZEN_KV_MTP", "--speculative-draft-model-path", (dir / "MTP.gguf").string()}});
+  sm::BlockDrafterSpec block;  // a one-layer drafter with a block of 8
+  sm::write_random_block_drafter(target, block, (dir / "dflash").string());
+  drafters.push_back(
+      {"DFLASH (random drafter)",
+       {"--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", (dir / "dflash").string()}});
   std::vector<DrafterRow> rows;
   try {
     rows = bench_each_drafter(server_args, drafters, prompts_path, max_new, repeats);

@@ -44,6 +44,9 @@ struct ModelFacts {
   std::string shipped_eagle3_head;
   // That head's tuned settings, from its own config.json ("specactor": {"defaults": ...}; absent: none).
   std::optional<ShippedHeadDefaults> shipped_head_defaults;
+  // A DFlash drafter shipped for this model (a folder), empty when none: the draft path of
+  // --speculative-algorithm DFLASH when the user gives none (override source "auto.shipped_drafter").
+  std::string shipped_dflash;
 };
 
 // What resolution needs to know about this machine.

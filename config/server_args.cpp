@@ -461,13 +461,13 @@ void validate(const ServerArgs& a) {
            "losslessly only; leave it at 1 (got " +
                std::to_string(v) + ")");
   }
-  // EAGLE3 may leave it out: resolution then takes the head shipped for the model (or says none ships).
+  // EAGLE3 and DFLASH may leave it out: resolution then takes the one shipped for the model (or says
+  // none ships).
   if (spec && needs_draft_model(a) && a.speculative_algorithm != SpecAlgorithm::Eagle3 &&
+      a.speculative_algorithm != SpecAlgorithm::Dflash &&
       (!a.speculative_draft_model_path || a.speculative_draft_model_path->empty())) {
     std::string what = a.speculative_algorithm == SpecAlgorithm::Standalone
                            ? "a draft model (or --speculative-draft-num-layers K for self-speculation)"
-                       : a.speculative_algorithm == SpecAlgorithm::Dflash
-                           ? "the DFlash drafter to load (a folder of config.json and safetensors)"
                            : "the " + algo + " head to load";
     fail("speculative_draft_model_path", "is required by --speculative-algorithm " + algo + ": give " + what);
   }

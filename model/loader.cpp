@@ -34,11 +34,14 @@ config::RuntimeFacts runtime_facts() {
   return {probe.cuda_usable, probe.reason, cuda_forward_compiled(), probe.device_count};
 }
 
-std::string shipped_eagle3_head(const std::string& model_path) {
+namespace {
+
+// A drafter folder `<stem><suffix>` shipped for `model_path` (see shipped_eagle3_head).
+std::string shipped_drafter(const std::string& model_path, const std::string& suffix) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const std::string file = fs::path(model_path).filename().string();
-  const std::string name = file.substr(0, file.find('.')) + "-eagle3";
+  const std::string name = file.substr(0, file.find('.')) + suffix;
   std::vector<fs::path> dirs;
   if (const char* env = std::getenv("SPECACTOR_HEADS_DIR"); env && *env) dirs.emplace_back(env);
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -54,6 +57,11 @@ std::string shipped_eagle3_head(const std::string& model_path) {
   }
   return "";
 }
+
+}  // namespace
+
+std::string shipped_eagle3_head(const std::string& model_path) { return shipped_drafter(model_path, "-eagle3"); }
+std::string shipped_dflash_drafter(const std::string& model_path) { return shipped_drafter(model_path, "-dflash"); }
 
 std::optional<config::ShippedHeadDefaults> shipped_head_defaults(const std::string& head_dir) {
   const std::string cfg = (std::filesystem::path(head_dir) / "config.json").string();
@@ -96,6 +104,8 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
     if (!facts.shipped_eagle3_head.empty())
       facts.shipped_head_defaults = shipped_head_defaults(facts.shipped_eagle3_head);
   }
+  if (user->speculative_algorithm == config::SpecAlgorithm::Dflash)
+    facts.shipped_dflash = shipped_dflash_drafter(user->model_path);
   config::Snapshot target = config::resolve_target(user, facts, runtime_facts());
   return {std::move(target), std::move(info)};
 }

@@ -130,7 +130,8 @@ config::ModelFacts ModelInfo::facts() const {
           num_kv_heads,
           ffn_hidden_size,
           /*shipped_eagle3_head=*/{},
-          /*shipped_head_defaults=*/{}};
+          /*shipped_head_defaults=*/{},
+          /*shipped_dflash=*/{}};
 }
 
 nlohmann::json ModelInfo::to_json() const {

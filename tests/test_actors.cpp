@@ -13,7 +13,7 @@ using config::Snapshot;
 namespace {
 
 Snapshot sample_snapshot() {
-  const config::ModelFacts facts{"llama", 4096, 49152, 576, 30, true, 0, 0, 0, {}, {}};
+  const config::ModelFacts facts{"llama", 4096, 49152, 576, 30, true, 0, 0, 0, {}, {}, {}};
   auto user = config::freeze(
       config::parse_server_args({"--model-path", "t.gguf", "--speculative-algorithm", "NGRAM", "--tp-size", "1"}));
   return config::resolve_target(user, facts, {false, "test"});

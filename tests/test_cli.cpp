@@ -169,7 +169,7 @@ TEST_CASE("specactor bench --all-drafters: every drafter against plain decoding,
   fs::remove(p);
   REQUIRE_MESSAGE(r.rc == 0, r.err);
   const json j = json::parse(r.out);
-  REQUIRE(j["drafters"].size() == 6);
+  REQUIRE(j["drafters"].size() == 7);  // NGRAM, STANDALONE, EAGLE, EAGLE3, MTP, FROZEN_KV_MTP, DFLASH
   for (const auto& d : j["drafters"]) {
     CAPTURE(d.dump());
     CHECK(d["error"] == "");

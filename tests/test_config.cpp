@@ -344,6 +344,24 @@ TEST_CASE("automatic speculative shape") {
                                            "EAGLE3 for llama model m.gguf"),
                          ConfigError);
   }
+  SUBCASE("DFLASH without a drafter: the one shipped for the model, else one error naming the flag") {
+    ModelFacts f = llama_facts();
+    f.shipped_dflash = "/repo/heads/m-dflash";
+    const Snapshot user = freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "DFLASH"}));
+    const Snapshot s = resolve_target(user, f, no_gpu());
+    CHECK(*s->speculative_draft_model_path == "/repo/heads/m-dflash");
+    bool logged = false;
+    for (const auto& e : s->override_log)
+      logged = logged || (e.source == "auto.shipped_drafter" &&
+                          e.fields == json{{"speculative_draft_model_path", "/repo/heads/m-dflash"}});
+    CHECK(logged);
+    CHECK(*s->speculative_num_steps == 15);  // the drafter caps it at its block size − 1
+    f.shipped_dflash.clear();
+    CHECK_THROWS_WITH_AS(resolve_target(user, f, no_gpu()),
+                         doctest::Contains("--speculative-draft-model-path: is required by --speculative-algorithm "
+                                           "DFLASH for llama model m.gguf"),
+                         ConfigError);
+  }
   SUBCASE("AUTO (the default): EAGLE3 with the shipped head when one ships, else NONE; the log says which") {
     ModelFacts f = llama_facts();
     f.shipped_eagle3_head = "/repo/heads/m-eagle3";

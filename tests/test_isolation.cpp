@@ -15,7 +15,7 @@ using json = nlohmann::json;
 
 namespace {
 
-const ModelFacts kStubModel{"llama", 4096, 49152, 576, 30, true, 0, 0, 0, {}, {}};
+const ModelFacts kStubModel{"llama", 4096, 49152, 576, 30, true, 0, 0, 0, {}, {}, {}};
 const RuntimeFacts kCpuOnly{false, "test"};
 
 Snapshot user_snapshot(std::vector<std::string> extra = {}) {

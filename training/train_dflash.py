@@ -191,7 +191,11 @@ def export(params, cfg, ids, out, info):
             t[pre + k + ".weight"] = ly[k]
         t[pre + "self_attn.q_norm.weight"] = ly["q_norm"]
         t[pre + "self_attn.k_norm.weight"] = ly["k_norm"]
-    t = {k: np.ascontiguousarray(np.asarray(v, np.int32 if k == "draft_vocab" else np.float32)) for k, v in t.items()}
+    # float16, as the published checkpoints store theirs (bfloat16 there; float16 keeps more mantissa)
+    t = {k: np.ascontiguousarray(np.asarray(v, np.int32 if k == "draft_vocab" else np.float16)) for k, v in t.items()}
+    for k, v in t.items():
+        if k != "draft_vocab" and not np.all(np.isfinite(v)):
+            raise SystemExit(f"train_dflash: error: {k} does not fit float16 (a weight beyond ±65504)")
     tmp = os.path.join(out, "model.safetensors.tmp")
     save_file(t, tmp, metadata={"format": "pt", "trained_by": "specactor training/train_dflash.py"})
     os.replace(tmp, os.path.join(out, "model.safetensors"))
@@ -199,7 +203,7 @@ def export(params, cfg, ids, out, info):
               "intermediate_size": cfg["F"], "num_hidden_layers": cfg["layers"], "num_attention_heads": cfg["nh"],
               "num_key_value_heads": cfg["nkv"], "head_dim": cfg["hd"], "rms_norm_eps": cfg["eps"],
               "rope_theta": cfg["rope_theta"], "vocab_size": cfg["V"], "num_target_layers": cfg["target_layers"],
-              "attention_bias": False, "torch_dtype": "float32",
+              "attention_bias": False, "torch_dtype": "float16",
               "dflash_config": {"block_size": cfg["block"], "mask_token_id": cfg["mask"],
                                 "target_layer_ids": cfg["target_layer_ids"]},
               "specactor": info}
