@@ -1,6 +1,7 @@
 // server/api.cpp — see api.hpp.
 #include "server/api.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -32,6 +33,14 @@ json status_error_body(int status, const std::string& message) {
                      : status >= 500 ? "server_error"
                                      : "invalid_request_error";
   return error_body(ApiError(status, message, {}, type));
+}
+
+bool is_json_type(const std::string& content_type) {
+  std::string t = content_type.substr(0, content_type.find(';'));
+  while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return t == "application/json" ||
+         (t.rfind("application/", 0) == 0 && t.size() > 5 && t.substr(t.size() - 5) == "+json");
 }
 
 json parse_body(const std::string& text) {

@@ -68,6 +68,8 @@ sched::GenerationRequest parse_tokenize(const json& body, const ApiLimits& limit
 std::vector<std::int32_t> parse_detokenize(const json& body, std::int64_t vocab_size);
 // Parses the text as JSON; a syntax error or a non-object is a 400.
 json parse_body(const std::string& text);
+// A media type is JSON when it is application/json or application/<something>+json, parameters aside.
+bool is_json_type(const std::string& content_type);
 
 // What came back from the engine for one request.
 struct Outcome {

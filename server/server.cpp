@@ -44,15 +44,6 @@ void send_json(const http::Reply& res, int status, const json& body, http::Heade
   res.send(json_response(status, body, std::move(headers)));
 }
 
-// A media type is JSON when it is application/json or application/<something>+json, parameters aside.
-bool is_json_type(const std::string& content_type) {
-  std::string t = content_type.substr(0, content_type.find(';'));
-  while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
-  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return t == "application/json" ||
-         (t.rfind("application/", 0) == 0 && t.size() > 5 && t.substr(t.size() - 5) == "+json");
-}
-
 // One generation request's state between the engine's callbacks (engine threads) and the HTTP side.
 struct Live {
   std::mutex m;
