@@ -482,6 +482,8 @@ void add_metrics(EngineMetrics& t, const EngineMetrics& m) {
     t.step_ms_1 = m.step_ms_1;
     t.calibration_error = m.calibration_error;
     t.calibrated_nodes = m.calibrated_nodes;
+    t.draft_score_calibration_error = m.draft_score_calibration_error;
+    t.draft_scored_nodes = m.draft_scored_nodes;
     t.budget_memory = m.budget_memory;
   }
 }

@@ -12,9 +12,10 @@
 
 // Plain vs one speculative setting (or a --sweep of shapes) through the engine, side by side.
 // `concurrency`: request counts for the concurrent part (aggregate tok/s with and without drafts).
+// `compare`: further drafters (ALGO or ALGO:PATH) run as settings of the same run (--compare).
 int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
                       std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart,
-                      const std::vector<std::int64_t>& concurrency = {});
+                      const std::vector<std::int64_t>& concurrency = {}, const std::vector<std::string>& compare = {});
 
 // A drafter to compare against plain decoding: a label and the flags that select it.
 struct DrafterChoice {

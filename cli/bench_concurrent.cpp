@@ -130,6 +130,8 @@ json budget_json(const sa::EngineMetrics& m) {
           {"verified_nodes_histogram", m.verified_nodes},
           {"calibration_error", m.calibration_error},
           {"calibrated_nodes", m.calibrated_nodes},
+          {"draft_score_calibration_error", m.draft_score_calibration_error},
+          {"draft_scored_nodes", m.draft_scored_nodes},
           {"cost_model_c_k", m.step_cost},
           {"cost_model_one_row_ms", m.step_ms_1},
           {"memory", m.budget_memory}};
@@ -153,6 +155,11 @@ void print_budget(const json& b) {
       "  acceptance model: calibration error {:.3f} over {:.0f} nodes; cost model: {:.2f} ms/row{}\n",
       b["calibration_error"].get<double>(), b["calibrated_nodes"].get<double>(),
       b["cost_model_one_row_ms"].get<double>(), ck);
+  if (b.value("draft_scored_nodes", 0.0) > 0)
+    std::cout << fmt::format(
+        "  drafter's own scores (head path probabilities, DSPARK confidences): calibration error {:.3f} over {:.0f} "
+        "nodes\n",
+        b["draft_score_calibration_error"].get<double>(), b["draft_scored_nodes"].get<double>());
   if (b.contains("memory") && !b["memory"].get<std::string>().empty())
     std::cout << "  budget memory (--speculative-budget-cache) of the first engine: " << b["memory"].get<std::string>()
               << "\n";

@@ -38,7 +38,17 @@ struct Setting {
   sa::EngineMetrics metrics;
   double median_speedup = 0, mean_tau = 0, alpha = 0;
   int mismatches = 0;
+  bool own_drafter = false;  // --compare: `flags` choose the drafter; the user's drafter flags are dropped
 };
+
+// --compare ALGO[:PATH]: a setting that runs that drafter (its default shape) in the same run.
+Setting compare_setting(const std::string& spec);
+// The server args of a setting: the user's (less their drafter and shape flags for a --compare
+// setting), then the setting's own flags.
+std::vector<std::string> setting_args(const std::vector<std::string>& spec_base, const Setting& s);
+// Each setting's speedup over plain and τ, per category, against the first setting's (the --compare report).
+nlohmann::json against_first(const nlohmann::json& settings);
+void print_against_first(const nlohmann::json& against, const std::string& first);
 
 // Where a mode's concurrent runs spent their time (summed over its runs; engine metrics deltas).
 struct ConcurrentTime {
@@ -92,6 +102,8 @@ std::vector<Prompt> resolve_chain(const std::vector<std::string>& args, std::vec
 void run_setting(const std::vector<std::string>& args, const std::vector<Prompt>& prompts, std::int64_t max_new,
                  int repeats, Setting& s);
 void quiet_unless_asked(std::vector<std::string>& args);
+// --speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens.
+bool is_spec_shape_flag(const std::string& a);
 // bench_concurrent.cpp
 ConcurrentResult run_concurrent(const std::vector<std::string>& args, const std::vector<Prompt>& prompts,
                                 std::int64_t n, std::int64_t max_new, int repeats);

@@ -99,6 +99,11 @@ std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& serv
   drafters.push_back(
       {"DFLASH (random drafter)",
        {"--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", (dir / "dflash").string()}});
+  block.markov_rank = 32;  // the same with DSPARK's Markov and confidence heads
+  sm::write_random_block_drafter(target, block, (dir / "dspark").string());
+  drafters.push_back(
+      {"DSPARK (random drafter)",
+       {"--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", (dir / "dspark").string()}});
   std::vector<DrafterRow> rows;
   try {
     rows = bench_each_drafter(server_args, drafters, prompts_path, max_new, repeats);
@@ -139,3 +144,74 @@ json drafter_rows_json(const std::vector<DrafterRow>& rows) {
                    {"error", r.error}});
   return out;
 }
+
+namespace specactor::cli::bench_detail {
+
+Setting compare_setting(const std::string& spec) {
+  const auto colon = spec.find(':');
+  const std::string name = spec.substr(0, colon), path = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  const auto algo = sc::Algorithm::parse(name);
+  if (!algo || *algo == sc::SpecAlgorithm::None || *algo == sc::SpecAlgorithm::Auto)
+    throw sc::ConfigError(
+        "--compare: expected ALGO or ALGO:PATH with a speculative algorithm (e.g. EAGLE3 or "
+        "DFLASH:heads/drafter), got " +
+        sc::printable(spec));
+  if (colon != std::string::npos && path.empty())
+    throw sc::ConfigError("--compare: " + sc::printable(spec) + " names no path after ':'");
+  Setting s;
+  s.label = algo->name() + (path.empty() ? "" : " (" + std::filesystem::path(path).filename().string() + ")");
+  s.flags = {"--speculative-algorithm", algo->name()};
+  if (!path.empty()) s.flags.insert(s.flags.end(), {"--speculative-draft-model-path", path});
+  s.own_drafter = true;
+  return s;
+}
+
+std::vector<std::string> setting_args(const std::vector<std::string>& spec_base, const Setting& s) {
+  std::vector<std::string> args;
+  for (std::size_t i = 0; i < spec_base.size(); ++i) {
+    const std::string& a = spec_base[i];
+    const std::string flag = a.substr(0, a.find('='));
+    if (s.own_drafter &&
+        (flag == "--speculative-algorithm" || flag == "--speculative-draft-model-path" || is_spec_shape_flag(flag))) {
+      if (flag == a && i + 1 < spec_base.size()) ++i;  // its value
+      continue;
+    }
+    args.push_back(a);
+  }
+  args.insert(args.end(), s.flags.begin(), s.flags.end());
+  return args;
+}
+
+json against_first(const json& settings) {
+  json out = json::array();
+  const json& first = settings.at(0)["by_category"];
+  for (std::size_t i = 1; i < settings.size(); ++i) {
+    json cats = json::object();
+    for (const auto& [cat, v] : settings[i]["by_category"].items()) {
+      if (!first.contains(cat)) continue;
+      const double base = first[cat]["median_speedup"].get<double>();
+      cats[cat] = {{"speedup", v["median_speedup"]},
+                   {"first_speedup", base},
+                   {"ratio", base > 0 ? v["median_speedup"].get<double>() / base : 0.0},
+                   {"mean_tau", v["mean_tau"]},
+                   {"first_mean_tau", first[cat]["mean_tau"]}};
+    }
+    out.push_back({{"label", settings[i]["label"]}, {"by_category", cats}});
+  }
+  return out;
+}
+
+void print_against_first(const json& against, const std::string& first) {
+  for (const auto& a : against) {
+    std::cout << fmt::format("\n{} against {} (same run; speedups over plain, τ):\n", a["label"].get<std::string>(),
+                             first);
+    std::cout << fmt::format("  {:<10} {:>9} {:>9} {:>7} {:>7} {:>7}\n", "category", "this", "first", "ratio", "τ",
+                             "τ first");
+    for (const auto& [cat, v] : a["by_category"].items())
+      std::cout << fmt::format("  {:<10} {:>8.2f}x {:>8.2f}x {:>6.2f}x {:>7.2f} {:>7.2f}\n", cat,
+                               v["speedup"].get<double>(), v["first_speedup"].get<double>(), v["ratio"].get<double>(),
+                               v["mean_tau"].get<double>(), v["first_mean_tau"].get<double>());
+  }
+}
+
+}  // namespace specactor::cli::bench_detail

@@ -501,16 +501,16 @@ void print_comparisons(const json& j, const Setting& best, bool sweep) {
 
 int bench_speculative(const std::vector<std::string>& server_args, const std::string& prompts_path,
                       std::int64_t max_new, int repeats, bool sweep, bool as_json, const std::string& chart,
-                      const std::vector<std::int64_t>& concurrency) {
+                      const std::vector<std::int64_t>& concurrency, const std::vector<std::string>& compare) {
   const sc::ServerArgs user = sc::parse_server_args(server_args);
   spdlog::set_level(spdlog::level::from_str(user.log_level));
   const std::string algo(sc::to_string(user.speculative_algorithm));
   const std::vector<std::string> spec_base = spec_base_args(server_args, sweep);
   const std::vector<Prompt> prompts = resolve_chain(spec_base, load_prompts(prompts_path), max_new);
   std::vector<Setting> settings = make_settings(user, sweep, algo);
+  for (const auto& c : compare) settings.push_back(compare_setting(c));
   for (auto& s : settings) {
-    std::vector<std::string> args = spec_base;
-    args.insert(args.end(), s.flags.begin(), s.flags.end());
+    const std::vector<std::string> args = setting_args(spec_base, s);
     spdlog::info("bench: {} {} on {} prompts, plain and speculative alternating", algo, s.label, prompts.size());
     run_setting(args, prompts, max_new, repeats, s);
     // A drafter that went down leaves the engine decoding without drafts: not a measurement.
@@ -531,9 +531,8 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
   j["settings"] = settings_json(settings, prompts);
   j["best"] = best->label;
   if (sweep && user.speculative_adaptive) j["budget_vs_best_fixed"] = budget_vs_best_fixed(j["settings"]);
-  std::vector<std::string> best_args = spec_base;
-  best_args.insert(best_args.end(), best->flags.begin(), best->flags.end());
-  j["concurrent"] = concurrent_json(best_args, prompts, concurrency, max_new, repeats);
+  if (!compare.empty()) j["against_first"] = against_first(j["settings"]);
+  j["concurrent"] = concurrent_json(setting_args(spec_base, *best), prompts, concurrency, max_new, repeats);
   if (!chart.empty()) write_chart(chart, settings);
   if (as_json) {
     std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
@@ -541,6 +540,7 @@ int bench_speculative(const std::vector<std::string>& server_args, const std::st
   }
   print_settings(j, algo, prompts.size(), prompts_path, max_new, repeats);
   print_comparisons(j, *best, sweep);
+  if (!compare.empty()) print_against_first(j["against_first"], settings.front().label);
   if (!chart.empty()) std::cout << "chart: " << chart << "\n";
   return 0;
 }

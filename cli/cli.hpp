@@ -89,6 +89,7 @@ struct BenchOptions {
   std::string prompts, chart;  // prompts: default the shipped set (cli/bench_prompts.jsonl), found beside the binary
   bool json = false, sweep = false, all_drafters = false;
   std::vector<std::int64_t> concurrency{4, 16};
+  std::vector<std::string> compare;  // speculative runs: more drafters (ALGO or ALGO:PATH) in the same run
   std::vector<std::int64_t> depths;  // speed run: also prefill of / decode after each of these contexts
 };
 void add_bench_flags(CLI::App& cmd, BenchOptions& o);
@@ -104,7 +105,8 @@ void add_inspect_flags(CLI::App& cmd, InspectOptions& o);
 int cmd_inspect(const InspectOptions& o);
 struct MakeHeadOptions {
   std::string target, out, kind = "EAGLE", format;  // format "": gguf for heads, safetensors for DFLASH
-  std::int64_t layers = 1, draft_vocab = 0, block_size = 8;
+  std::int64_t layers = 1, draft_vocab = 0, block_size = 8, markov_rank = 32;
+  bool markov_rank_given = false;
   std::uint32_t seed = 1;
   bool own_output = false;
 };

@@ -164,6 +164,10 @@ void add_bench_flags(CLI::App& cmd, BenchOptions& o) {
       ->delimiter(',')
       ->check(integer_at_least<std::int64_t>(0));
   cmd.add_flag("--all-drafters", o.all_drafters, "plain vs every drafter in one run");
+  cmd.add_option("--compare", o.compare,
+                 "speculative runs: also this drafter, ALGO or ALGO:PATH (its default shape; without PATH the one "
+                 "shipped for the model), as a setting of the same run, reported per category against the first "
+                 "(repeatable)");
   cmd.add_flag("--json", o.json, "print JSON");
 }
 
@@ -470,6 +474,8 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
     if (o.prompts.empty()) o.prompts = "cli/bench_prompts.jsonl";  // not found: the error names it
   }
   const sc::ServerArgs parsed = sc::parse_server_args(rest);
+  if (o.all_drafters && !o.compare.empty())
+    throw sc::ConfigError("--compare: not with --all-drafters, which picks the drafters itself");
   if (o.all_drafters && parsed.device != sc::Device::Cuda) return bench_all_drafters(o, rest, parsed);
   for (const std::int64_t n : o.concurrency)
     if (n > 256)
@@ -490,9 +496,11 @@ int cmd_bench(BenchOptions o, const std::vector<std::string>& rest) {
     c.json = o.json;
     return bench_cuda(rest, c);
   }
+  if (!o.compare.empty() && (algo == sc::SpecAlgorithm::None || o.sweep || parsed.device == sc::Device::Cuda))
+    throw sc::ConfigError("--compare: only with a CPU speculative run (a --speculative-algorithm, no --sweep)");
   if (algo != sc::SpecAlgorithm::None)
     return bench_speculative(rest, o.prompts, o.max_new_tokens, static_cast<int>(o.repeats ? o.repeats : 2), o.sweep,
-                             o.json, o.chart, o.concurrency);
+                             o.json, o.chart, o.concurrency, o.compare);
   SpeedRun run;
   run.prompt_tokens = o.prompt_tokens;
   run.decode_tokens = o.decode_tokens;

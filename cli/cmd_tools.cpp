@@ -89,9 +89,9 @@ int cmd_inspect(const InspectOptions& o) {
   if (!hf) gguf = sm::GgufFile::open(path);
   const std::string arch =
       gguf && gguf->has("general.architecture") ? std::string(gguf->get_string("general.architecture")) : "";
-  if (hf && sm::is_block_drafter_checkpoint(path)) {  // a DFLASH drafter: every check is against a target
+  if (hf && sm::is_block_drafter_checkpoint(path)) {  // a DFLASH/DSPARK drafter: every check is against a target
     if (target.empty())
-      throw sc::ConfigError("--target: is required to inspect a DFLASH drafter (" + path +
+      throw sc::ConfigError("--target: is required to inspect a block drafter (" + path +
                             "): its fields are checked against the target model it drafts for");
     sc::ServerArgs t;
     t.model_path = target;
@@ -161,16 +161,21 @@ int cmd_inspect(const InspectOptions& o) {
 void add_make_head_flags(CLI::App& cmd, MakeHeadOptions& o) {
   cmd.add_option("--target", o.target, "the target model (GGUF or Hugging Face directory)")->required();
   cmd.add_option("--out", o.out, "output: a .gguf file, or a directory for --format safetensors")->required();
-  cmd.add_option("--kind", o.kind, "EAGLE | EAGLE3 | MTP | DFLASH (a block drafter: always a safetensors folder)")
-      ->check(CLI::IsMember({"EAGLE", "EAGLE3", "MTP", "DFLASH"}));
-  cmd.add_option("--format", o.format, "gguf (the heads' default) | safetensors (DFLASH: the only one)")
+  cmd.add_option("--kind", o.kind,
+                 "EAGLE | EAGLE3 | MTP | DFLASH | DSPARK (block drafters: always a safetensors folder)")
+      ->check(CLI::IsMember({"EAGLE", "EAGLE3", "MTP", "DFLASH", "DSPARK"}));
+  cmd.add_option("--format", o.format, "gguf (the heads' default) | safetensors (DFLASH, DSPARK: the only one)")
       ->check(CLI::IsMember({"gguf", "safetensors"}));
-  cmd.add_option("--layers", o.layers, "MTP: next-token-prediction layers; DFLASH: decoder layers")
+  cmd.add_option("--layers", o.layers, "MTP: next-token-prediction layers; DFLASH, DSPARK: decoder layers")
       ->check(CLI::Range(1, 8));
-  cmd.add_option("--block-size", o.block_size, "DFLASH: tokens per block (the root and block-size − 1 drafts)")
+  cmd.add_option("--block-size", o.block_size, "DFLASH, DSPARK: tokens per block (the root and block-size − 1 drafts)")
       ->check(CLI::Range(2, 64));
+  cmd.add_option("--markov-rank", o.markov_rank, "DSPARK: the Markov head's rank")
+      ->check(CLI::Range(1, 4096))
+      ->each([&o](const std::string&) { o.markov_rank_given = true; });
   cmd.add_option("--draft-vocab", o.draft_vocab,
-                 "EAGLE3: size of the reduced draft vocabulary (default 0 = min(vocab, 4096))")
+                 "EAGLE3: size of the reduced draft vocabulary (default 0 = min(vocab, 4096)); DFLASH, DSPARK: "
+                 "a draft vocabulary of this many ids (default 0: none)")
       ->check(integer_at_least<std::int64_t>(0));
   cmd.add_flag("--own-output", o.own_output, "EAGLE/MTP: write an own output head instead of using the target's");
   cmd.add_option("--seed", o.seed, "random seed");
@@ -184,20 +189,24 @@ int cmd_make_head(const MakeHeadOptions& o) {
   sc::ServerArgs t;
   t.model_path = target;
   const sm::ModelInfo info = sm::read_any_model_info(t);
-  if (kind == "DFLASH") {
+  if (kind == "DFLASH" || kind == "DSPARK") {
     if (format == "gguf")
-      throw sc::ConfigError(
-          "--format gguf: a DFLASH drafter is written as a safetensors folder (config.json + "
-          "model.safetensors), as the published DFlash checkpoints are");
+      throw sc::ConfigError("--format gguf: a " + kind +
+                            " drafter is written as a safetensors folder (config.json + "
+                            "model.safetensors), as the published DFlash checkpoints are");
+    if (own_output) throw sc::ConfigError("--own-output: a " + kind + " drafter always uses the target's output head");
     sm::BlockDrafterSpec b;
     b.layers = layers;
     b.block_size = o.block_size;
+    b.draft_vocab = draft_vocab;
+    b.markov_rank = kind == "DSPARK" ? o.markov_rank : 0;
     b.seed = seed;
     sm::write_random_block_drafter(info, b, out);
-    std::cerr << fmt::format("wrote a random DFLASH drafter ({} layer(s), block {}) for {} to {}\n", layers,
+    std::cerr << fmt::format("wrote a random {} drafter ({} layer(s), block {}) for {} to {}\n", kind, layers,
                              o.block_size, target, out);
     return 0;
   }
+  if (o.markov_rank_given) throw sc::ConfigError("--markov-rank: only applies to --kind DSPARK (got " + kind + ")");
   sm::HeadSpec spec;
   spec.kind = kind == "EAGLE" ? sm::HeadKind::Eagle : kind == "EAGLE3" ? sm::HeadKind::Eagle3 : sm::HeadKind::Mtp;
   spec.layers = layers;

@@ -297,15 +297,17 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     s = derive(s, "auto.shipped_head", {{"speculative_draft_model_path", model.shipped_eagle3_head}});
     shipped_head = model.shipped_head_defaults.has_value();
   }
-  // DFLASH without a drafter: the one shipped for this model, if any.
-  if (s->speculative_algorithm == SpecAlgorithm::Dflash &&
+  // DFLASH or DSPARK without a drafter: the one shipped for this model, if any.
+  if (is_block_drafter(s->speculative_algorithm) &&
       (!s->speculative_draft_model_path || s->speculative_draft_model_path->empty())) {
-    if (model.shipped_dflash.empty())
-      throw ConfigError("--speculative-draft-model-path: is required by --speculative-algorithm DFLASH for " +
-                        model_name +
-                        ": give the DFlash drafter folder to load (one ships only for SmolLM2-135M-Instruct, in "
-                        "heads/; training/dflash-recipe trains one)");
-    s = derive(s, "auto.shipped_drafter", {{"speculative_draft_model_path", model.shipped_dflash}});
+    const bool dspark = s->speculative_algorithm == SpecAlgorithm::Dspark;
+    if (model.shipped_block_drafter.empty())
+      throw ConfigError(std::string("--speculative-draft-model-path: is required by --speculative-algorithm ") +
+                        (dspark ? "DSPARK" : "DFLASH") + " for " + model_name + ": give the " +
+                        (dspark ? "DSpark" : "DFlash") +
+                        " drafter folder to load (one ships only for SmolLM2-135M-Instruct, in heads/; "
+                        "training/dflash-recipe trains one)");
+    s = derive(s, "auto.shipped_drafter", {{"speculative_draft_model_path", model.shipped_block_drafter}});
   }
 
   // Speculative shape.

@@ -44,9 +44,10 @@ struct ModelFacts {
   std::string shipped_eagle3_head;
   // That head's tuned settings, from its own config.json ("specactor": {"defaults": ...}; absent: none).
   std::optional<ShippedHeadDefaults> shipped_head_defaults;
-  // A DFlash drafter shipped for this model (a folder), empty when none: the draft path of
-  // --speculative-algorithm DFLASH when the user gives none (override source "auto.shipped_drafter").
-  std::string shipped_dflash;
+  // The block drafter of the asked algorithm shipped for this model (a folder: <stem>-dflash for DFLASH,
+  // <stem>-dspark for DSPARK), empty when none: the draft path of --speculative-algorithm DFLASH or
+  // DSPARK when the user gives none (override source "auto.shipped_drafter").
+  std::string shipped_block_drafter;
 };
 
 // What resolution needs to know about this machine.

@@ -281,7 +281,7 @@ SpecShape auto_spec_shape(const Algorithm& algo, bool llama_family_target) {
   if (algo == SpecAlgorithm::Suffix) return {16, 2, 24};
   // A block drafter drafts its whole block in one pass (it caps the chain at block_size - 1): the
   // public checkpoints' 16-token block.
-  if (algo == SpecAlgorithm::Dflash) return {15, 1, 16};
+  if (algo == SpecAlgorithm::Dflash || algo == SpecAlgorithm::Dspark) return {15, 1, 16};
   return {3, 1, 4};
 }
 
@@ -290,6 +290,8 @@ bool is_head_drafter(const Algorithm& a) {
          a == SpecAlgorithm::FrozenKvMtp;
 }
 
+bool is_block_drafter(const Algorithm& a) { return a == SpecAlgorithm::Dflash || a == SpecAlgorithm::Dspark; }
+
 bool needs_draft_model(const ServerArgs& a) {
   switch (a.speculative_algorithm.kind) {
     case SpecAlgorithm::Eagle:
@@ -297,6 +299,7 @@ bool needs_draft_model(const ServerArgs& a) {
     case SpecAlgorithm::Mtp:
     case SpecAlgorithm::FrozenKvMtp:
     case SpecAlgorithm::Dflash:
+    case SpecAlgorithm::Dspark:
       return true;
     case SpecAlgorithm::Standalone:
       return !a.speculative_draft_num_layers.has_value();
@@ -419,9 +422,10 @@ void validate(const ServerArgs& a) {
       fail(field, "only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got " + algo + ")");
   };
   if (a.speculative_draft_quantization != "auto" && spec && !undecided && !is_head_drafter(a.speculative_algorithm) &&
-      a.speculative_algorithm != SpecAlgorithm::Dflash)
+      !is_block_drafter(a.speculative_algorithm))
     fail("speculative_draft_quantization",
-         "only applies to the drafters with weights of their own: EAGLE, EAGLE3, MTP, FROZEN_KV_MTP and DFLASH (got " +
+         "only applies to the drafters with weights of their own: EAGLE, EAGLE3, MTP, FROZEN_KV_MTP, DFLASH and DSPARK "
+         "(got " +
              algo + ")");
   head_only("speculative_draft_p_min", a.speculative_draft_p_min.has_value());
   head_only("speculative_draft_ngram_tokens", a.speculative_draft_ngram_tokens.has_value());
@@ -461,10 +465,10 @@ void validate(const ServerArgs& a) {
            "losslessly only; leave it at 1 (got " +
                std::to_string(v) + ")");
   }
-  // EAGLE3 and DFLASH may leave it out: resolution then takes the one shipped for the model (or says
-  // none ships).
+  // EAGLE3, DFLASH and DSPARK may leave it out: resolution then takes the one shipped for the model
+  // (or says none ships).
   if (spec && needs_draft_model(a) && a.speculative_algorithm != SpecAlgorithm::Eagle3 &&
-      a.speculative_algorithm != SpecAlgorithm::Dflash &&
+      !is_block_drafter(a.speculative_algorithm) &&
       (!a.speculative_draft_model_path || a.speculative_draft_model_path->empty())) {
     std::string what = a.speculative_algorithm == SpecAlgorithm::Standalone
                            ? "a draft model (or --speculative-draft-num-layers K for self-speculation)"

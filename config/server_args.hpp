@@ -38,7 +38,20 @@ enum class CpuPrecision { Fast, Exact };
 // Auto (the default): EAGLE3 with the head shipped for the model when one ships, else NONE; resolution
 // decides, so no resolved snapshot holds Auto. Custom: an algorithm a host application registered under
 // a name of its own (see Algorithm).
-enum class SpecAlgorithm { None, Eagle, Eagle3, Mtp, FrozenKvMtp, Standalone, Ngram, Suffix, Dflash, Auto, Custom };
+enum class SpecAlgorithm {
+  None,
+  Eagle,
+  Eagle3,
+  Mtp,
+  FrozenKvMtp,
+  Standalone,
+  Ngram,
+  Suffix,
+  Dflash,
+  Dspark,
+  Auto,
+  Custom
+};
 
 // Name tables for the enums: the first name of a value is the canonical one; later entries are aliases.
 template <class E>
@@ -63,7 +76,7 @@ struct EnumNames<CpuPrecision> {
 };
 template <>
 struct EnumNames<SpecAlgorithm> {
-  static constexpr std::array<std::pair<SpecAlgorithm, std::string_view>, 11> table{
+  static constexpr std::array<std::pair<SpecAlgorithm, std::string_view>, 12> table{
       {{SpecAlgorithm::None, "NONE"},
        {SpecAlgorithm::Eagle, "EAGLE"},
        {SpecAlgorithm::Eagle3, "EAGLE3"},
@@ -73,6 +86,7 @@ struct EnumNames<SpecAlgorithm> {
        {SpecAlgorithm::Ngram, "NGRAM"},
        {SpecAlgorithm::Suffix, "SUFFIX"},
        {SpecAlgorithm::Dflash, "DFLASH"},
+       {SpecAlgorithm::Dspark, "DSPARK"},
        {SpecAlgorithm::Auto, "AUTO"},
        {SpecAlgorithm::Eagle, "NEXTN"}}};  // NEXTN is sglang's alias of EAGLE
 };
@@ -237,5 +251,7 @@ bool needs_draft_model(const ServerArgs& args);
 
 // Is this algorithm one of the head drafters (EAGLE, EAGLE3, MTP, FROZEN_KV_MTP)?
 bool is_head_drafter(const Algorithm& algo);
+// DFLASH and DSPARK: one forward pass drafts a whole block.
+bool is_block_drafter(const Algorithm& algo);
 
 }  // namespace specactor::config

@@ -1,5 +1,5 @@
-// drafters/block_drafter.cpp — DFLASH: a block drafter (model/block_drafter.hpp) drafts a chain of up to
-// block_size − 1 tokens in one forward pass.
+// drafters/block_drafter.cpp — DFLASH and DSPARK: a block drafter (model/block_drafter.hpp) drafts a
+// chain of up to block_size − 1 tokens in one forward pass.
 //
 // Positions: the target commits t_0 … t_{n−2} and hands over their hidden rows h_0 … h_{n−2} (the
 // outputs of the drafter's target_layer_ids); the root t_{n−1} is not in its KV yet. The drafter's KV
@@ -9,6 +9,10 @@
 // on, since its rows attend to each other — and keeps the first min(depth, B−1) drafts.
 // With --speculative-use-rejection-sampling at T > 0 each draft is drawn from the drafter's
 // probabilities at its position (sent along for rejection sampling); otherwise the chain is the argmax.
+// DSPARK adds, row by row after the pass, the Markov term of the token before each draft (so draft i
+// is chosen from logits that saw draft i−1) and a confidence per row; each draft's score is the product
+// of the confidences up to it (the predicted probability that it is accepted), from which the budget
+// picks how much of the chain the target verifies.
 #include "model/block_drafter.hpp"
 
 #include <algorithm>
@@ -46,8 +50,14 @@ class BlockDrafter final : public Drafter {
     weights_ = model::BlockDraftWeights::load(*s->speculative_draft_model_path, target_->config(),
                                               s->context_length.value_or(target_->config().context_length),
                                               s->load_format, quantize_to);
-    runner_ = std::make_unique<model::BlockDraftRunner>(weights_, target_, precision);
     const auto& c = weights_->config();
+    const bool want_dspark = s->speculative_algorithm == config::SpecAlgorithm::Dspark;
+    if (c.dspark != want_dspark)
+      throw std::runtime_error("--speculative-algorithm " + algo + ": " + *s->speculative_draft_model_path + " is a " +
+                               (c.dspark ? "DSPARK" : "DFLASH") + " drafter (its config.json names " +
+                               (c.dspark ? "DSparkDraftModel" : "DFlashDraftModel") +
+                               "); use --speculative-algorithm " + (c.dspark ? "DSPARK" : "DFLASH"));
+    runner_ = std::make_unique<model::BlockDraftRunner>(weights_, target_, precision);
     kv_ = std::make_unique<model::KvCache>(c.n_layers, c.n_kv_heads, c.head_dim, s->page_size, *s->max_total_tokens,
                                            true, model::kv_type(*s));
     kv_->warm(std::size_t{2} << 20);
@@ -57,7 +67,7 @@ class BlockDrafter final : public Drafter {
 
   std::string model_config() const override {
     auto j = weights_->config().to_json();
-    j["algorithm"] = "DFLASH";
+    j["algorithm"] = weights_->config().dspark ? "DSPARK" : "DFLASH";
     j["owns_kv_pool"] = true;
     return j.dump();
   }
@@ -100,7 +110,7 @@ class BlockDrafter final : public Drafter {
     } catch (const model::KvExhausted&) {
       return {};  // the drafter's cache is full: the target decodes plainly this step
     }
-    return chain(st, logits, depth);
+    return chain(st, logits, depth, ctx.back());
   }
 
   void release(std::uint64_t req) override {
@@ -142,14 +152,20 @@ class BlockDrafter final : public Drafter {
   }
 
   // The first `depth` rows' drafts: argmax, or drawn from the drafter's probabilities (sent along).
-  // Over a draft vocabulary, q is spread back onto the target's ids (zero elsewhere).
-  DraftTree chain(State& st, const std::vector<float>& logits, std::int32_t depth) {
+  // Over a draft vocabulary, q is spread back onto the target's ids (zero elsewhere). DSPARK: each row
+  // first gets the Markov term of the token before it, and the chain its scores.
+  DraftTree chain(State& st, std::vector<float>& logits, std::int32_t depth, std::int32_t root) {
     const std::int64_t vocab = runner_->vocab(), full = target_->config().vocab_size;
-    const bool sample = sampling_ && !st.params.greedy();
+    const bool sample = sampling_ && !st.params.greedy(), dspark = weights_->config().dspark;
     std::vector<std::int32_t> drafts;
-    std::vector<float> q_rows, q;
+    std::vector<float> q_rows, q, scores;
+    float survival = 1.0f;
     for (std::int32_t i = 0; i < depth; ++i) {
-      const float* row = logits.data() + static_cast<std::int64_t>(i) * vocab;
+      float* row = logits.data() + static_cast<std::int64_t>(i) * vocab;
+      if (dspark) {
+        survival *= runner_->markov(i == 0 ? root : drafts.back(), i, row);
+        scores.push_back(survival);
+      }
       if (sample) {
         k::sampling_probs(row, vocab, st.params, q);
         drafts.push_back(runner_->to_target(k::sample_from_probs(q, st.rng.uniform())));
@@ -162,6 +178,7 @@ class BlockDrafter final : public Drafter {
     }
     DraftTree t = DraftTree::chain(std::move(drafts));
     if (sample) t.probs = std::move(q_rows);
+    t.scores = std::move(scores);
     return t;
   }
 

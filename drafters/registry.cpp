@@ -32,6 +32,7 @@ struct Registry {
     factories["MTP"] = &make_mtp_drafter;
     factories["FROZEN_KV_MTP"] = &make_frozen_kv_mtp_drafter;
     factories["DFLASH"] = &make_dflash_drafter;
+    factories["DSPARK"] = &make_dflash_drafter;  // the same drafter: the checkpoint says which heads follow
   }
 };
 

@@ -1,4 +1,4 @@
-// model/block_drafter.cpp — DFLASH drafter files, checks and the CPU forward (see block_drafter.hpp).
+// model/block_drafter.cpp — DFLASH and DSPARK drafter files, checks and the CPU forward (see block_drafter.hpp).
 #include "model/block_drafter.hpp"
 
 #include <algorithm>
@@ -6,10 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "config/input.hpp"
+#include "kernels/cpu/quant.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
 #include "model/draft_files.hpp"
 #include "model/safetensors.hpp"
@@ -22,24 +24,26 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 json BlockDraftConfig::to_json() const {
-  return json{{"kind", "DFLASH"},
-              {"path", path},
-              {"format", "safetensors"},
-              {"hidden_size", hidden},
-              {"intermediate_size", ffn},
-              {"num_layers", n_layers},
-              {"num_attention_heads", n_heads},
-              {"num_key_value_heads", n_kv_heads},
-              {"head_dim", head_dim},
-              {"rope_theta", rope_base},
-              {"rms_norm_eps", norm_eps},
-              {"block_size", block_size},
-              {"mask_token_id", mask_token_id},
-              {"target_layer_ids", target_layer_ids},
-              {"input_embedding_scale", embed_scale},
-              {"output_multiplier", output_multiplier},
-              {"final_logit_softcapping", logit_softcap},
-              {"draft_vocab_size", static_cast<std::int64_t>(draft_vocab.size())}};
+  json j{{"kind", dspark ? "DSPARK" : "DFLASH"},
+         {"path", path},
+         {"format", "safetensors"},
+         {"hidden_size", hidden},
+         {"intermediate_size", ffn},
+         {"num_layers", n_layers},
+         {"num_attention_heads", n_heads},
+         {"num_key_value_heads", n_kv_heads},
+         {"head_dim", head_dim},
+         {"rope_theta", rope_base},
+         {"rms_norm_eps", norm_eps},
+         {"block_size", block_size},
+         {"mask_token_id", mask_token_id},
+         {"target_layer_ids", target_layer_ids},
+         {"input_embedding_scale", embed_scale},
+         {"output_multiplier", output_multiplier},
+         {"final_logit_softcapping", logit_softcap},
+         {"draft_vocab_size", static_cast<std::int64_t>(draft_vocab.size())}};
+  if (dspark) j["markov_rank"] = markov_rank;
+  return j;
 }
 
 namespace {
@@ -51,10 +55,11 @@ bool names_architecture(const json& j, const std::string& arch) {
   return false;
 }
 
-// A field of the drafter's own settings: "dflash_config" first, then the top level (as published).
+// A field of the drafter's own settings: "dspark_config", then "dflash_config", then the top level (as
+// published).
 const json* draft_field(const json& j, const char* key) {
-  if (j.contains("dflash_config") && j["dflash_config"].is_object() && j["dflash_config"].contains(key))
-    return &j["dflash_config"][key];
+  for (const char* group : {"dspark_config", "dflash_config"})
+    if (j.contains(group) && j[group].is_object() && j[group].contains(key)) return &j[group][key];
   return j.contains(key) ? &j[key] : nullptr;
 }
 
@@ -78,8 +83,10 @@ BlockDraftConfig read_block_config(const std::string& path, const LlamaConfig& t
     fail("architectures",
          "is DFlash2DraftModel (convolutions and a candidate selector), which is not supported; "
          "DFLASH reads DFlashDraftModel checkpoints");
-  if (!names_architecture(j, "DFlashDraftModel")) fail("architectures", "must name DFlashDraftModel");
   BlockDraftConfig c;
+  c.dspark = names_architecture(j, "DSparkDraftModel");
+  if (!c.dspark && !names_architecture(j, "DFlashDraftModel"))
+    fail("architectures", "must name DFlashDraftModel or DSparkDraftModel");
   c.path = path;
   c.hidden = cfg_int(j, where, "hidden_size");
   if (c.hidden != target.hidden)
@@ -142,7 +149,51 @@ BlockDraftConfig read_block_config(const std::string& path, const LlamaConfig& t
   c.embed_scale = draft_number(j, where, "input_embedding_scale", 1.0);
   c.output_multiplier = draft_number(j, where, "output_multiplier", 1.0);
   c.logit_softcap = draft_number(j, where, "final_logit_softcapping", 0.0);
+  if (c.dspark) {
+    const json* r = draft_field(j, "markov_rank");
+    if (!r || !r->is_number_integer() || r->get<std::int64_t>() < 1 || r->get<std::int64_t>() > 4096)
+      fail("markov_rank", "must be an integer in [1, 4096] (the DSPARK Markov head's rank), got " +
+                              (r ? config::printable(r->dump()) : std::string("nothing")));
+    c.markov_rank = r->get<std::int64_t>();
+  }
   return c;
+}
+
+// A float tensor [rows, cols] (F32, F16 or BF16) as float32, checked finite; random N(0, 0.02²) for the
+// dummy load format.
+std::vector<float> float_table(const TensorSource& src, const std::string& path, const std::string& name,
+                               std::int64_t rows, std::int64_t cols, bool dummy) {
+  const TensorView* t = src.find(name);
+  std::string shape = "[";  // built in steps: GCC 12 warns (-Wrestrict, falsely) on one chain of + here
+  shape += std::to_string(rows);
+  shape += ", ";
+  shape += std::to_string(cols);
+  shape += "]";
+  if (!t) throw GgufError(path + ": missing tensor '" + name + "' (expected shape " + shape + ")");
+  const std::vector<std::uint64_t> dims =
+      rows == 1 && cols == 1
+          ? std::vector<std::uint64_t>{1}
+          : std::vector<std::uint64_t>{static_cast<std::uint64_t>(cols), static_cast<std::uint64_t>(rows)};
+  const auto n = static_cast<std::size_t>(rows * cols);
+  const bool f32 = t->ggml_type == 0, f16 = t->ggml_type == 1, bf16 = t->ggml_type == 30;
+  if (t->dims != dims || !(f32 || f16 || bf16) || t->n_bytes != n * (f32 ? 4 : 2))
+    throw GgufError(path + ": tensor '" + name + "' must be F32, F16 or BF16 of shape " + shape);
+  std::vector<float> out(n);
+  if (dummy) {
+    std::mt19937 rng(static_cast<std::uint32_t>(std::hash<std::string>{}(name)));
+    std::normal_distribution<float> dist(0.0f, 0.02f);
+    for (auto& v : out) v = dist(rng);
+    return out;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t h = 0;
+    if (!f32) std::memcpy(&h, t->data + 2 * i, 2);
+    if (f32) std::memcpy(&out[i], t->data + 4 * i, 4);
+    out[i] = f32 ? out[i] : f16 ? k::f16_to_f32(h) : k::bf16_to_f32(h);
+    if (!std::isfinite(out[i]))
+      throw GgufError(path + ": tensor '" + name + "' holds a non-finite value (" + std::to_string(out[i]) + ")");
+  }
+  return out;
 }
 
 // The optional draft vocabulary: I32 [Vd], strictly ascending target ids.
@@ -166,7 +217,8 @@ bool is_block_drafter_checkpoint(const std::string& path) {
   if (!is_hf_path(path)) return false;
   try {
     const json j = read_config_json(path);
-    return names_architecture(j, "DFlashDraftModel") || names_architecture(j, "DFlash2DraftModel");
+    return names_architecture(j, "DFlashDraftModel") || names_architecture(j, "DFlash2DraftModel") ||
+           names_architecture(j, "DSparkDraftModel");
   } catch (const GgufError&) {
     return false;
   }
@@ -208,6 +260,19 @@ std::shared_ptr<const BlockDraftWeights> BlockDraftWeights::load(const std::stri
     ly.up = bind.matrix(p + "mlp.up_proj.weight", c.ffn, H);
     ly.down = bind.matrix(p + "mlp.down_proj.weight", H, c.ffn);
     w->layers_.push_back(bl);
+  }
+  if (c.dspark) {  // float32 tables, never quantized (see the header)
+    const std::int64_t r = c.markov_rank;
+    const std::int64_t vd = c.draft_vocab.empty() ? target.vocab_size : static_cast<std::int64_t>(c.draft_vocab.size());
+    const bool dummy = format == config::LoadFormat::Dummy;
+    w->w1_ = float_table(*w->source_, path, "markov_head.w1.weight", target.vocab_size, r, dummy);
+    const std::vector<float> w2 = float_table(*w->source_, path, "markov_head.w2.weight", vd, r, dummy);
+    w->w2_.resize(w2.size());  // kept transposed, [r × Vd]: the bias is r rows of Vd added in turn
+    for (std::int64_t v = 0; v < vd; ++v)
+      for (std::int64_t j = 0; j < r; ++j)
+        w->w2_[static_cast<std::size_t>(j * vd + v)] = w2[static_cast<std::size_t>(v * r + j)];
+    w->conf_w_ = float_table(*w->source_, path, "confidence_head.weight", 1, H + r, dummy);
+    w->conf_b_ = float_table(*w->source_, path, "confidence_head.bias", 1, 1, dummy)[0];
   }
   return w;
 }
@@ -315,6 +380,31 @@ void BlockDraftRunner::block(const std::int32_t* tokens, std::int64_t b, std::in
     for (float& v : logits) v = std::tanh(v / cap) * cap;
 }
 
+float BlockDraftRunner::markov(std::int32_t prev, std::int64_t row, float* logits_row) {
+  const BlockDraftConfig& c = config();
+  if (!c.dspark) throw std::logic_error("BlockDraftRunner::markov: a DSPARK drafter only");
+  const std::int64_t H = c.hidden, r = c.markov_rank;
+  // A lookup and r·Vd products per row, in float32 in a fixed order (row j of W2ᵀ times e_j, j = 0 … r−1),
+  // the same in every precision.
+  const float* e = w_->markov_w1() + static_cast<std::int64_t>(prev) * r;  // e = W1[prev]
+  const float* w2t = w_->markov_w2();
+  const std::int64_t vd = out_->out_dim;
+  bias_.assign(static_cast<std::size_t>(vd), 0.0f);
+  float* b = bias_.data();
+  for (std::int64_t j = 0; j < r; ++j) {
+    const float ej = e[j];
+    const float* col = w2t + j * vd;
+    for (std::int64_t v = 0; v < vd; ++v) b[v] += col[v] * ej;
+  }
+  for (std::int64_t v = 0; v < vd; ++v) logits_row[v] += b[v];
+  const float* cw = w_->confidence_w();
+  const float* h = xn_.data() + row * H;
+  double z = w_->confidence_b();
+  for (std::int64_t j = 0; j < H; ++j) z += static_cast<double>(cw[j]) * h[j];
+  for (std::int64_t j = 0; j < r; ++j) z += static_cast<double>(cw[H + j]) * e[j];
+  return static_cast<float>(1.0 / (1.0 + std::exp(-z)));
+}
+
 BlockDraftConfig write_random_block_drafter(const ModelInfo& t, const BlockDrafterSpec& spec, const std::string& out) {
   const std::int64_t H = t.hidden_size, nh = t.num_heads, nkv = t.num_kv_heads, hd = H / nh, F = t.ffn_hidden_size;
   std::vector<std::int32_t> ids = spec.target_layer_ids;
@@ -352,7 +442,6 @@ BlockDraftConfig write_random_block_drafter(const ModelInfo& t, const BlockDraft
     mat(p + "mlp.up_proj.weight", F, H);
     mat(p + "mlp.down_proj.weight", H, F);
   }
-  std::sort(ts.begin(), ts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::int32_t> vocab;
   if (spec.draft_vocab > 0) {  // the first ids of a seeded permutation, ascending
     std::vector<std::int32_t> perm(static_cast<std::size_t>(t.vocab_size));
@@ -361,7 +450,23 @@ BlockDraftConfig write_random_block_drafter(const ModelInfo& t, const BlockDraft
     vocab.assign(perm.begin(), perm.begin() + std::min<std::int64_t>(spec.draft_vocab, t.vocab_size));
     std::sort(vocab.begin(), vocab.end());
   }
-  json cfg{{"architectures", {"DFlashDraftModel"}},
+  if (spec.markov_rank > 0) {  // DSPARK's heads: large enough to move drafts, so the tests see them
+    const std::int64_t r = spec.markov_rank,
+                       vd = vocab.empty() ? t.vocab_size : static_cast<std::int64_t>(vocab.size());
+    std::normal_distribution<float> wide(0.0f, 1.0f);
+    auto wide_mat = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
+      HfTensor x{{static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols)}, {}};
+      x.values.resize(static_cast<std::size_t>(rows * cols));
+      for (auto& v : x.values) v = wide(rng);
+      ts.emplace_back(name, std::move(x));
+    };
+    wide_mat("markov_head.w1.weight", t.vocab_size, r);
+    wide_mat("markov_head.w2.weight", vd, r);
+    mat("confidence_head.weight", 1, H + r);
+    ts.emplace_back("confidence_head.bias", HfTensor{{1}, {1.5f}});
+  }
+  std::sort(ts.begin(), ts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  json cfg{{"architectures", {spec.markov_rank > 0 ? "DSparkDraftModel" : "DFlashDraftModel"}},
            {"model_type", "qwen3"},
            {"hidden_size", H},
            {"intermediate_size", F},
@@ -379,6 +484,11 @@ BlockDraftConfig write_random_block_drafter(const ModelInfo& t, const BlockDraft
             {{"block_size", spec.block_size},
              {"mask_token_id", spec.mask_token_id >= 0 ? spec.mask_token_id : t.vocab_size - 1},
              {"target_layer_ids", ids}}}};
+  if (spec.markov_rank > 0) {
+    cfg["dspark_config"] = cfg["dflash_config"];
+    cfg["dspark_config"]["markov_rank"] = spec.markov_rank;
+    cfg.erase("dflash_config");
+  }
   if (!spec.config_patch.empty()) cfg.merge_patch(json::parse(spec.config_patch));
   fs::create_directories(out);
   std::ofstream(fs::path(out) / "config.json") << cfg.dump(2) << "\n";
@@ -401,6 +511,8 @@ BlockDraftConfig write_random_block_drafter(const ModelInfo& t, const BlockDraft
   c.path = out;
   c.target_layer_ids = ids;
   c.block_size = spec.block_size;
+  c.dspark = spec.markov_rank > 0;
+  c.markov_rank = spec.markov_rank;
   return c;
 }
 

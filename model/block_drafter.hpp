@@ -1,4 +1,4 @@
-// model/block_drafter.hpp — block drafters (DFLASH), their files and the CPU forward. No CAF here.
+// model/block_drafter.hpp — block drafters (DFLASH, DSPARK), their files and the CPU forward. No CAF here.
 //
 // A block drafter proposes B−1 tokens in one forward pass. It has N decoder layers of its own (Qwen3's:
 // RMSNorm per head on q and k, RoPE on rotate-half pairs, SiLU-gated MLP) and no embedding or output
@@ -26,6 +26,19 @@
 // draft_vocab, I32 [Vd], ascending target ids: the drafter's logits cover only those rows of the
 // target's output head (Vd × H instead of V × H per drafted row), draft i meaning target id
 // draft_vocab[i] — the trainer (training/train_dflash.py) scores over the same rows.
+//
+// DSPARK (specactor's layout, architectures ["DSparkDraftModel"], settings in "dspark_config") is the
+// same backbone plus two small heads that run row by row after the block's one forward pass, so each
+// draft conditions on the one before it:
+//   Markov head: e_i = W1[prev_i] (W1: V × r, indexed by target id; prev_1 = the root, prev_i = draft
+//                i−1); the logits of row i are U_i + W2·e_i (W2: Vd × r), U_i the backbone's logits as
+//                above (after output_multiplier and softcapping);
+//   confidence:  c_i = σ(w·[h_i ; e_i] + b), h_i the normed hidden row i: the predicted probability that
+//                draft i is accepted when drafts 1 … i−1 were. The product c_1 ⋯ c_i is draft i's score
+//                (drafters::DraftTree::scores), which the budget turns into a verification length.
+// Tensors beyond DFLASH's: markov_head.w1.weight [V, r], markov_head.w2.weight [Vd, r],
+// confidence_head.weight [1, H + r], confidence_head.bias [1]; "dspark_config" adds markov_rank (r).
+// These four are read as float32 (from F32, F16 or BF16; any rank) and never quantized.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +57,8 @@ namespace specactor::model {
 
 struct BlockDraftConfig {
   std::string path;
+  bool dspark = false;           // DSparkDraftModel: the Markov and confidence heads follow the backbone
+  std::int64_t markov_rank = 0;  // DSPARK: r, the Markov head's rank
   std::int64_t hidden = 0, ffn = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   double rope_base = 10000.0, norm_eps = 1e-6;
   std::int64_t block_size = 16;
@@ -77,6 +92,11 @@ class BlockDraftWeights {
   const kernels::WeightMatrix& fc() const { return fc_; }
   const float* hidden_norm() const { return hidden_norm_; }
   const float* norm() const { return norm_; }
+  // DSPARK only, float32 row-major: W1 [V × r], W2ᵀ [r × Vd], the confidence weights [H + r] and bias.
+  const float* markov_w1() const { return w1_.data(); }
+  const float* markov_w2() const { return w2_.data(); }
+  const float* confidence_w() const { return conf_w_.data(); }
+  float confidence_b() const { return conf_b_; }
 
  private:
   BlockDraftConfig cfg_;
@@ -85,10 +105,13 @@ class BlockDraftWeights {
   kernels::WeightMatrix fc_;
   const float* hidden_norm_ = nullptr;
   const float* norm_ = nullptr;
+  std::vector<float> w1_, w2_, conf_w_;
+  float conf_b_ = 0.0f;
   std::vector<std::vector<std::uint8_t>> owned_;
 };
 
-// Whether a checkpoint folder is a block drafter (its config.json names DFlashDraftModel).
+// Whether a checkpoint folder is a block drafter (its config.json names DFlashDraftModel or
+// DSparkDraftModel).
 bool is_block_drafter_checkpoint(const std::string& path);
 
 // The CPU forward of a block drafter.
@@ -115,6 +138,9 @@ class BlockDraftRunner {
   // draft vocabulary when the drafter has one).
   void block(const std::int32_t* tokens, std::int64_t b, std::int64_t first_pos,
              const std::vector<kernels::KvSegment>& prefix, std::vector<float>& logits);
+  // DSPARK, after block(): adds the Markov term of `prev` (the token before draft row `row`, 0-based
+  // over the b−1 drafted rows) to that row's logits (vocab() floats) and returns the row's confidence.
+  float markov(std::int32_t prev, std::int64_t row, float* logits_row);
 
  private:
   void qkv(const BlockLayerWeights& ly, const float* in, std::int64_t n, const std::int32_t* positions, bool with_q);
@@ -122,7 +148,7 @@ class BlockDraftRunner {
   std::shared_ptr<const LlamaWeights> target_;
   kernels::Precision precision_;
   std::vector<std::vector<float>> ctx_k_, ctx_v_;
-  std::vector<float> c_, x_, xn_, q_, k_, v_, att_, rope_, norm_tmp_;
+  std::vector<float> c_, x_, xn_, q_, k_, v_, att_, rope_, norm_tmp_, bias_;
   std::vector<float> hot_;  // the draft vocabulary's output rows, float32
   kernels::WeightMatrix hot_m_;
   const kernels::WeightMatrix* out_ = nullptr;  // the output head the logits use
@@ -134,6 +160,7 @@ struct BlockDrafterSpec {
   std::int64_t layers = 1, block_size = 8;
   std::vector<std::int32_t> target_layer_ids;  // empty: three spread over the target's depth
   std::int32_t mask_token_id = -1;             // -1: the target's last id
+  std::int64_t markov_rank = 0;                // > 0: a DSPARK drafter with Markov and confidence heads of this rank
   std::int64_t draft_vocab = 0;                // > 0: a draft vocabulary of the first ids of a seeded permutation
   std::uint32_t seed = 1;
   float scale = 0.02f;

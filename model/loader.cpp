@@ -61,7 +61,9 @@ std::string shipped_drafter(const std::string& model_path, const std::string& su
 }  // namespace
 
 std::string shipped_eagle3_head(const std::string& model_path) { return shipped_drafter(model_path, "-eagle3"); }
-std::string shipped_dflash_drafter(const std::string& model_path) { return shipped_drafter(model_path, "-dflash"); }
+std::string shipped_block_drafter(const std::string& model_path, bool dspark) {
+  return shipped_drafter(model_path, dspark ? "-dspark" : "-dflash");
+}
 
 std::optional<config::ShippedHeadDefaults> shipped_head_defaults(const std::string& head_dir) {
   const std::string cfg = (std::filesystem::path(head_dir) / "config.json").string();
@@ -104,8 +106,9 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
     if (!facts.shipped_eagle3_head.empty())
       facts.shipped_head_defaults = shipped_head_defaults(facts.shipped_eagle3_head);
   }
-  if (user->speculative_algorithm == config::SpecAlgorithm::Dflash)
-    facts.shipped_dflash = shipped_dflash_drafter(user->model_path);
+  if (config::is_block_drafter(user->speculative_algorithm))
+    facts.shipped_block_drafter =
+        shipped_block_drafter(user->model_path, user->speculative_algorithm == config::SpecAlgorithm::Dspark);
   config::Snapshot target = config::resolve_target(user, facts, runtime_facts());
   return {std::move(target), std::move(info)};
 }

@@ -31,8 +31,9 @@ config::RuntimeFacts runtime_facts();
 // $SPECACTOR_HEADS_DIR, then heads/ beside the build folder of this executable (the checkout), then
 // share/specactor/heads of an installation, then heads/ beside the model's folder.
 std::string shipped_eagle3_head(const std::string& model_path);
-// The DFlash drafter shipped for `model_path` (`<stem>-dflash`, looked up the same way), or "".
-std::string shipped_dflash_drafter(const std::string& model_path);
+// The block drafter shipped for `model_path` (`<stem>-dflash`, or `<stem>-dspark` for DSPARK, looked up the
+// same way), or "".
+std::string shipped_block_drafter(const std::string& model_path, bool dspark);
 
 // A shipped head's tuned settings from its config.json ("specactor": {"defaults": {...}}, keys named
 // as the settings), std::nullopt when it has none; a malformed block is a ConfigError naming the key.

@@ -131,7 +131,7 @@ config::ModelFacts ModelInfo::facts() const {
           ffn_hidden_size,
           /*shipped_eagle3_head=*/{},
           /*shipped_head_defaults=*/{},
-          /*shipped_dflash=*/{}};
+          /*shipped_block_drafter=*/{}};
 }
 
 nlohmann::json ModelInfo::to_json() const {

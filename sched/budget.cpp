@@ -318,6 +318,12 @@ void AcceptanceModel::observe_node(float score, int depth, double predicted, boo
   cal_pred_[b] += predicted;
   cal_obs_[b] += accepted ? 1 : 0;
   cal_n_[b] += 1;
+  if (score >= 0.0f && score <= 1.0f) {
+    const auto s = static_cast<std::size_t>(std::clamp(static_cast<int>(score * 10), 0, 9));
+    score_pred_[s] += score;
+    score_obs_[s] += accepted ? 1 : 0;
+    score_n_[s] += 1;
+  }
 }
 
 void AcceptanceModel::observe_levels(int drafted, int accepted, RequestAcceptance& r) {
@@ -339,16 +345,27 @@ void AcceptanceModel::observe_levels(int drafted, int accepted, RequestAcceptanc
   if (drafted > 0) r.last_whole = accepted >= drafted;
 }
 
-double AcceptanceModel::calibration_count() const { return std::accumulate(cal_n_.begin(), cal_n_.end(), 0.0); }
+namespace {
 
-double AcceptanceModel::calibration_error() const {
-  const double n = calibration_count();
+// Expected calibration error over ten bins: Σ_b (n_b/n)·|mean prediction − observed rate| = Σ_b |Σ pred − Σ obs| / n.
+double binned_error(const std::array<double, 10>& pred, const std::array<double, 10>& obs,
+                    const std::array<double, 10>& n_b) {
+  const double n = std::accumulate(n_b.begin(), n_b.end(), 0.0);
   if (n <= 0) return 0;
   double e = 0;
-  for (std::size_t b = 0; b < cal_n_.size(); ++b)
-    if (cal_n_[b] > 0) e += std::abs(cal_pred_[b] - cal_obs_[b]) / n;  // = (n_b/n)·|mean pred − rate|
+  for (std::size_t b = 0; b < n_b.size(); ++b)
+    if (n_b[b] > 0) e += std::abs(pred[b] - obs[b]) / n;
   return e;
 }
+
+}  // namespace
+
+double AcceptanceModel::calibration_count() const { return std::accumulate(cal_n_.begin(), cal_n_.end(), 0.0); }
+double AcceptanceModel::calibration_error() const { return binned_error(cal_pred_, cal_obs_, cal_n_); }
+double AcceptanceModel::score_calibration_count() const {
+  return std::accumulate(score_n_.begin(), score_n_.end(), 0.0);
+}
+double AcceptanceModel::score_calibration_error() const { return binned_error(score_pred_, score_obs_, score_n_); }
 
 // --- Feedback --------------------------------------------------------------------------------------
 

@@ -171,6 +171,11 @@ class AcceptanceModel {
   // over ten bins of the prediction), and how many predictions it covers.
   double calibration_error() const;
   double calibration_count() const;
+  // The same error for the drafter's own scores (each verified node's that has one: a head's path
+  // probability, DSPARK's product of confidences) taken as predictions of acceptance, and how many
+  // nodes it covers: how well calibrated the drafter's confidence is before the table above corrects it.
+  double score_calibration_error() const;
+  double score_calibration_count() const;
 
  private:
   friend struct MemoryCodec;  // sched/memory.cpp: kept across engine starts
@@ -182,6 +187,7 @@ class AcceptanceModel {
   std::array<Beta, kMaxDepth + 1> after_whole_{};                        // those that followed a draft accepted whole
   std::array<Beta, kRoundBins> rounds_{};                                // rounds that proposed, by round_bin
   std::array<double, 10> cal_pred_{}, cal_obs_{}, cal_n_{};
+  std::array<double, 10> score_pred_{}, score_obs_{}, score_n_{};
 };
 
 // The check on the models, by measurement: per batch-size bucket, the tokens per millisecond of

@@ -86,6 +86,8 @@ EngineMetrics Scheduler::snapshot_metrics() const {
   m.adaptive = draft_.configured && draft_.adaptive;
   m.calibration_error = accept_.calibration_error();
   m.calibrated_nodes = accept_.calibration_count();
+  m.draft_score_calibration_error = accept_.score_calibration_error();
+  m.draft_scored_nodes = accept_.score_calibration_count();
   m.step_ms_1 = cost_.step_ms(1, 0);
   m.step_cost.clear();
   if (m.step_ms_1 > 0)

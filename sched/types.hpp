@@ -97,9 +97,13 @@ struct EngineMetrics {
   bool adaptive = false;                  // --speculative-adaptive: the budget decides what is drafted and verified
   std::int64_t budget_skipped_steps = 0;  // per-request decode steps run without a draft by the budget
   std::vector<std::int64_t>
-      verified_nodes;             // [n]: per-request decode steps that verified n draft nodes (last: n or more)
-  double calibration_error = 0;   // acceptance model: expected calibration error of its node predictions
-  double calibrated_nodes = 0;    // predictions that error covers
+      verified_nodes;            // [n]: per-request decode steps that verified n draft nodes (last: n or more)
+  double calibration_error = 0;  // acceptance model: expected calibration error of its node predictions
+  double calibrated_nodes = 0;   // predictions that error covers
+  // The drafter's own scores (heads: path probabilities; DSPARK: products of its confidences) as
+  // predictions of acceptance: their expected calibration error and how many verified nodes it covers.
+  double draft_score_calibration_error = 0;
+  double draft_scored_nodes = 0;
   std::vector<double> step_cost;  // cost model: c(k) = step time of k rows ÷ 1 row, k = 1, 2, 4, 8, 16, 32
   double step_ms_1 = 0;           // cost model: one row's step time, ms (short context)
   std::string budget_memory;      // what the budget started from: "read FILE", "new FILE", "off", or the problem

@@ -1,6 +1,7 @@
-// tests/test_block_drafter.cpp — the DFLASH block drafter on its own: malformed drafters are refused at
-// load naming the field, and its drafts (and logits) equal an independent numpy forward
-// (training/dflash_reference.py, float64) of the same random drafter on the same target features.
+// tests/test_block_drafter.cpp — the DFLASH and DSPARK block drafters on their own: malformed drafters
+// are refused at load naming the field, and their drafts (and logits, and DSPARK's confidences) equal an
+// independent numpy forward (training/dflash_reference.py, float64) of the same random drafter on the
+// same target features.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -107,6 +108,56 @@ TEST_CASE("DFLASH files: a malformed drafter is refused at load with one error n
                        doctest::Contains("layers.1.input_layernorm.weight"), sm::GgufError);
 }
 
+TEST_CASE(
+    "DSPARK files: a malformed drafter is refused naming the field, and the algorithm must match the checkpoint") {
+  Scratch s;
+  const sm::LoadedModel t = tiny_target(s.dir);
+  auto dspark = [&](const std::string& name, const std::string& patch) {
+    sm::BlockDrafterSpec spec;
+    spec.block_size = 4;
+    spec.markov_rank = 8;
+    spec.config_patch = patch;
+    const std::string p = (s.dir / name).string();
+    sm::write_random_block_drafter(t.info, spec, p);
+    return p;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"dspark_config": {"markov_rank": null}})", "'markov_rank' must be an integer in [1, 4096]"},
+      {R"({"dspark_config": {"markov_rank": 0}})", "'markov_rank' must be an integer in [1, 4096]"},
+      {R"({"dspark_config": {"markov_rank": 16}})", "tensor 'markov_head.w1.weight'"},  // the file holds rank 8
+      {R"({"dspark_config": {"mask_token_id": null}})", "'mask_token_id' is missing"},
+      {R"({"hidden_size": 48})", "'hidden_size' is 48 but the target's hidden size is 32"},
+  };
+  int i = 0;
+  for (const auto& [patch, expect] : cases) {
+    CAPTURE(patch);
+    CHECK_THROWS_WITH_AS(
+        sm::BlockDraftWeights::load(dspark("bad" + std::to_string(i++), patch), t.config, 128, sc::LoadFormat::Auto),
+        doctest::Contains(expect.c_str()), sm::GgufError);
+  }
+  const std::string good = dspark("good", "");
+  const auto w = sm::BlockDraftWeights::load(good, t.config, 128, sc::LoadFormat::Auto);
+  CHECK(w->config().dspark);
+  CHECK(w->config().markov_rank == 8);
+  CHECK(w->config().to_json()["kind"] == "DSPARK");
+  // The algorithm must name what the checkpoint is: one error naming the flag either way.
+  sm::BlockDrafterSpec plain;
+  plain.block_size = 4;
+  const std::string dflash = (s.dir / "dflash").string();
+  sm::write_random_block_drafter(t.info, plain, dflash);
+  for (const auto& [algo, path, expect] : {std::tuple{sc::SpecAlgorithm::Dflash, good, "is a DSPARK drafter"},
+                                           std::tuple{sc::SpecAlgorithm::Dspark, dflash, "is a DFLASH drafter"}}) {
+    sc::ServerArgs a;
+    a.model_path = t.info.path;
+    a.speculative_algorithm = algo;
+    a.speculative_draft_model_path = path;
+    a.max_total_tokens = 256;
+    const std::string name(sc::to_string(sc::Algorithm(algo)));
+    CHECK_THROWS_WITH(specactor::drafters::find_drafter(name)(sc::freeze(a), {t.info, t.tokenizer, t.weights, nullptr}),
+                      doctest::Contains(expect));
+  }
+}
+
 namespace {
 
 // The drafter's KV of `n` context rows (float32), filled through the runner: what the drafter's own
@@ -150,6 +201,7 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
                              const fs::path& case_dir) {
   const auto w = sm::BlockDraftWeights::load(path, t.config, 128, sc::LoadFormat::Auto);
   const auto& c = w->config();
+  const bool dspark = c.dspark;
   // Context: 14 tokens; features of the 13 committed ones; first proposal after 6 tokens.
   std::mt19937 rng(5);
   std::uniform_int_distribution<std::int32_t> tok(0, 94);
@@ -176,14 +228,16 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
   // Through the drafter: features handed over in two parts, a proposal after each.
   sc::ServerArgs a;
   a.model_path = t.info.path;
-  a.speculative_algorithm = sc::SpecAlgorithm::Dflash;
+  a.speculative_algorithm = dspark ? sc::SpecAlgorithm::Dspark : sc::SpecAlgorithm::Dflash;
   a.speculative_draft_model_path = path;
   a.cpu_precision = sc::CpuPrecision::Exact;
   a.kv_cache_dtype = "float32";
   a.page_size = 4;
   a.max_total_tokens = 256;
   a.context_length = 128;
-  auto d = specactor::drafters::find_drafter("DFLASH")(sc::freeze(a), {t.info, t.tokenizer, t.weights, nullptr});
+  auto d = specactor::drafters::find_drafter(dspark ? "DSPARK" : "DFLASH")(sc::freeze(a),
+                                                                           {t.info, t.tokenizer, t.weights, nullptr});
+  bool markov_moved = false;  // DSPARK: the Markov term changed some draft from the backbone's argmax
   const std::vector<std::int32_t> no_pages;
   std::size_t handed = 0;
   for (std::size_t k = 0; k < contexts.size(); ++k) {
@@ -202,9 +256,26 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
     CHECK(closest > 1e-4);  // no near-tie between the reference's best two logits: the drafts are comparable
     CHECK(tree.tokens == want);
     CHECK(tree.parents == std::vector<std::int32_t>{-1, 0, 1, 2, 3});
-    // The runner's logits, row by row.
+    if (dspark) {  // each draft's score: the product of the reference's confidences up to it
+      const auto conf = r["confidences"].get<std::vector<double>>();
+      REQUIRE(tree.scores.size() == conf.size());
+      double survival = 1.0;
+      for (std::size_t i = 0; i < conf.size(); ++i) {
+        survival *= conf[i];
+        CHECK(std::abs(tree.scores[i] - survival) < 1e-5);
+      }
+      const auto base = r["base_logits"].get<std::vector<std::vector<double>>>();
+      for (std::size_t i = 0; i < base.size(); ++i) {
+        const auto best = std::max_element(base[i].begin(), base[i].end()) - base[i].begin();
+        const auto mine = std::max_element(r["logits"][i].begin(), r["logits"][i].end()) - r["logits"][i].begin();
+        markov_moved = markov_moved || best != mine;
+      }
+    } else {
+      CHECK(tree.scores.empty());
+    }
+    // The runner's logits (the backbone's), row by row.
     const std::vector<float> got = runner_logits(w, t.weights, feat, ctx);
-    const auto ref_logits = r["logits"].get<std::vector<std::vector<double>>>();
+    const auto ref_logits = r[dspark ? "base_logits" : "logits"].get<std::vector<std::vector<double>>>();
     const std::size_t V = ref_logits.at(0).size();
     REQUIRE(got.size() == ref_logits.size() * V);
     double worst = 0;
@@ -214,6 +285,7 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
                        << ", closest call " << closest);
     CHECK(worst < 1e-5);
   }
+  if (dspark) CHECK(markov_moved);
   // A depth below the block keeps the first drafts only.
   CHECK(d->propose(1, tokens, 63, 2).tokens ==
         std::vector<std::int32_t>(ref["contexts"][1]["tokens"].begin(), ref["contexts"][1]["tokens"].begin() + 2));
@@ -221,26 +293,32 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
 
 }  // namespace
 
-TEST_CASE("DFLASH forward: drafts and logits equal the numpy reference (training/dflash_reference.py)") {
+TEST_CASE(
+    "DFLASH and DSPARK forward: drafts, logits and confidences equal the numpy reference "
+    "(training/dflash_reference.py)") {
   const std::string python = SPECACTOR_SOURCE_DIR "/.venv-train/bin/python";
   if (!fs::exists(python))
     SKIP_CASE("no training venv", "the numpy reference runs in .venv-train (training/train-venv)");
   Scratch s;
   const sm::LoadedModel t = tiny_target(s.dir);
   // Two layers, a block of 6, softcapped and scaled logits: every optional step of the forward; once over
-  // the whole vocabulary, once over a draft vocabulary of 40 ids.
-  for (const std::int64_t vocab : {0, 40}) {
-    CAPTURE(vocab);
-    sm::BlockDrafterSpec spec;
-    spec.layers = 2;
-    spec.block_size = 6;
-    spec.seed = 21;
-    spec.scale = 0.3f;
-    spec.draft_vocab = vocab;
-    spec.config_patch = R"({"dflash_config": {"output_multiplier": 0.7, "final_logit_softcapping": 9.0,
+  // the whole vocabulary, once over a draft vocabulary of 40 ids; DFLASH, then DSPARK (Markov rank 8).
+  for (const std::int64_t rank : {0, 8})
+    for (const std::int64_t vocab : {0, 40}) {
+      CAPTURE(vocab);
+      CAPTURE(rank);
+      sm::BlockDrafterSpec spec;
+      spec.layers = 2;
+      spec.block_size = 6;
+      spec.seed = 21;
+      spec.scale = 0.3f;
+      spec.draft_vocab = vocab;
+      spec.markov_rank = rank;
+      spec.config_patch = R"({"dflash_config": {"output_multiplier": 0.7, "final_logit_softcapping": 9.0,
                             "input_embedding_scale": 1.5}})";
-    const std::string path = (s.dir / ("dflash" + std::to_string(vocab))).string();
-    sm::write_random_block_drafter(t.info, spec, path);
-    check_against_reference(python, t, path, s.dir / ("case" + std::to_string(vocab)));
-  }
+      const std::string name = std::to_string(vocab) + "_" + std::to_string(rank);
+      const std::string path = (s.dir / ("drafter" + name)).string();
+      sm::write_random_block_drafter(t.info, spec, path);
+      check_against_reference(python, t, path, s.dir / ("case" + name));
+    }
 }

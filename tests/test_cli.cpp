@@ -113,6 +113,16 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
       {"bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --prompts /nonexistent.jsonl",
        "specactor: error: --prompts /nonexistent.jsonl: cannot open the file"},
       {"bench --model-path " + tiny_model() + " --prompt-tokens 4000", "exceed the context length 128"},
+      {"bench --model-path " + tiny_model() + " --compare NGRAM",
+       "specactor: error: --compare: only with a CPU speculative run (a --speculative-algorithm, no --sweep)"},
+      {"bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --compare NGRAM --sweep",
+       "specactor: error: --compare: only with a CPU speculative run"},
+      {"bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --compare NONE",
+       "specactor: error: --compare: expected ALGO or ALGO:PATH with a speculative algorithm"},
+      {"bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --compare DFLASH:",
+       "specactor: error: --compare: DFLASH: names no path after ':'"},
+      {"bench --model-path " + tiny_model() + " --all-drafters --compare NGRAM",
+       "specactor: error: --compare: not with --all-drafters"},
       {"serve --model-path " + tiny_model() + " --workers 127.0.0.1",
        "specactor: error: --workers: '127.0.0.1': no port (expected HOST:PORT[,HOST:PORT...]"},
       {"serve --model-path " + tiny_model() + " --workers 127.0.0.1:99999", "the port is outside 1..65535"},
@@ -169,7 +179,7 @@ TEST_CASE("specactor bench --all-drafters: every drafter against plain decoding,
   fs::remove(p);
   REQUIRE_MESSAGE(r.rc == 0, r.err);
   const json j = json::parse(r.out);
-  REQUIRE(j["drafters"].size() == 7);  // NGRAM, STANDALONE, EAGLE, EAGLE3, MTP, FROZEN_KV_MTP, DFLASH
+  REQUIRE(j["drafters"].size() == 8);  // NGRAM, STANDALONE, EAGLE, EAGLE3, MTP, FROZEN_KV_MTP, DFLASH, DSPARK
   for (const auto& d : j["drafters"]) {
     CAPTURE(d.dump());
     CHECK(d["error"] == "");
@@ -225,6 +235,35 @@ TEST_CASE("specactor bench --sweep: the budget beside fixed shapes in one run, c
   CHECK(k["settings"].size() == 12);
   CHECK(k["settings"][0]["label"] == "s1k1n2");
   CHECK_FALSE(k.contains("budget_vs_best_fixed"));
+}
+
+TEST_CASE("specactor bench --compare: other drafters as settings of the same run, per category against the first") {
+  const fs::path p = fs::temp_directory_path() / ("specactor_compare." + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(p) << "{\"category\": \"chat\", \"prompt\": \"one two one two one two\"}\n"
+                   << "{\"category\": \"code\", \"prompt\": \"a b c a b c a b\"}\n";
+  // The first drafter's shape flags must not reach the compared one (STANDALONE's own default shape).
+  const Run r = run("bench --model-path " + tiny_model() + " --speculative-algorithm NGRAM --speculative-num-steps 2 " +
+                    "--prompts " + p.string() + " --max-new-tokens 6 --repeats 1 --concurrency 0 --json " +
+                    "--compare STANDALONE:" + tiny_model());
+  fs::remove(p);
+  REQUIRE_MESSAGE(r.rc == 0, r.err);
+  const json j = json::parse(r.out);
+  REQUIRE(j["settings"].size() == 2);
+  CHECK(j["settings"][0]["label"] == "NGRAM");
+  CHECK(j["settings"][1]["label"].get<std::string>().rfind("STANDALONE (", 0) == 0);
+  CHECK(j["settings"][1]["flags"] ==
+        json{"--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", tiny_model()});
+  for (const auto& s : j["settings"]) CHECK(s["outputs_identical_to_plain"] == true);
+  REQUIRE(j["against_first"].size() == 1);
+  for (const auto& [cat_, v] : j["against_first"][0]["by_category"].items()) {
+    const std::string cat = cat_;
+    CAPTURE(cat);
+    const double mine = j["settings"][1]["by_category"][cat]["median_speedup"].get<double>();
+    const double first = j["settings"][0]["by_category"][cat]["median_speedup"].get<double>();
+    CHECK(v["speedup"].get<double>() == mine);
+    CHECK(v["ratio"].get<double>() == doctest::Approx(mine / first));
+  }
+  CHECK(j["against_first"][0]["by_category"].size() == 3);  // chat, code, overall
 }
 
 TEST_CASE("specactor bench --concurrency: n requests in flight over the prompts, both modes the same work") {

@@ -148,7 +148,8 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
       // A well-formed name parses (a host may have registered it; the engine refuses it otherwise).
       {{"--speculative-algorithm", "MEDUSA-2"},
        "--speculative-algorithm: expected one of "
-       "NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX|DFLASH|AUTO|NEXTN, or the name of a registered "
+       "NONE|EAGLE|EAGLE3|MTP|FROZEN_KV_MTP|STANDALONE|NGRAM|SUFFIX|DFLASH|DSPARK|AUTO|NEXTN, or the name of a "
+       "registered "
        "drafter "
        "(a letter, then letters, digits or _), got 'MEDUSA-2'"},
       {{"--load-format", "pt"}, "--load-format: expected one of auto|gguf|safetensors|dummy, got 'pt'"},
@@ -220,7 +221,7 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
       {{"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers", "4",
         "--speculative-draft-quantization", "q4_1"},
        "--speculative-draft-quantization: only applies to the drafters with weights of their own: EAGLE, EAGLE3, MTP, "
-       "FROZEN_KV_MTP and DFLASH (got STANDALONE)"},
+       "FROZEN_KV_MTP, DFLASH and DSPARK (got STANDALONE)"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-use-rejection-sampling", "--speculative-eagle-topk", "2"},
        "--speculative-use-rejection-sampling: needs a chain draft (--speculative-eagle-topk 1, got 2)"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-ngram-min-match-window-size", "5",
@@ -346,7 +347,7 @@ TEST_CASE("automatic speculative shape") {
   }
   SUBCASE("DFLASH without a drafter: the one shipped for the model, else one error naming the flag") {
     ModelFacts f = llama_facts();
-    f.shipped_dflash = "/repo/heads/m-dflash";
+    f.shipped_block_drafter = "/repo/heads/m-dflash";
     const Snapshot user = freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "DFLASH"}));
     const Snapshot s = resolve_target(user, f, no_gpu());
     CHECK(*s->speculative_draft_model_path == "/repo/heads/m-dflash");
@@ -356,11 +357,19 @@ TEST_CASE("automatic speculative shape") {
                           e.fields == json{{"speculative_draft_model_path", "/repo/heads/m-dflash"}});
     CHECK(logged);
     CHECK(*s->speculative_num_steps == 15);  // the drafter caps it at its block size − 1
-    f.shipped_dflash.clear();
+    f.shipped_block_drafter.clear();
     CHECK_THROWS_WITH_AS(resolve_target(user, f, no_gpu()),
                          doctest::Contains("--speculative-draft-model-path: is required by --speculative-algorithm "
                                            "DFLASH for llama model m.gguf"),
                          ConfigError);
+    // DSPARK the same way (the loader looks up <stem>-dspark for it).
+    const Snapshot spark = freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "DSPARK"}));
+    CHECK_THROWS_WITH_AS(resolve_target(spark, f, no_gpu()),
+                         doctest::Contains("--speculative-draft-model-path: is required by --speculative-algorithm "
+                                           "DSPARK for llama model m.gguf: give the DSpark drafter folder"),
+                         ConfigError);
+    f.shipped_block_drafter = "/repo/heads/m-dspark";
+    CHECK(*resolve_target(spark, f, no_gpu())->speculative_draft_model_path == "/repo/heads/m-dspark");
   }
   SUBCASE("AUTO (the default): EAGLE3 with the shipped head when one ships, else NONE; the log says which") {
     ModelFacts f = llama_facts();

@@ -147,7 +147,7 @@ void register_recording_drafters() {
   static bool done = false;
   if (done) return;
   done = true;
-  for (const char* algo : {"NGRAM", "EAGLE", "EAGLE3", "MTP", "FROZEN_KV_MTP", "STANDALONE", "DFLASH"}) {
+  for (const char* algo : {"NGRAM", "EAGLE", "EAGLE3", "MTP", "FROZEN_KV_MTP", "STANDALONE", "DFLASH", "DSPARK"}) {
     config::ServerArgs a;
     for (const auto& [v, name] : config::EnumNames<config::SpecAlgorithm>::table)
       if (name == algo) a.speculative_algorithm = v;
@@ -177,29 +177,36 @@ std::string tiny_head(model::HeadKind kind) {
   return paths[kind] = p;
 }
 
-// A random DFLASH drafter (block of 4) for the tiny model, written once per process.
-std::string tiny_dflash() {
-  static const std::string p = [] {
-    const std::string dir =
-        (fs::temp_directory_path() / ("specactor_engine_dflash." + std::to_string(::getpid()))).string();
-    model::BlockDrafterSpec spec;
-    spec.block_size = 4;
-    model::write_random_block_drafter(model::read_model_info(*model::GgufFile::open(tiny_model())), spec, dir);
-    return dir;
-  }();
-  return p;
+// A random DFLASH drafter (block of 4) for the tiny model, written once per process; DSPARK: the same
+// with Markov and confidence heads of rank 8.
+std::string tiny_block_drafter(bool dspark = false) {
+  static std::map<bool, std::string> paths;
+  auto it = paths.find(dspark);
+  if (it != paths.end()) return it->second;
+  const std::string dir =
+      (fs::temp_directory_path() /
+       ((dspark ? "specactor_engine_dspark." : "specactor_engine_dflash.") + std::to_string(::getpid())))
+          .string();
+  model::BlockDrafterSpec spec;
+  spec.block_size = 4;
+  spec.markov_rank = dspark ? 8 : 0;
+  model::write_random_block_drafter(model::read_model_info(*model::GgufFile::open(tiny_model())), spec, dir);
+  return paths[dspark] = dir;
 }
+std::string tiny_dflash() { return tiny_block_drafter(false); }
 
 }  // namespace
 
 TEST_CASE("isolation at actor level: every algorithm, before and after the draft worker, and reconfigure") {
   register_recording_drafters();
-  for (const char* algo : {"EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "DFLASH"}) {
+  for (const char* algo :
+       {"EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"}) {
     CAPTURE(algo);
     const std::string a = algo;
     std::vector<std::string> extra = {"--speculative-algorithm", algo, "--speculative-draft-load-format", "dummy"};
     std::string draft = a == "STANDALONE"                    ? tiny_model()
                         : a == "DFLASH"                      ? tiny_dflash()
+                        : a == "DSPARK"                      ? tiny_block_drafter(true)
                         : a == "EAGLE3"                      ? tiny_head(model::HeadKind::Eagle3)
                         : a == "MTP" || a == "FROZEN_KV_MTP" ? tiny_head(model::HeadKind::Mtp)
                                                              : tiny_head(model::HeadKind::Eagle);
@@ -238,9 +245,11 @@ TEST_CASE("isolation at actor level: every algorithm, before and after the draft
     const EngineMetrics m = engine->metrics();
     CHECK_MESSAGE(m.draft_alive, m.draft_error);
     CHECK(engine->model_info().vocab_size == 96);
-    if (a == "DFLASH") {  // its own model config: the block, the target layers it reads
+    if (a == "DFLASH" || a == "DSPARK") {  // its own model config: the block, the target layers it reads
       const auto cfg = nlohmann::json::parse(drafter_configs()[a]);
       CHECK(cfg["block_size"] == 4);
+      CHECK(cfg["kind"] == a);
+      if (a == "DSPARK") CHECK(cfg["markov_rank"] == 8);
       CHECK(cfg["target_layer_ids"].size() == 3);
       CHECK(cfg["owns_kv_pool"] == true);
     } else if (a != "NGRAM" && a != "STANDALONE") {
@@ -255,7 +264,7 @@ TEST_CASE("isolation at actor level: every algorithm, before and after the draft
     if (a != "NGRAM" && a != "STANDALONE") {
       const auto shown = nlohmann::json::parse(engine->metrics().draft_model);
       CHECK(shown == nlohmann::json::parse(drafter_configs()[a == "NEXTN" ? "EAGLE" : a]));
-      if (a == "DFLASH") CHECK(shown["block_size"] == 4);
+      if (a == "DFLASH" || a == "DSPARK") CHECK(shown["block_size"] == 4);
     }
 
     // A runtime reconfigure reaches the draft worker; the target keeps its object.
@@ -971,12 +980,14 @@ TEST_CASE(
     "prefix cache: every drafter's state is cached with the target's, a hit drafts what a cache-less engine drafts") {
   // Head drafters get the cached prefix's hidden rows from the target and start on their own cached
   // KV (one-layer heads); STANDALONE's draft model starts on its cached KV.
-  // DFLASH keeps no prefix cache of its own: it rebuilds its context rows from the cached hidden rows.
-  for (const std::string algo : {"EAGLE3", "EAGLE", "FROZEN_KV_MTP", "STANDALONE", "DFLASH"}) {
+  // DFLASH and DSPARK keep no prefix cache of their own: they rebuild their context rows from the cached
+  // hidden rows.
+  for (const std::string algo : {"EAGLE3", "EAGLE", "FROZEN_KV_MTP", "STANDALONE", "DFLASH", "DSPARK"}) {
     CAPTURE(algo);
     const std::string a = algo;
     const std::string head = a == "STANDALONE"      ? tiny_model()
                              : a == "DFLASH"        ? tiny_dflash()
+                             : a == "DSPARK"        ? tiny_block_drafter(true)
                              : a == "EAGLE3"        ? tiny_head(model::HeadKind::Eagle3)
                              : a == "FROZEN_KV_MTP" ? tiny_head(model::HeadKind::Mtp)
                                                     : tiny_head(model::HeadKind::Eagle);
@@ -1019,7 +1030,7 @@ TEST_CASE(
     CHECK(t3.metrics.drafted == want3.metrics.drafted);
     CHECK(t3.metrics.accepted == want3.metrics.accepted);
     const EngineMetrics m = cached->metrics();
-    if (a != "FROZEN_KV_MTP" && a != "DFLASH")
+    if (a != "FROZEN_KV_MTP" && a != "DFLASH" && a != "DSPARK")
       CHECK(m.draft_cache_hit_tokens > 0);  // the draft's own prefill was skipped too
     CHECK(plain->metrics().draft_cache_hit_tokens == 0);
     MESSAGE(a << ": draft cache hit " << m.draft_cache_hit_tokens << " of " << m.draft_cache_query_tokens

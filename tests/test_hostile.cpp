@@ -490,7 +490,7 @@ TEST_CASE("specactor: bad input that used to be an internal error or pass silent
       {"make-head --target " + tiny + " --kind DFLASH --format gguf --out " + (dir / "d").string(),
        "--format gguf: a DFLASH drafter is written as a safetensors folder"},
       {"inspect " + wide + " --target " + tiny, "config.json: 'hidden_size' is 64 but the target's hidden size is 32"},
-      {"inspect " + wide, "--target: is required to inspect a DFLASH drafter"},
+      {"inspect " + wide, "--target: is required to inspect a block drafter"},
       {"make-head --target " + tiny + " --out /nonexistent-specactor/dir/h.gguf",
        "cannot write /nonexistent-specactor/dir/h.gguf: the folder /nonexistent-specactor/dir does not exist"},
       {"shrink " + tiny + " --layers 1 --out /nonexistent-specactor/dir/s.gguf",

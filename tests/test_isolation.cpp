@@ -161,7 +161,8 @@ TEST_CASE("no draft without an algorithm") {
 }
 
 TEST_CASE("every algorithm: target untouched, draft has the per-runner fields") {
-  for (const char* algo : {"EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "DFLASH"}) {
+  for (const char* algo :
+       {"EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"}) {
     CAPTURE(algo);
     std::vector<std::string> argv = {
         "--model-path", "t.gguf", "--speculative-algorithm", algo, "--speculative-draft-load-format", "dummy"};

@@ -180,24 +180,30 @@ std::unique_ptr<Heads> random_heads(const std::string& model, const std::string&
                                     "--speculative-num-draft-tokens", tokens};
   };
   // DFLASH block drafters: one layer with a block of 4 (all 3 drafts verified), two layers with a block
-  // of 8 of which the scheduler asks for 5.
-  auto block = [&](std::int64_t layers, std::int64_t block_size, const std::string& name) {
+  // of 8 of which the scheduler asks for 5; DSPARK the same with Markov and confidence heads (rank 8,
+  // and rank 16 over a draft vocabulary).
+  auto block = [&](std::int64_t layers, std::int64_t block_size, const std::string& name, std::int64_t rank = 0,
+                   std::int64_t vocab = 0) {
     specactor::model::BlockDrafterSpec spec;
     spec.layers = layers;
     spec.block_size = block_size;
+    spec.markov_rank = rank;
+    spec.draft_vocab = vocab;
     spec.seed = 5;
     const std::string p = h->dir + "/" + name;
     specactor::model::write_random_block_drafter(info, spec, p);
     return p;
   };
   const std::string dflash1 = block(1, 4, "dflash1"), dflash2 = block(2, 8, "dflash2");
+  const std::string dspark1 = block(1, 4, "dspark1", 8), dspark2 = block(2, 8, "dspark2", 16, info.vocab_size / 2);
   h->configs = {cfg("EAGLE", eagle, "3", "1", "4"),     // chain
                 cfg("EAGLE", eagle_id, "3", "3", "7"),  // tree; drafts the root again: accepts on repeats
                 cfg("EAGLE3", eagle3, "3", "2", "5"),      cfg("EAGLE3", eagle3_hf, "2", "1", "3"),
                 cfg("MTP", mtp_hf, "1", "1", "2"),          // one layer
                 cfg("MTP", mtp2, "2", "2", "4"),            // two layers, one runner each
                 cfg("FROZEN_KV_MTP", mtp2, "3", "2", "5"),  // no KV of its own
-                cfg("DFLASH", dflash1, "3", "1", "4"),     cfg("DFLASH", dflash2, "5", "1", "6")};
+                cfg("DFLASH", dflash1, "3", "1", "4"),     cfg("DFLASH", dflash2, "5", "1", "6"),
+                cfg("DSPARK", dspark1, "3", "1", "4"),     cfg("DSPARK", dspark2, "5", "1", "6")};
   // A path-probability floor and the head quantized to Q4_1 (on the tiny model: 26 of the 720 drafts
   // the identity tree makes without a floor are proposed, and every one is accepted).
   auto floored = cfg("EAGLE", eagle_id, "3", "3", "7");
@@ -230,8 +236,8 @@ specactor::model::ForwardResult commit_all_but_root(specactor::model::LlamaRunne
 }  // namespace
 
 TEST_CASE(
-    "heads (random): EAGLE chain and tree, EAGLE3, MTP 1 and 2 layers, FROZEN_KV_MTP, DFLASH are lossless on the tiny "
-    "model") {
+    "heads (random): EAGLE chain and tree, EAGLE3, MTP 1 and 2 layers, FROZEN_KV_MTP, DFLASH, DSPARK are lossless on "
+    "the tiny model") {
   const std::string p = write_tiny_model("heads_tiny");
   auto heads = random_heads(p, "tiny");
   const auto reqs = tiny_requests(24);
@@ -240,7 +246,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "heads (random): every head algorithm and DFLASH are lossless on the default model (single and 8 concurrent)") {
+    "heads (random): every head algorithm, DFLASH and DSPARK are lossless on the default model (single and 8 "
+    "concurrent)") {
   if (!fs::exists(kDefaultModel)) {
     SKIP_CASE("no default model", "models/SmolLM2-135M-Instruct.Q4_1.gguf is not fetched (run tools/setup)");
   }
@@ -981,15 +988,17 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
                                        "--speculative-num-draft-tokens", "4", "--speculative-draft-ngram-tokens", "3",
                                        "--speculative-draft-ngram-min-match", "1", "--speculative-adaptive", "false"});
   // A random DFLASH drafter whose drafts are drawn from its own probabilities (rejection sampling), and
-  // the same drafter's argmax chain verified by target-only sampling.
-  const std::string block = p + ".dflash";
-  {
+  // the same drafter's argmax chain verified by target-only sampling; a random DSPARK drafter drawing
+  // each draft from the backbone's logits plus the Markov term of the draft before it.
+  const std::string block = p + ".dflash", spark = p + ".dspark";
+  for (const std::int64_t rank : {0, 8}) {
     specactor::model::BlockDrafterSpec spec;
     spec.block_size = 4;
     spec.seed = 4;
     spec.scale = 0.3f;  // broad draft distributions: some drafts are accepted
+    spec.markov_rank = rank;
     specactor::model::write_random_block_drafter(
-        specactor::model::read_model_info(*specactor::model::GgufFile::open(p)), spec, block);
+        specactor::model::read_model_info(*specactor::model::GgufFile::open(p)), spec, rank ? spark : block);
   }
   const std::vector<std::string> dflash = {
       "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", block,
@@ -1000,7 +1009,10 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   };
   const auto [dflash_rej, drm] = histogram(with(dflash, {"--speculative-use-rejection-sampling"}));
   const auto [dflash_tgt, dtm] = histogram(dflash);
-  int df1 = 0, df2 = 0, df3 = 0, df4 = 0, df5 = 0;
+  const auto [dspark_rej, srm] = histogram({"--speculative-algorithm", "DSPARK", "--speculative-draft-model-path",
+                                            spark, "--speculative-num-steps", "3", "--speculative-adaptive", "false",
+                                            "--speculative-use-rejection-sampling"});
+  int df1 = 0, df2 = 0, df3 = 0, df4 = 0, df5 = 0, df6 = 0;
   const double chi_rej = two_sample_chi2(plain, rejection, df1), chi_tgt = two_sample_chi2(plain, target_only, df2);
   const double chi_hyb = two_sample_chi2(plain, hybrid, df3);
   const double chi_drej = two_sample_chi2(plain, dflash_rej, df4), chi_dtgt = two_sample_chi2(plain, dflash_tgt, df5);
@@ -1009,6 +1021,10 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
                                                << " (df " << df5 << ", accepted " << dtm.accepted << ")");
   CHECK(drm.accepted > 0);
   CHECK(dtm.drafted > 0);
+  const double chi_srej = two_sample_chi2(plain, dspark_rej, df6);
+  MESSAGE("DSPARK: rejection sampling chi2 = " << chi_srej << " (df " << df6 << ", drafted " << srm.drafted
+                                               << ", accepted " << srm.accepted << ")");
+  CHECK(srm.accepted > 0);
   MESSAGE("head with a prompt-lookup branch: chi2 = " << chi_hyb << " (df " << df3 << ", drafted " << hm.drafted
                                                       << ", accepted " << hm.accepted << ")");
   CHECK(hm.drafted > 0);
@@ -1028,7 +1044,9 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   CHECK(chi_hyb < crit(df3));
   CHECK(chi_drej < crit(df4));
   CHECK(chi_dtgt < crit(df5));
+  CHECK(chi_srej < crit(df6));
   fs::remove_all(block);
+  fs::remove_all(spark);
   fs::remove(head);
   fs::remove(p);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""An independent float64 numpy forward of a DFlash drafter (the C++ one is model/block_drafter.cpp),
-for tests/test_block_drafter.cpp. Written from the architecture's description, not from the C++ code.
+"""An independent float64 numpy forward of a DFlash or DSpark drafter (the C++ one is
+model/block_drafter.cpp), for tests/test_block_drafter.cpp. Written from the architecture's description,
+not from the C++ code.
 
     python training/dflash_reference.py CASE_DIR
 
@@ -10,7 +11,10 @@ features.safetensors {"features": [rows, K*H]} (the target's hidden rows of posi
 each n in contexts the drafter sees tokens[:n] (features of positions 0..n-2, the root tokens[n-1]) and
 the script writes, to CASE_DIR/reference.json, the drafts (argmax of the block's rows 1..B-1, as target
 ids), their logits (over the drafter's draft vocabulary when it has one) and each row's margin between
-its best and second-best logit.
+its best and second-best logit. A DSpark drafter (architectures ["DSparkDraftModel"]) goes on row by
+row: row i's logits get the Markov term W2 @ W1[prev] (prev: the root for row 1, draft i-1 after), its
+confidence is sigmoid(w . [normed hidden row i ; W1[prev]] + b); the script then also writes the
+backbone's logits ("base_logits") and the confidences.
 """
 import json
 import os
@@ -41,8 +45,11 @@ def silu(x):
 class Drafter:
     def __init__(self, folder):
         cfg = json.load(open(os.path.join(folder, "config.json")))
-        extra = cfg.get("dflash_config", {})
-        get = lambda k, d=None: extra.get(k, cfg.get(k, d))  # noqa: E731
+        self.dspark = "DSparkDraftModel" in cfg.get("architectures", [])
+        groups = [cfg.get("dspark_config", {}), cfg.get("dflash_config", {}), cfg]
+
+        def get(k, d=None):
+            return next((g[k] for g in groups if k in g), d)
         self.H = cfg["hidden_size"]
         self.heads = cfg["num_attention_heads"]
         self.kv_heads = cfg.get("num_key_value_heads", self.heads)
@@ -95,10 +102,25 @@ class Drafter:
             x = x + (silu(y @ w[p + "mlp.gate_proj.weight"].T) * (y @ w[p + "mlp.up_proj.weight"].T)) @ \
                 w[p + "mlp.down_proj.weight"].T
         head = output if self.vocab is None else output[self.vocab]
-        logits = rms_norm(x[1:], w["norm.weight"], self.eps) @ head.T * self.mult
+        self.hidden = rms_norm(x[1:], w["norm.weight"], self.eps)
+        logits = self.hidden @ head.T * self.mult
         if self.cap > 0:
             logits = np.tanh(logits / self.cap) * self.cap
         return logits
+
+    def to_target(self, i):
+        return int(i if self.vocab is None else self.vocab[i])
+
+    def sequential(self, base, root):
+        """DSpark: each row's logits plus the Markov term of the token before it; the confidences."""
+        w, logits, conf, prev = self.w, base.copy(), [], root
+        for i in range(base.shape[0]):
+            e = w["markov_head.w1.weight"][prev]
+            logits[i] += w["markov_head.w2.weight"] @ e
+            z = w["confidence_head.weight"][0] @ np.concatenate([self.hidden[i], e]) + w["confidence_head.bias"][0]
+            conf.append(float(1.0 / (1.0 + np.exp(-z))))
+            prev = self.to_target(logits[i].argmax())
+        return logits, conf
 
 
 def main():
@@ -110,12 +132,14 @@ def main():
     out = []
     for n in spec["contexts"]:
         logits = drafter.forward(target["embed"], target["output"], features, spec["tokens"][:n])
+        entry = {"n": n}
+        if drafter.dspark:
+            entry["base_logits"] = logits.tolist()
+            logits, entry["confidences"] = drafter.sequential(logits, spec["tokens"][n - 1])
         top2 = np.sort(logits, axis=-1)[:, -2:]
-        ids = logits.argmax(axis=-1)
-        if drafter.vocab is not None:
-            ids = drafter.vocab[ids]
-        out.append({"n": n, "tokens": [int(t) for t in ids],
-                    "margins": [float(m) for m in top2[:, 1] - top2[:, 0]], "logits": logits.tolist()})
+        entry.update({"tokens": [drafter.to_target(i) for i in logits.argmax(axis=-1)],
+                      "margins": [float(m) for m in top2[:, 1] - top2[:, 0]], "logits": logits.tolist()})
+        out.append(entry)
         print(f"context {n}: drafts {out[-1]['tokens']}")
     json.dump({"contexts": out}, open(os.path.join(case, "reference.json"), "w"))
 

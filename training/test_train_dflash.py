@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""The DFlash training recipe end to end on a tiny target (CTest: train_dflash), quick enough for CI:
+"""The DFlash and DSpark training recipes end to end on a tiny target (CTest: train_dflash), quick
+enough for CI:
 
   a 2-block cut of the default model (`specactor shrink`) -> make-data (16 prompts) -> train_dflash.py
   for 16 steps (the logged loss must fall) -> the export has the published layout plus the draft
   vocabulary, loads in specactor (`inspect --target`) and drafts losslessly (`generate` with DFLASH
   equals plain greedy, with drafts made) -> `--resume` continues from the checkpoint -> bad inputs
   (a missing data folder, a block size of 1, a mask token outside the vocabulary) each give one clear
-  error and exit status 2.
+  error and exit status 2 -> DSpark heads on the trained drafter's frozen backbone (--dspark --backbone
+  --freeze-backbone, 12 steps): the loss falls, the held-out evaluation reports the confidence's
+  calibration, the export is a DSparkDraftModel that keeps the backbone, loads and drafts losslessly with
+  DSPARK -> the DSpark flags without --dspark, or a frozen backbone without one, are refused.
 
     .venv-train/bin/python training/test_train_dflash.py BUILD_DIR MODEL.gguf
 """
@@ -38,6 +42,44 @@ def generate(spec, model, prompt, extra):
     p = run([spec, "generate", "--model-path", model, "--prompt", prompt, "--chat", "--max-new-tokens", "24",
              "--log-level", "warn", "--json", *extra])
     return json.loads(p.stdout)
+
+
+def dspark_checks(spec, trainer, tiny, data, backbone, tmp):
+    out, work = os.path.join(tmp, "dspark"), os.path.join(tmp, "dspark-work")
+    common = ["--data", data, "--out", out, "--work", work, "--dspark", "--backbone", backbone, "--freeze-backbone",
+              "--markov-rank", "16", "--lr", "1e-2", "--log-every", "2", "--quiet", "--eval-share", "0.2"]
+    run([*trainer, *common, "--max-steps", "12", "--epochs", "50"])
+    hist = json.load(open(os.path.join(work, "history.json")))
+    losses = [h["loss"] for h in hist if "loss" in h]
+    check(len(losses) >= 5 and sum(losses[-2:]) < sum(losses[:2]),
+          f"DSpark heads: the training loss falls ({losses[0]:.3f} -> {losses[-1]:.3f})")
+    ev = next(h["eval"] for h in reversed(hist) if "eval" in h)
+    check(ev.get("confidence") and 0 <= ev["confidence"]["ece"] <= 1,
+          f"the held-out evaluation reports the confidence's calibration (error {ev['confidence']['ece']})")
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    check(cfg["architectures"] == ["DSparkDraftModel"] and cfg["dspark_config"]["markov_rank"] == 16
+          and cfg["dspark_config"]["block_size"] == 4,
+          "the export is a DSparkDraftModel (Markov rank 16, the backbone's block of 4)")
+    from safetensors.numpy import load_file
+    mine, base = load_file(os.path.join(out, "model.safetensors")), load_file(os.path.join(backbone, "model.safetensors"))
+    check(all((mine[k] == v).all() for k, v in base.items()) and "markov_head.w1.weight" in mine,
+          "a frozen backbone is exported unchanged, with the heads beside it")
+    info = json.loads(run([spec, "inspect", out, "--target", tiny]).stdout)
+    check(info["kind"] == "DSPARK" and info["markov_rank"] == 16, "specactor inspect --target loads it: DSPARK")
+    drafted = 0
+    for prompt in ("Name three colors.", "What is 12 times 7?"):
+        plain = generate(spec, tiny, prompt, ["--speculative-algorithm", "NONE"])
+        fast = generate(spec, tiny, prompt, ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path",
+                                             out, "--speculative-adaptive", "false"])
+        check(fast["tokens"] == plain["tokens"], f"DSPARK output equals plain greedy output for {prompt!r}")
+        drafted += fast["speculative"]["drafted"]
+    check(drafted > 0, f"the DSpark drafter drafted ({drafted} drafts)")
+    base_args = ["--data", data, "--out", out, "--work", work]
+    for args, want in (([*base_args, "--backbone", backbone], "--backbone: only applies with --dspark"),
+                       ([*base_args, "--dspark", "--freeze-backbone"], "--freeze-backbone: needs --backbone"),
+                       ([*base_args, "--dspark", "--backbone", data], "--backbone: ")):
+        p = run([*trainer, *args], expect=2)
+        check(want in p.stderr and p.stderr.count("\n") == 1, f"a bad input is one clear error: {want!r}")
 
 
 def main():
@@ -89,6 +131,7 @@ def main():
                            ([*common, "--mask-token-id", "999999"], "--mask-token-id: 999999 is outside")):
             p = run([*trainer, *args], expect=2)
             check(want in p.stderr and p.stderr.count("\n") == 1, f"a bad input is one clear error: {want!r}")
+        dspark_checks(spec, trainer, tiny, data, out, tmp)
         print("all checks passed")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Trains a DFlash block drafter on data written by `specactor make-data` (the same data the EAGLE-3
 head trains on), and exports it as a DFlashDraftModel folder (config.json + model.safetensors) that
-specactor loads with --speculative-algorithm DFLASH.
+specactor loads with --speculative-algorithm DFLASH; with --dspark, a DSpark drafter (DSparkDraftModel,
+--speculative-algorithm DSPARK).
 
     .venv-train/bin/python training/train_dflash.py --data data/dflash/data --out DIR \
         [--block-size 8] [--layers 1] [--epochs 2] [--draft-vocab 4096] [--lr 1e-3] [--resume]
+    .venv-train/bin/python training/train_dflash.py --data data/dflash/data --out DIR --dspark \
+        --backbone TRAINED_DFLASH_DIR [--freeze-backbone] [--markov-rank 64]
 
 The model (model/block_drafter.hpp, row for row): context rows c_p = hidden_norm(fc(h_p)) of the
 target's captured layers (make-data's capture layers become the drafter's target_layer_ids); a block
@@ -16,6 +19,14 @@ Objective: blocks at random anchors a (a response token follows a); row k is sco
 cross-entropy against the target's next-token distribution at position a+k-1 (restricted to the draft
 vocabulary), weighted DECAY^(k-1) (--pos-decay); rows whose token is not a response token, or whose
 target argmax lies outside the draft vocabulary, are masked.
+DSpark (model/block_drafter.hpp): the same backbone, then per row j (drafting position a+j+1) the
+Markov term W2 W1[t_{a+j}] (the token before it: teacher-forced, which is what the engine drafts from
+whenever drafts 1..j were accepted) is added to the logits, and a confidence c_j = sigmoid(w.[h_j ;
+W1[t_{a+j}]] + b) is trained by binary cross-entropy to predict whether row j's argmax is the target's.
+Its loss: CE_WEIGHT x the soft cross-entropy above + TVD_WEIGHT x the total variation between the draft
+and target distributions (same position weights) + CONF_WEIGHT x the confidence's cross-entropy. With
+--backbone the backbone (and draft vocabulary) start from a trained DFlash drafter, the Markov term at
+zero (so training starts from that drafter's drafts exactly); --freeze-backbone trains the heads only.
 Everything is float32 on the CPU (JAX, pinned in training/requirements-train.txt).
 """
 import argparse
@@ -74,7 +85,54 @@ def init_params(key, cfg, norm_init):
     return p
 
 
-def build_fns(cfg, tx, pos_decay):
+def init_heads(key, cfg):
+    """DSpark's Markov and confidence heads: W2 = 0 and w = 0, so the drafts start as the backbone's and
+    every confidence at 1/2."""
+    import jax
+    import jax.numpy as jnp
+
+    r = cfg["rank"]
+    return {"w1": jax.random.normal(key, (cfg["V"], r), jnp.float32) * 0.02,
+            "w2": jnp.zeros((r, cfg["Vd"]), jnp.float32),
+            "cw": jnp.zeros((cfg["H"] + r,), jnp.float32), "cb": jnp.zeros((), jnp.float32)}
+
+
+def load_backbone(folder, cfg, fail_fn):
+    """A trained DFlash drafter's backbone as training parameters, and its draft vocabulary."""
+    from safetensors.numpy import load_file
+
+    try:
+        c = json.load(open(os.path.join(folder, "config.json")))
+        t = load_file(os.path.join(folder, "model.safetensors"))
+    except (OSError, ValueError) as e:
+        fail_fn(f"--backbone: {folder}: cannot read config.json and model.safetensors ({e})")
+    if "DFlashDraftModel" not in c.get("architectures", []):
+        fail_fn(f"--backbone: {folder}/config.json: 'architectures' must name DFlashDraftModel")
+    d = c.get("dflash_config", {})
+    for field, have, want in [("target_layer_ids", d.get("target_layer_ids"), cfg["target_layer_ids"]),
+                              ("hidden_size", c.get("hidden_size"), cfg["H"])]:
+        if have != want:
+            fail_fn(f"--backbone: {folder}/config.json: '{field}' is {have} but the data's is {want}")
+    if "draft_vocab" not in t:
+        fail_fn(f"--backbone: {folder}: model.safetensors has no draft_vocab (train_dflash.py writes one)")
+    cfg.update(layers=c["num_hidden_layers"], block=d["block_size"], mask=d["mask_token_id"],
+               F=c["intermediate_size"])
+    f = {k: np.asarray(v, np.float32) for k, v in t.items() if k != "draft_vocab"}
+    p = {"fc": f["fc.weight"].T, "hidden_norm": f["hidden_norm.weight"], "norm": f["norm.weight"], "layers": []}
+    names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+             "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+    for i in range(cfg["layers"]):
+        pre = f"layers.{i}."
+        ly = {k: f[pre + hf + ".weight"].T for k, hf in names.items()}
+        ly.update({k: f[pre + k + ".weight"] for k in ("input_layernorm", "post_attention_layernorm")})
+        ly["q_norm"], ly["k_norm"] = f[pre + "self_attn.q_norm.weight"], f[pre + "self_attn.k_norm.weight"]
+        p["layers"].append(ly)
+    return p, t["draft_vocab"].astype(np.int32)
+
+
+def build_fns(cfg, tx, pos_decay, mix=None):
+    """The train step and the loss over the trainable parameters {"bb": backbone?, "heads": DSpark's?}
+    (what is not trainable comes in `frozen`). mix: DSpark's (ce, tvd, conf) weights, None for DFlash."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -122,12 +180,22 @@ def build_fns(cfg, tx, pos_decay):
             x = x + att.reshape(S, A, B, nh * hd) @ ly["o"]
             hm = rms(x, ly["post_attention_layernorm"])
             x = x + (jax.nn.silu(hm @ ly["gate"]) * (hm @ ly["up"])) @ ly["down"]
-        return rms(x[:, :, 1:], p["norm"]) @ head_d  # [S, A, B-1, Vd]
+        hid = rms(x[:, :, 1:], p["norm"])
+        return hid @ head_d, hid  # [S, A, B-1, Vd], [S, A, B-1, H]
 
-    def loss_fn(p, embed, head_d, tgt_norm, batch):
+    def loss_fn(trainable, frozen, embed, head_d, tgt_norm, batch):
         tok, lm, am, aux, last, valid, anc, in_vocab = batch
         S, T = tok.shape
-        logits = forward(p, embed, head_d, batch)
+        both = {**frozen, **trainable}
+        logits, hid = forward(both["bb"], embed, head_d, batch)
+        conf = None
+        if mix is not None:  # DSpark: the Markov term of the token before each row, the confidences
+            hp = both["heads"]
+            prev = jnp.take_along_axis(tok, jnp.clip(jnp.maximum(anc, 0)[..., None] + jnp.arange(B - 1), 0, T - 1)
+                                       .reshape(S, -1), axis=1).reshape(anc.shape + (B - 1,))
+            e = hp["w1"][prev]  # [S, A, B-1, r]
+            logits = logits + e @ hp["w2"]
+            conf_logit = jnp.concatenate([hid, e], axis=-1) @ hp["cw"] + hp["cb"]
         logp = jax.nn.log_softmax(logits, axis=-1)
         # row k scores position a+k: the target's distribution after position a+k-1
         lpos = jnp.clip(jnp.maximum(anc, 0)[..., None] + jnp.arange(B - 1), 0, T - 2)  # [S, A, B-1]
@@ -141,12 +209,19 @@ def build_fns(cfg, tx, pos_decay):
         n = jnp.maximum(jnp.sum(m), 1.0)
         loss = jnp.sum(ce * m * weights) / n
         pred = jnp.argmax(logits, axis=-1)
-        return loss, (pred, m, ce)
+        if mix is not None:
+            tvd = 0.5 * jnp.sum(jnp.abs(jnp.exp(logp) - tp), axis=-1)
+            hit = jax.lax.stop_gradient((pred == jnp.argmax(tp, axis=-1)).astype(jnp.float32))
+            bce = optax.sigmoid_binary_cross_entropy(conf_logit, hit)
+            loss = mix[0] * loss + mix[1] * jnp.sum(tvd * m * weights) / n + mix[2] * jnp.sum(bce * m) / n
+            conf = jax.nn.sigmoid(conf_logit)
+        return loss, (pred, m, ce, conf)
 
-    def train_step(p, opt_state, embed, head_d, tgt_norm, batch):
-        (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, embed, head_d, tgt_norm, batch)
-        updates, opt_state = tx.update(grads, opt_state, p)
-        return optax.apply_updates(p, updates), opt_state, loss
+    def train_step(trainable, frozen, opt_state, embed, head_d, tgt_norm, batch):
+        (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, frozen, embed, head_d, tgt_norm,
+                                                                     batch)
+        updates, opt_state = tx.update(grads, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), opt_state, loss
 
     return jax.jit(train_step), jax.jit(loss_fn)
 
@@ -155,9 +230,11 @@ def block_accepted(tok, am, anc, pred, mask, ids, B):
     """Greedy chain acceptance as the engine counts it, on teacher-forced data: at anchor a, draft k
     (block row k) is accepted when drafts 1..k-1 were, its target id equals the target's argmax at
     position a+k-1, and the data continues with that argmax. Returns (accepted per position, anchors
-    counted, sum of accepted lengths)."""
+    counted, sum of accepted lengths, flags [S, A, B-1]: 1 where drafts 1..k were all accepted, 0 where
+    not, -1 where the position was not counted)."""
     S, T = tok.shape
     acc = np.zeros(B - 1)
+    flags = np.full(pred.shape[:2] + (B - 1,), -1, np.int8)
     total, counted = 0.0, 0
     for s in range(S):
         for j, a in enumerate(anc[s]):
@@ -169,13 +246,31 @@ def block_accepted(tok, am, anc, pred, mask, ids, B):
                 if p + 1 >= T or mask[s, j, k - 1] == 0:
                     break
                 if ids[pred[s, j, k - 1]] != am[s, p] or tok[s, p + 1] != am[s, p]:
+                    flags[s, j, k - 1:] = 0
                     break
+                flags[s, j, k - 1] = 1
                 acc[k - 1] += 1
                 total += 1
-    return acc, counted, total
+    return acc, counted, total, flags
 
 
-def export(params, cfg, ids, out, info):
+def calibration(conf, flags):
+    """DSpark's confidences against the chain: the survival prod(c_1..c_k) as the prediction that drafts
+    1..k are all accepted; the expected calibration error over ten bins, and the mean prediction and
+    rate per position."""
+    surv = np.cumprod(conf, axis=-1)
+    ok = flags >= 0
+    pred, obs = surv[ok], flags[ok].astype(np.float64)
+    if pred.size == 0:
+        return None
+    bins = np.clip((pred * 10).astype(int), 0, 9)
+    ece = sum(abs(pred[bins == b].sum() - obs[bins == b].sum()) for b in range(10)) / pred.size
+    per_pos = [[round(float(surv[..., k][ok[..., k]].mean()), 4), round(float(flags[..., k][ok[..., k]].mean()), 4)]
+               for k in range(flags.shape[-1]) if ok[..., k].any()]
+    return {"ece": round(float(ece), 4), "predicted_vs_accepted_by_position": per_pos}
+
+
+def export(params, cfg, ids, out, info, heads=None):
     from safetensors.numpy import save_file
 
     os.makedirs(out, exist_ok=True)
@@ -191,6 +286,11 @@ def export(params, cfg, ids, out, info):
             t[pre + k + ".weight"] = ly[k]
         t[pre + "self_attn.q_norm.weight"] = ly["q_norm"]
         t[pre + "self_attn.k_norm.weight"] = ly["k_norm"]
+    if heads is not None:  # DSpark's heads, in the layout model/block_drafter.hpp reads
+        t["markov_head.w1.weight"] = heads["w1"]
+        t["markov_head.w2.weight"] = heads["w2"].T
+        t["confidence_head.weight"] = heads["cw"][None, :]
+        t["confidence_head.bias"] = np.reshape(heads["cb"], (1,))
     # float16, as the published checkpoints store theirs (bfloat16 there; float16 keeps more mantissa)
     t = {k: np.ascontiguousarray(np.asarray(v, np.int32 if k == "draft_vocab" else np.float16)) for k, v in t.items()}
     for k, v in t.items():
@@ -199,7 +299,8 @@ def export(params, cfg, ids, out, info):
     tmp = os.path.join(out, "model.safetensors.tmp")
     save_file(t, tmp, metadata={"format": "pt", "trained_by": "specactor training/train_dflash.py"})
     os.replace(tmp, os.path.join(out, "model.safetensors"))
-    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": cfg["H"],
+    config = {"architectures": ["DSparkDraftModel" if heads is not None else "DFlashDraftModel"],
+              "model_type": "qwen3", "hidden_size": cfg["H"],
               "intermediate_size": cfg["F"], "num_hidden_layers": cfg["layers"], "num_attention_heads": cfg["nh"],
               "num_key_value_heads": cfg["nkv"], "head_dim": cfg["hd"], "rms_norm_eps": cfg["eps"],
               "rope_theta": cfg["rope_theta"], "vocab_size": cfg["V"], "num_target_layers": cfg["target_layers"],
@@ -207,6 +308,8 @@ def export(params, cfg, ids, out, info):
               "dflash_config": {"block_size": cfg["block"], "mask_token_id": cfg["mask"],
                                 "target_layer_ids": cfg["target_layer_ids"]},
               "specactor": info}
+    if heads is not None:
+        config["dspark_config"] = dict(config.pop("dflash_config"), markov_rank=cfg["rank"])
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
 
@@ -238,6 +341,14 @@ def main():
     ap.add_argument("--max-steps", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
+    ap.add_argument("--dspark", action="store_true", help="train a DSpark drafter (Markov and confidence heads)")
+    ap.add_argument("--backbone", default="", help="DSpark: start the backbone and draft vocabulary from this "
+                                                  "trained DFlash drafter folder (its block, layers, mask token)")
+    ap.add_argument("--freeze-backbone", action="store_true", help="DSpark with --backbone: train the heads only")
+    ap.add_argument("--markov-rank", type=int, default=64, help="DSpark: the Markov head's rank")
+    ap.add_argument("--ce-weight", type=float, default=0.1, help="DSpark: weight of the soft cross-entropy")
+    ap.add_argument("--tvd-weight", type=float, default=0.9, help="DSpark: weight of the total variation distance")
+    ap.add_argument("--conf-weight", type=float, default=1.0, help="DSpark: weight of the confidence's loss")
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
@@ -246,9 +357,16 @@ def main():
                      ("--pos-decay", 0 < a.pos_decay <= 1), ("--anchors-per-token", 0 < a.anchors_per_token <= 1),
                      ("--epochs", a.epochs > 0), ("--lr", a.lr > 0), ("--batch-tokens", a.batch_tokens >= 64),
                      ("--max-len", a.max_len >= 8), ("--eval-share", 0 <= a.eval_share < 1),
-                     ("--warmup", 0 <= a.warmup < 1), ("--log-every", a.log_every >= 1)]:
+                     ("--warmup", 0 <= a.warmup < 1), ("--log-every", a.log_every >= 1),
+                     ("--markov-rank", 1 <= a.markov_rank <= 4096), ("--ce-weight", a.ce_weight >= 0),
+                     ("--tvd-weight", a.tvd_weight >= 0), ("--conf-weight", a.conf_weight >= 0)]:
         if not ok:
             fail(f"{name}: out of range")
+    for name, given in [("--backbone", bool(a.backbone)), ("--freeze-backbone", a.freeze_backbone)]:
+        if given and not a.dspark:
+            fail(f"{name}: only applies with --dspark")
+    if a.freeze_backbone and not a.backbone:
+        fail("--freeze-backbone: needs --backbone (a trained DFlash drafter to keep)")
     work = a.work or (a.out.rstrip("/") + ".work")
     try:
         ds = Dataset(a.data, a.max_samples)
@@ -265,26 +383,33 @@ def main():
 
     ckpt = os.path.join(work, "checkpoint.npz")
     resuming = a.resume and os.path.exists(ckpt)
-    try:
-        fixed = np.load(ckpt, allow_pickle=False)["draft_ids"] if resuming else None
-        ids, _, t2d, covered = select_vocab(ds, a.draft_vocab, fixed)
-    except (DataError, KeyError, ValueError, OSError) as e:
-        fail(f"{ckpt}: cannot resume from it ({e}); delete it or drop --resume")
     cfg = {"H": m["hidden_size"], "F": a.intermediate_size or m["intermediate_size"], "nh": m["num_attention_heads"],
            "nkv": m["num_key_value_heads"], "hd": m["head_dim"], "eps": m["rms_norm_eps"],
            "rope_theta": m["rope_theta"], "V": m["vocab_size"], "layers": a.layers, "block": a.block_size,
            "mask": a.mask_token_id, "K": len(ds.aux_layers), "target_layer_ids": list(ds.aux_layers),
-           "target_layers": m["num_hidden_layers"]}
-    cfg["QD"], cfg["KD"] = cfg["nh"] * cfg["hd"], cfg["nkv"] * cfg["hd"]
+           "target_layers": m["num_hidden_layers"], "rank": a.markov_rank}
+    backbone, fixed = None, None
+    if a.backbone:  # its block, layers, mask token and draft vocabulary replace the flags'
+        backbone, fixed = load_backbone(a.backbone, cfg, fail)
+        a.draft_vocab, a.block_size = len(fixed), cfg["block"]
+    try:
+        if resuming:
+            fixed = np.load(ckpt, allow_pickle=False)["draft_ids"]
+        ids, _, t2d, covered = select_vocab(ds, a.draft_vocab, fixed)
+    except (DataError, KeyError, ValueError, OSError) as e:
+        fail(f"{ckpt}: cannot resume from it ({e}); delete it or drop --resume")
+    cfg["QD"], cfg["KD"], cfg["Vd"] = cfg["nh"] * cfg["hd"], cfg["nkv"] * cfg["hd"], len(ids)
     eval_idx, train_idx = held_out_split(ds, a.eval_share, a.seed)
     buckets = [b for b in (64, 128, 192, 256, 320, 384, 512, 768, 1024) if b < a.max_len] + [a.max_len]
     n_batches = len(batches(ds, train_idx, a.batch_tokens, np.random.default_rng(0), buckets))
     total_steps = max(1, int(math.ceil(n_batches * a.epochs)))
     if a.max_steps:
         total_steps = min(total_steps, a.max_steps)
-    print(f"train_dflash: {len(ds)} samples ({len(train_idx)} train, {len(eval_idx)} held out), "
-          f"{int(ds.offsets[-1])} tokens; block {a.block_size}, {a.layers} layer(s), target layers "
-          f"{cfg['target_layer_ids']}, mask token {a.mask_token_id}; draft vocabulary {len(ids)} covers "
+    print(f"train_dflash: {'DSpark' if a.dspark else 'DFlash'}"
+          f"{' heads on a frozen backbone' if a.freeze_backbone else ''}; "
+          f"{len(ds)} samples ({len(train_idx)} train, {len(eval_idx)} held out), "
+          f"{int(ds.offsets[-1])} tokens; block {cfg['block']}, {cfg['layers']} layer(s), target layers "
+          f"{cfg['target_layer_ids']}, mask token {cfg['mask']}; draft vocabulary {len(ids)} covers "
           f"{100 * covered:.1f}% of trained next tokens; {total_steps} steps of ~{a.batch_tokens} tokens", flush=True)
 
     sched = optax.warmup_cosine_decay_schedule(0.0, a.lr, max(1, int(total_steps * a.warmup)), total_steps,
@@ -295,18 +420,25 @@ def main():
     tgt_norm = jnp.asarray(ds.output_norm)
     in_vocab = jnp.asarray(t2d.astype(np.float32))
     params = init_params(jax.random.PRNGKey(a.seed), cfg, ds.output_norm.copy())
-    opt_state = tx.init(params)
+    if backbone is not None:
+        params = jax.tree_util.tree_map(jnp.asarray, backbone)
+    trainable, frozen = {"bb": params}, {}
+    if a.dspark:
+        trainable["heads"] = init_heads(jax.random.PRNGKey(a.seed + 1), cfg)
+        if a.freeze_backbone:
+            frozen["bb"] = trainable.pop("bb")
+    opt_state = tx.init(trainable)
     step, history = 0, []
     os.makedirs(work, exist_ok=True)
     if resuming:
         try:
             z = np.load(ckpt, allow_pickle=False)
-            leaves, treedef = jax.tree_util.tree_flatten((params, opt_state))
+            leaves, treedef = jax.tree_util.tree_flatten((trainable, opt_state))
             loaded = [z[f"l{i}"] for i in range(len(leaves))]
             for i, (x, y) in enumerate(zip(leaves, loaded)):
                 if np.shape(x) != y.shape:
                     raise DataError(f"leaf {i} has shape {y.shape}, expected {np.shape(x)} (other settings?)")
-            params, opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(v) for v in loaded])
+            trainable, opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(v) for v in loaded])
             step, history = int(z["step"]), json.loads(str(z["history"]))
             print(f"train_dflash: resumed from {ckpt} at step {step}", flush=True)
         except (DataError, KeyError, ValueError, OSError) as e:
@@ -315,13 +447,14 @@ def main():
         print(f"train_dflash: no checkpoint in {work}; starting fresh", flush=True)
 
     def save():
-        leaves, _ = jax.tree_util.tree_flatten((params, opt_state))
+        leaves, _ = jax.tree_util.tree_flatten((trainable, opt_state))
         tmp = ckpt + ".tmp.npz"
         np.savez(tmp, step=step, draft_ids=ids, history=json.dumps(history),
                  **{f"l{i}": np.asarray(x) for i, x in enumerate(leaves)})
         os.replace(tmp, ckpt)
 
-    train_step, eval_fn = build_fns(cfg, tx, a.pos_decay)
+    mix = (a.ce_weight, a.tvd_weight, a.conf_weight) if a.dspark else None
+    train_step, eval_fn = build_fns(cfg, tx, a.pos_decay, mix)
     stop = {"now": False}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.update(now=True))
@@ -336,16 +469,23 @@ def main():
             return None
         rng = np.random.default_rng(12345)  # the same anchors every time
         acc, counted, total, ce_sum, ce_n = np.zeros(a.block_size - 1), 0, 0.0, 0.0, 0.0
+        confs, flags = [], []
         for bi, T in batches(ds, eval_idx, a.batch_tokens, np.random.default_rng(0), buckets):
             b = batch_of(bi, T, rng)
-            _, (pred, mask, ce) = eval_fn(params, embed, head_d, tgt_norm, b)
+            _, (pred, mask, ce, conf) = eval_fn(trainable, frozen, embed, head_d, tgt_norm, b)
             mask = np.asarray(mask)
             ce_sum += float(np.sum(np.asarray(ce) * mask)); ce_n += float(mask.sum())
-            ac, n, tot = block_accepted(b[0], b[2], b[6], np.asarray(pred), mask, ids, a.block_size)
+            ac, n, tot, fl = block_accepted(b[0], b[2], b[6], np.asarray(pred), mask, ids, a.block_size)
             acc += ac; counted += n; total += tot
+            if conf is not None:
+                confs.append(np.asarray(conf).reshape(-1, a.block_size - 1))
+                flags.append(fl.reshape(-1, a.block_size - 1))
         by_pos = (acc / max(counted, 1)).round(4).tolist()  # P(drafts 1..k all accepted)
-        return {"accepted_by_position": by_pos, "ce": round(ce_sum / max(ce_n, 1), 4),
-                "tau_est": round(1 + total / max(counted, 1), 3), "anchors": counted}
+        ev = {"accepted_by_position": by_pos, "ce": round(ce_sum / max(ce_n, 1), 4),
+              "tau_est": round(1 + total / max(counted, 1), 3), "anchors": counted}
+        if confs:
+            ev["confidence"] = calibration(np.concatenate(confs), np.concatenate(flags))
+        return ev
 
     t0 = time.time()
     epoch = step // max(1, n_batches)
@@ -360,7 +500,7 @@ def main():
             if step >= total_steps or stop["now"]:
                 break
             batch = batch_of(bi, T, np.random.default_rng(a.seed * 1000003 + step))
-            params, opt_state, loss = train_step(params, opt_state, embed, head_d, tgt_norm, batch)
+            trainable, opt_state, loss = train_step(trainable, frozen, opt_state, embed, head_d, tgt_norm, batch)
             step += 1
             run_loss += float(loss); run_n += 1
             if step % a.log_every == 0 or step == total_steps:
@@ -377,13 +517,17 @@ def main():
             if ev:
                 history.append({"step": step, "epoch": round(step / n_batches, 3), "eval": ev})
                 tqdm.write(f"epoch {epoch}: held-out τ estimate {ev['tau_est']}, all of drafts 1..k accepted "
-                           f"{ev['accepted_by_position']}")
+                           f"{ev['accepted_by_position']}"
+                           + (f"; confidence calibration error {ev['confidence']['ece']}"
+                              if ev.get("confidence") else ""))
             save()
     bar.close()
     save()
     with open(os.path.join(work, "history.json"), "w") as f:
         json.dump(history, f, indent=1)
-    write_chart(history, os.path.join(work, "loss.svg"), "training loss (position-weighted soft cross-entropy)",
+    write_chart(history, os.path.join(work, "loss.svg"),
+                "training loss (" + ("CE, TVD and confidence, weighted" if a.dspark else
+                                     "position-weighted soft cross-entropy") + ")",
                 "held-out τ estimate (the block's chain)")
     if stop["now"]:
         print(f"train_dflash: interrupted at step {step}; rerun with --resume to continue", flush=True)
@@ -391,7 +535,12 @@ def main():
     last = next((h["eval"] for h in reversed(history) if "eval" in h), None)
     info = {"steps": step, "samples": len(ds), "draft_vocab": len(ids), "pos_decay": a.pos_decay,
             "held_out": last}
-    export(jax.tree_util.tree_map(np.asarray, params), cfg, ids, a.out, info)
+    if a.dspark:
+        info.update(loss_weights={"ce": a.ce_weight, "tvd": a.tvd_weight, "confidence": a.conf_weight},
+                    backbone=os.path.basename(a.backbone.rstrip("/")) if a.backbone else None,
+                    frozen_backbone=a.freeze_backbone)
+    both = jax.tree_util.tree_map(np.asarray, {**frozen, **trainable})
+    export(both["bb"], cfg, ids, a.out, info, both.get("heads"))
     print(f"train_dflash: wrote {a.out} after {step} steps in {time.time() - t0:.0f} s"
           + (f"; held-out τ estimate {last['tau_est']}, all of drafts 1..k accepted {last['accepted_by_position']}"
              if last else ""), flush=True)
