@@ -149,7 +149,8 @@ class BlockDraftRunner {
   kernels::Precision precision_;
   std::vector<std::vector<float>> ctx_k_, ctx_v_;
   std::vector<float> c_, x_, xn_, q_, k_, v_, att_, rope_, norm_tmp_, bias_;
-  std::vector<float> hot_;  // the draft vocabulary's output rows, float32
+  std::vector<float> hot_;                        // the draft vocabulary's output rows, float32 (exact precision)
+  std::vector<std::uint8_t> hot_q_, hot_packed_;  // the same as Q8_0 (fast precision), and its packed copy
   kernels::WeightMatrix hot_m_;
   const kernels::WeightMatrix* out_ = nullptr;  // the output head the logits use
 };

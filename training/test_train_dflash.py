@@ -56,6 +56,9 @@ def dspark_checks(spec, trainer, tiny, data, backbone, tmp):
     ev = next(h["eval"] for h in reversed(hist) if "eval" in h)
     check(ev.get("confidence") and 0 <= ev["confidence"]["ece"] <= 1,
           f"the held-out evaluation reports the confidence's calibration (error {ev['confidence']['ece']})")
+    base_tau = json.load(open(os.path.join(backbone, "config.json")))["specactor"]["held_out"]["tau_est"]
+    check(ev["tau_est"] >= base_tau, f"the Markov head does not lose held-out τ against its backbone "
+                                     f"({base_tau} -> {ev['tau_est']}, the same held-out anchors)")
     cfg = json.load(open(os.path.join(out, "config.json")))
     check(cfg["architectures"] == ["DSparkDraftModel"] and cfg["dspark_config"]["markov_rank"] == 16
           and cfg["dspark_config"]["block_size"] == 4,
