@@ -129,7 +129,8 @@ TEST_CASE(
       {R"({"hidden_size": 48})", "'hidden_size' is 48 but the target's hidden size is 32"},
   };
   int i = 0;
-  for (const auto& [patch, expect] : cases) {
+  for (const auto& c : cases) {
+    const std::string patch = c.first, expect = c.second;  // plain variables: CAPTURE's lambda takes them (Clang 14)
     CAPTURE(patch);
     CHECK_THROWS_WITH_AS(
         sm::BlockDraftWeights::load(dspark("bad" + std::to_string(i++), patch), t.config, 128, sc::LoadFormat::Auto),
@@ -145,8 +146,11 @@ TEST_CASE(
   plain.block_size = 4;
   const std::string dflash = (s.dir / "dflash").string();
   sm::write_random_block_drafter(t.info, plain, dflash);
-  for (const auto& [algo, path, expect] : {std::tuple{sc::SpecAlgorithm::Dflash, good, "is a DSPARK drafter"},
-                                           std::tuple{sc::SpecAlgorithm::Dspark, dflash, "is a DFLASH drafter"}}) {
+  for (const auto& t2 : {std::tuple{sc::SpecAlgorithm::Dflash, good, "is a DSPARK drafter"},
+                         std::tuple{sc::SpecAlgorithm::Dspark, dflash, "is a DFLASH drafter"}}) {
+    const sc::SpecAlgorithm algo = std::get<0>(t2);
+    const std::string path = std::get<1>(t2);
+    const char* expect = std::get<2>(t2);
     sc::ServerArgs a;
     a.model_path = t.info.path;
     a.speculative_algorithm = algo;
