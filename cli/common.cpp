@@ -47,9 +47,13 @@ namespace specactor::cli {
 // What the AMX path adds, for the load line and bench: the row count from which products run on the
 // tiles, the formats, and the memory of the tile copies (`bytes`); "" when the tiles do not run.
 std::string tile_note(std::size_t bytes) {
-  if (sk::qpath_tile_rows() <= 0) return "";
-  return fmt::format("; tiles for Q4_0/Q4_1/Q8_0 calls of {}+ rows, their tile copy {:.1f} MiB more memory",
-                     sk::qpath_tile_rows(), static_cast<double>(bytes) / 1048576.0);
+  const std::int64_t rows = sk::qpath_tile_rows(), rows_k = sk::qpath_tile_rows_k();
+  if (rows <= 0 && rows_k <= 0) return "";
+  std::string which;
+  if (rows > 0) which += fmt::format("Q4_0/Q4_1/Q8_0 calls of {}+ rows", rows);
+  if (rows_k > 0) which += fmt::format("{}Q4_K/Q6_K calls of {}+ rows", which.empty() ? "" : ", ", rows_k);
+  return fmt::format("; tiles for {}, their tile copy {:.1f} MiB more memory", which,
+                     static_cast<double>(bytes) / 1048576.0);
 }
 
 // Bytes of a model's tile copies (the AMX path's second layout of its matrices).

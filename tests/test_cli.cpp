@@ -18,6 +18,7 @@
 #include "tests/support/cli_run.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/gguf_writer.hpp"
+#include "tests/support/random_weights.hpp"
 #include "tests/support/skip.hpp"
 
 using json = nlohmann::json;
@@ -426,6 +427,74 @@ TEST_CASE("default model on the tile emulator: greedy equals the scalar path, sp
   ::unsetenv("SPECACTOR_CPU_PATH");
   REQUIRE(d.rc == 0);
   CHECK(json::parse(d.out)["cpu_integer_path"] == "amx-emulated");
+}
+
+// A tiny Llama whose matrices are K-quants, as a Q4_K_M file mixes them: Q4_K for q, k, o, gate and
+// up, Q6_K for v, down and the output head (random valid blocks; widths multiples of 256).
+std::string kquant_model() {
+  static const std::string path = [] {
+    specactor::testing::TinyLlamaShape shape;
+    shape.hidden = 256;
+    shape.ffn = 512;
+    shape.heads = 4;
+    shape.kv_heads = 2;
+    shape.vocab = 80;
+    shape.text_vocab = true;
+    auto w = specactor::testing::tiny_llama(shape);
+    using specactor::kernels::WeightType;
+    std::uint32_t seed = 500;
+    auto quant = [&](const std::string& name, WeightType t, std::uint64_t in, std::uint64_t out) {
+      w.remove_tensor(name);
+      w.tensor(
+          name, static_cast<std::uint32_t>(t), {in, out},
+          specactor::testing::random_weights(t, static_cast<std::int64_t>(out), static_cast<std::int64_t>(in), ++seed));
+    };
+    const std::uint64_t h = shape.hidden, f = shape.ffn, kv = h / shape.heads * shape.kv_heads;
+    for (std::uint32_t l = 0; l < shape.layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      quant(b + "attn_q.weight", WeightType::Q4_K, h, h);
+      quant(b + "attn_k.weight", WeightType::Q4_K, h, kv);
+      quant(b + "attn_v.weight", WeightType::Q6_K, h, kv);
+      quant(b + "attn_output.weight", WeightType::Q4_K, h, h);
+      quant(b + "ffn_gate.weight", WeightType::Q4_K, h, f);
+      quant(b + "ffn_up.weight", WeightType::Q4_K, h, f);
+      quant(b + "ffn_down.weight", WeightType::Q6_K, f, h);
+    }
+    quant("output.weight", WeightType::Q6_K, h, shape.vocab);
+    const fs::path p = fs::temp_directory_path() / ("specactor_cli_kquant." + std::to_string(::getpid()) + ".gguf");
+    w.write(p.string());
+    return p.string();
+  }();
+  return path;
+}
+
+TEST_CASE("K-quant model on the tile emulator: greedy equals the scalar path, speculative equals plain") {
+  // Prefill of 16+ rows and verification steps of several rows: every Q4_K/Q6_K product of 2+ rows on
+  // the emulated tiles (the load line says so), 1-row steps on the SIMD path; the bits must not move.
+  const std::string prompt = "the cat sat on the mat and the dog sat on the log";
+  auto generate = [&](const char* path, const std::string& algorithm) {
+    ::setenv("SPECACTOR_CPU_PATH", path, 1);
+    const Run r = run("generate --model-path " + kquant_model() + " --prompt '" + prompt +
+                      "' --max-new-tokens 40 --temperature 0 --json --log-level info --speculative-algorithm " +
+                      algorithm + (algorithm == "NONE" ? "" : " --speculative-adaptive false"));
+    ::unsetenv("SPECACTOR_CPU_PATH");
+    REQUIRE_MESSAGE(r.rc == 0, r.err);
+    return std::make_pair(json::parse(r.out), r.err);
+  };
+  const auto [scalar, scalar_err] = generate("scalar", "NONE");
+  const auto want = scalar["tokens"].get<std::vector<int>>();
+  REQUIRE(want.size() == 40);
+  const auto [plain, plain_err] = generate("amx-emulated", "NONE");
+  CHECK(plain["tokens"].get<std::vector<int>>() == want);
+  CHECK(plain_err.find("Q4_K/Q6_K calls of 1+ rows") != std::string::npos);
+  CHECK(plain_err.find("MiB more memory") != std::string::npos);
+  for (const char* algorithm : {"NGRAM", "SUFFIX"}) {
+    const auto [spec, spec_err] = generate("amx-emulated", algorithm);
+    const json& sj = spec;
+    CAPTURE(algorithm);
+    CHECK(sj["tokens"].get<std::vector<int>>() == want);
+    CHECK(sj["speculative"]["drafted"].get<int>() > 0);
+  }
 }
 
 TEST_CASE("specactor bench --depths: prefill of and decode after each context, against the bandwidth limit") {

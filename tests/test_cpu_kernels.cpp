@@ -333,7 +333,12 @@ TEST_CASE("fast matmul: the tile kernel (emulated, and on the hardware where AMX
       std::vector<std::uint8_t> packed;
       const WeightMatrix w =
           pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))}, packed, TileCopy::With);
-      REQUIRE((w.tiles != nullptr) == (t == WeightType::Q8_0 || t == WeightType::Q4_0 || t == WeightType::Q4_1));
+      REQUIRE(w.tiles != nullptr);                           // every integer format has a tile layout
+      if (t == WeightType::Q4_K || t == WeightType::Q6_K) {  // K-quants: the ggml rows stay, the copy is extra
+        CHECK(w.data == bytes.data());
+        CHECK_FALSE(w.packed);
+        CHECK(reinterpret_cast<std::uintptr_t>(w.tiles) % 64 == 0);
+      }
       std::vector<float> ys(static_cast<std::size_t>(rows * out)), ya(ys.size());
       pool.set_threads(1);
       qmatmul_path(QPath::Scalar, w, x.data(), rows, ys.data());
@@ -353,7 +358,7 @@ TEST_CASE("fast matmul: the tile kernel (emulated, and on the hardware where AMX
       }
     }
   pool.set_threads(before);
-  CHECK(compared >= 64 * 3 * 3);
+  CHECK(compared >= 64 * 5 * 3);
   std::string why;
   if (!hardware) {  // where the tiles do not run, asking for them is refused, with the reason
     const auto bytes = random_weights(WeightType::Q8_0, 8, 32, 5);
@@ -372,17 +377,36 @@ TEST_CASE("AMX decision: forced where it cannot run, refused permission, a faile
   good.cpu = good.permission = good.self_check = true;
   good.tile_rows = 4;
   good.timing = "timed";
+  good.tile_rows_k = 8;
+  good.timing_k = "K timed";
   const std::string simd_why = "vnni512: timed";
   // Everything agrees: the tiles from the timed row count on, VNNI below it, no line on stderr.
   QPathDecision d = decide_qpath("", QPath::Vnni512, simd_why, good);
   CHECK(d.path == QPath::Amx);
   CHECK(d.fallback == QPath::Vnni512);
   CHECK(d.tile_rows == 4);
+  CHECK(d.tile_rows_k == 8);  // the K-quants timed on their own
   CHECK(d.warning.empty());
   // Forced: the tiles for every call.
   d = decide_qpath("amx", QPath::Vnni512, simd_why, good);
   CHECK(d.path == QPath::Amx);
   CHECK(d.tile_rows == 1);
+  CHECK(d.tile_rows_k == 1);
+  // One family slower at every count: the other still runs on the tiles, and the reason says which.
+  TileProbe half = good;
+  half.tile_rows_k = 0;
+  d = decide_qpath("", QPath::Vnni512, simd_why, half);
+  CHECK(d.path == QPath::Amx);
+  CHECK(d.tile_rows == 4);
+  CHECK(d.tile_rows_k == 0);
+  CHECK(d.reason.find("Q4_K/Q6_K not on the tiles") != std::string::npos);
+  half = good;
+  half.tile_rows = 0;
+  d = decide_qpath("", QPath::Vnni512, simd_why, half);
+  CHECK(d.path == QPath::Amx);
+  CHECK(d.tile_rows == 0);
+  CHECK(d.tile_rows_k == 8);
+  CHECK(d.reason.find("Q4_0/Q4_1/Q8_0 not on the tiles") != std::string::npos);
   // Forced on a CPU without AMX: one line naming the reason, and the SIMD path.
   TileProbe none;
   none.cpu_why = "the CPU lacks AMX-INT8";
@@ -404,6 +428,7 @@ TEST_CASE("AMX decision: forced where it cannot run, refused permission, a faile
       const QPathDecision f = decide_qpath(want, QPath::Vnni512, simd_why, probe);
       CHECK(f.path == QPath::Vnni512);
       CHECK(f.tile_rows == 0);
+      CHECK(f.tile_rows_k == 0);
       CHECK(f.warning.rfind(start, 0) == 0);
       CHECK(f.warning.find(why) != std::string::npos);
     }
@@ -420,9 +445,10 @@ TEST_CASE("AMX decision: forced where it cannot run, refused permission, a faile
   falls_back(wrong, "error: AMX disabled", "output 17 differs");
   // Slower at every row count: not used, and no line (nothing was asked for).
   TileProbe slow = good;
-  slow.tile_rows = 0;
+  slow.tile_rows = slow.tile_rows_k = 0;
   d = decide_qpath("", QPath::Vnni512, simd_why, slow);
   CHECK(d.path == QPath::Vnni512);
+  CHECK(d.reason.find("slower here at every row count") != std::string::npos);
   CHECK(d.warning.empty());
   // Another path asked for by name wins; the emulator runs anywhere.
   d = decide_qpath("avx2", QPath::Avx2, "avx2: forced", good);
@@ -430,6 +456,7 @@ TEST_CASE("AMX decision: forced where it cannot run, refused permission, a faile
   d = decide_qpath("amx-emulated", QPath::Avx2, "avx2", none);
   CHECK(d.path == QPath::AmxEmulated);
   CHECK(d.tile_rows == 1);
+  CHECK(d.tile_rows_k == 1);
   CHECK(d.warning.empty());
   // A value that names no path is not followed, and says so.
   d = decide_qpath("amx512", QPath::Vnni512, simd_why, good);

@@ -513,6 +513,17 @@ void build_tile_copy(const WeightMatrix& w, std::uint8_t* dst) {
 std::size_t tile_copy_bytes() { return g_tile_copy_bytes.load(); }
 
 WeightMatrix pack_matrix(const WeightMatrix& src, std::vector<std::uint8_t>& storage, TileCopy tiles) {
+  if (packed::is_kquant(src.type) && !src.tiles && tile_copy_wanted(tiles) && src.in_dim > 0 && src.in_dim % 256 == 0) {
+    // The rows stay where they are (the SIMD paths read them); the tile copy goes to storage.
+    const std::size_t tbytes = packed::tile_bytes(src.type, src.out_dim, src.in_dim);
+    storage.assign(tbytes + 64, 0);
+    const auto base = reinterpret_cast<std::uintptr_t>(storage.data());
+    WeightMatrix w = src;
+    w.tiles = storage.data() + ((64 - base % 64) % 64);
+    packed::build_kquant_tiles(w, const_cast<std::uint8_t*>(w.tiles));
+    g_tile_copy_bytes += tbytes;
+    return w;
+  }
   if (src.packed || !is_packed(src.type)) return src;
   if (src.in_dim % 32 != 0 || src.in_dim / 32 > kMaxChunks)
     throw std::invalid_argument("pack_matrix: rows of " + std::to_string(src.in_dim) + " elements are not supported");

@@ -23,7 +23,7 @@ struct WeightMatrix {
   const std::uint8_t* data = nullptr;
   std::size_t row_stride = 0;           // bytes between rows (= row_bytes(type, in_dim))
   bool packed = false;                  // Q8_0/Q4_0/Q4_1 in 8-row panels (see pack_matrix, packed.hpp)
-  const std::uint8_t* tiles = nullptr;  // packed too: the same matrix in the tile layout (AMX), or null
+  const std::uint8_t* tiles = nullptr;  // the same matrix in the tile layout (AMX; packed or K-quant), or null
 };
 
 // Q8_0, Q4_0 and Q4_1 matrices are repacked into panels of 8 rows (kernels/cpu/packed.hpp; the same
@@ -31,6 +31,7 @@ struct WeightMatrix {
 // returned as they are. `storage` receives the packed bytes and must outlive the returned view.
 // A second copy in the tile layout (packed.hpp) follows the panels when `tiles` says so: Auto = when
 // the fast precision's path is the AMX one (qpath()), so the tile kernels stream their own layout.
+// Q4_K and Q6_K matrices keep their ggml rows and get only the tile copy (in `storage`), then.
 enum class TileCopy { Auto, With, Without };
 WeightMatrix pack_matrix(const WeightMatrix& src, std::vector<std::uint8_t>& storage, TileCopy tiles = TileCopy::Auto);
 // Bytes of tile-layout copies pack_matrix has made in this process (the AMX path's extra memory).
@@ -74,11 +75,11 @@ const char* precision_name(Precision p);
 // (maddubs/madd), VNNI (AVX512-VNNI with VL, 256-bit dpbusd: one panel of 8 outputs per register)
 // and Vnni512 (calls of more than 8 rows with 512-bit dpbusd, two panels per register, for
 // Q4_0/Q4_1/Q8_0; up to 8 rows, and Q4_K/Q6_K, as Vnni). All four give the same bits.
-// Amx: the tile unit (Intel AMX-INT8, kernels/cpu/tiles.hpp) for Q4_0/Q4_1/Q8_0 matrices with a tile
-// copy (pack_matrix), 16 outputs × up to 16 rows per tile pass, for calls of at least
-// qpath_tile_rows() rows; fewer rows and the other formats run on the path it falls back to (the
-// VNNI choice). AmxEmulated: the same kernels on the software model of the tiles, on any CPU (slow;
-// tests, SPECACTOR_CPU_PATH=amx-emulated). Every path gives the same bits.
+// Amx: the tile unit (Intel AMX-INT8, kernels/cpu/tiles.hpp) for Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices
+// with a tile copy (pack_matrix), 16 outputs × up to 16 rows per tile pass, for calls of at least
+// qpath_tile_rows() rows (qpath_tile_rows_k() for the K-quants); fewer rows and the other formats
+// run on the path it falls back to (the VNNI choice). AmxEmulated: the same kernels on the software model of the tiles,
+// on any CPU (slow; tests, SPECACTOR_CPU_PATH=amx-emulated). Every path gives the same bits.
 enum class QPath { Scalar, Avx2, Vnni, Vnni512, Amx, AmxEmulated };
 // The path the fast precision runs, decided once at first use: the widest SIMD the CPU has (between
 // Vnni and Vnni512 the faster, timed: a few milliseconds on a small matrix in cache), then AMX when
@@ -89,8 +90,10 @@ enum class QPath { Scalar, Avx2, Vnni, Vnni512, Amx, AmxEmulated };
 QPath qpath();
 // Why qpath() is what it is, in a sentence (the CPU's features, the timing, an override, AMX).
 const std::string& qpath_reason();
-// Activation rows from which calls run on the tiles; 0 when qpath() is not a tile path.
+// Activation rows from which calls of Q4_0/Q4_1/Q8_0 (qpath_tile_rows_k: Q4_K/Q6_K) run on the
+// tiles; 0 when qpath() is not a tile path or that family stays off the tiles.
 std::int64_t qpath_tile_rows();
+std::int64_t qpath_tile_rows_k();
 const char* qpath_name(QPath p);
 bool qpath_available(QPath p);
 
@@ -102,22 +105,25 @@ struct TileProbe {
   std::string permission_why;
   bool self_check = false;  // tile_self_check() passed
   std::string self_check_why;
-  std::int64_t tile_rows = 0;  // the timing: tiles faster from this many rows on (0: at no count)
-  std::string timing;          // the timing, in words
+  std::int64_t tile_rows = 0;    // the timing: tiles faster from this many rows on (0: at no count)
+  std::string timing;            // the timing, in words
+  std::int64_t tile_rows_k = 0;  // the same for the K-quants (Q4_K, Q6_K), timed on their own
+  std::string timing_k;
 };
 struct QPathDecision {
   QPath path = QPath::Scalar;
   QPath fallback = QPath::Scalar;  // for what a tile path does not take
-  std::int64_t tile_rows = 0;
+  std::int64_t tile_rows = 0;      // Q4_0/Q4_1/Q8_0 calls of this many rows or more on the tiles (0: none)
+  std::int64_t tile_rows_k = 0;    // the same for Q4_K/Q6_K
   std::string reason;
   std::string warning;  // printed once on stderr when not empty (AMX wanted or present but not used)
 };
 // The decision for SPECACTOR_CPU_PATH=`want` ("" when unset), the SIMD choice and the probe.
 QPathDecision decide_qpath(const std::string& want, QPath simd, const std::string& simd_reason, const TileProbe& probe);
-// A fixed random product of every tile format (Q4_0, Q4_1, Q8_0; 1…16 and 20 rows; 40 outputs; 96 and
-// 256 inputs) through `tile` (Amx or AmxEmulated) and through `reference`; true when every bit agrees,
-// else `why` names the first difference. `corrupt` flips a bit of every Q8_0 tile result first (the
-// test of the failure path).
+// A fixed random product of every tile format (Q4_0, Q4_1, Q8_0 with 96 and 256 inputs; Q4_K, Q6_K
+// with 256 and 512; 1…16 and 20 rows; 40 outputs) through `tile` (Amx or AmxEmulated) and through `reference`; true
+// when every bit agrees, else `why` names the first difference. `corrupt` flips a bit of every Q8_0 tile result first
+// (the test of the failure path).
 bool tile_self_check(QPath tile, QPath reference, std::string& why, bool corrupt = false);
 // Whether `t` has an integer kernel (else Fast computes it with the exact path).
 bool has_integer_path(WeightType t);

@@ -52,9 +52,19 @@ inline const std::uint8_t* panel_chunk(const WeightMatrix& w, std::int64_t p, st
 // Q8_0's scales are stored as the f32 values f16_to_f32 gives (exact); Q4's as the file's f16 (the
 // kernel converts them, exactly: 320 bytes a record where f32 took 384, so no more bytes to stream
 // than the file's own blocks). Every record is 64-byte aligned.
+// The K-quants (Q4_K, Q6_K) keep their ggml rows for the other paths; their tile copy is made from
+// the decoded chunks (qmatmul.cpp: the integer quants and lane scales every path uses):
+//   Q4_K: [quants 256, arranged as Q4_0's: low nibble element 4g+i, high 16+4g+i] [ws f32 × 16] [wm f32 × 16]
+//   Q6_K: [quants 512, the signed q − 32 arranged as Q8_0's]  [ws of elements 0–15 f32 × 16] [of 16–31 × 16]
+// so B row l (after Q4's unpacking) is lane l's 4 elements of the 16 rows. The f32 scales are the
+// exact products d·sc (an f16 times a 6- or 8-bit integer), so storing them changes no bit.
 constexpr std::int64_t kTilePanel = 16;
-constexpr std::int64_t tile_quant_bytes(WeightType t) { return t == WeightType::Q8_0 ? 512 : 256; }
-constexpr std::int64_t tile_chunk_bytes(WeightType t) { return tile_quant_bytes(t) + 64; }
+constexpr bool is_kquant(WeightType t) { return t == WeightType::Q4_K || t == WeightType::Q6_K; }
+constexpr bool has_tile_layout(WeightType t) { return is_packed(t) || is_kquant(t); }
+constexpr std::int64_t tile_quant_bytes(WeightType t) {
+  return t == WeightType::Q8_0 || t == WeightType::Q6_K ? 512 : 256;
+}
+constexpr std::int64_t tile_chunk_bytes(WeightType t) { return tile_quant_bytes(t) + (is_kquant(t) ? 128 : 64); }
 inline std::int64_t tile_panel_count(std::int64_t out) { return (out + kTilePanel - 1) / kTilePanel; }
 inline std::size_t tile_bytes(WeightType t, std::int64_t out, std::int64_t in) {
   return static_cast<std::size_t>(tile_panel_count(out) * (in / 32) * tile_chunk_bytes(t));
@@ -64,6 +74,8 @@ inline const std::uint8_t* tile_chunk(const WeightMatrix& w, std::int64_t p, std
   const std::int64_t nc = w.in_dim / 32;
   return w.tiles + static_cast<std::size_t>((p * nc + c) * tile_chunk_bytes(w.type));
 }
+// The tile copy of a Q4_K/Q6_K matrix (ggml rows at w.data) into dst (tile_bytes, zeroed); qmatmul.cpp.
+void build_kquant_tiles(const WeightMatrix& w, std::uint8_t* dst);
 
 inline std::uint16_t load_u16(const std::uint8_t* p) {
   std::uint16_t v;

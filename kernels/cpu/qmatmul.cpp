@@ -330,6 +330,41 @@ void panel_scalar(const std::uint8_t* pan, std::int64_t nc, const QRows& xq, flo
 
 }  // namespace
 
+namespace packed {
+
+void build_kquant_tiles(const WeightMatrix& w, std::uint8_t* dst) {
+  if (!is_kquant(w.type)) throw std::logic_error("build_kquant_tiles: not a K-quant matrix");
+  const std::int64_t nc = w.in_dim / 32, qb = tile_quant_bytes(w.type), cb = tile_chunk_bytes(w.type);
+  alignas(64) std::uint8_t u[32];
+  alignas(64) std::int8_t sg[32];
+  alignas(64) float ws[8];
+  for (std::int64_t o = 0; o < w.out_dim; ++o) {
+    const std::uint8_t* row = w.data + static_cast<std::size_t>(o) * w.row_stride;
+    const int k = static_cast<int>(o % kTilePanel);
+    for (std::int64_t c = 0; c < nc; ++c) {
+      std::uint8_t* rec = dst + ((o / kTilePanel) * nc + c) * cb;
+      float sc[2];
+      if (w.type == WeightType::Q4_K) {
+        decode_q4k_chunk(row, c, u, ws, &sc[1]);
+        sc[0] = ws[0];
+        for (int g = 0; g < 4; ++g)
+          for (int i = 0; i < 4; ++i)
+            rec[64 * g + 4 * k + i] = static_cast<std::uint8_t>(u[4 * g + i] | (u[16 + 4 * g + i] << 4));
+      } else {
+        decode_q6k_chunk(row, c, u, sg, ws);
+        sc[0] = ws[0];
+        sc[1] = ws[4];
+        for (int l = 0; l < 8; ++l)
+          for (int i = 0; i < 4; ++i) rec[64 * l + 4 * k + i] = static_cast<std::uint8_t>(sg[4 * l + i]);
+      }
+      std::memcpy(rec + qb + 4 * k, &sc[0], 4);
+      std::memcpy(rec + qb + 64 + 4 * k, &sc[1], 4);
+    }
+  }
+}
+
+}  // namespace packed
+
 // ---- the SIMD twins -----------------------------------------------------------------------------------
 
 namespace {
@@ -610,12 +645,13 @@ void quantize_range(QPath path, const float* x, std::int64_t in, QRows& xq, std:
     quantize_blocks_avx2(x, in, xq, b0, b1);
 }
 
-// How one call is computed: `path`; when it is a tile path, calls of at least tile_rows rows on
-// matrices with a tile copy run on the tiles and everything else on `fallback` (same bits).
+// How one call is computed: `path`; when it is a tile path, calls of at least tile_rows rows
+// (tile_rows_k for Q4_K/Q6_K; 0: never) on matrices with a tile copy run on the tiles and everything
+// else on `fallback` (same bits).
 struct Route {
   QPath path = QPath::Scalar;
   QPath fallback = QPath::Scalar;
-  std::int64_t tile_rows = 1;
+  std::int64_t tile_rows = 1, tile_rows_k = 1;
 };
 
 bool is_tile_path(QPath p) { return p == QPath::Amx || p == QPath::AmxEmulated; }
@@ -627,6 +663,12 @@ void tile_range(QPath path, const WeightMatrix& w, std::int64_t tb, std::int64_t
   using tiles::Hardware;
   const bool hw = path == QPath::Amx;
   switch (w.type) {
+    case WeightType::Q4_K:
+      return hw ? amx::range<Hardware, WeightType::Q4_K>(w, tb, te, xq, y, y_stride)
+                : amx::range<Emulated, WeightType::Q4_K>(w, tb, te, xq, y, y_stride);
+    case WeightType::Q6_K:
+      return hw ? amx::range<Hardware, WeightType::Q6_K>(w, tb, te, xq, y, y_stride)
+                : amx::range<Emulated, WeightType::Q6_K>(w, tb, te, xq, y, y_stride);
     case WeightType::Q4_0:
       return hw ? amx::range<Hardware, WeightType::Q4_0>(w, tb, te, xq, y, y_stride)
                 : amx::range<Emulated, WeightType::Q4_0>(w, tb, te, xq, y, y_stride);
@@ -641,11 +683,17 @@ void tile_range(QPath path, const WeightMatrix& w, std::int64_t tb, std::int64_t
 
 void qmatmul_many_path(const Route& route, const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t rows) {
   packed::checked_total_rows(jobs, n_jobs, std::int64_t{1} << 30);
-  const bool tiled = is_tile_path(route.path) && rows >= route.tile_rows;
   const QPath path = is_tile_path(route.path) ? route.fallback : route.path;  // for what the tiles do not take
-  // Threads split units of output rows: tile panels (16) when the tiles run, packed panels (8) else.
-  const std::int64_t unit = tiled ? packed::kTilePanel : packed::kPanel;
-  auto units_of = [&](const WeightMatrix& w) { return (w.out_dim + unit - 1) / unit; };
+  auto on_tiles = [&](const WeightMatrix& w) {
+    if (!is_tile_path(route.path) || !w.tiles) return false;
+    const std::int64_t from = packed::is_kquant(w.type) ? route.tile_rows_k : route.tile_rows;
+    return from > 0 && rows >= from;
+  };
+  // Threads split units of output rows: tile panels (16) of what the tiles compute, 8 rows else.
+  auto units_of = [&](const WeightMatrix& w) {
+    const std::int64_t unit = on_tiles(w) ? packed::kTilePanel : packed::kPanel;
+    return (w.out_dim + unit - 1) / unit;
+  };
   std::int64_t total = 0;  // over all matrices
   for (int j = 0; j < n_jobs; ++j) total += units_of(*jobs[j].w);
   const std::int64_t in = jobs[0].w->in_dim;
@@ -657,12 +705,10 @@ void qmatmul_many_path(const Route& route, const MatmulJob* jobs, int n_jobs, co
       const WeightMatrix& w = *jobs[j].w;
       const std::int64_t n = units_of(w);
       const std::int64_t b = std::max(begin, base) - base, e = std::min(end, base + n) - base;
-      if (b < e && tiled && w.tiles) {
+      if (b < e && on_tiles(w))
         tile_range(route.path, w, b, e, xq, jobs[j].y, w.out_dim);
-      } else if (b < e) {
-        const std::int64_t per = unit / packed::kPanel;  // packed panels per unit
-        units_range(path, w, b * per, std::min(e * per, packed::panel_count(w.out_dim)), xq, jobs[j].y, w.out_dim);
-      }
+      else if (b < e)
+        units_range(path, w, b, e, xq, jobs[j].y, w.out_dim);
       base += n;
     }
   };
@@ -706,9 +752,9 @@ struct ProbeMatrix {
     const std::size_t rb = row_bytes(t, static_cast<std::size_t>(in)), bb = block_bytes(t);
     ggml.resize(rb * static_cast<std::size_t>(out));
     for (auto& b : ggml) b = static_cast<std::uint8_t>((seed = seed * 1664525u + 1013904223u) >> 24);
-    for (std::size_t blk = 0; blk < ggml.size() / bb; ++blk) {
-      ggml[blk * bb + 1] = 0x3c;
-      if (t == WeightType::Q4_1) ggml[blk * bb + 3] = 0x3c;
+    for (std::size_t blk = 0; blk < ggml.size() / bb; ++blk) {  // d (Q6_K: at the block's end), dmin, m
+      ggml[blk * bb + (t == WeightType::Q6_K ? 209 : 1)] = 0x3c;
+      if (t == WeightType::Q4_1 || t == WeightType::Q4_K) ggml[blk * bb + 3] = 0x3c;
     }
     w = pack_matrix({t, out, in, ggml.data(), rb}, storage, TileCopy::With);
   }
@@ -756,12 +802,15 @@ struct Faulty : Unit {
 // The row counts the start-up timing compares the tiles and the other path at.
 constexpr std::array<std::int64_t, 6> kTimedRows = {1, 2, 4, 8, 12, 16};
 
-// Times the tiles against `other` at kTimedRows on this thread (a Q8_0 and a Q4_1 matrix of 256 × 576
-// in L2, best of 5, alternating); returns the smallest count from which the tiles were at least 5 %
-// faster at every larger timed count (0: at none), and the ratios in words.
-std::pair<std::int64_t, std::string> time_tile_rows(QPath other) {
-  constexpr std::int64_t out = 256, in = 576;
-  const ProbeMatrix q8(WeightType::Q8_0, out, in, 99), q4(WeightType::Q4_1, out, in, 98);
+// Times the tiles against `other` at kTimedRows on this thread (a Q8_0 and a Q4_1 matrix of 256 × 576,
+// or with `kquant` a Q4_K and a Q6_K one of 256 × 512, in L2, best of 5, alternating); returns the
+// smallest count from which the tiles were at least 5 % faster at every larger timed count (0: at
+// none), and the ratios in words.
+std::pair<std::int64_t, std::string> time_tile_rows(QPath other, bool kquant) {
+  constexpr std::int64_t out = 256;
+  const std::int64_t in = kquant ? 512 : 576;
+  const ProbeMatrix q8(kquant ? WeightType::Q6_K : WeightType::Q8_0, out, in, 99),
+      q4(kquant ? WeightType::Q4_K : WeightType::Q4_1, out, in, 98);
   std::vector<float> y(static_cast<std::size_t>(16 * out));
   std::array<double, kTimedRows.size()> ratio{};
   for (std::size_t i = 0; i < kTimedRows.size(); ++i) {
@@ -783,7 +832,7 @@ std::pair<std::int64_t, std::string> time_tile_rows(QPath other) {
   }
   std::int64_t from = 0;
   for (std::size_t i = kTimedRows.size(); i-- > 0 && ratio[i] < 0.95;) from = kTimedRows[i];
-  std::string words = "products timed at start took";
+  std::string words = std::string(kquant ? "Q4_K/Q6_K" : "Q4_0/Q4_1/Q8_0") + " products timed at start took";
   for (std::size_t i = 0; i < kTimedRows.size(); ++i) {
     char buf[48];
     std::snprintf(buf, sizeof buf, "%s %.2fx at %lld row%s", i ? "," : "", ratio[i],
@@ -835,7 +884,10 @@ QPathDecision choose_qpath() {
       probe.cpu_why = "AMX without the AVX-512 VNNI the tile kernels fold with";
     if (probe.cpu) probe.permission = tiles::amx_permission(probe.permission_why);
     if (probe.permission) probe.self_check = tile_self_check(QPath::Amx, simd, probe.self_check_why);
-    if (probe.self_check && want != "amx") std::tie(probe.tile_rows, probe.timing) = time_tile_rows(simd);
+    if (probe.self_check && want != "amx") {
+      std::tie(probe.tile_rows, probe.timing) = time_tile_rows(simd, false);
+      std::tie(probe.tile_rows_k, probe.timing_k) = time_tile_rows(simd, true);
+    }
   }
   QPathDecision d = decide_qpath(want, simd, simd_reason, probe);
   if (!d.warning.empty()) std::fprintf(stderr, "specactor: %s\n", d.warning.c_str());
@@ -851,21 +903,21 @@ const QPathDecision& qpath_choice() {
 // benchmarks) the tiles for every row count and the rest on the widest SIMD.
 Route route_of(QPath p, bool by_name) {
   const QPathDecision& c = qpath_choice();
-  if (!by_name && p == c.path) return {c.path, c.fallback, c.tile_rows};
+  if (!by_name && p == c.path) return {c.path, c.fallback, c.tile_rows, c.tile_rows_k};
   const QPath other = has_vnni() ? QPath::Vnni : cpu_path_available(CpuPath::Avx2) ? QPath::Avx2 : QPath::Scalar;
-  return {p, is_tile_path(p) ? other : p, 1};
+  return {p, is_tile_path(p) ? other : p, 1, 1};
 }
 
 }  // namespace
 
 QPathDecision decide_qpath(const std::string& want, QPath simd, const std::string& simd_reason,
                            const TileProbe& probe) {
-  QPathDecision d{simd, simd, 0, simd_reason, ""};
+  QPathDecision d{simd, simd, 0, 0, simd_reason, ""};
   const std::string running = std::string("; running ") + qpath_name(simd);
-  const char* formats = "Q4_0/Q4_1/Q8_0";
+  const char* formats = "Q4_0/Q4_1/Q8_0/Q4_K/Q6_K";
   if (want == "amx-emulated") {
     d.path = QPath::AmxEmulated;
-    d.tile_rows = 1;
+    d.tile_rows = d.tile_rows_k = 1;
     d.reason = std::string("amx-emulated: SPECACTOR_CPU_PATH=amx-emulated (the tile kernels on the software model ") +
                "for every call of " + formats + ", slow: for tests; other formats on " + simd_reason + ")";
     return d;
@@ -896,27 +948,48 @@ QPathDecision decide_qpath(const std::string& want, QPath simd, const std::strin
   }
   if (want == "amx") {
     d.path = QPath::Amx;
-    d.tile_rows = 1;
+    d.tile_rows = d.tile_rows_k = 1;
     d.reason = std::string("amx: SPECACTOR_CPU_PATH=amx (the tiles for every call of ") + formats +
                ", self-check passed; other formats on " + simd_reason + ")";
     return d;
   }
-  if (probe.tile_rows <= 0) {
-    d.reason += "; AMX not used: slower here at every row count (" + probe.timing + ")";
+  const std::string timings = probe.timing + "; " + probe.timing_k;
+  if (probe.tile_rows <= 0 && probe.tile_rows_k <= 0) {
+    d.reason += "; AMX not used: slower here at every row count (" + timings + ")";
     return d;
   }
   d.path = QPath::Amx;
-  d.tile_rows = probe.tile_rows;
-  d.reason = "amx: calls of " + std::to_string(probe.tile_rows) + " or more rows of " + formats +
-             " on the tiles (self-check passed; " + probe.timing + "); fewer rows and other formats on " + simd_reason;
+  d.tile_rows = std::max<std::int64_t>(probe.tile_rows, 0);
+  d.tile_rows_k = std::max<std::int64_t>(probe.tile_rows_k, 0);
+  auto calls = [](std::int64_t from, const char* which) {
+    return from > 0 ? std::string("calls of ") + std::to_string(from) + " or more rows of " + which + " on the tiles"
+                    : std::string(which) + " not on the tiles (slower at every row count)";
+  };
+  d.reason = "amx: " + calls(d.tile_rows, "Q4_0/Q4_1/Q8_0") + ", " + calls(d.tile_rows_k, "Q4_K/Q6_K") +
+             " (self-check passed; " + timings + "); the rest on " + simd_reason;
   return d;
 }
 
 bool tile_self_check(QPath tile, QPath reference, std::string& why, bool corrupt) {
   if (!is_tile_path(tile)) throw std::invalid_argument("tile_self_check: not a tile path");
-  for (const WeightType t : {WeightType::Q8_0, WeightType::Q4_1, WeightType::Q4_0})
-    for (const std::int64_t in : {96, 256}) {  // 3 chunks: a lone last chunk; 8: pairs only
-      constexpr std::int64_t out = 40;         // two whole tile panels and a half one
+  auto name = [](WeightType t) {
+    switch (t) {
+      case WeightType::Q8_0:
+        return "Q8_0";
+      case WeightType::Q4_1:
+        return "Q4_1";
+      case WeightType::Q4_0:
+        return "Q4_0";
+      case WeightType::Q4_K:
+        return "Q4_K";
+      default:
+        return "Q6_K";
+    }
+  };
+  for (const WeightType t : {WeightType::Q8_0, WeightType::Q4_1, WeightType::Q4_0, WeightType::Q4_K, WeightType::Q6_K})
+    for (const std::int64_t in0 : {96, 256}) {  // packed: 3 chunks (a lone last chunk), 8 (pairs only)
+      const std::int64_t in = !packed::is_kquant(t) ? in0 : in0 == 96 ? 256 : 512;  // K: 1 and 2 super-blocks
+      constexpr std::int64_t out = 40;  // two whole tile panels and a half one
       const ProbeMatrix m(t, out, in, 4242 + static_cast<std::uint32_t>(in));
       std::vector<float> yt(static_cast<std::size_t>(20 * out)), yr(yt.size());
       for (std::int64_t rows = 1; rows <= 20; rows += rows < 16 ? 1 : 4) {
@@ -934,10 +1007,7 @@ bool tile_self_check(QPath tile, QPath reference, std::string& why, bool corrupt
         for (std::int64_t i = 0; i < rows * out; ++i)
           if (std::memcmp(&yt[static_cast<std::size_t>(i)], &yr[static_cast<std::size_t>(i)], sizeof(float)) != 0) {
             char buf[200];
-            std::snprintf(buf, sizeof buf, "%s %lld x %lld, %lld rows: output (%lld, %lld) %.9g against %.9g",
-                          t == WeightType::Q8_0   ? "Q8_0"
-                          : t == WeightType::Q4_1 ? "Q4_1"
-                                                  : "Q4_0",
+            std::snprintf(buf, sizeof buf, "%s %lld x %lld, %lld rows: output (%lld, %lld) %.9g against %.9g", name(t),
                           static_cast<long long>(out), static_cast<long long>(in), static_cast<long long>(rows),
                           static_cast<long long>(i / out), static_cast<long long>(i % out),
                           yt[static_cast<std::size_t>(i)], yr[static_cast<std::size_t>(i)]);
@@ -952,6 +1022,7 @@ bool tile_self_check(QPath tile, QPath reference, std::string& why, bool corrupt
 QPath qpath() { return qpath_choice().path; }
 const std::string& qpath_reason() { return qpath_choice().reason; }
 std::int64_t qpath_tile_rows() { return is_tile_path(qpath()) ? qpath_choice().tile_rows : 0; }
+std::int64_t qpath_tile_rows_k() { return is_tile_path(qpath()) ? qpath_choice().tile_rows_k : 0; }
 
 const char* qpath_name(QPath p) {
   switch (p) {
@@ -1013,7 +1084,7 @@ void qmatmul_path(QPath path, const WeightMatrix& w, const float* x, std::int64_
   if (!has_integer_path(w.type)) throw std::invalid_argument("qmatmul: no integer kernel for this weight type");
   if (!qpath_available(path))
     throw std::invalid_argument(std::string("qmatmul: this CPU lacks the ") + qpath_name(path) + " path");
-  if (is_tile_path(path) && packed::is_packed(w.type) && !w.tiles)
+  if (is_tile_path(path) && !w.tiles)
     throw std::invalid_argument(std::string("qmatmul: the ") + qpath_name(path) +
                                 " path needs the tile copy (pack_matrix with TileCopy::With)");
   const MatmulJob job{&w, y};

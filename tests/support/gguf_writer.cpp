@@ -20,7 +20,15 @@ GgufWriter tiny_llama(const TinyLlamaShape& s, bool with_tensors, std::uint32_t 
   w.kv_f32("llama.attention.layer_norm_rms_epsilon", s.norm_eps);
   w.kv_str("tokenizer.ggml.model", "gpt2");
   std::vector<std::string> tokens;
-  for (std::uint32_t i = 0; i < s.vocab; ++i) tokens.push_back(std::string("t").append(std::to_string(i)));
+  if (s.text_vocab) {
+    tokens = {"<unk>", "<s>", "</s>", "\u0120"};
+    for (char c = 'a'; c <= 'z'; ++c) tokens.emplace_back(1, c);
+    for (char c = 'A'; c <= 'Z'; ++c) tokens.emplace_back(1, c);
+    for (char c = '0'; c <= '9'; ++c) tokens.emplace_back(1, c);
+  }
+  for (auto i = static_cast<std::uint32_t>(tokens.size()); i < s.vocab; ++i)
+    tokens.push_back(std::string("t").append(std::to_string(i)));
+  tokens.resize(s.vocab);
   w.kv_str_array("tokenizer.ggml.tokens", tokens);
   w.kv_str_array("tokenizer.ggml.merges", {"t 1", "t 2"});
   w.kv_u32("tokenizer.ggml.bos_token_id", 1);

@@ -20,6 +20,9 @@ using model::write_safetensors;
 struct TinyLlamaShape {
   std::uint32_t vocab = 64, hidden = 32, ffn = 64, layers = 2, heads = 4, kv_heads = 2, context = 128;
   float rope_base = 10000.0f, norm_eps = 1e-5f;
+  // The vocabulary: "t0", "t1", … (no text encodes to them), or with `text_vocab` <unk> <s> </s>, the
+  // byte-level space "Ġ", a–z, A–Z and digits (so a CLI prompt of those characters encodes; vocab ≥ 64).
+  bool text_vocab = false;
 };
 
 // A tiny shape whose head counts and MLP width divide by 2 and by 3, with column shards on 32-element
