@@ -27,6 +27,11 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p);
 }
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LogitRules& x) {
+  return f(caf::meta::type_name("logit_rules"), x.presence_penalty, x.frequency_penalty, x.repetition_penalty,
+           x.bias_ids, x.bias_values, x.min_tokens, x.end_ids);
+}
 }  // namespace specactor::kernels
 
 namespace specactor::model {
@@ -34,7 +39,7 @@ namespace specactor::model {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
   return f(caf::meta::type_name("step_item"), x.req, x.tokens, x.parents, x.draft_probs, x.prefill, x.sample, x.params,
-           x.seed, x.want_hidden, x.want_kv, x.keep_hidden, x.prefix_pages, x.prefix_len, x.copy_page, x.copy_len);
+           x.rules, x.history, x.seed, x.want_hidden, x.want_kv, x.keep_hidden, x.prefix_pages, x.prefix_len, x.copy_page, x.copy_len);
 }
 
 template <class Inspector>

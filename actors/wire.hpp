@@ -45,7 +45,7 @@ std::enable_if_t<Inspector::reads_state, typename Inspector::result_type> inspec
   std::uint64_t seed = x.seed ? *x.seed : 0;
   std::int64_t max_new = x.max_new_tokens ? *x.max_new_tokens : 0;
   return f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages, has_max,
-           max_new, x.sampling, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
+           max_new, x.sampling, x.rules, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
 }
 
 template <class Inspector>
@@ -54,7 +54,7 @@ std::enable_if_t<Inspector::writes_state, typename Inspector::result_type> inspe
   std::uint64_t seed = 0;
   std::int64_t max_new = 0;
   auto result = f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages,
-                  has_max, max_new, x.sampling, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
+                  has_max, max_new, x.sampling, x.rules, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
   x.seed = has_seed ? std::optional<std::uint64_t>(seed) : std::nullopt;
   x.max_new_tokens = has_max ? std::optional<std::int64_t>(max_new) : std::nullopt;
   return result;

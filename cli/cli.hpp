@@ -77,6 +77,7 @@ struct GenerateOptions {
   std::int64_t max_new_tokens = 0;
   bool max_new_given = false;
   bool json = false;
+  std::vector<std::string> logit_bias;  // ID=BIAS
 };
 void add_generate_flags(CLI::App& cmd, GenerateOptions& o);
 void take_prompt(GenerateOptions& o, bool prompt_given);

@@ -63,6 +63,22 @@ void add_generate_flags(CLI::App& cmd, GenerateOptions& o) {
       ->check(integer_at_least<std::int32_t>(0));
   cmd.add_option("--min-p", r.sampling.min_p, "drop tokens below min_p × the top probability, [0, 1)")
       ->check(finite_number());
+  cmd.add_option("--presence-penalty", r.rules.presence_penalty,
+                 "subtracted from the logit of every token the output already holds, [-2, 2] (default 0)")
+      ->check(finite_number());
+  cmd.add_option("--frequency-penalty", r.rules.frequency_penalty,
+                 "subtracted per occurrence of a token in the output, [-2, 2] (default 0)")
+      ->check(finite_number());
+  cmd.add_option("--repetition-penalty", r.rules.repetition_penalty,
+                 "tokens of the prompt or output: positive logits divided by it, negative multiplied, > 0 (default 1 = "
+                 "off)")
+      ->check(finite_number());
+  cmd.add_option("--min-tokens", r.rules.min_tokens, "the end-of-generation tokens are held back until this many")
+      ->check(integer_at_least<std::int64_t>(0));
+  cmd.add_option("--logit-bias", o.logit_bias, "ID=BIAS: add BIAS, [-100, 100], to token ID's logit (repeatable)")
+      ->expected(1)
+      ->take_all()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd.add_option("--seed", o.seed, "the request's sampling seed (default: --random-seed)")
       ->check(integer_at_least<std::int64_t>(0))
       ->each([&o](const std::string&) { o.has_seed = true; });
@@ -105,6 +121,28 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
   sa::GenerationRequest& req = o.req;
   if (o.has_seed) req.seed = o.seed;
   if (o.max_new_given) req.max_new_tokens = o.max_new_tokens;
+  std::map<std::int32_t, float> bias;
+  for (const std::string& b : o.logit_bias) {
+    const auto eq = b.find('=');
+    std::size_t used = 0;
+    long long id = -1;
+    double v = 0;
+    try {
+      id = eq == std::string::npos ? -1 : std::stoll(b.substr(0, eq), &used);
+      if (used != eq) id = -1;
+      v = std::stod(b.substr(eq + 1), &used);
+      if (used != b.size() - eq - 1) id = -1;
+    } catch (const std::exception&) {
+      id = -1;
+    }
+    if (id < 0 || id > std::numeric_limits<std::int32_t>::max() || !std::isfinite(v))
+      throw sc::ConfigError("--logit-bias " + sc::printable(b, 60) + ": expected ID=BIAS (a token id, a number)");
+    bias[static_cast<std::int32_t>(id)] = static_cast<float>(v);
+  }
+  for (const auto& [id, v] : bias) {
+    req.rules.bias_ids.push_back(id);
+    req.rules.bias_values.push_back(v);
+  }
   specactor::sched::check_request(req, {}, flag_of);  // before the model loads; prepare checks the rest
   const bool as_json = o.json;
 

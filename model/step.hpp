@@ -20,6 +20,11 @@ struct StepItem {
   bool prefill = false;               // tokens are prompt tokens (else [root, drafts...])
   bool sample = false;                // produce tokens: the last prefill chunk, or a decode/verify step
   kernels::SamplingParams params;
+  // Penalties and biases on the target's rows (the worker keeps the request's history for them), and
+  // when the worker first sees a request that starts on cached pages: the prompt tokens before
+  // `tokens` (the rules count them; only sent when rules.needs_prompt()).
+  kernels::LogitRules rules;
+  std::vector<std::int32_t> history;
   std::uint64_t seed = 0;    // used when the worker first sees the request
   bool want_hidden = false;  // return the batch's captured layers for this item's committed rows
   bool want_kv = false;      // return the item's committed KV page table (FROZEN_KV_MTP, the prefix cache)

@@ -50,7 +50,7 @@ TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
   std::size_t total = 0;
   for (std::size_t i = 0; i < n_items; ++i) {
     const StepItem& it = batch.items[i];
-    auto [where, fresh] = seqs_.try_emplace(it.req, Seq{{}, kernels::Rng(it.seed)});
+    auto [where, fresh] = seqs_.try_emplace(it.req, Seq{{}, kernels::Rng(it.seed), {}});
     Seq& seq = where->second;
     if (fresh && (it.prefix_len > 0 || it.copy_len > 0)) {
       try {
@@ -153,6 +153,8 @@ void TargetStep::verify(const StepBatch& batch, Plan& p, const std::vector<int>&
     const auto n_tok = static_cast<std::int32_t>(it.tokens.size());
     const float* logits = out.logits.data() + logit_row * static_cast<std::size_t>(vocab);
     logit_row += p.fwd[i].logit_rows.size();
+    std::vector<float> ruled;  // the rows with the request's penalties and biases applied
+    if (it.rules.active()) logits = apply_rules(it, seq, logits, vocab, ruled);
     std::vector<std::int32_t> committed;  // rows whose KV stays: prefill rows, or root + accepted path
     ItemResult r{it.req, {}, 0, 0, {}, 0, {}, 0};
     if (!it.sample || it.prefill) {
@@ -168,10 +170,35 @@ void TargetStep::verify(const StepBatch& batch, Plan& p, const std::vector<int>&
       r.accepted = v.accepted;
       r.drafted = v.drafted;
     }
+    if (it.rules.active()) seq.history.add_output(r.tokens.data(), r.tokens.size());
     if ((it.want_hidden || it.keep_hidden) && !capture.empty()) rows(it, p, i, capture, out, first_row, committed, r);
     res.items.push_back(std::move(r));
     first_row += n_tok;
   }
+}
+
+// The item's logits rows with its rules applied, into `ruled`: a prefill chunk's prompt tokens join
+// the history first (and a cached prefix's, when the worker first sees the request); each verified
+// node's row sees the history plus the drafts on its path from the root (node i's own token included:
+// its row predicts what follows it).
+const float* TargetStep::apply_rules(const StepItem& it, Seq& seq, const float* logits, std::int64_t vocab,
+                                     std::vector<float>& ruled) {
+  const bool prompt = it.rules.needs_prompt();
+  if (prompt && !it.history.empty()) seq.history.add_prompt(it.history.data(), it.history.size());
+  if (it.prefill && prompt) seq.history.add_prompt(it.tokens.data(), it.tokens.size());
+  if (!it.sample) return logits;
+  const std::size_t rows = it.prefill ? 1 : it.tokens.size();
+  ruled.assign(logits, logits + rows * static_cast<std::size_t>(vocab));
+  std::vector<std::int32_t> path;
+  for (std::size_t node = 0; node < rows; ++node) {
+    path.clear();
+    if (!it.prefill)
+      for (auto n = static_cast<std::int32_t>(node); n > 0;
+           n = it.parents.empty() ? n - 1 : it.parents[static_cast<std::size_t>(n - 1)] + 1)
+        path.push_back(it.tokens[static_cast<std::size_t>(n)]);
+    seq.history.apply(it.rules, path.data(), path.size(), ruled.data() + node * static_cast<std::size_t>(vocab), vocab);
+  }
+  return ruled.data();
 }
 
 // The captured layers of the committed rows, per row: kept with the KV pages (keep_hidden) and/or

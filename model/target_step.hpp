@@ -81,11 +81,14 @@ class TargetStep {
   struct Seq {
     KvCache::Seq kv;
     kernels::Rng rng;
+    kernels::RuleHistory history;  // what the request's logit rules count (kept only when it has rules)
   };
   struct Plan;
 
   Plan plan(const StepBatch& batch, bool logits);
   void start_on_cache(const StepItem& it, Seq& seq, const std::vector<int>& capture, std::int64_t& rows);
+  static const float* apply_rules(const StepItem& it, Seq& seq, const float* logits, std::int64_t vocab,
+                                  std::vector<float>& ruled);
   std::vector<int> capture_layers(const StepBatch& batch) const;
   void forward(Plan& p, const std::vector<int>& capture, ForwardResult& out);
   void verify(const StepBatch& batch, Plan& p, const std::vector<int>& capture, const ForwardResult& out,

@@ -149,6 +149,9 @@ void Scheduler::submit(std::shared_ptr<const Submission> sub) {
   r->prompt_len = r->seq.size();
   r->submitted = Clock::now();
   r->seed = g.seed.value_or(limits_.default_seed);
+  r->rules = g.rules;
+  if (r->rules.min_tokens > 0 && r->rules.end_ids.empty() && tokenizer_)
+    r->rules.end_ids = tokenizer_->end_of_generation_ids();
   r->out.stops = StopMatcher(g.stop);
   if (tokenizer_) r->out.decoder = std::make_unique<model::StreamDecoder>(*tokenizer_);
   r->max_new = new_token_budget(g, static_cast<std::int64_t>(r->prompt_len), limits_.context_length);
@@ -257,6 +260,7 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
     StepItem item;
     item.req = r.id();
     item.params = g.sampling;
+    item.rules = r.rules;
     item.seed = r.seed;
     if (draft_alive && g.speculative) {
       item.want_hidden = !draft_.needs.hidden_layers.empty();
@@ -271,6 +275,8 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
       // The first chunk after a cache hit: the target starts the request on the cached pages.
       item.prefix_pages = r.cache.pages;
       item.prefix_len = r.cache.tokens - r.cache.copy_len;
+      if (r.rules.needs_prompt())  // the worker never sees the cached prompt tokens otherwise
+        item.history.assign(r.seq.begin(), r.seq.begin() + static_cast<long>(r.prefilled));
       item.copy_page = r.cache.copy_page;
       item.copy_len = r.cache.copy_len;
     }

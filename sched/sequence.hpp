@@ -28,6 +28,7 @@ struct Sequence {
   std::size_t chunk = 0;      // prompt tokens in the step in flight
   std::int64_t max_new = 0;
   std::uint64_t seed = 0;
+  kernels::LogitRules rules;  // the request's, with the model's end ids for min_tokens
   bool cancelled = false;
   bool in_step = false;
   Clock::time_point submitted;

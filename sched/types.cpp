@@ -39,6 +39,27 @@ void check_request(const GenerationRequest& r, const RequestLimits& limits,
   if (sp.top_p < kMinTopP) fail("top_p", "must be at least 1e-05 (a smaller nucleus is the top token: use top_k 1)");
   if (sp.top_k < 0) fail("top_k", "must be >= 0 (0 = off)");
   if (!(sp.min_p >= 0 && sp.min_p < 1)) fail("min_p", "must be in [0, 1)");
+  const auto& rl = r.rules;
+  if (!(rl.presence_penalty >= -2 && rl.presence_penalty <= 2)) fail("presence_penalty", "must be in [-2, 2]");
+  if (!(rl.frequency_penalty >= -2 && rl.frequency_penalty <= 2)) fail("frequency_penalty", "must be in [-2, 2]");
+  if (!(std::isfinite(rl.repetition_penalty) && rl.repetition_penalty > 0))
+    fail("repetition_penalty", "must be a finite number > 0 (1 = off)");
+  if (rl.min_tokens < 0) fail("min_tokens", "must be >= 0");
+  if (r.max_new_tokens && rl.min_tokens > *r.max_new_tokens)
+    fail("min_tokens", "must be at most " + field("max_new_tokens") + " (" + std::to_string(*r.max_new_tokens) + ")");
+  if (rl.bias_ids.size() != rl.bias_values.size()) fail("logit_bias", "ids and values differ in number");
+  for (std::size_t i = 0; i < rl.bias_ids.size(); ++i) {
+    std::string at;  // appended, not "[" + …: GCC 12's -Wrestrict false positive (see above)
+    at.append("[").append(std::to_string(rl.bias_ids[i])).append("]");
+    if (!(rl.bias_values[i] >= -100 && rl.bias_values[i] <= 100))
+      throw RequestError(field("logit_bias") + at, "must be a number in [-100, 100]");
+    if (rl.bias_ids[i] < 0 || (i > 0 && rl.bias_ids[i] <= rl.bias_ids[i - 1]))
+      throw RequestError(field("logit_bias") + at, "token ids must be >= 0, ascending and unique");
+    if (limits.vocab_size > 0 && rl.bias_ids[i] >= limits.vocab_size)
+      throw RequestError(field("logit_bias") + at, "token id " + std::to_string(rl.bias_ids[i]) +
+                                                       " is outside the vocabulary (" +
+                                                       std::to_string(limits.vocab_size) + " tokens)");
+  }
   for (std::size_t i = 0; i < r.stop.size(); ++i) {
     std::string at;  // built by appending: GCC 12 warns (-Wrestrict, a false positive) on "[" + std::string
     if (r.stop.size() > 1) at.append("[").append(std::to_string(i)).append("]");

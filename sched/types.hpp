@@ -26,6 +26,9 @@ struct GenerationRequest {
   // token or a stop string). Given: at least 1, and the prompt plus these must fit the context.
   std::optional<std::int64_t> max_new_tokens;
   kernels::SamplingParams sampling;   // greedy by default
+  // Penalties, biases and min_tokens on the target's logits (kernels/cpu/sampling.hpp), speculative
+  // or not; end_ids may stay empty (the model's end-of-generation ids are used).
+  kernels::LogitRules rules;
   std::optional<std::uint64_t> seed;  // default: the snapshot's random_seed
   std::vector<std::string> stop;      // stop strings (not included in the output)
   bool ignore_eos = false;

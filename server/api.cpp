@@ -1,9 +1,11 @@
 // server/api.cpp — see api.hpp.
 #include "server/api.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "config/error.hpp"
 #include "config/input.hpp"
@@ -118,6 +120,38 @@ std::int32_t to_top_k(std::int64_t k, const std::string& name) {
 }
 
 // The sampling fields shared by the OpenAI endpoints (top level) and /generate (sampling_params).
+// Penalties, logit_bias and min_tokens (ranges: sched::check_request). logit_bias is an object of
+// token ids (as decimal strings, OpenAI's form) to numbers.
+void read_rules(const json& o, kernels::LogitRules& rules, const std::string& prefix) {
+  if (auto v = get_number(o, "presence_penalty", prefix)) rules.presence_penalty = static_cast<float>(*v);
+  if (auto v = get_number(o, "frequency_penalty", prefix)) rules.frequency_penalty = static_cast<float>(*v);
+  if (auto v = get_number(o, "repetition_penalty", prefix)) rules.repetition_penalty = static_cast<float>(*v);
+  for (const char* name : {"min_tokens", "min_new_tokens"})  // vLLM's name, sglang's
+    if (auto v = get_int(o, name, prefix)) {
+      if (*v < 0) throw ApiError(400, where(prefix, name) + ": must be >= 0", where(prefix, name));
+      rules.min_tokens = *v;
+    }
+  const json* b = field(o, "logit_bias");
+  if (!b || b->is_null()) return;
+  const std::string name = where(prefix, "logit_bias");
+  if (!b->is_object())
+    throw ApiError(400, name + ": expected an object of token ids to biases, e.g. {\"1234\": -100}", name);
+  std::map<std::int32_t, float> bias;
+  for (const auto& [key, value] : b->items()) {
+    const std::string at = name + "[" + config::printable(key, 40) + "]";
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits || std::stoll(key) > std::numeric_limits<std::int32_t>::max())
+      throw ApiError(400, at + ": expected a token id (a non-negative integer as a string)", name);
+    if (!value.is_number()) throw ApiError(400, at + ": expected a number", name);
+    bias[static_cast<std::int32_t>(std::stoll(key))] = static_cast<float>(value.get<double>());
+  }
+  for (const auto& [id, v] : bias) {
+    rules.bias_ids.push_back(id);
+    rules.bias_values.push_back(v);
+  }
+}
+
 void read_sampling(const json& o, sched::GenerationRequest& r, const std::string& prefix) {
   if (auto t = get_number(o, "temperature", prefix)) r.sampling.temperature = static_cast<float>(*t);
   if (auto t = get_number(o, "top_p", prefix)) r.sampling.top_p = static_cast<float>(*t);
@@ -129,6 +163,7 @@ void read_sampling(const json& o, sched::GenerationRequest& r, const std::string
   }
   r.stop = get_stop(o, prefix);
   r.ignore_eos = get_bool(o, "ignore_eos", false, prefix);
+  read_rules(o, r.rules, prefix);
 }
 
 // The engine's own checks of the request's fields (sched::check_request), at parse time: a 400 naming
@@ -179,12 +214,7 @@ void refuse_unsupported(const json& body) {
     if (const json* v = field(body, name); v && !v->is_null() && !(v->is_number() && v->get<double>() == neutral))
       refuse(name, *v);
   };
-  number_other_than("presence_penalty", 0.0);
-  number_other_than("frequency_penalty", 0.0);
-  number_other_than("repetition_penalty", 1.0);
   number_other_than("best_of", 1.0);
-  if (const json* v = field(body, "logit_bias"); v && !v->is_null() && !(v->is_object() && v->empty()))
-    refuse("logit_bias", *v);
   if (const json* v = field(body, "response_format");
       v && !v->is_null() && !(v->is_object() && v->value("type", json()) == "text"))
     refuse("response_format", *v);

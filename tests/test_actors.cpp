@@ -5,6 +5,7 @@
 #include <caf/all.hpp>
 
 #include "actors/system.hpp"
+#include "actors/wire.hpp"
 #include "config/resolve.hpp"
 
 using namespace specactor;
@@ -53,6 +54,42 @@ TEST_CASE("a snapshot sent to a local actor is the same object (zero copy)") {
           [&](const caf::error& err) { FAIL("request failed: " << sys.render(err)); });
   CHECK(answered);
   self->send_exit(echo, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a request's penalties and biases cross a process boundary: the request and the step item") {
+  caf::actor_system_config cfg;
+  actors::configure_actor_system(cfg);
+  caf::actor_system sys{cfg};
+  sched::GenerationRequest r;
+  r.prompt = "hi";
+  r.rules.presence_penalty = 0.5f;
+  r.rules.frequency_penalty = -0.25f;
+  r.rules.repetition_penalty = 1.2f;
+  r.rules.bias_ids = {3, 99};
+  r.rules.bias_values = {-100.0f, 2.0f};
+  r.rules.min_tokens = 7;
+  r.rules.end_ids = {2};
+  model::StepItem item;
+  item.rules = r.rules;
+  item.history = {5, 6, 7};
+  std::vector<char> buf;
+  caf::binary_serializer sink{sys, buf};
+  REQUIRE_FALSE(sink(r, item));
+  sched::GenerationRequest back;
+  model::StepItem item_back;
+  caf::binary_deserializer source{sys, buf};
+  REQUIRE_FALSE(source(back, item_back));
+  for (const kernels::LogitRules* got : {&back.rules, &item_back.rules}) {
+    CHECK(got->presence_penalty == 0.5f);
+    CHECK(got->frequency_penalty == -0.25f);
+    CHECK(got->repetition_penalty == 1.2f);
+    CHECK(got->bias_ids == r.rules.bias_ids);
+    CHECK(got->bias_values == r.rules.bias_values);
+    CHECK(got->min_tokens == 7);
+    CHECK(got->end_ids == r.rules.end_ids);
+  }
+  CHECK(item_back.history == item.history);
+  CHECK(back.prompt == "hi");
 }
 
 TEST_CASE("a snapshot serializes and deserializes to an equal snapshot with its log") {

@@ -108,14 +108,27 @@ TEST_CASE("bad requests are 400s naming the field, an unknown model is a 404") {
       {R"({"messages": [{"role": "user", "content": "x"}], "seed": -1})", 400, "seed", ">= 0"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream_options": 1})", 400, "stream_options", "object"},
       {R"({"messages": [{"role": "user", "content": "x"}], "model": "gpt-4"})", 404, "model", "does not exist"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 10}})", 400, "logit_bias",
-       "is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 101}})", 400, "logit_bias",
+       "logit_bias[5]: must be a number in [-100, 100]"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"five": 1}})", 400, "logit_bias",
+       "expected a token id"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"-5": 1}})", 400, "logit_bias",
+       "expected a token id"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": "high"}})", 400, "logit_bias",
+       "expected a number"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": [5]})", 400, "logit_bias",
+       "expected an object"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0})", 400, "repetition_penalty",
+       "> 0"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "min_tokens": -1})", 400, "min_tokens", ">= 0"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "min_tokens": 9, "max_tokens": 4})", 400, "min_tokens",
+       "at most max_tokens (4)"},
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", 400,
        "response_format", "is not supported"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5})", 400, "presence_penalty",
-       "is not supported"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -1})", 400, "frequency_penalty",
-       "is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5})", 400, "presence_penalty",
+       "must be in [-2, 2]"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": "-1"})", 400, "frequency_penalty",
+       "frequency_penalty"},
       {R"({"messages": [{"role": "user", "content": "x"}], "best_of": 3})", 400, "best_of", "is not supported"},
   };
   for (const auto& c : cases) {
@@ -302,6 +315,20 @@ TEST_CASE("unsupported OpenAI fields: neutral values pass, others are refused, e
   CHECK(error_of([] { parse_completion(json::parse(R"({"prompt": "x", "echo": true})"), kLimits); }).param == "echo");
   CHECK(error_of([] { parse_completion(json::parse(R"({"prompt": "x", "suffix": "end"})"), kLimits); }).param ==
         "suffix");
+  // Penalties, logit_bias and min_tokens reach the request (logit_bias sorted by id).
+  const ApiRequest pr = parse_completion(json::parse(R"({"prompt": "x", "presence_penalty": 0.5,
+      "frequency_penalty": -0.25, "repetition_penalty": 1.3, "min_tokens": 3, "max_tokens": 8,
+      "logit_bias": {"17": -100, "5": 2.5}})"),
+                                         kLimits);
+  const auto& rl = pr.request.rules;
+  CHECK(rl.presence_penalty == 0.5f);
+  CHECK(rl.frequency_penalty == -0.25f);
+  CHECK(rl.repetition_penalty == 1.3f);
+  CHECK(rl.min_tokens == 3);
+  CHECK(rl.bias_ids == std::vector<std::int32_t>{5, 17});
+  CHECK(rl.bias_values == std::vector<float>{2.5f, -100.0f});
+  CHECK(rl.active());
+  CHECK(rl.needs_prompt());
   // A parse error quoting a 4 MB token is cut to a bounded message.
   const std::string huge = "{\"a\": " + std::string(4 << 20, 'x') + "}";
   const ApiError e = error_of([&] { parse_body(huge); });

@@ -88,6 +88,20 @@ void check_lossless(const std::vector<std::string>& base_args, const std::vector
         reqs.begin(), reqs.begin() + static_cast<long>(std::min<std::size_t>(8, reqs.size())));
     const auto want8 = run(*plain, first8, true);
     for (std::size_t i = 0; i < first8.size(); ++i) CHECK(want8[i] == want[i]);  // batching changes nothing
+    {  // the requests with penalties and biases: these must change the output, or comparing proves little
+      std::vector<GenerationRequest> bare;
+      std::vector<std::size_t> ruled;
+      for (std::size_t i = 0; i < reqs.size(); ++i)
+        if (reqs[i].rules.active()) {
+          bare.push_back(reqs[i]);
+          bare.back().rules = {};
+          ruled.push_back(i);
+        }
+      const auto without = run(*plain, bare, false);
+      std::size_t changed = 0;
+      for (std::size_t k = 0; k < ruled.size(); ++k) changed += without[k] != want[ruled[k]];
+      if (!ruled.empty()) CHECK(changed > 0);
+    }
     plain->shutdown();
     for (const auto& cfg : configs) {
       std::vector<std::string> args = base;
@@ -131,6 +145,20 @@ specactor::config::ServerArgs tiny_args(const std::string& path, const std::stri
   return args;
 }
 
+// Penalties and biases on the last three of eight requests (every lossless suite runs them): output
+// penalties; a repetition penalty with a bias; min_tokens holding back a favoured end token.
+void add_rules(std::vector<GenerationRequest>& reqs) {
+  REQUIRE(reqs.size() >= 8);
+  reqs[5].rules.presence_penalty = 0.8f;
+  reqs[5].rules.frequency_penalty = 0.6f;
+  reqs[6].rules.repetition_penalty = 1.6f;
+  reqs[6].rules.bias_ids = {3, 10, 40};
+  reqs[6].rules.bias_values = {2.0f, -3.0f, 1.5f};
+  reqs[7].rules.min_tokens = 6;
+  reqs[7].rules.bias_ids = {2};  // the tiny model's (and the default model's) end token
+  reqs[7].rules.bias_values = {8.0f};
+}
+
 // Eight id prompts of growing length for the tiny model.
 std::vector<GenerationRequest> tiny_requests(std::int64_t max_new) {
   std::vector<GenerationRequest> reqs;
@@ -141,6 +169,7 @@ std::vector<GenerationRequest> tiny_requests(std::int64_t max_new) {
     r.ignore_eos = true;
     reqs.push_back(r);
   }
+  add_rules(reqs);
   return reqs;
 }
 
@@ -261,6 +290,7 @@ TEST_CASE(
     r.max_new_tokens = 12;
     reqs.push_back(r);
   }
+  add_rules(reqs);
   check_lossless({"--model-path", kDefaultModel, "--log-level", "warn"}, reqs, heads->configs);
 }
 
@@ -789,6 +819,7 @@ TEST_CASE("default model: every head-free drafter is lossless on the shipped pro
     reqs.push_back(r);
   }
   REQUIRE(reqs.size() >= 12);
+  add_rules(reqs);
   check_lossless({"--model-path", kDefaultModel, "--log-level", "warn"}, reqs,
                  {{"--speculative-algorithm", "NGRAM"},
                   {"--speculative-algorithm", "NGRAM", "--speculative-adaptive", "false"},
@@ -922,7 +953,7 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   const std::vector<std::string> base = {"--model-path", p, "--log-level", "warn", "--max-total-tokens", "1024"};
   const int draws = 1200;
   // Histogram of the third generated token (two decode steps after the prefill's token).
-  auto histogram = [&](std::vector<std::string> extra) {
+  auto histogram = [&](std::vector<std::string> extra, bool ruled = false) {
     std::vector<std::string> args = base;
     args.insert(args.end(), extra.begin(), extra.end());
     auto e = Engine::from_argv(args);
@@ -934,6 +965,13 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
       r.ignore_eos = true;
       r.sampling.temperature = 1.0f;
       r.sampling.top_k = 6;
+      if (ruled) {  // penalties and a bias: the distribution sampled is the penalised one
+        r.rules.presence_penalty = 1.0f;
+        r.rules.frequency_penalty = 0.5f;
+        r.rules.repetition_penalty = 1.3f;
+        r.rules.bias_ids = {7};
+        r.rules.bias_values = {1.5f};
+      }
       r.seed = static_cast<std::uint64_t>(1000 + i);
       const auto g = e->generate(r);
       REQUIRE(g.tokens.size() == 3);
@@ -1045,6 +1083,29 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   CHECK(chi_drej < crit(df4));
   CHECK(chi_dtgt < crit(df5));
   CHECK(chi_srej < crit(df6));
+  // Under penalties and a bias: plain sampling moves (the rules change the distribution), and rejection
+  // and target-only sampling follow the moved one.
+  const std::vector<std::string> standalone = {"--speculative-algorithm",     "STANDALONE", "--speculative-draft-num-layers",
+                                               "1", "--speculative-use-rejection-sampling", "--speculative-num-steps",
+                                               "2", "--speculative-adaptive", "false"};
+  const auto [plain_r, prm] = histogram({}, true);
+  const auto [rejection_r, rrm] = histogram(standalone, true);
+  const auto [target_r, trm] =
+      histogram({"--speculative-algorithm", "NGRAM", "--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
+                 "--speculative-num-draft-tokens", "4", "--speculative-adaptive", "false"},
+                true);
+  int dr0 = 0, dr1 = 0, dr2 = 0;
+  const double chi_moved = two_sample_chi2(plain, plain_r, dr0);
+  const double chi_rej_r = two_sample_chi2(plain_r, rejection_r, dr1), chi_tgt_r = two_sample_chi2(plain_r, target_r, dr2);
+  MESSAGE("with penalties: plain moved by chi2 = " << chi_moved << " (df " << dr0 << "); rejection chi2 = " << chi_rej_r
+                                                   << " (df " << dr1 << ", accepted " << rrm.accepted
+                                                   << "); target-only chi2 = " << chi_tgt_r << " (df " << dr2
+                                                   << ", drafted " << trm.drafted << ")");
+  CHECK(chi_moved > crit(dr0));
+  CHECK(rrm.accepted > 0);
+  CHECK(trm.drafted > 0);
+  CHECK(chi_rej_r < crit(dr1));
+  CHECK(chi_tgt_r < crit(dr2));
   fs::remove_all(block);
   fs::remove_all(spark);
   fs::remove(head);

@@ -144,3 +144,68 @@ TEST_CASE("verify_step: the CUDA backend's verdicts equal the CPU's") {
     }
   }
 }
+
+TEST_CASE("logit rules: min_tokens, logit_bias, repetition, frequency and presence, each as defined") {
+  using kernels::LogitRules;
+  using kernels::RuleHistory;
+  const std::int64_t V = 8;
+  const std::vector<float> base = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f, 1.0f, 0.0f, 4.0f};
+  RuleHistory h;
+  const std::int32_t prompt[] = {1, 2, 2};
+  h.add_prompt(prompt, 3);
+  const std::int32_t out[] = {3, 5, 3};  // 3 twice, 5 once
+  h.add_output(out, 3);
+  CHECK(h.output_length() == 3);
+  auto ruled = [&](const LogitRules& r, std::vector<std::int32_t> path = {}) {
+    std::vector<float> l = base;
+    h.apply(r, path.data(), path.size(), l.data(), V);
+    return l;
+  };
+  LogitRules none;
+  CHECK_FALSE(none.active());
+  CHECK(ruled(none) == base);
+  // min_tokens: the end ids are -inf while the output (with the path) is shorter.
+  LogitRules mt;
+  mt.min_tokens = 5;
+  mt.end_ids = {7};
+  CHECK(std::isinf(ruled(mt)[7]));
+  CHECK(ruled(mt)[6] == 0.0f);
+  CHECK(std::isinf(ruled(mt, {4})[7]));          // 4 tokens
+  CHECK(ruled(mt, {4, 6})[7] == 4.0f);            // 5: free again
+  // logit_bias adds.
+  LogitRules lb;
+  lb.bias_ids = {0, 6};
+  lb.bias_values = {-100.0f, 2.5f};
+  auto l = ruled(lb);
+  CHECK(l[0] == 2.0f - 100.0f);
+  CHECK(l[6] == 2.5f);
+  CHECK(l[1] == -1.0f);
+  // Repetition: prompt and output tokens; positive logits divided, negative multiplied.
+  LogitRules rp;
+  rp.repetition_penalty = 2.0f;
+  l = ruled(rp);
+  CHECK(l[1] == -2.0f);  // prompt, negative
+  CHECK(l[2] == 0.25f);  // prompt (twice: once)
+  CHECK(l[3] == 1.5f);   // output
+  CHECK(l[5] == 0.5f);
+  CHECK(l[0] == 2.0f);   // neither
+  CHECK(l[7] == 4.0f);
+  CHECK(ruled(rp, {7})[7] == 2.0f);  // a draft on the path counts as output
+  // Frequency and presence: output tokens only (the prompt's 1 and 2 untouched), by count.
+  LogitRules fp;
+  fp.frequency_penalty = 0.5f;
+  fp.presence_penalty = 0.25f;
+  l = ruled(fp);
+  CHECK(l[3] == 3.0f - 0.5f * 2 - 0.25f);
+  CHECK(l[5] == 1.0f - 0.5f - 0.25f);
+  CHECK(l[1] == -1.0f);
+  CHECK(l[2] == 0.5f);
+  l = ruled(fp, {3, 0});
+  CHECK(l[3] == 3.0f - 0.5f * 3 - 0.25f);
+  CHECK(l[0] == 2.0f - 0.5f - 0.25f);
+  // Ids outside the vocabulary are ignored, not written.
+  LogitRules odd;
+  odd.bias_ids = {9};
+  odd.bias_values = {1.0f};
+  CHECK(ruled(odd) == base);
+}

@@ -424,7 +424,8 @@ def never_500(srv):
               json.dumps({"prompt": "hi", "temperature": 1e-40}).encode(),
               json.dumps({"prompt": "hi", "max_tokens": -1}).encode(),
               json.dumps({"prompt": [2 ** 40]}).encode(),
-              json.dumps({"prompt": "hi", "logit_bias": {"1": 5}}).encode(),
+              json.dumps({"prompt": "hi", "logit_bias": {"one": 5}}).encode(),
+              json.dumps({"prompt": "hi", "logit_bias": {"1": 1e300}}).encode(),
               b'{"prompt": "' + b"\\ud800" + b'"}', b"[" * 100000 + b"]" * 100000]
     for b in bodies:
         st, out = post(srv.base + "/v1/completions", b)

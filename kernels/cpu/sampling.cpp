@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "kernels/cpu/ops.hpp"
@@ -153,6 +154,66 @@ std::int32_t sample(const float* logits, std::int64_t n, const SamplingParams& p
   std::vector<float> probs;
   sampling_probs(logits, n, p, probs);
   return sample_from_probs(probs, rng.uniform());
+}
+
+void RuleHistory::add_prompt(const std::int32_t* ids, std::size_t n) {
+  prompt_.insert(prompt_.end(), ids, ids + n);
+  std::sort(prompt_.begin(), prompt_.end());
+  prompt_.erase(std::unique(prompt_.begin(), prompt_.end()), prompt_.end());
+}
+
+void RuleHistory::add_output(const std::int32_t* ids, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    auto it = std::lower_bound(out_.begin(), out_.end(), std::make_pair(ids[i], std::int32_t{0}));
+    if (it != out_.end() && it->first == ids[i])
+      ++it->second;
+    else
+      out_.insert(it, {ids[i], 1});
+  }
+  out_len_ += static_cast<std::int64_t>(n);
+}
+
+void RuleHistory::apply(const LogitRules& rules, const std::int32_t* path, std::size_t path_len, float* logits,
+                        std::int64_t vocab) const {
+  auto valid = [&](std::int32_t t) { return t >= 0 && t < vocab; };
+  if (out_len_ + static_cast<std::int64_t>(path_len) < rules.min_tokens)
+    for (const std::int32_t t : rules.end_ids)
+      if (valid(t)) logits[t] = -std::numeric_limits<float>::infinity();
+  for (std::size_t i = 0; i < rules.bias_ids.size() && i < rules.bias_values.size(); ++i)
+    if (valid(rules.bias_ids[i])) logits[rules.bias_ids[i]] += rules.bias_values[i];
+  const bool rep = rules.repetition_penalty != 1.0f, out = rules.frequency_penalty != 0.0f || rules.presence_penalty != 0.0f;
+  if (!rep && !out) return;
+  // The output's counts with the path's tokens added (each token handled once).
+  std::vector<std::pair<std::int32_t, std::int32_t>> counts = out_;
+  if (path_len > 0) {
+    std::vector<std::int32_t> extra(path, path + path_len);
+    std::sort(extra.begin(), extra.end());
+    for (std::size_t i = 0; i < extra.size();) {
+      std::size_t j = i;
+      while (j < extra.size() && extra[j] == extra[i]) ++j;
+      auto it = std::lower_bound(counts.begin(), counts.end(), std::make_pair(extra[i], std::int32_t{0}));
+      if (it != counts.end() && it->first == extra[i])
+        it->second += static_cast<std::int32_t>(j - i);
+      else
+        counts.insert(it, {extra[i], static_cast<std::int32_t>(j - i)});
+      i = j;
+    }
+  }
+  auto repeat = [&](float& l) { l = l > 0.0f ? l / rules.repetition_penalty : l * rules.repetition_penalty; };
+  for (const auto& [t, c] : counts) {
+    if (!valid(t)) continue;
+    float& l = logits[t];
+    if (rep) repeat(l);
+    if (out) {
+      l -= rules.frequency_penalty * static_cast<float>(c);
+      l -= rules.presence_penalty;
+    }
+  }
+  if (rep)  // prompt tokens the output does not hold (those were penalised above)
+    for (const std::int32_t t : prompt_)
+      if (valid(t) && !std::binary_search(counts.begin(), counts.end(), std::make_pair(t, std::int32_t{0}),
+                                          [](const auto& a, const auto& b) { return a.first < b.first; }))
+        repeat(logits[t]);
 }
 
 }  // namespace specactor::kernels

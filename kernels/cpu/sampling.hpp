@@ -2,7 +2,9 @@
 // with a seeded generator so a (seed, logits) pair always gives the same token.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace specactor::kernels {
@@ -36,5 +38,48 @@ void sampling_probs(const float* logits, std::int64_t n, const SamplingParams& p
 std::int32_t sample_from_probs(const std::vector<float>& probs, double u);
 
 std::int32_t sample(const float* logits, std::int64_t n, const SamplingParams& p, Rng& rng);
+
+// ---- penalties and biases (the OpenAI / vLLM request fields) ---------------------------------------
+//
+// Applied to the target's logits row before the sampling transforms above, in this order, for a
+// history of prompt tokens and output tokens (the tokens generated so far, plus — for a row that
+// verifies a draft — the drafts on the path from the root to that row):
+//   1. min_tokens: while the output holds fewer than min_tokens tokens, every end id is −∞;
+//   2. logit_bias: bias[t] is added to logit t;
+//   3. repetition_penalty r (every token of the prompt or the output): logit > 0 → logit / r, else logit · r;
+//   4. frequency_penalty f and presence_penalty p (tokens of the output, c times): logit −= f·c, then −= p.
+// The same history gives the same bits, so speculative and plain decoding see the same distribution.
+struct LogitRules {
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  std::vector<std::int32_t> bias_ids;  // logit_bias: ids (ascending, unique) and what is added to each
+  std::vector<float> bias_values;
+  std::int64_t min_tokens = 0;
+  std::vector<std::int32_t> end_ids;  // what min_tokens holds back (the engine sets the model's)
+  bool active() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f || !bias_ids.empty() ||
+           min_tokens > 0;
+  }
+  bool needs_prompt() const { return repetition_penalty != 1.0f; }
+};
+
+// What the rules of one request look at: the prompt's tokens (only kept where the repetition penalty
+// needs them) and how often each output token occurred.
+class RuleHistory {
+ public:
+  void add_prompt(const std::int32_t* ids, std::size_t n);
+  void add_output(const std::int32_t* ids, std::size_t n);
+  std::int64_t output_length() const { return out_len_; }
+  // Applies `rules` to one logits row of `vocab` entries whose history is this one plus `path`
+  // (draft tokens of the output not yet committed, any order).
+  void apply(const LogitRules& rules, const std::int32_t* path, std::size_t path_len, float* logits,
+             std::int64_t vocab) const;
+
+ private:
+  std::vector<std::int32_t> prompt_;  // sorted, unique
+  std::vector<std::pair<std::int32_t, std::int32_t>> out_;  // (id, count), sorted by id
+  std::int64_t out_len_ = 0;
+};
 
 }  // namespace specactor::kernels
