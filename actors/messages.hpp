@@ -39,7 +39,8 @@ namespace specactor::model {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
   return f(caf::meta::type_name("step_item"), x.req, x.tokens, x.parents, x.draft_probs, x.prefill, x.sample, x.params,
-           x.rules, x.history, x.seed, x.want_hidden, x.want_kv, x.keep_hidden, x.prefix_pages, x.prefix_len, x.copy_page, x.copy_len);
+           x.rules, x.history, x.seed, x.want_hidden, x.want_kv, x.keep_hidden, x.prefix_pages, x.prefix_len,
+           x.copy_page, x.copy_len);
 }
 
 template <class Inspector>

@@ -117,12 +117,10 @@ extern "C" void on_sigint(int) {
   std::signal(SIGINT, SIG_DFL);
 }
 
-int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
-  sa::GenerationRequest& req = o.req;
-  if (o.has_seed) req.seed = o.seed;
-  if (o.max_new_given) req.max_new_tokens = o.max_new_tokens;
+// --logit-bias ID=BIAS (repeatable; a later one for the same id wins) into the rules, ids ascending.
+static void set_logit_bias(const std::vector<std::string>& flags, specactor::kernels::LogitRules& rules) {
   std::map<std::int32_t, float> bias;
-  for (const std::string& b : o.logit_bias) {
+  for (const std::string& b : flags) {
     const auto eq = b.find('=');
     std::size_t used = 0;
     long long id = -1;
@@ -140,9 +138,16 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
     bias[static_cast<std::int32_t>(id)] = static_cast<float>(v);
   }
   for (const auto& [id, v] : bias) {
-    req.rules.bias_ids.push_back(id);
-    req.rules.bias_values.push_back(v);
+    rules.bias_ids.push_back(id);
+    rules.bias_values.push_back(v);
   }
+}
+
+int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
+  sa::GenerationRequest& req = o.req;
+  if (o.has_seed) req.seed = o.seed;
+  if (o.max_new_given) req.max_new_tokens = o.max_new_tokens;
+  set_logit_bias(o.logit_bias, req.rules);
   specactor::sched::check_request(req, {}, flag_of);  // before the model loads; prepare checks the rest
   const bool as_json = o.json;
 

@@ -25,7 +25,7 @@ struct GenerationRequest {
   // Unset: as many as the context leaves room for (generation stops earlier at the end-of-generation
   // token or a stop string). Given: at least 1, and the prompt plus these must fit the context.
   std::optional<std::int64_t> max_new_tokens;
-  kernels::SamplingParams sampling;   // greedy by default
+  kernels::SamplingParams sampling;  // greedy by default
   // Penalties, biases and min_tokens on the target's logits (kernels/cpu/sampling.hpp), speculative
   // or not; end_ids may stay empty (the model's end-of-generation ids are used).
   kernels::LogitRules rules;

@@ -1085,9 +1085,15 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   CHECK(chi_srej < crit(df6));
   // Under penalties and a bias: plain sampling moves (the rules change the distribution), and rejection
   // and target-only sampling follow the moved one.
-  const std::vector<std::string> standalone = {"--speculative-algorithm",     "STANDALONE", "--speculative-draft-num-layers",
-                                               "1", "--speculative-use-rejection-sampling", "--speculative-num-steps",
-                                               "2", "--speculative-adaptive", "false"};
+  const std::vector<std::string> standalone = {"--speculative-algorithm",
+                                               "STANDALONE",
+                                               "--speculative-draft-num-layers",
+                                               "1",
+                                               "--speculative-use-rejection-sampling",
+                                               "--speculative-num-steps",
+                                               "2",
+                                               "--speculative-adaptive",
+                                               "false"};
   const auto [plain_r, prm] = histogram({}, true);
   const auto [rejection_r, rrm] = histogram(standalone, true);
   const auto [target_r, trm] =
@@ -1096,7 +1102,8 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
                 true);
   int dr0 = 0, dr1 = 0, dr2 = 0;
   const double chi_moved = two_sample_chi2(plain, plain_r, dr0);
-  const double chi_rej_r = two_sample_chi2(plain_r, rejection_r, dr1), chi_tgt_r = two_sample_chi2(plain_r, target_r, dr2);
+  const double chi_rej_r = two_sample_chi2(plain_r, rejection_r, dr1),
+               chi_tgt_r = two_sample_chi2(plain_r, target_r, dr2);
   MESSAGE("with penalties: plain moved by chi2 = " << chi_moved << " (df " << dr0 << "); rejection chi2 = " << chi_rej_r
                                                    << " (df " << dr1 << ", accepted " << rrm.accepted
                                                    << "); target-only chi2 = " << chi_tgt_r << " (df " << dr2

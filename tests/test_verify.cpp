@@ -170,8 +170,8 @@ TEST_CASE("logit rules: min_tokens, logit_bias, repetition, frequency and presen
   mt.end_ids = {7};
   CHECK(std::isinf(ruled(mt)[7]));
   CHECK(ruled(mt)[6] == 0.0f);
-  CHECK(std::isinf(ruled(mt, {4})[7]));          // 4 tokens
-  CHECK(ruled(mt, {4, 6})[7] == 4.0f);            // 5: free again
+  CHECK(std::isinf(ruled(mt, {4})[7]));  // 4 tokens
+  CHECK(ruled(mt, {4, 6})[7] == 4.0f);   // 5: free again
   // logit_bias adds.
   LogitRules lb;
   lb.bias_ids = {0, 6};
@@ -188,7 +188,7 @@ TEST_CASE("logit rules: min_tokens, logit_bias, repetition, frequency and presen
   CHECK(l[2] == 0.25f);  // prompt (twice: once)
   CHECK(l[3] == 1.5f);   // output
   CHECK(l[5] == 0.5f);
-  CHECK(l[0] == 2.0f);   // neither
+  CHECK(l[0] == 2.0f);  // neither
   CHECK(l[7] == 4.0f);
   CHECK(ruled(rp, {7})[7] == 2.0f);  // a draft on the path counts as output
   // Frequency and presence: output tokens only (the prompt's 1 and 2 untouched), by count.

@@ -181,7 +181,8 @@ void RuleHistory::apply(const LogitRules& rules, const std::int32_t* path, std::
       if (valid(t)) logits[t] = -std::numeric_limits<float>::infinity();
   for (std::size_t i = 0; i < rules.bias_ids.size() && i < rules.bias_values.size(); ++i)
     if (valid(rules.bias_ids[i])) logits[rules.bias_ids[i]] += rules.bias_values[i];
-  const bool rep = rules.repetition_penalty != 1.0f, out = rules.frequency_penalty != 0.0f || rules.presence_penalty != 0.0f;
+  const bool rep = rules.repetition_penalty != 1.0f,
+             out = rules.frequency_penalty != 0.0f || rules.presence_penalty != 0.0f;
   if (!rep && !out) return;
   // The output's counts with the path's tokens added (each token handled once).
   std::vector<std::pair<std::int32_t, std::int32_t>> counts = out_;

@@ -77,7 +77,7 @@ class RuleHistory {
              std::int64_t vocab) const;
 
  private:
-  std::vector<std::int32_t> prompt_;  // sorted, unique
+  std::vector<std::int32_t> prompt_;                        // sorted, unique
   std::vector<std::pair<std::int32_t, std::int32_t>> out_;  // (id, count), sorted by id
   std::int64_t out_len_ = 0;
 };
