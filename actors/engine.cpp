@@ -241,6 +241,7 @@ GenerationResult EngineApi::generate(GenerationRequest request) {
   result->prompt_ids = request.prompt_ids;
   result->id = submit(std::move(request), [result, done](const TokenEvent& ev) {
     result->tokens.insert(result->tokens.end(), ev.tokens.begin(), ev.tokens.end());
+    result->logprobs.insert(result->logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
     result->text += ev.text;
     if (ev.finished) {
       result->finish_reason = ev.finish_reason;

@@ -28,6 +28,10 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TokenLogprob& x) {
+  return f(caf::meta::type_name("token_logprob"), x.token, x.logprob, x.top_ids, x.top_logprobs);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LogitRules& x) {
   return f(caf::meta::type_name("logit_rules"), x.presence_penalty, x.frequency_penalty, x.repetition_penalty,
            x.bias_ids, x.bias_values, x.min_tokens, x.end_ids);
@@ -39,8 +43,8 @@ namespace specactor::model {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
   return f(caf::meta::type_name("step_item"), x.req, x.tokens, x.parents, x.draft_probs, x.prefill, x.sample, x.params,
-           x.rules, x.history, x.seed, x.want_hidden, x.want_kv, x.keep_hidden, x.prefix_pages, x.prefix_len,
-           x.copy_page, x.copy_len);
+           x.rules, x.history, x.logprobs, x.seed, x.want_hidden, x.want_kv, x.keep_hidden, x.prefix_pages,
+           x.prefix_len, x.copy_page, x.copy_len);
 }
 
 template <class Inspector>
@@ -50,8 +54,8 @@ typename Inspector::result_type inspect(Inspector& f, StepBatch& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ItemResult& x) {
-  return f(caf::meta::type_name("item_result"), x.req, x.tokens, x.accepted, x.drafted, x.hidden, x.hidden_first,
-           x.kv_pages, x.kv_length);
+  return f(caf::meta::type_name("item_result"), x.req, x.tokens, x.logprobs, x.accepted, x.drafted, x.hidden,
+           x.hidden_first, x.kv_pages, x.kv_length);
 }
 
 template <class Inspector>

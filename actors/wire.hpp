@@ -45,7 +45,7 @@ std::enable_if_t<Inspector::reads_state, typename Inspector::result_type> inspec
   std::uint64_t seed = x.seed ? *x.seed : 0;
   std::int64_t max_new = x.max_new_tokens ? *x.max_new_tokens : 0;
   return f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages, has_max,
-           max_new, x.sampling, x.rules, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
+           max_new, x.sampling, x.rules, x.logprobs, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
 }
 
 template <class Inspector>
@@ -53,8 +53,9 @@ std::enable_if_t<Inspector::writes_state, typename Inspector::result_type> inspe
   bool has_seed = false, has_max = false;
   std::uint64_t seed = 0;
   std::int64_t max_new = 0;
-  auto result = f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages,
-                  has_max, max_new, x.sampling, x.rules, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
+  auto result =
+      f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages, has_max,
+        max_new, x.sampling, x.rules, x.logprobs, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
   x.seed = has_seed ? std::optional<std::uint64_t>(seed) : std::nullopt;
   x.max_new_tokens = has_max ? std::optional<std::int64_t>(max_new) : std::nullopt;
   return result;
@@ -69,8 +70,8 @@ typename Inspector::result_type inspect(Inspector& f, RequestMetrics& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokenEvent& x) {
-  return f(caf::meta::type_name("token_event"), x.id, x.tokens, x.text, x.finished, x.finish_reason, x.error,
-           x.invalid_request, x.metrics);
+  return f(caf::meta::type_name("token_event"), x.id, x.tokens, x.logprobs, x.text, x.finished, x.finish_reason,
+           x.error, x.invalid_request, x.metrics);
 }
 
 }  // namespace specactor::sched

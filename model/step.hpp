@@ -25,9 +25,10 @@ struct StepItem {
   // `tokens` (the rules count them; only sent when rules.needs_prompt()).
   kernels::LogitRules rules;
   std::vector<std::int32_t> history;
-  std::uint64_t seed = 0;    // used when the worker first sees the request
-  bool want_hidden = false;  // return the batch's captured layers for this item's committed rows
-  bool want_kv = false;      // return the item's committed KV page table (FROZEN_KV_MTP, the prefix cache)
+  std::int32_t logprobs = -1;  // >= 0: each emitted token's log probability and this many top alternatives
+  std::uint64_t seed = 0;      // used when the worker first sees the request
+  bool want_hidden = false;    // return the batch's captured layers for this item's committed rows
+  bool want_kv = false;        // return the item's committed KV page table (FROZEN_KV_MTP, the prefix cache)
   // Keep the batch's captured layers of the committed rows with the KV pages (the prefix cache: a
   // later request that starts on those pages gets them back as its first hidden rows).
   bool keep_hidden = false;
@@ -48,10 +49,11 @@ struct StepBatch {
 
 struct ItemResult {
   std::uint64_t req = 0;
-  std::vector<std::int32_t> tokens;    // accepted drafts then the bonus token (empty for a non-final prefill chunk)
-  std::int32_t accepted = 0;           // how many of the drafts were accepted
-  std::int32_t drafted = 0;            // how many drafts were verified
-  std::vector<float> hidden;           // want_hidden: committed rows (prefill rows, or root + accepted path)
+  std::vector<std::int32_t> tokens;  // accepted drafts then the bonus token (empty for a non-final prefill chunk)
+  std::vector<kernels::TokenLogprob> logprobs;  // one per token when the item asked (StepItem::logprobs)
+  std::int32_t accepted = 0;                    // how many of the drafts were accepted
+  std::int32_t drafted = 0;                     // how many drafts were verified
+  std::vector<float> hidden;                    // want_hidden: committed rows (prefill rows, or root + accepted path)
   std::int64_t hidden_first = 0;       // the context position of hidden's first row (0 after a cache hit with rows)
   std::vector<std::int32_t> kv_pages;  // want_kv: the request's page table after the step
   std::int64_t kv_length = 0;

@@ -156,9 +156,11 @@ void TargetStep::verify(const StepBatch& batch, Plan& p, const std::vector<int>&
     std::vector<float> ruled;  // the rows with the request's penalties and biases applied
     if (it.rules.active()) logits = apply_rules(it, seq, logits, vocab, ruled);
     std::vector<std::int32_t> committed;  // rows whose KV stays: prefill rows, or root + accepted path
-    ItemResult r{it.req, {}, 0, 0, {}, 0, {}, 0};
+    ItemResult r{it.req, {}, {}, 0, 0, {}, 0, {}, 0};
+    std::vector<std::int32_t> token_rows;  // the row whose logits gave each emitted token
     if (!it.sample || it.prefill) {
       if (it.sample) r.tokens = {kernels::sample(logits, vocab, it.params, seq.rng)};
+      if (it.sample) token_rows = {0};
       for (std::int32_t row = 0; row < n_tok; ++row) committed.push_back(row);
     } else {  // decode: one token, or [root, drafts...] verified against the target's rows
       Verdict v = verify_step({it.tokens, it.parents, it.draft_probs, it.params}, p.trees[i], logits, vocab, seq.rng,
@@ -169,7 +171,12 @@ void TargetStep::verify(const StepBatch& batch, Plan& p, const std::vector<int>&
       r.tokens = std::move(v.tokens);
       r.accepted = v.accepted;
       r.drafted = v.drafted;
+      token_rows = v.path;  // token j follows node path[j]
     }
+    if (it.logprobs >= 0)
+      for (std::size_t j = 0; j < r.tokens.size(); ++j)
+        r.logprobs.push_back(kernels::token_logprob(logits + token_rows[j] * static_cast<std::size_t>(vocab), vocab,
+                                                    it.params.temperature, r.tokens[j], it.logprobs));
     if (it.rules.active()) seq.history.add_output(r.tokens.data(), r.tokens.size());
     if ((it.want_hidden || it.keep_hidden) && !capture.empty()) rows(it, p, i, capture, out, first_row, committed, r);
     res.items.push_back(std::move(r));

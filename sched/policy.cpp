@@ -261,6 +261,7 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
     item.req = r.id();
     item.params = g.sampling;
     item.rules = r.rules;
+    item.logprobs = g.logprobs;
     item.seed = r.seed;
     if (draft_alive && g.speculative) {
       item.want_hidden = !draft_.needs.hidden_layers.empty();
@@ -411,7 +412,7 @@ std::string Scheduler::take_result(Sequence& r, ItemResult& item, std::size_t wi
     r.prefilled += r.chunk;
     r.chunk = 0;
     if (r.prefilled == r.prompt_len) cache_prompt(r);
-    if (!item.tokens.empty()) reason = emit(r, item.tokens);
+    if (!item.tokens.empty()) reason = emit(r, item.tokens, item.logprobs);
   } else {
     ++r.m.steps;
     ++metrics_.decode_steps;
@@ -419,7 +420,7 @@ std::string Scheduler::take_result(Sequence& r, ItemResult& item, std::size_t wi
     count_drafted(r, item);
     if (draft_.configured && r.sub->request.speculative) observe_verification(r, item);
     r.draft.depth = 0;
-    reason = emit(r, item.tokens);
+    reason = emit(r, item.tokens, item.logprobs);
   }
   // A request that ends inside a step's tokens (its length, a stop, the end of generation) has KV
   // rows for accepted tokens it did not keep: only the rows of its own tokens are its KV (and what the

@@ -161,7 +161,8 @@ class Scheduler {
   void admit();
   void retire(Sequence& r, const std::string& reason, const std::string& error = {}, bool invalid_request = false);
   std::int64_t leave_to_cache(Sequence& r, bool failed);
-  std::string emit(Sequence& r, const std::vector<std::int32_t>& tokens);
+  std::string emit(Sequence& r, const std::vector<std::int32_t>& tokens,
+                   const std::vector<kernels::TokenLogprob>& logprobs = {});
   std::string refusal(const Sequence& r) const;
   void plan_drafts(StepPlan& plan, const std::vector<Sequence*>& decoding);
   // Probing requests the budget stopped drafting for pays only where a first draft is accepted at

@@ -79,11 +79,13 @@ using detail::notify;
 
 // Appends accepted tokens, streams them, and checks the stop conditions. Returns the finish reason
 // ("" while the request goes on).
-std::string Scheduler::emit(Sequence& r, const std::vector<std::int32_t>& tokens) {
+std::string Scheduler::emit(Sequence& r, const std::vector<std::int32_t>& tokens,
+                            const std::vector<kernels::TokenLogprob>& logprobs) {
   const GenerationRequest& g = r.sub->request;
   TokenEvent ev;
   std::string reason;
-  for (std::int32_t t : tokens) {
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const std::int32_t t = tokens[i];
     if (!g.ignore_eos && tokenizer_ && tokenizer_->is_end_of_generation(t)) {
       reason = "stop";
       break;
@@ -92,6 +94,7 @@ std::string Scheduler::emit(Sequence& r, const std::vector<std::int32_t>& tokens
     r.out.generated.push_back(t);
     r.seq.push_back(t);
     ev.tokens.push_back(t);
+    if (i < logprobs.size()) ev.logprobs.push_back(logprobs[i]);
     if (r.out.decoder) {
       ev.text += r.out.stops.push(r.out.decoder->push(t));
       if (r.out.stops.stopped()) {  // a stop string ends the request; its text is not part of the output

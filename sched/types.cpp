@@ -39,6 +39,7 @@ void check_request(const GenerationRequest& r, const RequestLimits& limits,
   if (sp.top_p < kMinTopP) fail("top_p", "must be at least 1e-05 (a smaller nucleus is the top token: use top_k 1)");
   if (sp.top_k < 0) fail("top_k", "must be >= 0 (0 = off)");
   if (!(sp.min_p >= 0 && sp.min_p < 1)) fail("min_p", "must be in [0, 1)");
+  if (r.logprobs < -1 || r.logprobs > 20) fail("logprobs", "must be between 0 and 20 alternatives (-1 = none)");
   const auto& rl = r.rules;
   if (!(rl.presence_penalty >= -2 && rl.presence_penalty <= 2)) fail("presence_penalty", "must be in [-2, 2]");
   if (!(rl.frequency_penalty >= -2 && rl.frequency_penalty <= 2)) fail("frequency_penalty", "must be in [-2, 2]");

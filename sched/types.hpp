@@ -29,6 +29,9 @@ struct GenerationRequest {
   // Penalties, biases and min_tokens on the target's logits (kernels/cpu/sampling.hpp), speculative
   // or not; end_ids may stay empty (the model's end-of-generation ids are used).
   kernels::LogitRules rules;
+  // >= 0: every generated token's log probability (kernels::token_logprob) and this many (<= 20) of the
+  // most likely tokens at its position, in the events and the result; -1 = none.
+  std::int32_t logprobs = -1;
   std::optional<std::uint64_t> seed;  // default: the snapshot's random_seed
   std::vector<std::string> stop;      // stop strings (not included in the output)
   bool ignore_eos = false;
@@ -52,9 +55,10 @@ struct RequestMetrics {
 };
 
 struct TokenEvent {
-  std::uint64_t id = 0;              // request id
-  std::vector<std::int32_t> tokens;  // tokens accepted in this step (empty on the final event of a stop)
-  std::string text;                  // their text (complete UTF-8 only)
+  std::uint64_t id = 0;                         // request id
+  std::vector<std::int32_t> tokens;             // tokens accepted in this step (empty on the final event of a stop)
+  std::vector<kernels::TokenLogprob> logprobs;  // one per token when the request asked
+  std::string text;                             // their text (complete UTF-8 only)
   bool finished = false;
   std::string finish_reason;     // "stop" | "length" | "cancelled" | "error"
   std::string error;             // set when finish_reason is "error"
@@ -77,6 +81,7 @@ struct GenerationResult {
   std::uint64_t id = 0;
   std::vector<std::int32_t> prompt_ids;
   std::vector<std::int32_t> tokens;
+  std::vector<kernels::TokenLogprob> logprobs;  // one per token when the request asked
   std::string text;
   std::string finish_reason;
   std::string error;

@@ -222,11 +222,26 @@ void refuse_unsupported(const json& body) {
   if (const json* v = field(body, "suffix"); v && !v->is_null() && *v != "") refuse("suffix", *v);
 }
 
+// Chat: "logprobs": true and "top_logprobs" 0..20; completions: "logprobs": 0..5 (the top count).
+void read_logprobs(const json& body, ApiRequest& a) {
+  if (a.endpoint == Endpoint::Completion) {
+    if (auto n = get_int(body, "logprobs")) {
+      if (*n < 0 || *n > 5) throw ApiError(400, "logprobs: must be between 0 and 5", "logprobs");
+      a.request.logprobs = static_cast<std::int32_t>(*n);
+    }
+    return;
+  }
+  const bool on = get_bool(body, "logprobs", false);
+  const auto top = get_int(body, "top_logprobs");
+  if (top && !on) throw ApiError(400, "top_logprobs: needs \"logprobs\": true", "top_logprobs");
+  if (top && (*top < 0 || *top > 20)) throw ApiError(400, "top_logprobs: must be between 0 and 20", "top_logprobs");
+  if (on) a.request.logprobs = static_cast<std::int32_t>(top.value_or(0));
+}
+
 void read_common(const json& body, const ApiLimits& limits, ApiRequest& a) {
   check_model(body, limits, a);
   if (auto n = get_int(body, "n"); n && *n != 1) throw ApiError(400, "n: only n = 1 is supported", "n");
-  if (get_bool(body, "logprobs", false) || field(body, "top_logprobs"))
-    throw ApiError(400, "logprobs: not supported", "logprobs");
+  read_logprobs(body, a);
   if (const json* t = field(body, "tools"); t && !(t->is_array() && t->empty()))
     throw ApiError(400, "tools: not supported", "tools");
   refuse_unsupported(body);
@@ -400,6 +415,47 @@ json usage_json(const Outcome& o) {
           {"prompt_tokens_details", {{"cached_tokens", o.metrics.cached_tokens}}}};
 }
 
+json logprobs_json(Endpoint e, const std::vector<std::int32_t>& tokens, const std::vector<kernels::TokenLogprob>& lps,
+                   const std::function<std::string(std::int32_t)>& piece, std::size_t offset) {
+  if (!piece || lps.size() != tokens.size()) return nullptr;
+  auto text = [&](std::int32_t t) { return piece(t); };  // raw bytes; invalid UTF-8 is replaced when dumped
+  auto bytes = [](const std::string& s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  if (e == Endpoint::Chat) {
+    json content = json::array();
+    for (const auto& lp : lps) {
+      json top = json::array();
+      for (std::size_t k = 0; k < lp.top_ids.size(); ++k) {
+        const std::string s = text(lp.top_ids[k]);
+        top.push_back({{"token", s}, {"logprob", lp.top_logprobs[k]}, {"bytes", bytes(s)}});
+      }
+      const std::string s = text(lp.token);
+      content.push_back({{"token", s}, {"logprob", lp.logprob}, {"bytes", bytes(s)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json toks = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& lp : lps) {
+    const std::string s = text(lp.token);
+    toks.push_back(s);
+    values.push_back(lp.logprob);
+    json top = json::object();
+    for (std::size_t k = 0; k < lp.top_ids.size(); ++k) top[text(lp.top_ids[k])] = lp.top_logprobs[k];
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += s.size();
+  }
+  return {{"tokens", toks}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json chunk_logprobs(Endpoint e, const sched::TokenEvent& ev, const Outcome& o) {
+  if (ev.logprobs.empty()) return nullptr;
+  return logprobs_json(e, ev.tokens, ev.logprobs, o.piece, o.text.size() - ev.text.size());
+}
+
 json chat_response(const std::string& id, std::int64_t created, const std::string& model, const Outcome& o) {
   return {{"id", id},
           {"object", "chat.completion"},
@@ -407,7 +463,7 @@ json chat_response(const std::string& id, std::int64_t created, const std::strin
           {"model", model},
           {"choices", json::array({{{"index", 0},
                                     {"message", {{"role", "assistant"}, {"content", o.text}}},
-                                    {"logprobs", nullptr},
+                                    {"logprobs", logprobs_json(Endpoint::Chat, o.tokens, o.logprobs, o.piece)},
                                     {"finish_reason", openai_finish_reason(o.finish_reason)}}})},
           {"usage", usage_json(o)},
           {"speculative", speculative_json(o.metrics)}};
@@ -420,7 +476,7 @@ json completion_response(const std::string& id, std::int64_t created, const std:
           {"model", model},
           {"choices", json::array({{{"index", 0},
                                     {"text", o.text},
-                                    {"logprobs", nullptr},
+                                    {"logprobs", logprobs_json(Endpoint::Completion, o.tokens, o.logprobs, o.piece)},
                                     {"finish_reason", openai_finish_reason(o.finish_reason)}}})},
           {"usage", usage_json(o)},
           {"speculative", speculative_json(o.metrics)}};
@@ -441,7 +497,7 @@ json generate_response(const std::string& id, const Outcome& o) {
 }
 
 json chat_chunk(const std::string& id, std::int64_t created, const std::string& model, const std::string& delta,
-                bool first, const std::string& finish_reason) {
+                bool first, const std::string& finish_reason, const json& logprobs) {
   json d = json::object();
   if (first) d["role"] = "assistant";
   if (!delta.empty() || first) d["content"] = delta;
@@ -452,13 +508,13 @@ json chat_chunk(const std::string& id, std::int64_t created, const std::string& 
           {"choices",
            json::array({{{"index", 0},
                          {"delta", d},
-                         {"logprobs", nullptr},
+                         {"logprobs", logprobs},
                          {"finish_reason",
                           finish_reason.empty() ? json(nullptr) : json(openai_finish_reason(finish_reason))}}})}};
 }
 
 json completion_chunk(const std::string& id, std::int64_t created, const std::string& model, const std::string& delta,
-                      const std::string& finish_reason) {
+                      const std::string& finish_reason, const json& logprobs) {
   return {{"id", id},
           {"object", "text_completion"},
           {"created", created},
@@ -466,7 +522,7 @@ json completion_chunk(const std::string& id, std::int64_t created, const std::st
           {"choices",
            json::array({{{"index", 0},
                          {"text", delta},
-                         {"logprobs", nullptr},
+                         {"logprobs", logprobs},
                          {"finish_reason",
                           finish_reason.empty() ? json(nullptr) : json(openai_finish_reason(finish_reason))}}})}};
 }

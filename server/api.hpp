@@ -74,6 +74,8 @@ bool is_json_type(const std::string& content_type);
 // What came back from the engine for one request.
 struct Outcome {
   std::vector<std::int32_t> tokens;
+  std::vector<kernels::TokenLogprob> logprobs;     // when the request asked (sched::GenerationRequest::logprobs)
+  std::function<std::string(std::int32_t)> piece;  // a token's bytes, for the logprobs' token strings
   std::string text;
   std::string finish_reason;  // stop | length | cancelled | error
   std::string error;
@@ -92,9 +94,17 @@ json generate_response(const std::string& id, const Outcome& o);
 
 // Streamed chunks. delta: new text; finish_reason empty while the request runs.
 json chat_chunk(const std::string& id, std::int64_t created, const std::string& model, const std::string& delta,
-                bool first, const std::string& finish_reason);
+                bool first, const std::string& finish_reason, const json& logprobs = nullptr);
 json completion_chunk(const std::string& id, std::int64_t created, const std::string& model, const std::string& delta,
-                      const std::string& finish_reason);
+                      const std::string& finish_reason, const json& logprobs = nullptr);
+// A choice's "logprobs" for `tokens` (the whole answer, or a chunk's) and their log probabilities:
+// chat {"content": [{token, logprob, bytes, top_logprobs: [...]}]}, completions {tokens, token_logprobs,
+// top_logprobs: [{token: logprob}], text_offset} (offsets from `offset`); null when none were asked.
+json logprobs_json(Endpoint e, const std::vector<std::int32_t>& tokens, const std::vector<kernels::TokenLogprob>& lps,
+                   const std::function<std::string(std::int32_t)>& piece, std::size_t offset = 0);
+// A streamed chunk's: the event's tokens (completions' offsets after the text before them, `o` having
+// absorbed the event); null when the event has none.
+json chunk_logprobs(Endpoint e, const sched::TokenEvent& ev, const Outcome& o);
 // stream_options.include_usage: the last chunk before [DONE] (choices empty).
 json usage_chunk(Endpoint e, const std::string& id, std::int64_t created, const std::string& model, const Outcome& o);
 json usage_json(const Outcome& o);

@@ -223,17 +223,19 @@ class Server {
     } else if (ev.finished && ev.finish_reason == "cancelled" && grace_cut_) {
       out += sse_event(error_body(shutdown_error()));
     } else if (ep == Endpoint::Chat) {
-      if (!ev.text.empty() || l.first_chunk || ev.finished) {
+      const json lp = chunk_logprobs(ep, ev, l.outcome);
+      if (!ev.text.empty() || l.first_chunk || ev.finished || !ev.logprobs.empty()) {
         if (l.first_chunk && ev.finished && !ev.text.empty()) {
-          out += sse_event(chat_chunk(rid, created, name_, ev.text, true, ""));
+          out += sse_event(chat_chunk(rid, created, name_, ev.text, true, "", lp));
           out += sse_event(chat_chunk(rid, created, name_, "", false, reason));
         } else {
-          out += sse_event(chat_chunk(rid, created, name_, ev.text, l.first_chunk, reason));
+          out += sse_event(chat_chunk(rid, created, name_, ev.text, l.first_chunk, reason, lp));
         }
         l.first_chunk = false;
       }
     } else if (ep == Endpoint::Completion) {
-      if (!ev.text.empty() || ev.finished) out += sse_event(completion_chunk(rid, created, name_, ev.text, reason));
+      if (!ev.text.empty() || ev.finished || !ev.logprobs.empty())
+        out += sse_event(completion_chunk(rid, created, name_, ev.text, reason, chunk_logprobs(ep, ev, l.outcome)));
     } else {  // sglang: cumulative text so far
       json chunk = generate_response(rid, l.outcome);
       if (!ev.finished) chunk["meta_info"]["finish_reason"] = nullptr;
@@ -305,6 +307,7 @@ class Server {
     }
     Outcome& o = live.outcome;
     o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+    o.logprobs.insert(o.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
     o.text += ev.text;
     if (ev.finished) {
       o.finish_reason = ev.finish_reason;
@@ -360,6 +363,8 @@ class Server {
     const Answer ans{ep, rid, unix_now(), streamed, a.include_usage, a.max_tokens_name};
     auto live = std::make_shared<Live>();
     live->outcome.prompt_tokens = static_cast<std::int64_t>(ids.size());
+    if (a.request.logprobs >= 0)
+      live->outcome.piece = [tok = engine->tokenizer()](std::int32_t t) { return tok ? tok->decode({t}) : ""; };
     live->arrived = live->last = Clock::now();
 
     auto on_event = [this, live, res, ans](const actors::TokenEvent& ev) { deliver(*live, ev, res, ans); };

@@ -104,7 +104,11 @@ TEST_CASE("bad requests are 400s naming the field, an unknown model is a 404") {
       {R"({"messages": [{"role": "user", "content": "x"}], "stop": ""})", 400, "stop", "is empty"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream": "yes"})", 400, "stream", "true or false"},
       {R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", 400, "n", "n = 1"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})", 400, "logprobs", "not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", 400, "top_logprobs",
+       "needs \"logprobs\": true"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", 400, "top_logprobs",
+       "between 0 and 20"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 3})", 400, "logprobs", "true or false"},
       {R"({"messages": [{"role": "user", "content": "x"}], "seed": -1})", 400, "seed", ">= 0"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream_options": 1})", 400, "stream_options", "object"},
       {R"({"messages": [{"role": "user", "content": "x"}], "model": "gpt-4"})", 404, "model", "does not exist"},
@@ -329,6 +333,35 @@ TEST_CASE("unsupported OpenAI fields: neutral values pass, others are refused, e
   CHECK(rl.bias_values == std::vector<float>{2.5f, -100.0f});
   CHECK(rl.active());
   CHECK(rl.needs_prompt());
+  CHECK(pr.request.logprobs == -1);
+  // logprobs: chat's flag and top count, completions' count; the choice's object in each shape.
+  CHECK(parse_chat(json::parse(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true,
+      "top_logprobs": 3})"),
+                   kLimits)
+            .request.logprobs == 3);
+  CHECK(parse_chat(json::parse(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})"), kLimits)
+            .request.logprobs == 0);
+  CHECK(parse_completion(json::parse(R"({"prompt": "x", "logprobs": 2})"), kLimits).request.logprobs == 2);
+  CHECK(error_of([] { parse_completion(json::parse(R"({"prompt": "x", "logprobs": 6})"), kLimits); }).param ==
+        "logprobs");
+  specactor::kernels::TokenLogprob a;
+  a.token = 7;
+  a.logprob = -0.5f;
+  a.top_ids = {7, 9};
+  a.top_logprobs = {-0.5f, -1.25f};
+  auto piece = [](std::int32_t t) { return t == 7 ? std::string("ab") : std::string("\xe2\x82"); };
+  const json chat = logprobs_json(Endpoint::Chat, {7}, {a}, piece);
+  CHECK(chat["content"][0]["token"] == "ab");
+  CHECK(chat["content"][0]["logprob"] == -0.5);
+  CHECK(chat["content"][0]["bytes"] == json::array({97, 98}));
+  CHECK(chat["content"][0]["top_logprobs"][1]["logprob"] == -1.25);
+  CHECK(chat["content"][0]["top_logprobs"][1]["bytes"] == json::array({0xe2, 0x82}));  // a partial character
+  const json comp = logprobs_json(Endpoint::Completion, {7, 7}, {a, a}, piece, 10);
+  CHECK(comp["tokens"] == json::array({"ab", "ab"}));
+  CHECK(comp["token_logprobs"][1] == -0.5);
+  CHECK(comp["text_offset"] == json::array({10, 12}));
+  CHECK(comp["top_logprobs"][0]["ab"] == -0.5);
+  CHECK(logprobs_json(Endpoint::Chat, {7}, {}, piece).is_null());  // none asked
   // A parse error quoting a 4 MB token is cut to a bounded message.
   const std::string huge = "{\"a\": " + std::string(4 << 20, 'x') + "}";
   const ApiError e = error_of([&] { parse_body(huge); });

@@ -88,6 +88,9 @@ void check_lossless(const std::vector<std::string>& base_args, const std::vector
         reqs.begin(), reqs.begin() + static_cast<long>(std::min<std::size_t>(8, reqs.size())));
     const auto want8 = run(*plain, first8, true);
     for (std::size_t i = 0; i < first8.size(); ++i) CHECK(want8[i] == want[i]);  // batching changes nothing
+    std::map<std::size_t, specactor::actors::GenerationResult> want_lp;          // plain's log probabilities
+    for (std::size_t i = 0; i < reqs.size(); ++i)
+      if (reqs[i].logprobs >= 0) want_lp[i] = plain->generate(reqs[i]);
     {  // the requests with penalties and biases: these must change the output, or comparing proves little
       std::vector<GenerationRequest> bare;
       std::vector<std::size_t> ruled;
@@ -113,6 +116,19 @@ void check_lossless(const std::vector<std::string>& base_args, const std::vector
       const auto single = run(*spec, reqs, false);
       const auto together = run(*spec, first8, true);
       for (std::size_t i = 0; i < reqs.size(); ++i) CHECK(single[i] == want[i]);
+      for (const auto& r : reqs)  // log probabilities: the same numbers, bit for bit
+        if (r.logprobs >= 0) {
+          const auto got = spec->generate(r), ref = want_lp.at(static_cast<std::size_t>(&r - reqs.data()));
+          REQUIRE(got.logprobs.size() == ref.logprobs.size());
+          REQUIRE(got.logprobs.size() == got.tokens.size());
+          for (std::size_t k = 0; k < ref.logprobs.size(); ++k) {
+            CHECK(got.logprobs[k].token == ref.logprobs[k].token);
+            CHECK(std::memcmp(&got.logprobs[k].logprob, &ref.logprobs[k].logprob, sizeof(float)) == 0);
+            CHECK(got.logprobs[k].top_ids == ref.logprobs[k].top_ids);
+            CHECK(got.logprobs[k].top_logprobs == ref.logprobs[k].top_logprobs);
+            CHECK(static_cast<std::int32_t>(got.logprobs[k].top_ids.size()) == r.logprobs);
+          }
+        }
       for (std::size_t i = 0; i < first8.size(); ++i) CHECK(together[i] == want[i]);
       const EngineMetrics m = spec->metrics();
       CHECK(m.draft_alive);
@@ -154,6 +170,8 @@ void add_rules(std::vector<GenerationRequest>& reqs) {
   reqs[6].rules.repetition_penalty = 1.6f;
   reqs[6].rules.bias_ids = {3, 10, 40};
   reqs[6].rules.bias_values = {2.0f, -3.0f, 1.5f};
+  reqs[4].logprobs = 3;  // and log probabilities, which must not move either
+  reqs[7].logprobs = 0;
   reqs[7].rules.min_tokens = 6;
   reqs[7].rules.bias_ids = {2};  // the tiny model's (and the default model's) end token
   reqs[7].rules.bias_values = {8.0f};

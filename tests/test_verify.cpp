@@ -209,3 +209,19 @@ TEST_CASE("logit rules: min_tokens, logit_bias, repetition, frequency and presen
   odd.bias_values = {1.0f};
   CHECK(ruled(odd) == base);
 }
+
+TEST_CASE("token_logprob: log-softmax at the request's temperature, the top ids by logit with ties to the lower id") {
+  const std::vector<float> l = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f};
+  for (const float t : {0.0f, 0.7f}) {
+    const double inv = t > 0 ? 1.0 / t : 1.0;
+    double sum = 0;
+    for (float v : l) sum += std::exp(v * inv);
+    const auto lp = kernels::token_logprob(l.data(), 5, t, 4, 3);
+    CHECK(lp.token == 4);
+    CHECK(std::abs(lp.logprob - (0.5 * inv - std::log(sum))) < 1e-5);
+    REQUIRE(lp.top_ids == std::vector<std::int32_t>{1, 2, 0});
+    CHECK(lp.top_logprobs[0] == lp.top_logprobs[1]);
+    CHECK(std::abs(lp.top_logprobs[2] - (1.0 * inv - std::log(sum))) < 1e-5);
+  }
+  CHECK(kernels::token_logprob(l.data(), 5, 0.0f, 1, 0).top_ids.empty());
+}

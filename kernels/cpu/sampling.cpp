@@ -217,4 +217,29 @@ void RuleHistory::apply(const LogitRules& rules, const std::int32_t* path, std::
         repeat(logits[t]);
 }
 
+TokenLogprob token_logprob(const float* logits, std::int64_t n, float temperature, std::int32_t token, int top_n) {
+  const double inv_t = temperature > 0.0f ? 1.0 / static_cast<double>(temperature) : 1.0;
+  double mx = -std::numeric_limits<double>::infinity();
+  for (std::int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[i]) * inv_t);
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) * inv_t - mx);
+  const double lse = mx + std::log(sum);
+  auto lp = [&](std::int32_t id) { return static_cast<float>(static_cast<double>(logits[id]) * inv_t - lse); };
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = token >= 0 && token < n ? lp(token) : -std::numeric_limits<float>::infinity();
+  const auto k = static_cast<std::size_t>(std::clamp<std::int64_t>(top_n, 0, n));
+  if (k == 0) return out;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(k), ids.end(), [&](std::int32_t a, std::int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (std::size_t i = 0; i < k; ++i) {
+    out.top_ids.push_back(ids[i]);
+    out.top_logprobs.push_back(lp(ids[i]));
+  }
+  return out;
+}
+
 }  // namespace specactor::kernels

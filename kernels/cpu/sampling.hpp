@@ -39,6 +39,20 @@ std::int32_t sample_from_probs(const std::vector<float>& probs, double u);
 
 std::int32_t sample(const float* logits, std::int64_t n, const SamplingParams& p, Rng& rng);
 
+// ---- log probabilities (the OpenAI `logprobs` fields) --------------------------------------------
+//
+// log p(token) under softmax(logits / T), T the request's temperature (1 when greedy), on the row after
+// the request's penalties and biases; top-k, top-p and min-p do not cut it. With the top_n most likely
+// ids (logit descending, ties by the lower id) and theirs. Sums in double; the same row gives the same
+// bits, so speculative and plain decoding report the same numbers.
+struct TokenLogprob {
+  std::int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<std::int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+TokenLogprob token_logprob(const float* logits, std::int64_t n, float temperature, std::int32_t token, int top_n);
+
 // ---- penalties and biases (the OpenAI / vLLM request fields) ---------------------------------------
 //
 // Applied to the target's logits row before the sampling transforms above, in this order, for a
