@@ -50,7 +50,7 @@ TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
   std::size_t total = 0;
   for (std::size_t i = 0; i < n_items; ++i) {
     const StepItem& it = batch.items[i];
-    auto [where, fresh] = seqs_.try_emplace(it.req, Seq{{}, kernels::Rng(it.seed), {}});
+    auto [where, fresh] = seqs_.try_emplace(it.req, Seq{{}, kernels::Rng(it.seed), {}, it.seed});
     Seq& seq = where->second;
     if (fresh && (it.prefix_len > 0 || it.copy_len > 0)) {
       try {
@@ -71,7 +71,7 @@ TargetStep::Plan TargetStep::plan(const StepBatch& batch, bool logits) {
       if (logits)
         for (std::int32_t r = 0; r < n; ++r) f.logit_rows.push_back(r);
       if (n > 1) {  // draft tokens: positions by depth, attention by the tree mask
-        p.trees[i] = item_tree({it.tokens, it.parents, it.draft_probs, it.params}, p.old_len[i]);
+        p.trees[i] = item_tree({it.tokens, it.parents, it.draft_probs, it.params, it.seed, p.old_len[i]}, p.old_len[i]);
         f.positions = p.trees[i].positions;
         f.mask = p.trees[i].mask_bits;
       }
@@ -159,12 +159,12 @@ void TargetStep::verify(const StepBatch& batch, Plan& p, const std::vector<int>&
     ItemResult r{it.req, {}, {}, 0, 0, {}, 0, {}, 0};
     std::vector<std::int32_t> token_rows;  // the row whose logits gave each emitted token
     if (!it.sample || it.prefill) {
-      if (it.sample) r.tokens = {kernels::sample(logits, vocab, it.params, seq.rng)};
+      if (it.sample) r.tokens = {kernels::sample_at(logits, vocab, it.params, seq.seed, p.old_len[i] + n_tok)};
       if (it.sample) token_rows = {0};
       for (std::int32_t row = 0; row < n_tok; ++row) committed.push_back(row);
     } else {  // decode: one token, or [root, drafts...] verified against the target's rows
-      Verdict v = verify_step({it.tokens, it.parents, it.draft_probs, it.params}, p.trees[i], logits, vocab, seq.rng,
-                              runner_->backend());
+      Verdict v = verify_step({it.tokens, it.parents, it.draft_probs, it.params, seq.seed, p.old_len[i]}, p.trees[i],
+                              logits, vocab, seq.rng, runner_->backend());
       committed = v.path;
       p.decisions[p.offset[i]] = static_cast<std::int32_t>(v.path.size());
       std::copy(v.path.begin(), v.path.end(), p.decisions.begin() + static_cast<std::ptrdiff_t>(p.offset[i] + 1));

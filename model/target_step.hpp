@@ -82,6 +82,7 @@ class TargetStep {
     KvCache::Seq kv;
     kernels::Rng rng;
     kernels::RuleHistory history;  // what the request's logit rules count (kept only when it has rules)
+    std::uint64_t seed = 0;        // the request's: position-keyed sampling coins
   };
   struct Plan;
 

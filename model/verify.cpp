@@ -32,6 +32,32 @@ std::vector<float> probs_of(const float* logits, std::int32_t rows, std::int64_t
   return probs;
 }
 
+// Tree sampling from the target only, coupled to plain sampling: at each accepted node the token that
+// follows it is drawn with its position's coin; the child carrying that token is accepted and the walk
+// goes on, else the drawn token is emitted and the step ends. Every emitted token is a draw from the
+// target's distribution at its position (lossless), and the very draw plain decoding would make.
+Verdict sample_tree(const VerifyItem& item, const kernels::Tree& tree, const float* logits, std::int64_t vocab) {
+  Verdict v;
+  v.drafted = static_cast<std::int32_t>(item.tokens.size()) - 1;
+  std::int32_t cur = 0;  // node index (row = retrieve_index)
+  v.path.push_back(tree.retrieve_index[0]);
+  for (;;) {
+    const std::int32_t row = tree.retrieve_index[static_cast<std::size_t>(cur)];
+    const std::int32_t t =
+        kernels::sample_at(logits + static_cast<std::size_t>(row) * static_cast<std::size_t>(vocab), vocab, item.params,
+                           item.seed, tree.positions[static_cast<std::size_t>(cur)] + 1);
+    v.tokens.push_back(t);
+    std::int32_t child = tree.next_token[static_cast<std::size_t>(cur)];
+    while (child != -1 && item.tokens[static_cast<std::size_t>(child)] != t)
+      child = tree.next_sibling[static_cast<std::size_t>(child)];
+    if (child == -1) break;
+    ++v.accepted;
+    v.path.push_back(tree.retrieve_index[static_cast<std::size_t>(child)]);
+    cur = child;
+  }
+  return v;
+}
+
 }  // namespace
 
 Verdict verify_step(const VerifyItem& item, const kernels::Tree& tree, const float* logits, std::int64_t vocab,
@@ -40,7 +66,7 @@ Verdict verify_step(const VerifyItem& item, const kernels::Tree& tree, const flo
   Verdict v;
   v.drafted = n - 1;
   if (n == 1) {  // plain decoding
-    v.tokens = {kernels::sample(logits, vocab, item.params, rng)};
+    v.tokens = {kernels::sample_at(logits, vocab, item.params, item.seed, item.root_position + 1)};
     v.path = {0};
     return v;
   }
@@ -57,23 +83,14 @@ Verdict verify_step(const VerifyItem& item, const kernels::Tree& tree, const flo
     for (std::int32_t j = 0; j <= v.accepted; ++j) v.path.push_back(j);  // a chain: the rows stay in place
     return v;
   }
-  // A tree (a chain is one): greedy (§4) or sampling from the target only (§5).
+  if (!item.params.greedy()) return sample_tree(item, tree, logits, vocab);
+  // A tree (a chain is one), greedy (§4).
   std::int32_t max_depth = 0;
   for (std::int32_t i = 0; i < n; ++i)
     max_depth = std::max(max_depth, tree.positions[static_cast<std::size_t>(i)] - tree.positions[0]);
-  kernels::Verified r;
-  if (item.params.greedy()) {
-    std::vector<std::int32_t> predict(static_cast<std::size_t>(n));
-    backend.argmax_rows(logits, n, vocab, predict.data());
-    r = backend.verify_tree_greedy(item.tokens, tree, predict, 1, n, max_depth + 1);
-  } else {
-    const std::vector<float> probs = probs_of(logits, n, vocab, item.params);
-    std::vector<float> coins(static_cast<std::size_t>(n)), final_coin(1);
-    for (auto& c : coins) c = static_cast<float>(rng.uniform());
-    final_coin[0] = static_cast<float>(rng.uniform());
-    r = backend.tree_sampling_target_only(item.tokens, tree, probs, vocab, coins, final_coin, 1, n, max_depth + 1, 1.0f,
-                                          1.0f);
-  }
+  std::vector<std::int32_t> predict(static_cast<std::size_t>(n));
+  backend.argmax_rows(logits, n, vocab, predict.data());
+  const kernels::Verified r = backend.verify_tree_greedy(item.tokens, tree, predict, 1, n, max_depth + 1);
   v.accepted = r.accept_token_num[0];
   for (std::int32_t j = 0; j <= v.accepted; ++j) {
     const std::int32_t node = r.accept_index[static_cast<std::size_t>(j)];

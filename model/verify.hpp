@@ -19,6 +19,8 @@ struct VerifyItem {
   const std::vector<std::int32_t>& parents;  // per draft: -1 (the root) or an earlier draft; empty = chain
   const std::vector<float>& draft_probs;     // q rows of sampled chain drafts (k × vocab), or empty
   const kernels::SamplingParams& params;
+  std::uint64_t seed;          // the request's: position-keyed coins (kernels::position_coin)
+  std::int64_t root_position;  // the root's sequence index (the first token emitted goes at root_position + 1)
 };
 
 struct Verdict {
@@ -34,7 +36,10 @@ struct Verdict {
 kernels::Tree item_tree(const VerifyItem& item, std::int64_t seq_len);
 
 // `logits`: one row per node (tokens.size() × vocab). `tree`: item_tree's, for items with drafts.
-// `rng`: the request's generator; coins are drawn in a fixed order, so a step is reproducible.
+// Sampling without the draft's q (plain decoding and tree sampling from the target) draws the token at
+// index i with position_coin(seed, i) and accepts the draft that equals it, so a seeded request emits
+// exactly what plain sampling emits, whatever was drafted. `rng`: the request's generator, for chain
+// rejection sampling with q (--speculative-use-rejection-sampling: its output depends on the drafts).
 Verdict verify_step(const VerifyItem& item, const kernels::Tree& tree, const float* logits, std::int64_t vocab,
                     kernels::Rng& rng, const kernels::Backend& backend);
 

@@ -162,7 +162,8 @@ specactor::config::ServerArgs tiny_args(const std::string& path, const std::stri
 }
 
 // Penalties and biases on the last three of eight requests (every lossless suite runs them): output
-// penalties; a repetition penalty with a bias; min_tokens holding back a favoured end token.
+// penalties; a repetition penalty with a bias; min_tokens holding back a favoured end token. Also
+// log probabilities and seeded sampling on others.
 void add_rules(std::vector<GenerationRequest>& reqs) {
   REQUIRE(reqs.size() >= 8);
   reqs[5].rules.presence_penalty = 0.8f;
@@ -171,6 +172,14 @@ void add_rules(std::vector<GenerationRequest>& reqs) {
   reqs[6].rules.bias_ids = {3, 10, 40};
   reqs[6].rules.bias_values = {2.0f, -3.0f, 1.5f};
   reqs[4].logprobs = 3;  // and log probabilities, which must not move either
+  // Seeded sampling (target-only verification draws each position's token with that position's coin):
+  // the same tokens as plain sampling with the seed, whatever was drafted and the budget decided.
+  reqs[3].sampling.temperature = 0.9f;
+  reqs[3].sampling.top_p = 0.95f;
+  reqs[3].seed = 42;
+  reqs[6].sampling.temperature = 0.7f;
+  reqs[6].sampling.top_k = 20;
+  reqs[6].seed = 7;
   reqs[7].logprobs = 0;
   reqs[7].rules.min_tokens = 6;
   reqs[7].rules.bias_ids = {2};  // the tiny model's (and the default model's) end token

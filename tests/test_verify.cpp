@@ -27,7 +27,7 @@ std::vector<float> peaked(const std::vector<std::int32_t>& best) {
 Verdict run(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& parents,
             const std::vector<float>& logits, const kernels::SamplingParams& params, kernels::Rng& rng,
             const std::vector<float>& q = {}, const kernels::Backend& backend = kernels::cpu_backend()) {
-  const VerifyItem it{tokens, parents, q, params};
+  const VerifyItem it{tokens, parents, q, params, rng.next(), 10};  // a fresh seed per call: independent draws
   const kernels::Tree tree = tokens.size() > 1 ? model::item_tree(it, 10) : kernels::Tree{};
   return model::verify_step(it, tree, logits.data(), V, rng, backend);
 }
@@ -224,4 +224,33 @@ TEST_CASE("token_logprob: log-softmax at the request's temperature, the top ids 
     CHECK(std::abs(lp.top_logprobs[2] - (1.0 * inv - std::log(sum))) < 1e-5);
   }
   CHECK(kernels::token_logprob(l.data(), 5, 0.0f, 1, 0).top_ids.empty());
+}
+
+TEST_CASE(
+    "verify_step sampling is coupled to plain sampling: a seeded request emits plain's tokens, whatever the draft") {
+  // Every node's row is the same distribution, so plain sampling's token at index i is
+  // sample_at(row, seed, i) whatever came before. A verdict must emit exactly those tokens.
+  const std::vector<float> row = {0.3f, 1.1f, -0.4f, 0.9f, 0.0f, 0.6f};
+  kernels::SamplingParams params;
+  params.temperature = 1.0f;
+  kernels::Rng rng(5);
+  int accepted = 0;
+  for (std::uint64_t seed = 1; seed <= 300; ++seed) {
+    std::vector<std::int32_t> plain;
+    for (std::int64_t i = 11; i < 16; ++i) plain.push_back(kernels::sample_at(row.data(), V, params, seed, i));
+    // A tree: two children of the root (one of them plain's first token when seed is even), a chain below.
+    constexpr std::int32_t nv = V;
+    const std::int32_t first = seed % 2 == 0 ? plain[0] : (plain[0] + 1) % nv;
+    const std::vector<std::int32_t> tokens = {3, (first + 2) % nv, first, plain[1], (plain[2] + 3) % nv};
+    const std::vector<std::int32_t> parents = {-1, -1, 1, 2};
+    std::vector<float> logits;
+    for (std::size_t r = 0; r < tokens.size(); ++r) logits.insert(logits.end(), row.begin(), row.end());
+    const VerifyItem it{tokens, parents, {}, params, seed, 10};
+    const Verdict v = model::verify_step(it, model::item_tree(it, 10), logits.data(), V, rng, kernels::cpu_backend());
+    REQUIRE(v.tokens.size() >= 1);
+    for (std::size_t j = 0; j < v.tokens.size(); ++j) CHECK(v.tokens[j] == plain[j]);
+    CHECK(v.path.size() == v.tokens.size());
+    accepted += v.accepted;
+  }
+  CHECK(accepted > 100);  // the drafts that equal plain's tokens were taken
 }

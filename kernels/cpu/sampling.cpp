@@ -242,4 +242,18 @@ TokenLogprob token_logprob(const float* logits, std::int64_t n, float temperatur
   return out;
 }
 
+double position_coin(std::uint64_t seed, std::int64_t position) {
+  std::uint64_t x = seed ^ (static_cast<std::uint64_t>(position) * 0xd1342543de82ef95ULL);
+  splitmix64(x);
+  return static_cast<double>(splitmix64(x) >> 11) * 0x1.0p-53;
+}
+
+std::int32_t sample_at(const float* logits, std::int64_t n, const SamplingParams& p, std::uint64_t seed,
+                       std::int64_t position) {
+  if (p.greedy()) return argmax(logits, n);
+  std::vector<float> probs;
+  sampling_probs(logits, n, p, probs);
+  return sample_from_probs(probs, position_coin(seed, position));
+}
+
 }  // namespace specactor::kernels

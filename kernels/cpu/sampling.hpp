@@ -39,6 +39,15 @@ std::int32_t sample_from_probs(const std::vector<float>& probs, double u);
 
 std::int32_t sample(const float* logits, std::int64_t n, const SamplingParams& p, Rng& rng);
 
+// A request's coin for the token at sequence index `position`: a hash of (seed, position), the same
+// however often and in whatever order it is asked. Sampling with it (inverse CDF) makes a seeded
+// request's output a function of its seed and its rows alone: the same with or without drafts, with
+// any batch around it, whatever the budget decided (model/verify.cpp).
+double position_coin(std::uint64_t seed, std::int64_t position);
+// argmax when greedy, else the inverse-CDF draw from sampling_probs with position_coin(seed, position).
+std::int32_t sample_at(const float* logits, std::int64_t n, const SamplingParams& p, std::uint64_t seed,
+                       std::int64_t position);
+
 // ---- log probabilities (the OpenAI `logprobs` fields) --------------------------------------------
 //
 // log p(token) under softmax(logits / T), T the request's temperature (1 when greedy), on the row after
