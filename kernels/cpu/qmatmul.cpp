@@ -657,27 +657,27 @@ struct Route {
 bool is_tile_path(QPath p) { return p == QPath::Amx || p == QPath::AmxEmulated; }
 
 // Tile panels [tb, te) of a matrix with a tile copy.
+template <WeightType T>
+void tile_range_of(bool hw, const WeightMatrix& w, std::int64_t tb, std::int64_t te, const QRows& xq, float* y,
+                   std::int64_t y_stride) {
+  hw ? amx::range<tiles::Hardware, T>(w, tb, te, xq, y, y_stride)
+     : amx::range<tiles::Emulated, T>(w, tb, te, xq, y, y_stride);
+}
+
 void tile_range(QPath path, const WeightMatrix& w, std::int64_t tb, std::int64_t te, const QRows& xq, float* y,
                 std::int64_t y_stride) {
-  using tiles::Emulated;
-  using tiles::Hardware;
   const bool hw = path == QPath::Amx;
   switch (w.type) {
     case WeightType::Q4_K:
-      return hw ? amx::range<Hardware, WeightType::Q4_K>(w, tb, te, xq, y, y_stride)
-                : amx::range<Emulated, WeightType::Q4_K>(w, tb, te, xq, y, y_stride);
+      return tile_range_of<WeightType::Q4_K>(hw, w, tb, te, xq, y, y_stride);
     case WeightType::Q6_K:
-      return hw ? amx::range<Hardware, WeightType::Q6_K>(w, tb, te, xq, y, y_stride)
-                : amx::range<Emulated, WeightType::Q6_K>(w, tb, te, xq, y, y_stride);
+      return tile_range_of<WeightType::Q6_K>(hw, w, tb, te, xq, y, y_stride);
     case WeightType::Q4_0:
-      return hw ? amx::range<Hardware, WeightType::Q4_0>(w, tb, te, xq, y, y_stride)
-                : amx::range<Emulated, WeightType::Q4_0>(w, tb, te, xq, y, y_stride);
+      return tile_range_of<WeightType::Q4_0>(hw, w, tb, te, xq, y, y_stride);
     case WeightType::Q4_1:
-      return hw ? amx::range<Hardware, WeightType::Q4_1>(w, tb, te, xq, y, y_stride)
-                : amx::range<Emulated, WeightType::Q4_1>(w, tb, te, xq, y, y_stride);
+      return tile_range_of<WeightType::Q4_1>(hw, w, tb, te, xq, y, y_stride);
     default:
-      return hw ? amx::range<Hardware, WeightType::Q8_0>(w, tb, te, xq, y, y_stride)
-                : amx::range<Emulated, WeightType::Q8_0>(w, tb, te, xq, y, y_stride);
+      return tile_range_of<WeightType::Q8_0>(hw, w, tb, te, xq, y, y_stride);
   }
 }
 
