@@ -154,6 +154,44 @@ def outputs_match(srv, expected_chat, expected_text, label):
         check(streamed == expected_text[p], f"{label}: streamed completion {p!r} equals specactor generate")
 
 
+def rules_and_logprobs(srv, label):
+    """Penalties, logit_bias, min_tokens, logprobs and seed through the openai client: the speculative
+    answers equal `"speculative": false` ones (text and log probabilities), streamed and not."""
+    msgs = [{"role": "user", "content": "List five colours, one per line."}]
+    kw = dict(model=NAME, messages=msgs, max_tokens=24, temperature=0, logprobs=True, top_logprobs=3,
+              presence_penalty=0.6, frequency_penalty=0.3, logit_bias={"198": -5})
+    extra = {"repetition_penalty": 1.15, "min_tokens": 4}
+
+    def lp_of(content):
+        return [(c.token, c.logprob, [(t.token, t.logprob) for t in c.top_logprobs]) for c in content]
+
+    spec = srv.client.chat.completions.create(**kw, extra_body=extra)
+    plain = srv.client.chat.completions.create(**kw, extra_body={**extra, "speculative": False})
+    check(spec.choices[0].message.content == plain.choices[0].message.content,
+          f"{label}: penalties and a bias, speculative text equals plain")
+    a, b = lp_of(spec.choices[0].logprobs.content), lp_of(plain.choices[0].logprobs.content)
+    check(len(a) == spec.usage.completion_tokens and a == b and all(len(t) == 3 for _, _, t in a),
+          f"{label}: chat logprobs (3 alternatives) equal with and without speculation ({len(a)} tokens)")
+    streamed = []
+    for chunk in srv.client.chat.completions.create(**kw, extra_body=extra, stream=True):
+        for c in chunk.choices:
+            if c.logprobs and c.logprobs.content:
+                streamed += lp_of(c.logprobs.content)
+    check(streamed == a, f"{label}: streamed chat logprobs equal the whole answer's")
+    ck = dict(model=NAME, prompt="The three primary colours are", max_tokens=16, temperature=0, logprobs=2)
+    cs = srv.client.completions.create(**ck)
+    cp = srv.client.completions.create(**ck, extra_body={"speculative": False})
+    check(cs.choices[0].text == cp.choices[0].text and
+          cs.choices[0].logprobs.token_logprobs == cp.choices[0].logprobs.token_logprobs and
+          cs.choices[0].logprobs.top_logprobs == cp.choices[0].logprobs.top_logprobs,
+          f"{label}: completions logprobs equal with and without speculation")
+    sk = dict(model=NAME, messages=msgs, max_tokens=24, temperature=0.8, seed=1234)
+    s1 = srv.client.chat.completions.create(**sk).choices[0].message.content
+    s2 = srv.client.chat.completions.create(**sk).choices[0].message.content
+    s3 = srv.client.chat.completions.create(**sk, extra_body={"speculative": False}).choices[0].message.content
+    check(s1 == s2 == s3, f"{label}: seeded sampling gives the same text twice and without speculation")
+
+
 def main():
     if not os.path.exists(MODEL):
         raise SystemExit("serve-e2e: the default model is missing (run tools/setup)")
@@ -325,6 +363,7 @@ def main():
     print("serve-e2e: NGRAM server, fixed shape (--speculative-adaptive false)", flush=True)
     spec = Server("--speculative-algorithm", "NGRAM", "--speculative-adaptive", "false")
     outputs_match(spec, expected_chat, expected_text, "NGRAM fixed")
+    rules_and_logprobs(spec, "NGRAM fixed")
     r = spec.client.completions.create(model=NAME, prompt="1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3", max_tokens=24,
                                        temperature=0)
     sp = r.model_extra.get("speculative", {})
@@ -338,6 +377,7 @@ def main():
     print("serve-e2e: NGRAM server, the budget decides (the default)", flush=True)
     spec = Server("--speculative-algorithm", "NGRAM")
     outputs_match(spec, expected_chat, expected_text, "NGRAM budget")
+    rules_and_logprobs(spec, "NGRAM budget")
     r = spec.client.completions.create(model=NAME, prompt="1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3", max_tokens=24,
                                        temperature=0)
     sp = r.model_extra.get("speculative", {})
