@@ -43,7 +43,7 @@ namespace specactor::model {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepItem& x) {
   return f(caf::meta::type_name("step_item"), x.req, x.tokens, x.parents, x.draft_probs, x.prefill, x.sample, x.params,
-           x.rules, x.history, x.logprobs, x.seed, x.want_hidden, x.want_kv, x.keep_hidden, x.prefix_pages,
+           x.rules, x.history, x.logprobs, x.allowed, x.seed, x.want_hidden, x.want_kv, x.keep_hidden, x.prefix_pages,
            x.prefix_len, x.copy_page, x.copy_len);
 }
 

@@ -37,6 +37,25 @@ typename Inspector::result_type inspect(Inspector& f, ChatMessage& x) {
 
 namespace specactor::sched {
 
+// The constraint's kind travels as its number.
+template <class Inspector>
+std::enable_if_t<Inspector::reads_state, typename Inspector::result_type> inspect(Inspector& f,
+                                                                                  const OutputConstraint& x) {
+  auto kind = static_cast<std::int32_t>(x.kind);
+  return f(caf::meta::type_name("output_constraint"), kind, x.schema, x.tool_names, x.tool_parameters, x.tools_required,
+           x.parallel_tool_calls);
+}
+
+template <class Inspector>
+std::enable_if_t<Inspector::writes_state, typename Inspector::result_type> inspect(Inspector& f, OutputConstraint& x) {
+  std::int32_t kind = 0;
+  auto result = f(caf::meta::type_name("output_constraint"), kind, x.schema, x.tool_names, x.tool_parameters,
+                  x.tools_required, x.parallel_tool_calls);
+  x.kind = kind >= 0 && kind <= 3 ? static_cast<OutputConstraint::Kind>(kind) : OutputConstraint::Kind::JsonSchema;
+  if (kind < 0 || kind > 3) x.schema = "false";  // an unknown kind from a peer: refused at the check, not ignored
+  return result;
+}
+
 // The seed and max_new_tokens are optional: each written as a flag and a value.
 template <class Inspector>
 std::enable_if_t<Inspector::reads_state, typename Inspector::result_type> inspect(Inspector& f,
@@ -45,7 +64,7 @@ std::enable_if_t<Inspector::reads_state, typename Inspector::result_type> inspec
   std::uint64_t seed = x.seed ? *x.seed : 0;
   std::int64_t max_new = x.max_new_tokens ? *x.max_new_tokens : 0;
   return f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages, has_max,
-           max_new, x.sampling, x.rules, x.logprobs, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
+           max_new, x.sampling, x.rules, x.logprobs, x.constraint, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
 }
 
 template <class Inspector>
@@ -55,7 +74,7 @@ std::enable_if_t<Inspector::writes_state, typename Inspector::result_type> inspe
   std::int64_t max_new = 0;
   auto result =
       f(caf::meta::type_name("generation_request"), x.prompt, x.prompt_ids, x.chat, x.system, x.messages, has_max,
-        max_new, x.sampling, x.rules, x.logprobs, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
+        max_new, x.sampling, x.rules, x.logprobs, x.constraint, has_seed, seed, x.stop, x.ignore_eos, x.speculative);
   x.seed = has_seed ? std::optional<std::uint64_t>(seed) : std::nullopt;
   x.max_new_tokens = has_max ? std::optional<std::int64_t>(max_new) : std::nullopt;
   return result;

@@ -45,17 +45,30 @@ std::string read_text_file(const std::string& path, const std::string& what, std
   return out;
 }
 
-nlohmann::json parse_json(std::string_view text, const std::string& what) {
-  const auto limit = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+namespace {
+
+template <class Json>
+Json parse_bounded(std::string_view text, const std::string& what) {
+  const auto limit = [&](int depth, typename Json::parse_event_t, Json&) {
     if (depth > kMaxJsonDepth)
       throw ConfigError(what + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
     return true;
   };
   try {
-    return nlohmann::json::parse(text.begin(), text.end(), limit);
+    return Json::parse(text.begin(), text.end(), limit);
   } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1e505
     throw ConfigError(what + ": not valid JSON: " + e.what());
   }
+}
+
+}  // namespace
+
+nlohmann::json parse_json(std::string_view text, const std::string& what) {
+  return parse_bounded<nlohmann::json>(text, what);
+}
+
+nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::string& what) {
+  return parse_bounded<nlohmann::ordered_json>(text, what);
 }
 
 std::string printable(std::string_view s, std::size_t max_chars) {

@@ -29,6 +29,8 @@ std::string read_text_file(const std::string& path, const std::string& what, std
 // Parses `text` as JSON nested at most kMaxJsonDepth levels; errors say "<what>: not valid JSON: …"
 // or "<what>: nested deeper than 64 levels".
 nlohmann::json parse_json(std::string_view text, const std::string& what);
+// The same with object keys in their order (a request body: a JSON Schema's properties keep theirs).
+nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::string& what);
 
 // The offset of the first byte that does not start a well-formed UTF-8 character, npos when none.
 std::size_t first_invalid_utf8(std::string_view s);

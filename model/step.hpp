@@ -26,9 +26,13 @@ struct StepItem {
   kernels::LogitRules rules;
   std::vector<std::int32_t> history;
   std::int32_t logprobs = -1;  // >= 0: each emitted token's log probability and this many top alternatives
-  std::uint64_t seed = 0;      // used when the worker first sees the request
-  bool want_hidden = false;    // return the batch's captured layers for this item's committed rows
-  bool want_kv = false;        // return the item's committed KV page table (FROZEN_KV_MTP, the prefix cache)
+  // Constrained output: per row that samples (the last prefill row, or every row of [root, drafts...]),
+  // one bit per token id (bit id % 32 of word id / 32, rows one after another): tokens whose bit is
+  // clear are impossible there (applied after the rules). Empty: no constraint.
+  std::vector<std::uint32_t> allowed;
+  std::uint64_t seed = 0;    // used when the worker first sees the request
+  bool want_hidden = false;  // return the batch's captured layers for this item's committed rows
+  bool want_kv = false;      // return the item's committed KV page table (FROZEN_KV_MTP, the prefix cache)
   // Keep the batch's captured layers of the committed rows with the KV pages (the prefix cache: a
   // later request that starts on those pages gets them back as its first hidden rows).
   bool keep_hidden = false;

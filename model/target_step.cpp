@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "config/server_args.hpp"
 #include "kernels/spec.hpp"
@@ -155,6 +156,7 @@ void TargetStep::verify(const StepBatch& batch, Plan& p, const std::vector<int>&
     logit_row += p.fwd[i].logit_rows.size();
     std::vector<float> ruled;  // the rows with the request's penalties and biases applied
     if (it.rules.active()) logits = apply_rules(it, seq, logits, vocab, ruled);
+    if (!it.allowed.empty() && it.sample) logits = apply_allowed(it, logits, vocab, ruled);
     std::vector<std::int32_t> committed;  // rows whose KV stays: prefill rows, or root + accepted path
     ItemResult r{it.req, {}, {}, 0, 0, {}, 0, {}, 0};
     std::vector<std::int32_t> token_rows;  // the row whose logits gave each emitted token
@@ -204,6 +206,27 @@ const float* TargetStep::apply_rules(const StepItem& it, Seq& seq, const float* 
            n = it.parents.empty() ? n - 1 : it.parents[static_cast<std::size_t>(n - 1)] + 1)
         path.push_back(it.tokens[static_cast<std::size_t>(n)]);
     seq.history.apply(it.rules, path.data(), path.size(), ruled.data() + node * static_cast<std::size_t>(vocab), vocab);
+  }
+  return ruled.data();
+}
+
+// The item's sampling rows with the constraint's impossible tokens at −∞ (into `ruled`).
+const float* TargetStep::apply_allowed(const StepItem& it, const float* logits, std::int64_t vocab,
+                                       std::vector<float>& ruled) {
+  const std::size_t rows = it.prefill ? 1 : it.tokens.size();
+  const std::size_t words = it.allowed.size() / rows;
+  if (words == 0 || words * rows != it.allowed.size())
+    throw StepFailed("target worker: a constraint of " + std::to_string(it.allowed.size()) + " mask words for " +
+                     std::to_string(rows) + " rows");
+  if (ruled.empty()) ruled.assign(logits, logits + rows * static_cast<std::size_t>(vocab));
+  constexpr float kNever = -std::numeric_limits<float>::infinity();
+  for (std::size_t row = 0; row < rows; ++row) {
+    float* l = ruled.data() + row * static_cast<std::size_t>(vocab);
+    const std::uint32_t* bits = it.allowed.data() + row * words;
+    for (std::int64_t id = 0; id < vocab; ++id) {
+      const auto w = static_cast<std::size_t>(id / 32);
+      if (w >= words || !(bits[w] >> (id % 32) & 1u)) l[id] = kNever;
+    }
   }
   return ruled.data();
 }

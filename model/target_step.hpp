@@ -90,6 +90,8 @@ class TargetStep {
   void start_on_cache(const StepItem& it, Seq& seq, const std::vector<int>& capture, std::int64_t& rows);
   static const float* apply_rules(const StepItem& it, Seq& seq, const float* logits, std::int64_t vocab,
                                   std::vector<float>& ruled);
+  static const float* apply_allowed(const StepItem& it, const float* logits, std::int64_t vocab,
+                                    std::vector<float>& ruled);
   std::vector<int> capture_layers(const StepBatch& batch) const;
   void forward(Plan& p, const std::vector<int>& capture, ForwardResult& out);
   void verify(const StepBatch& batch, Plan& p, const std::vector<int>& capture, const ForwardResult& out,

@@ -156,6 +156,7 @@ struct KeptProposal {
   std::vector<std::int32_t> tokens, parents, depth;
   std::vector<float> scores;
   std::vector<double> prob;
+  std::vector<grammar::Matcher> states;  // constrained: the grammar state after each node's path
 };
 
 // Keeps only well-formed nodes (parents before children) within the depth and tree limits — a
@@ -185,6 +186,12 @@ std::vector<KeptProposal> Scheduler::keep_proposals(const StepPlan& plan, const 
       if (depth[j] > plan.depth_limits[i] || static_cast<std::int64_t>(k.tokens.size()) + 1 >= config::kMaxTreeTokens)
         continue;
       const std::int32_t kp = par < 0 ? -1 : keep_index[static_cast<std::size_t>(par)];
+      if (k.req->constraint.matcher) {  // a draft the grammar forbids is cut here, with what follows it
+        const grammar::Matcher& from = kp < 0 ? *k.req->constraint.matcher : k.states[static_cast<std::size_t>(kp)];
+        grammar::Matcher next = from;
+        if (!grammar_allows(*k.req, from, toks[j], next)) continue;
+        k.states.push_back(std::move(next));
+      }
       const float sc = scores ? (*scores)[j] : -1.0f;
       double pr = accept_.node_prob(sc, depth[j], k.req->draft.acc);
       if (kp >= 0) pr = std::min(pr, k.prob[static_cast<std::size_t>(kp)]);  // never likelier than its parent
@@ -262,6 +269,7 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
     KeptProposal& k = kept[i];
     if (!k.req) continue;
     std::vector<std::int32_t> tokens, parents, remap(k.tokens.size(), -1);
+    std::vector<const grammar::Matcher*> kept_states;  // constrained: each verified node's grammar state
     k.req->draft.verified.clear();
     std::int32_t max_depth = 0;
     for (std::size_t j = 0; j < k.tokens.size(); ++j) {
@@ -271,6 +279,7 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
       tokens.push_back(k.tokens[j]);
       parents.push_back(par);
       k.req->draft.verified.push_back({k.tokens[j], par, k.depth[j], k.scores[j], k.prob[j]});
+      if (k.req->constraint.matcher) kept_states.push_back(&k.states[j]);
       max_depth = std::max(max_depth, k.depth[j]);
     }
     k.req->draft.depth = max_depth;
@@ -283,6 +292,8 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
         if (i < p.probs.size() && tokens.size() == p.tokens[i].size()) item.draft_probs = std::move(p.probs[i]);
         item.tokens.insert(item.tokens.end(), tokens.begin(), tokens.end());
         item.parents = std::move(parents);
+        if (k.req->constraint.matcher)  // the root's row has its mask; each node's row continues its path
+          for (const grammar::Matcher* m : kept_states) append_mask(*k.req, *m, item.allowed);
       }
   }
   plan.rows = plan.base_rows + added;

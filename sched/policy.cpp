@@ -199,6 +199,12 @@ void Scheduler::admit() {
       retire(*gone, "error", why, true);
       continue;
     }
+    if (const std::string why = r.constraint.matcher ? "" : start_constraint(r); !why.empty()) {
+      auto gone = std::move(queue_.front());
+      queue_.pop_front();
+      retire(*gone, "error", why, true);
+      continue;
+    }
     // The longest cached prefix in whole pages, leaving at least the last prompt token to prefill
     // (its logits start the answer); the request runs on those pages, locked against eviction.
     // A partly matched page after them is copied into a page of the request's own (its reservation
@@ -296,6 +302,7 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
       item.sample = true;
       if (g.speculative) decoding.push_back(&r);
     }
+    if (item.sample && r.constraint.matcher) append_mask(r, *r.constraint.matcher, item.allowed);
     r.in_step = true;
     plan.batch.items.push_back(std::move(item));
   }

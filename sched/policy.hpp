@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -180,10 +181,24 @@ class Scheduler {
   void rematch(Sequence& r);
   // Evicts cached pages (LRU) until `need` are free, if it can; tells the KV owner.
   void make_room(std::int64_t need);
+  // Constrained output (constrain.cpp).
+  const std::shared_ptr<const grammar::Vocabulary>& vocabulary();
+  std::string start_constraint(Sequence& r);
+  void append_mask(const Sequence& r, const grammar::Matcher& m, std::vector<std::uint32_t>& out);
+  bool grammar_allows(const Sequence& r, const grammar::Matcher& m, std::int32_t token, grammar::Matcher& next) const;
+  bool advance_constraint(Sequence& r, std::int32_t token);
 
   Limits limits_;
   std::function<void(std::uint64_t)> release_;
   std::shared_ptr<const model::Tokenizer> tokenizer_;
+  // Constrained output: the vocabulary's bytes, and the grammars of recent constraints with their masks.
+  struct Compiled {
+    std::shared_ptr<const grammar::Grammar> grammar;
+    std::shared_ptr<grammar::MaskCache> masks;
+  };
+  static constexpr std::size_t kGrammarsKept = 16;
+  std::shared_ptr<const grammar::Vocabulary> vocab_;
+  std::list<std::pair<std::string, Compiled>> grammars_;
   std::int64_t hidden_size_ = 0;
   DraftShape draft_;
   bool target_known_ = false, ready_ = false, busy_ = false;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "grammar/mask.hpp"
 #include "model/prefix_tree.hpp"
 #include "model/tokenizer.hpp"
 #include "sched/budget.hpp"
@@ -79,6 +80,13 @@ struct Sequence {
     std::int32_t copy_page = -1;
     std::int64_t copy_len = 0;
   } cache;
+
+  // Constrained output (sched/constrain.cpp): the matcher over what was emitted, the masks of its
+  // grammar's states (shared by requests with the same constraint).
+  struct Constraint {
+    std::unique_ptr<grammar::Matcher> matcher;
+    std::shared_ptr<grammar::MaskCache> masks;
+  } constraint;
 
   std::uint64_t id() const { return sub->id; }
 };

@@ -103,6 +103,10 @@ std::string Scheduler::emit(Sequence& r, const std::vector<std::int32_t>& tokens
       }
     }
     ++metrics_.generated_tokens;
+    if (r.constraint.matcher && advance_constraint(r, t)) {  // the grammar is complete: nothing may follow
+      reason = "stop";
+      break;
+    }
     if (static_cast<std::int64_t>(r.out.generated.size()) >= r.max_new) {
       reason = "length";
       break;

@@ -21,6 +21,26 @@ std::string shortest(float v) {
 
 }  // namespace
 
+std::shared_ptr<const grammar::Grammar> compile_constraint(const OutputConstraint& c) {
+  using grammar::Grammar;
+  switch (c.kind) {
+    case OutputConstraint::Kind::None:
+      return nullptr;
+    case OutputConstraint::Kind::JsonObject:
+      return Grammar::any_json_object();
+    case OutputConstraint::Kind::JsonSchema:
+      return Grammar::from_json_schema(c.schema);
+    case OutputConstraint::Kind::ToolCalls: {
+      if (c.tool_names.size() != c.tool_parameters.size())
+        throw grammar::GrammarError("", "tool names and parameter schemas differ in number");
+      std::vector<Grammar::Tool> tools;
+      for (std::size_t i = 0; i < c.tool_names.size(); ++i) tools.push_back({c.tool_names[i], c.tool_parameters[i]});
+      return Grammar::tool_calls(tools, c.tools_required, c.parallel_tool_calls);
+    }
+  }
+  throw grammar::GrammarError("", "unknown constraint kind " + std::to_string(static_cast<int>(c.kind)));
+}
+
 void check_request(const GenerationRequest& r, const RequestLimits& limits,
                    const std::function<std::string(const std::string&)>& name) {
   auto field = [&](const std::string& f) { return name ? name(f) : f; };
@@ -69,6 +89,13 @@ void check_request(const GenerationRequest& r, const RequestLimits& limits,
       model::check_utf8(r.stop[i]);
     } catch (const config::ConfigError& e) {
       throw RequestError(field("stop") + at, e.what());
+    }
+  }
+  if (r.constraint.active()) {
+    try {
+      compile_constraint(r.constraint);
+    } catch (const grammar::GrammarError& e) {
+      fail(r.constraint.field(), e.what());
     }
   }
   if (limits.vocab_size > 0)

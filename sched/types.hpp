@@ -11,10 +11,32 @@
 
 #include "config/error.hpp"
 #include "config/snapshot.hpp"
+#include "grammar/grammar.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/chat.hpp"
 
 namespace specactor::sched {
+
+// Constrained output (grammar/, docs/structured-output.md): the answer is JSON — any object, or what
+// a JSON Schema admits — or tool calls (<tool_call>\n{"name": …, "arguments": …}\n</tool_call>). Every
+// token, drafted or not, is checked against it on the target's rows, so speculation stays lossless.
+struct OutputConstraint {
+  enum class Kind : std::int32_t { None = 0, JsonObject = 1, JsonSchema = 2, ToolCalls = 3 };
+  Kind kind = Kind::None;
+  std::string schema;  // JsonSchema: the schema's JSON text
+  // ToolCalls: the functions (name, parameters schema as JSON text; "" = any object). Required: the
+  // answer is calls only (tool_choice "required", or a named function — then only that one is listed);
+  // else free text that may turn into calls.
+  std::vector<std::string> tool_names, tool_parameters;
+  bool tools_required = false;
+  bool parallel_tool_calls = true;
+  bool active() const { return kind != Kind::None; }
+  // The request field a problem with it is reported under.
+  const char* field() const { return kind == Kind::ToolCalls ? "tools" : "response_format"; }
+};
+
+// The grammar of a constraint (null for None). Throws grammar::GrammarError.
+std::shared_ptr<const grammar::Grammar> compile_constraint(const OutputConstraint& c);
 
 struct GenerationRequest {
   std::string prompt;                        // text (ignored when prompt_ids is set)
@@ -32,6 +54,7 @@ struct GenerationRequest {
   // >= 0: every generated token's log probability (kernels::token_logprob) and this many (<= 20) of the
   // most likely tokens at its position, in the events and the result; -1 = none.
   std::int32_t logprobs = -1;
+  OutputConstraint constraint;        // none by default
   std::optional<std::uint64_t> seed;  // default: the snapshot's random_seed
   std::vector<std::string> stop;      // stop strings (not included in the output)
   bool ignore_eos = false;
@@ -159,10 +182,10 @@ struct RequestLimits {
 // The one check of a request: the server, the CLI, an embedding host (EngineApi::prepare) and the
 // scheduler's admission all call it. Its own fields: max_new_tokens >= 1 when given, sampling values
 // finite and in range (temperature 0 or >= 1e-5, top_p in [1e-5, 1], top_k >= 0, min_p in [0, 1)),
-// stop strings non-empty UTF-8. With limits, on the tokenized request (prompt_ids): ids inside the
-// vocabulary, and the context rule — the prompt leaves room for at least one new token, and a given
-// max_new_tokens fits in that room (else "context_length_exceeded"; it is never shortened); unset, the
-// request gets the room. Throws RequestError naming the field as `name` spells it (default: the
+// stop strings non-empty UTF-8, a constraint that compiles (its field: "response_format" or "tools"). With limits, on
+// the tokenized request (prompt_ids): ids inside the vocabulary, and the context rule — the prompt leaves room for at
+// least one new token, and a given max_new_tokens fits in that room (else "context_length_exceeded"; it is never
+// shortened); unset, the request gets the room. Throws RequestError naming the field as `name` spells it (default: the
 // field's own name, "prompt_ids" for the prompt).
 void check_request(const GenerationRequest& r, const RequestLimits& limits = {},
                    const std::function<std::string(const std::string& field)>& name = {});

@@ -9,6 +9,8 @@
 
 #include "config/error.hpp"
 #include "config/input.hpp"
+#include "server/api_fields.hpp"
+#include "server/structured.hpp"
 
 namespace specactor::server {
 
@@ -48,7 +50,7 @@ bool is_json_type(const std::string& content_type) {
 json parse_body(const std::string& text) {
   json j;
   try {
-    j = config::parse_json(text, "request body");
+    j = config::parse_ordered_json(text, "request body");
   } catch (const config::ConfigError& e) {
     // Bounded: a parse error quotes the offending token, which may be megabytes long.
     throw ApiError(400, config::printable(e.what(), kMaxErrorChars));
@@ -59,44 +61,7 @@ json parse_body(const std::string& text) {
 
 namespace {
 
-// Typed reads of optional fields; a present field of the wrong type is a 400 naming it.
-const json* field(const json& o, const char* key) {
-  auto it = o.find(key);
-  return it == o.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::string where(const std::string& prefix, const char* key) { return prefix.empty() ? key : prefix + "." + key; }
-
-bool get_bool(const json& o, const char* key, bool dflt, const std::string& prefix = {}) {
-  const json* v = field(o, key);
-  if (!v) return dflt;
-  if (!v->is_boolean()) throw ApiError(400, where(prefix, key) + ": expected true or false", where(prefix, key));
-  return v->get<bool>();
-}
-
-std::optional<double> get_number(const json& o, const char* key, const std::string& prefix = {}) {
-  const json* v = field(o, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number() || !std::isfinite(v->get<double>()))
-    throw ApiError(400, where(prefix, key) + ": expected a finite number", where(prefix, key));
-  return v->get<double>();
-}
-
-std::optional<std::int64_t> get_int(const json& o, const char* key, const std::string& prefix = {}) {
-  const json* v = field(o, key);
-  if (!v) return std::nullopt;
-  if (v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
-    throw ApiError(400, where(prefix, key) + ": out of range", where(prefix, key));
-  if (!v->is_number_integer()) throw ApiError(400, where(prefix, key) + ": expected an integer", where(prefix, key));
-  return v->get<std::int64_t>();
-}
-
-std::optional<std::string> get_string(const json& o, const char* key, const std::string& prefix = {}) {
-  const json* v = field(o, key);
-  if (!v) return std::nullopt;
-  if (!v->is_string()) throw ApiError(400, where(prefix, key) + ": expected a string", where(prefix, key));
-  return v->get<std::string>();
-}
+using namespace fields;
 
 std::vector<std::string> get_stop(const json& o, const std::string& prefix = {}) {
   const json* v = field(o, "stop");
@@ -215,9 +180,6 @@ void refuse_unsupported(const json& body) {
       refuse(name, *v);
   };
   number_other_than("best_of", 1.0);
-  if (const json* v = field(body, "response_format");
-      v && !v->is_null() && !(v->is_object() && v->value("type", json()) == "text"))
-    refuse("response_format", *v);
   if (const json* v = field(body, "echo"); v && !v->is_null() && *v != false) refuse("echo", *v);
   if (const json* v = field(body, "suffix"); v && !v->is_null() && *v != "") refuse("suffix", *v);
 }
@@ -242,9 +204,8 @@ void read_common(const json& body, const ApiLimits& limits, ApiRequest& a) {
   check_model(body, limits, a);
   if (auto n = get_int(body, "n"); n && *n != 1) throw ApiError(400, "n: only n = 1 is supported", "n");
   read_logprobs(body, a);
-  if (const json* t = field(body, "tools"); t && !(t->is_array() && t->empty()))
-    throw ApiError(400, "tools: not supported", "tools");
   refuse_unsupported(body);
+  read_structured(body, a);
   a.stream = get_bool(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) throw ApiError(400, "stream_options: expected an object", "stream_options");
@@ -276,8 +237,9 @@ ApiRequest parse_chat(const json& body, const ApiLimits& limits) {
     const std::string at = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) throw ApiError(400, at + ": expected an object", "messages");
     const auto role = get_string(m, "role", at);
-    if (!role || (*role != "system" && *role != "user" && *role != "assistant" && *role != "developer"))
-      throw ApiError(400, at + ".role: expected system, user, assistant or developer", "messages");
+    if (!role ||
+        (*role != "system" && *role != "user" && *role != "assistant" && *role != "developer" && *role != "tool"))
+      throw ApiError(400, at + ".role: expected system, user, assistant, developer or tool", "messages");
     std::string content;
     const json* c = field(m, "content");
     if (c && c->is_string()) {
@@ -293,7 +255,9 @@ ApiRequest parse_chat(const json& body, const ApiLimits& limits) {
     } else if (c || *role != "assistant") {
       throw ApiError(400, at + ".content: expected a string or an array of text parts", "messages");
     }
-    r.messages.push_back({*role == "developer" ? "system" : *role, std::move(content)});
+    std::string turn = *role == "developer" ? "system" : *role;
+    read_tool_message(m, at, turn, content);
+    r.messages.push_back({std::move(turn), std::move(content)});
   }
   read_common(body, limits, a);
   return a;
@@ -340,6 +304,7 @@ ApiRequest parse_generate(const json& body, const ApiLimits& limits) {
   if (const json* sp = field(body, "sampling_params")) {
     if (!sp->is_object()) throw ApiError(400, "sampling_params: expected an object", "sampling_params");
     read_sampling(*sp, r, "sampling_params");
+    read_generate_structured(*sp, a);
     if (auto mt = get_int(*sp, "max_new_tokens", "sampling_params")) r.max_new_tokens = *mt;
   }
   check_ranges(a);
@@ -457,14 +422,15 @@ json chunk_logprobs(Endpoint e, const sched::TokenEvent& ev, const Outcome& o) {
 }
 
 json chat_response(const std::string& id, std::int64_t created, const std::string& model, const Outcome& o) {
+  std::string reason;
   return {{"id", id},
           {"object", "chat.completion"},
           {"created", created},
           {"model", model},
           {"choices", json::array({{{"index", 0},
-                                    {"message", {{"role", "assistant"}, {"content", o.text}}},
+                                    {"message", chat_message(o, id, reason)},
                                     {"logprobs", logprobs_json(Endpoint::Chat, o.tokens, o.logprobs, o.piece)},
-                                    {"finish_reason", openai_finish_reason(o.finish_reason)}}})},
+                                    {"finish_reason", reason}}})},
           {"usage", usage_json(o)},
           {"speculative", speculative_json(o.metrics)}};
 }

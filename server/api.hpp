@@ -15,7 +15,7 @@
 
 namespace specactor::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // keys keep their order (a JSON Schema's properties are generated in it)
 
 // An error answered as {"error": {"message", "type", "param", "code"}} with an HTTP status.
 struct ApiError : std::runtime_error {
@@ -37,6 +37,7 @@ struct ApiRequest {
   std::string model;  // as the client named it (empty: not given)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  bool tools = false;          // the model was offered tools: its <tool_call> blocks are answered as tool_calls
   // How this request spells the engine's fields (for errors): the length limit, the prompt, the
   // sampling fields' prefix ("sampling_params" for /generate).
   std::string max_tokens_name = "max_tokens", prompt_name = "prompt", sampling_prefix;
@@ -57,8 +58,8 @@ struct ApiLimits {
 inline constexpr std::size_t kMaxErrorChars = 300;
 
 // Parse a request body (already JSON). Throw ApiError (400 naming the field, 404 for an unknown
-// model) on anything malformed: wrong types, values out of range, unsupported features (n > 1,
-// logprobs, tools), no messages/prompt.
+// model) on anything malformed: wrong types, values out of range, unsupported features (n > 1, echo,
+// suffix, best_of), no messages/prompt.
 ApiRequest parse_chat(const json& body, const ApiLimits& limits);
 ApiRequest parse_completion(const json& body, const ApiLimits& limits);
 ApiRequest parse_generate(const json& body, const ApiLimits& limits);
@@ -80,6 +81,7 @@ struct Outcome {
   std::string finish_reason;  // stop | length | cancelled | error
   std::string error;
   bool invalid_request = false;  // the engine refused the request itself (e.g. beyond the KV budget): a 400
+  bool tools = false;            // ApiRequest::tools
   std::int64_t prompt_tokens = 0;
   sched::RequestMetrics metrics;
 };

@@ -22,6 +22,7 @@
 #include "server/api.hpp"
 #include "server/http.hpp"
 #include "server/metrics.hpp"
+#include "server/structured.hpp"
 
 namespace specactor::server {
 
@@ -50,9 +51,9 @@ struct Live {
   std::uint64_t id = 0;
   bool submitted = false;  // id is the engine's
   Outcome outcome;
-  bool finished = false;     // the final event came
-  bool client_gone = false;  // the exchange ended before the final event
-  bool first_chunk = true;
+  bool finished = false;             // the final event came
+  bool client_gone = false;          // the exchange ended before the final event
+  std::unique_ptr<ChatStream> chat;  // a streamed chat answer's chunks
   Clock::time_point arrived, last;
   bool first_token = true;
 };
@@ -223,16 +224,7 @@ class Server {
     } else if (ev.finished && ev.finish_reason == "cancelled" && grace_cut_) {
       out += sse_event(error_body(shutdown_error()));
     } else if (ep == Endpoint::Chat) {
-      const json lp = chunk_logprobs(ep, ev, l.outcome);
-      if (!ev.text.empty() || l.first_chunk || ev.finished || !ev.logprobs.empty()) {
-        if (l.first_chunk && ev.finished && !ev.text.empty()) {
-          out += sse_event(chat_chunk(rid, created, name_, ev.text, true, "", lp));
-          out += sse_event(chat_chunk(rid, created, name_, "", false, reason));
-        } else {
-          out += sse_event(chat_chunk(rid, created, name_, ev.text, l.first_chunk, reason, lp));
-        }
-        l.first_chunk = false;
-      }
+      out += l.chat->events(ev, chunk_logprobs(ep, ev, l.outcome));
     } else if (ep == Endpoint::Completion) {
       if (!ev.text.empty() || ev.finished || !ev.logprobs.empty())
         out += sse_event(completion_chunk(rid, created, name_, ev.text, reason, chunk_logprobs(ep, ev, l.outcome)));
@@ -363,6 +355,8 @@ class Server {
     const Answer ans{ep, rid, unix_now(), streamed, a.include_usage, a.max_tokens_name};
     auto live = std::make_shared<Live>();
     live->outcome.prompt_tokens = static_cast<std::int64_t>(ids.size());
+    live->outcome.tools = a.tools;
+    if (streamed && ep == Endpoint::Chat) live->chat = std::make_unique<ChatStream>(rid, ans.created, name_, a.tools);
     if (a.request.logprobs >= 0)
       live->outcome.piece = [tok = engine->tokenizer()](std::int32_t t) { return tok ? tok->decode({t}) : ""; };
     live->arrived = live->last = Clock::now();

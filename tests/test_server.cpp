@@ -19,6 +19,7 @@
 #include "server/api.hpp"
 #include "server/http.hpp"
 #include "server/metrics.hpp"
+#include "server/structured.hpp"
 #include "tests/support/free_port.hpp"
 
 using namespace specactor::server;
@@ -127,8 +128,33 @@ TEST_CASE("bad requests are 400s naming the field, an unknown model is a 404") {
       {R"({"messages": [{"role": "user", "content": "x"}], "min_tokens": -1})", 400, "min_tokens", ">= 0"},
       {R"({"messages": [{"role": "user", "content": "x"}], "min_tokens": 9, "max_tokens": 4})", 400, "min_tokens",
        "at most max_tokens (4)"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", 400,
-       "response_format", "is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}})", 400,
+       "response_format", "expected \"text\", \"json_object\" or \"json_schema\""},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}})", 400,
+       "response_format", "response_format.json_schema: expected an object"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema",
+           "json_schema": {"name": "a", "schema": {"type": "string", "pattern": "^a$"}}}})",
+       400, "response_format", "the keyword \"pattern\" is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema",
+           "json_schema": {"name": "a", "schema": {"$ref": "#/$defs/n", "$defs": {"n": {"type": "object",
+           "properties": {"next": {"$ref": "#/$defs/n"}}}}}}}})",
+       400, "response_format", "is recursive"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", 400, "tools",
+       "tools[0].function: expected an object"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f",
+           "parameters": {"type": "object", "properties": {"x": {"format": "email"}}}}}]})",
+       400, "tools", "/0/parameters/properties/x: the keyword \"format\" is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+           "tool_choice": {"type": "function", "function": {"name": "g"}}})",
+       400, "tool_choice", "naming one of tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", 400, "tool_choice",
+       "needs \"tools\""},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+           "response_format": {"type": "json_object"}})",
+       400, "response_format", "cannot be combined with tools"},
+      {R"({"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "tool_calls": [{"function":
+           {"name": "f", "arguments": "{bad"}}]}]})",
+       400, "messages", "messages[1].tool_calls[0].function.arguments: expected a JSON object"},
       {R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5})", 400, "presence_penalty",
        "must be in [-2, 2]"},
       {R"({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": "-1"})", 400, "frequency_penalty",
@@ -154,6 +180,113 @@ TEST_CASE("bad requests are 400s naming the field, an unknown model is a 404") {
   CHECK(std::string(error_of([] { parse_body("[1, 2]"); }).what()).find("JSON object") != std::string::npos);
   CHECK(std::string(error_of([] { parse_body(std::string(200, '[') + std::string(200, ']')); }).what())
             .find("nested deeper than 64") != std::string::npos);
+}
+
+TEST_CASE("structured output and tools: constraints, the tools prompt, tool turns, tool_calls whole and streamed") {
+  using Kind = specactor::sched::OutputConstraint::Kind;
+  const ApiRequest js = parse_chat(json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true,
+        "schema": {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}}}}}})"),
+                                   kLimits);
+  CHECK(js.request.constraint.kind == Kind::JsonSchema);
+  // The schema keeps the client's key order (the grammar writes properties in it).
+  CHECK(js.request.constraint.schema.find("zeta") < js.request.constraint.schema.find("alpha"));
+  CHECK(parse_completion(json::parse(R"({"prompt": "x", "response_format": {"type": "json_object"}})"), kLimits)
+            .request.constraint.kind == Kind::JsonObject);
+  CHECK(parse_chat(
+            json::parse(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}})"),
+            kLimits)
+            .request.constraint.kind == Kind::None);
+  CHECK(parse_generate(json::parse(R"({"text": "x", "sampling_params": {"json_schema": "{\"type\": \"object\"}"}})"),
+                       kLimits)
+            .request.constraint.kind == Kind::JsonSchema);
+  CHECK(error_of([] {
+          parse_generate(json::parse(R"({"text": "x", "sampling_params": {"regex": "a+"}})"), kLimits);
+        }).param == "sampling_params.regex");
+  CHECK(error_of([] {
+          parse_completion(
+              json::parse(R"({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]})"), kLimits);
+        }).param == "tools");
+
+  const char* tools = R"("tools": [
+      {"type": "function", "function": {"name": "weather", "description": "Weather of a city",
+       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "time", "parameters": {"type": "object", "properties": {}}}}])";
+  const ApiRequest a = parse_chat(json::parse(std::string(R"({"messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Weather in Oslo?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],)") +
+                                              tools + "}"),
+                                  kLimits);
+  CHECK(a.tools);
+  CHECK(a.request.constraint.kind == Kind::ToolCalls);
+  CHECK(!a.request.constraint.tools_required);
+  CHECK(a.request.constraint.tool_names == std::vector<std::string>{"weather", "time"});
+  REQUIRE(a.request.messages.size() == 4);
+  CHECK(a.request.messages[0].content.rfind("Be brief.\n\n# Tools", 0) == 0);
+  CHECK(a.request.messages[0].content.find("\"name\":\"weather\"") != std::string::npos);
+  CHECK(a.request.messages[2].content ==
+        "<tool_call>\n{\"name\":\"weather\",\"arguments\":{\"city\":\"Oslo\"}}\n</tool_call>");
+  CHECK(a.request.messages[3].role == "user");
+  CHECK(a.request.messages[3].content == "<tool_response>\nsunny\n</tool_response>");
+  const ApiRequest named = parse_chat(
+      json::parse(std::string(R"({"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": false,
+          "tool_choice": {"type": "function", "function": {"name": "time"}},)") +
+                  tools + "}"),
+      kLimits);
+  CHECK(named.request.constraint.tools_required);
+  CHECK(!named.request.constraint.parallel_tool_calls);
+  CHECK(named.request.constraint.tool_names == std::vector<std::string>{"time"});
+  CHECK(
+      parse_chat(json::parse(std::string(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "none",)") +
+                             tools + "}"),
+                 kLimits)
+          .request.constraint.kind == Kind::None);
+
+  // The answer: content before the calls, each call's arguments as JSON text.
+  const std::string text =
+      "Checking. <tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}"
+      "\n</tool_call>\n<tool_call>\n{\"name\": \"time\", \"arguments\": {}}\n</tool_call>";
+  const ToolAnswer split = split_tool_calls(text, "x");
+  CHECK(split.content == "Checking.");
+  REQUIRE(split.calls.size() == 2);
+  CHECK(split.calls[0].name == "weather");
+  CHECK(json::parse(split.calls[0].arguments) == json{{"city", "Oslo"}});
+  CHECK(split.calls[1].arguments == "{}");
+  Outcome o;
+  o.text = text;
+  o.tools = true;
+  o.finish_reason = "stop";
+  const json whole = chat_response("id", 1, "smol", o);
+  CHECK(whole["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(whole["choices"][0]["message"]["tool_calls"].size() == 2);
+  CHECK(whole["choices"][0]["message"]["tool_calls"][1]["function"]["name"] == "time");
+  // Streamed in small pieces: the content stops before "<tool_call>", each call comes whole, in order.
+  ChatStream stream("id", 1, "smol", true);
+  std::string content, names;
+  std::string finish;
+  for (std::size_t i = 0; i < text.size(); i += 3) {
+    specactor::sched::TokenEvent ev;
+    ev.text = text.substr(i, 3);
+    ev.finished = i + 3 >= text.size();
+    if (ev.finished) ev.finish_reason = "stop";
+    const std::string sse = stream.events(ev, nullptr);
+    for (std::size_t at = sse.find("data: "); at != std::string::npos; at = sse.find("data: ", at + 1)) {
+      const json chunk = json::parse(sse.substr(at + 6, sse.find('\n', at) - at - 6));
+      const json& d = chunk["choices"][0]["delta"];
+      if (d.contains("content")) content += d["content"].get<std::string>();
+      if (d.contains("tool_calls"))
+        for (const auto& c : d["tool_calls"]) names += c["function"]["name"].get<std::string>() + ";";
+      if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
+    }
+  }
+  CHECK(content == "Checking.");
+  CHECK(names == "weather;time;");
+  CHECK(finish == "tool_calls");
+  // Text that only looked like a call's start is content after all.
+  CHECK(split_tool_calls("a <tool_c", "x").content == "a <tool_c");
 }
 
 TEST_CASE("completions and /generate: prompt forms") {

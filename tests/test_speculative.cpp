@@ -18,6 +18,7 @@
 #include "actors/engine.hpp"
 #include "config/snapshot.hpp"
 #include "drafters/drafter.hpp"
+#include "grammar/matcher.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/block_drafter.hpp"
 #include "model/gguf.hpp"
@@ -105,6 +106,16 @@ void check_lossless(const std::vector<std::string>& base_args, const std::vector
       for (std::size_t k = 0; k < ruled.size(); ++k) changed += without[k] != want[ruled[k]];
       if (!ruled.empty()) CHECK(changed > 0);
     }
+    for (std::size_t i = 0; i < reqs.size(); ++i) {  // constrained requests: held to their grammar, and changed
+      if (!reqs[i].constraint.active()) continue;
+      const auto got = plain->generate(reqs[i]);
+      specactor::grammar::Matcher m(specactor::sched::compile_constraint(reqs[i].constraint));
+      CHECK_MESSAGE(m.feed(got.text), got.text);
+      if (got.finish_reason == "stop") CHECK_MESSAGE(m.accepting(), got.text);
+      GenerationRequest bare = reqs[i];
+      bare.constraint = {};
+      CHECK(plain->generate(bare).tokens != got.tokens);
+    }
     plain->shutdown();
     for (const auto& cfg : configs) {
       std::vector<std::string> args = base;
@@ -184,6 +195,27 @@ void add_rules(std::vector<GenerationRequest>& reqs) {
   reqs[7].rules.min_tokens = 6;
   reqs[7].rules.bias_ids = {2};  // the tiny model's (and the default model's) end token
   reqs[7].rules.bias_values = {8.0f};
+}
+
+// Constrained output on the first four requests (the default model's suites: the tiny model's
+// vocabulary cannot write JSON): a JSON Schema, any JSON object, a required tool call, and a schema
+// under seeded sampling.
+void add_constraints(std::vector<GenerationRequest>& reqs) {
+  REQUIRE(reqs.size() >= 8);
+  using Kind = specactor::sched::OutputConstraint::Kind;
+  const std::string schema =
+      R"({"type":"object","properties":{"title":{"type":"string","maxLength":40},"year":{"type":"integer",)"
+      R"("minimum":1900,"maximum":2100},"tags":{"type":"array","items":{"enum":["a","b","c"]}}},"required":["title"]})";
+  reqs[0].constraint.kind = Kind::JsonSchema;
+  reqs[0].constraint.schema = schema;
+  reqs[1].constraint.kind = Kind::JsonObject;
+  reqs[2].constraint.kind = Kind::ToolCalls;
+  reqs[2].constraint.tool_names = {"lookup", "add"};
+  reqs[2].constraint.tool_parameters = {
+      R"({"type":"object","properties":{"query":{"type":"string"}},"required":["query"]})",
+      R"({"type":"object","properties":{"a":{"type":"number"},"b":{"type":"number"}},"required":["a","b"]})"};
+  reqs[2].constraint.tools_required = true;
+  reqs[3].constraint = reqs[0].constraint;  // seeded sampling (add_rules) under a schema
 }
 
 // Eight id prompts of growing length for the tiny model.
@@ -318,6 +350,7 @@ TEST_CASE(
     reqs.push_back(r);
   }
   add_rules(reqs);
+  add_constraints(reqs);
   check_lossless({"--model-path", kDefaultModel, "--log-level", "warn"}, reqs, heads->configs);
 }
 
@@ -847,6 +880,7 @@ TEST_CASE("default model: every head-free drafter is lossless on the shipped pro
   }
   REQUIRE(reqs.size() >= 12);
   add_rules(reqs);
+  add_constraints(reqs);
   check_lossless({"--model-path", kDefaultModel, "--log-level", "warn"}, reqs,
                  {{"--speculative-algorithm", "NGRAM"},
                   {"--speculative-algorithm", "NGRAM", "--speculative-adaptive", "false"},
