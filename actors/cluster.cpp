@@ -456,6 +456,7 @@ void add_metrics(EngineMetrics& t, const EngineMetrics& m) {
   t.fallback_steps += m.fallback_steps;
   t.adaptive = t.adaptive || m.adaptive;
   t.budget_skipped_steps += m.budget_skipped_steps;
+  t.grammar_drafts += m.grammar_drafts;
   add_vec(t.verified_nodes, m.verified_nodes);
   t.draft_alive = t.draft_alive || m.draft_alive;
   if (t.algorithm.empty()) t.algorithm = m.algorithm;

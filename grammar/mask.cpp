@@ -79,4 +79,28 @@ const Mask& MaskCache::mask(const Matcher& m) {
   return lru_.front().second;
 }
 
+const std::string& MaskCache::forced(const Matcher& m, std::size_t limit) {
+  m.key(vocab_->longest(), key_);
+  if (const auto it = forced_.find(key_); it != forced_.end()) return it->second;
+  if (forced_.size() >= capacity_) forced_.clear();
+  std::string out;
+  Matcher cur = m, next = m, only = m;
+  while (out.size() < limit && !cur.accepting()) {
+    int byte = -1;
+    for (int b = 0; b < 256; ++b) {
+      if (!cur.next(static_cast<std::uint8_t>(b), next)) continue;
+      if (byte >= 0) {  // a choice
+        byte = -2;
+        break;
+      }
+      byte = b;
+      std::swap(only, next);
+    }
+    if (byte < 0) break;
+    out.push_back(static_cast<char>(byte));
+    std::swap(cur, only);
+  }
+  return forced_.emplace(key_, std::move(out)).first->second;
+}
+
 }  // namespace specactor::grammar

@@ -17,7 +17,8 @@ namespace specactor::grammar {
 // One bit per token id: bit (id % 32) of word id / 32.
 using Mask = std::vector<std::uint32_t>;
 inline bool allowed(const Mask& m, std::int32_t id) {
-  return id >= 0 && static_cast<std::size_t>(id / 32) < m.size() && (m[static_cast<std::size_t>(id / 32)] >> (id % 32) & 1u);
+  return id >= 0 && static_cast<std::size_t>(id / 32) < m.size() &&
+         (m[static_cast<std::size_t>(id / 32)] >> (id % 32) & 1u);
 }
 
 class Vocabulary {
@@ -47,6 +48,9 @@ class MaskCache {
  public:
   MaskCache(std::shared_ptr<const Vocabulary> vocab, std::size_t capacity = 512);
   const Mask& mask(const Matcher& m);
+  // The bytes the grammar forces after `m` (each the only byte allowed, up to where a choice or the
+  // end is possible; at most `limit`), cached by state like the masks.
+  const std::string& forced(const Matcher& m, std::size_t limit = 48);
   const Vocabulary& vocabulary() const { return *vocab_; }
   std::int64_t computed() const { return computed_; }
   std::int64_t hits() const { return hits_; }
@@ -56,6 +60,7 @@ class MaskCache {
   std::size_t capacity_;
   std::list<std::pair<std::string, Mask>> lru_;  // most recent first
   std::unordered_map<std::string, std::list<std::pair<std::string, Mask>>::iterator> index_;
+  std::unordered_map<std::string, std::string> forced_;  // cleared when it reaches the masks' capacity
   std::string key_;
   std::int64_t computed_ = 0, hits_ = 0;
 };

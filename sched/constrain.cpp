@@ -6,6 +6,7 @@
 // speculative output equals plain constrained output and sampling keeps the constrained distribution.
 #include <spdlog/spdlog.h>
 
+#include "config/server_args.hpp"
 #include "sched/policy.hpp"
 #include "sched/policy_detail.hpp"
 
@@ -79,6 +80,35 @@ bool Scheduler::advance_constraint(Sequence& r, std::int32_t token) {
   if (!m.feed(vocab_->bytes(token)))  // the target's rows were masked: this is a bug, not the request's
     spdlog::error("request {}: token {} does not fit its constraint", r.id(), token);
   return m.finished();
+}
+
+// Jump-forward drafts: where the grammar forces the next bytes (a key, a closing bracket, a literal),
+// their tokens as the tokenizer writes them — all but the last, which may merge with what follows —,
+// each allowed in turn, appended after `parent` (-1: the root) with `from` the state there; their
+// rows' masks go to the item. At most kForcedDrafts. The target verifies them like any draft.
+std::int32_t Scheduler::force_drafts(Sequence& r, StepItem& item, const grammar::Matcher& from, std::int32_t parent) {
+  if (!tokenizer_ || static_cast<std::int64_t>(item.tokens.size()) + 1 >= config::kMaxTreeTokens) return 0;
+  const std::string& text = r.constraint.masks->forced(from);
+  if (text.empty()) return 0;
+  std::vector<std::int32_t> toks = tokenizer_->encode(text);
+  if (toks.size() < 2) return 0;
+  toks.pop_back();
+  grammar::Matcher at = from, next = from;
+  std::int32_t added = 0;
+  for (const std::int32_t t : toks) {
+    if (added >= kForcedDrafts || static_cast<std::int64_t>(item.tokens.size()) + 1 >= config::kMaxTreeTokens) break;
+    if (!grammar_allows(r, at, t, next)) break;
+    std::swap(at, next);
+    while (item.parents.size() + 1 < item.tokens.size())  // an empty list was a chain: spell it out
+      item.parents.push_back(static_cast<std::int32_t>(item.parents.size()) - 1);
+    item.tokens.push_back(t);
+    item.parents.push_back(parent);
+    parent = static_cast<std::int32_t>(item.tokens.size()) - 2;
+    append_mask(r, at, item.allowed);
+    ++added;
+  }
+  metrics_.grammar_drafts += added;
+  return added;
 }
 
 }  // namespace specactor::sched

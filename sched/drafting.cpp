@@ -292,8 +292,19 @@ bool Scheduler::apply_proposals(StepPlan& plan, Proposals& p) {
         if (i < p.probs.size() && tokens.size() == p.tokens[i].size()) item.draft_probs = std::move(p.probs[i]);
         item.tokens.insert(item.tokens.end(), tokens.begin(), tokens.end());
         item.parents = std::move(parents);
-        if (k.req->constraint.matcher)  // the root's row has its mask; each node's row continues its path
+        if (k.req->constraint.matcher) {  // the root's row has its mask; each node's row continues its path
           for (const grammar::Matcher* m : kept_states) append_mask(*k.req, *m, item.allowed);
+          // A chain (or nothing) goes on with what the grammar forces after its tip.
+          bool chain = true;
+          for (std::size_t j = 0; j < item.parents.size(); ++j)
+            chain = chain && item.parents[j] == static_cast<std::int32_t>(j) - 1;
+          const std::int32_t forced =
+              chain ? force_drafts(*k.req, item, kept_states.empty() ? *k.req->constraint.matcher : *kept_states.back(),
+                                   static_cast<std::int32_t>(item.tokens.size()) - 2)
+                    : 0;
+          if (forced > 0) item.draft_probs.clear();  // q rows cover the drafter's drafts only: verified as proposed
+          added += forced;
+        }
       }
   }
   plan.rows = plan.base_rows + added;
@@ -333,7 +344,8 @@ void Scheduler::observe_verification(Sequence& r, const ItemResult& item) {
             item.tokens[static_cast<std::size_t>(v.depth - 1)] == v.token;
     accept_.observe_node(v.score, v.depth, v.prob, ok[j], r.draft.acc);
   }
-  if (r.draft.depth > 0) accept_.observe_levels(r.draft.depth, item.accepted, r.draft.acc);
+  // (Drafts a grammar forced may follow the drafter's: its levels count only its own.)
+  if (r.draft.depth > 0) accept_.observe_levels(r.draft.depth, std::min(item.accepted, r.draft.depth), r.draft.acc);
   auto& h = metrics_.verified_nodes;
   const std::size_t n = std::min<std::size_t>(r.draft.verified.size(), 32);
   if (h.size() <= n) h.resize(n + 1, 0);

@@ -330,6 +330,13 @@ std::optional<StepPlan> Scheduler::next_step(bool draft_alive) {
     return plan;
   }
   plan_drafts(plan, decoding);
+  // Constrained requests the drafter was not asked about still draft what their grammar forces.
+  for (auto& item : plan.batch.items) {
+    Sequence* r = find_running(item.req);
+    if (item.prefill || !r || !r->constraint.matcher || !r->sub->request.speculative) continue;
+    if (std::find(plan.proposal_ids.begin(), plan.proposal_ids.end(), item.req) != plan.proposal_ids.end()) continue;
+    plan.rows += force_drafts(*r, item, *r->constraint.matcher, -1);
+  }
   return plan;
 }
 

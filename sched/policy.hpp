@@ -187,6 +187,8 @@ class Scheduler {
   void append_mask(const Sequence& r, const grammar::Matcher& m, std::vector<std::uint32_t>& out);
   bool grammar_allows(const Sequence& r, const grammar::Matcher& m, std::int32_t token, grammar::Matcher& next) const;
   bool advance_constraint(Sequence& r, std::int32_t token);
+  static constexpr std::int32_t kForcedDrafts = 8;
+  std::int32_t force_drafts(Sequence& r, StepItem& item, const grammar::Matcher& from, std::int32_t parent);
 
   Limits limits_;
   std::function<void(std::uint64_t)> release_;

@@ -127,6 +127,7 @@ struct EngineMetrics {
   std::int64_t fallback_steps = 0;        // per-request decode steps run without a draft after a failure
   bool adaptive = false;                  // --speculative-adaptive: the budget decides what is drafted and verified
   std::int64_t budget_skipped_steps = 0;  // per-request decode steps run without a draft by the budget
+  std::int64_t grammar_drafts = 0;        // drafts a constrained request's grammar forced (jump-forward)
   std::vector<std::int64_t>
       verified_nodes;            // [n]: per-request decode steps that verified n draft nodes (last: n or more)
   double calibration_error = 0;  // acceptance model: expected calibration error of its node predictions

@@ -150,6 +150,9 @@ void add_engine_metrics(Exposition& x, const sched::EngineMetrics& m) {
   x.counter("specactor:spec_budget_skipped_steps_total",
             "per-request decode steps run without a draft because the budget said it would not pay",
             static_cast<double>(m.budget_skipped_steps));
+  x.counter("specactor:grammar_forced_drafts_total",
+            "drafts a constrained request's grammar forced (keys, brackets, literals), verified like any draft",
+            static_cast<double>(m.grammar_drafts));
   x.family("specactor:spec_budget_verified_nodes_total", "counter",
            "per-request decode steps by the number of draft nodes verified (the last bucket: that many or more)");
   for (std::size_t n = 0; n < m.verified_nodes.size(); ++n)

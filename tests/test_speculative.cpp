@@ -144,6 +144,8 @@ void check_lossless(const std::vector<std::string>& base_args, const std::vector
       const EngineMetrics m = spec->metrics();
       CHECK(m.draft_alive);
       CHECK(m.draft_failures == 0);
+      if (std::any_of(reqs.begin(), reqs.end(), [](const auto& r) { return r.constraint.active(); }))
+        CHECK(m.grammar_drafts > 0);  // the grammars forced drafts (keys, brackets), verified like the drafter's
       MESSAGE(precision << ": " << label << ": τ " << m.mean_accepted_length << ", α " << m.acceptance_rate
                         << ", drafted " << m.drafted);
       spec->shutdown();
