@@ -58,7 +58,7 @@ struct Node {
   // Array (JSON's brackets) and Repeat (bare repetition, `separator` between items when >= 0): items,
   // how many.
   std::int32_t items = -1, separator = -1;
-  std::int64_t min_items = 0, max_items = -1;  // -1: unbounded
+  std::int64_t min_items = 0, max_items = -1;  // -1: unbounded (also a free-keys object's key count)
   // String: length in code points (an escape counts as one).
   std::int64_t min_len = 0, max_len = -1;
   // Integer / Number bounds (an integer's are whole numbers, inclusive).

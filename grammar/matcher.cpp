@@ -203,13 +203,15 @@ bool Matcher::step_object(Stack& s, int c, std::vector<Stack>& out) const {
         f.flags |= 1;
         break;
       }
-      if (c == '}' && f.phase == kObjOpen && !required_left(n, f.a)) {
+      if (c == '}' && f.phase == kObjOpen && !required_left(n, f.a) && (!n.free_keys || n.min_items == 0)) {
         s.pop_back();
         break;
       }
       if (c != '"') return false;
       f.flags = 0;
       if (n.free_keys) {
+        if (n.max_items >= 0 && f.a >= n.max_items) return false;
+        ++f.a;  // keys so far
         f.phase = kObjColon;
         Frame key;
         key.node = n.key_string;
@@ -261,12 +263,12 @@ bool Matcher::step_object(Stack& s, int c, std::vector<Stack>& out) const {
       return true;
     }
     case kObjAfter:
-      if (c == ',' && (n.free_keys || f.a < static_cast<std::int32_t>(n.props.size())) &&
-          (n.free_keys || key_candidates(n, f.a) != 0)) {
+      if (c == ',' &&
+          (n.free_keys ? n.max_items < 0 || f.a < n.max_items : f.a < static_cast<std::int32_t>(n.props.size()))) {
         f.phase = kObjComma;
         break;
       }
-      if (c == '}' && !required_left(n, f.a)) {
+      if (c == '}' && (n.free_keys ? f.a >= n.min_items : !required_left(n, f.a))) {
         s.pop_back();
         break;
       }
@@ -600,7 +602,7 @@ void Matcher::key(std::int64_t horizon, std::string& out) const {
           const std::int64_t count = f.a;
           f.a = static_cast<std::int32_t>(room(n.min_len - count));
           f.d = n.max_len < 0 ? -1 : room(n.max_len - count);
-        } else if (n.kind == Kind::Array || n.kind == Kind::Repeat) {
+        } else if (n.kind == Kind::Array || n.kind == Kind::Repeat || (n.kind == Kind::Object && n.free_keys)) {
           const std::int64_t count = f.a;
           f.a = static_cast<std::int32_t>(room(n.min_items - count));
           f.d = n.max_items < 0 ? -1 : room(n.max_items - count);

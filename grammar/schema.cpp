@@ -15,9 +15,9 @@ using ojson = nlohmann::ordered_json;
 namespace {
 
 // Keywords that only describe (they constrain nothing, so nothing needs honouring).
-const std::set<std::string, std::less<>> kAnnotations = {
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly",
-    "$defs", "definitions", "strict", "name"};
+const std::set<std::string, std::less<>> kAnnotations = {"title", "description", "default",    "examples", "$schema",
+                                                         "$id",   "$comment",    "deprecated", "readOnly", "writeOnly",
+                                                         "$defs", "definitions", "strict",     "name"};
 
 // a + b + c... by appends (GCC 12's -Wrestrict misfires on chains of operator+ with temporaries).
 template <class... T>
@@ -132,17 +132,32 @@ class Builder {
     }
     if (!s.is_object()) throw GrammarError(where, "expected a schema (an object or a boolean)");
     for (const auto& [k, v] : s.items()) {
-      static const std::set<std::string, std::less<>> known = {
-          "type",     "enum",      "const",     "anyOf",     "oneOf",            "allOf",
-          "$ref",     "properties", "required", "additionalProperties", "items", "minItems",
-          "maxItems", "minLength", "maxLength", "minimum",   "maximum",          "exclusiveMinimum",
-          "exclusiveMaximum"};
+      static const std::set<std::string, std::less<>> known = {"type",
+                                                               "enum",
+                                                               "const",
+                                                               "anyOf",
+                                                               "oneOf",
+                                                               "allOf",
+                                                               "$ref",
+                                                               "properties",
+                                                               "required",
+                                                               "additionalProperties",
+                                                               "items",
+                                                               "minItems",
+                                                               "maxItems",
+                                                               "minLength",
+                                                               "maxLength",
+                                                               "minimum",
+                                                               "maximum",
+                                                               "exclusiveMinimum",
+                                                               "exclusiveMaximum",
+                                                               "minProperties",
+                                                               "maxProperties"};
       if (!known.count(k) && !kAnnotations.count(k))
         throw GrammarError(where, "the keyword \"" + k + "\" is not supported");
       (void)v;
     }
-    if (s.contains("oneOf"))
-      throw GrammarError(where + "/oneOf", "\"oneOf\" is not supported (use \"anyOf\")");
+    if (s.contains("oneOf")) throw GrammarError(where + "/oneOf", "\"oneOf\" is not supported (use \"anyOf\")");
     if (const auto it = s.find("$ref"); it != s.end()) {
       if (s.size() > 1 + count_annotations(s))
         throw GrammarError(where, "\"$ref\" with other constraining keywords beside it is not supported");
@@ -199,12 +214,13 @@ class Builder {
     for (const char* prefix : {"#/$defs/", "#/definitions/"})
       if (target.rfind(prefix, 0) == 0) container = prefix;
     if (container.empty())
-      throw GrammarError(where, "only references into \"#/$defs/\" or \"#/definitions/\" are supported, not \"" +
-                                    target + "\"");
+      throw GrammarError(
+          where, "only references into \"#/$defs/\" or \"#/definitions/\" are supported, not \"" + target + "\"");
     const std::string name = target.substr(container.size());
     if (expanding_.count(target))
-      throw GrammarError(where, "the reference \"" + target +
-                                    "\" is recursive (recursive schemas are not supported: their answers are unbounded)");
+      throw GrammarError(where,
+                         "the reference \"" + target +
+                             "\" is recursive (recursive schemas are not supported: their answers are unbounded)");
     const std::string key = container == "#/$defs/" ? "$defs" : "definitions";
     const auto defs = doc_->find(key);
     if (defs == doc_->end() || !defs->is_object() || !defs->contains(name))
@@ -257,8 +273,7 @@ class Builder {
         for (const double b : {n.min, n.max})
           if (std::fabs(b) > 9e17) throw GrammarError(where, "integer bounds beyond ±9e17 are not supported");
       }
-      if (n.has_min && n.has_max &&
-          (n.max < n.min || (n.max == n.min && (n.min_exclusive || n.max_exclusive))))
+      if (n.has_min && n.has_max && (n.max < n.min || (n.max == n.min && (n.min_exclusive || n.max_exclusive))))
         throw GrammarError(where, "the bounds admit no number");
       return add(std::move(n), where);
     }
@@ -297,12 +312,18 @@ class Builder {
       if (extra != s.end() && extra->is_boolean() && !extra->get<bool>()) return literals({"{}"}, where);
       n.free_keys = true;
       n.key_string = plain_string();
-      n.free_value = extra != s.end() && extra->is_object()
-                         ? schema(*extra, where + "/additionalProperties", depth + 1)
-                         : any_value();
+      n.min_items = std::max<std::int64_t>(0, count_of(s, "minProperties", where));  // keys, for free objects
+      n.max_items = count_of(s, "maxProperties", where);
+      if (n.max_items >= 0 && n.max_items < n.min_items)
+        throw GrammarError(where, "maxProperties is below minProperties");
+      n.free_value = extra != s.end() && extra->is_object() ? schema(*extra, where + "/additionalProperties", depth + 1)
+                                                            : any_value();
       return add(std::move(n), where);
     }
     if (!props->is_object()) throw GrammarError(where + "/properties", "expected an object of schemas");
+    for (const char* k : {"minProperties", "maxProperties"})
+      if (s.contains(k))
+        throw GrammarError(where, std::string("\"") + k + "\" is supported only on objects without \"properties\"");
     if (static_cast<std::int32_t>(props->size()) > limits_.max_properties)
       throw GrammarError(where + "/properties",
                          "more than " + std::to_string(limits_.max_properties) + " properties in one object");
@@ -354,8 +375,8 @@ std::shared_ptr<const Grammar> Grammar::tool_calls(const std::vector<Tool>& tool
     const std::string where = cat("/", std::to_string(i), "/parameters");
     bytes += t.parameters.size();
     if (bytes > limits.max_schema_bytes)
-      throw GrammarError(where, "the tools' parameter schemas exceed " + std::to_string(limits.max_schema_bytes) +
-                                    " bytes together");
+      throw GrammarError(
+          where, "the tools' parameter schemas exceed " + std::to_string(limits.max_schema_bytes) + " bytes together");
     std::int32_t args = -1;
     if (t.parameters.empty()) {
       args = b.any_object();

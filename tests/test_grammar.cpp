@@ -73,22 +73,22 @@ TEST_CASE("grammar: a schema's objects, strings, numbers, enums and arrays") {
   CHECK(accepts(g, R"({"name": "Ann", "age": 42, "tags": ["a", 3], "ok": true, "score": -1.5e3})"));
   CHECK(accepts(g, R"({"name":"\u00e9\n","age":0,"score":null})"));
   CHECK(accepts(g, "{\"name\":\"h\xc3\xa9\",\"age\":130}"));
-  CHECK_FALSE(accepts(g, R"({"age":42,"name":"Ann"})"));              // schema order
-  CHECK_FALSE(accepts(g, R"({"name":"Ann"})"));                       // age is required
-  CHECK_FALSE(accepts(g, R"({"name":"","age":1})"));                  // minLength
-  CHECK_FALSE(accepts(g, R"({"name":"123456789","age":1})"));         // maxLength
-  CHECK_FALSE(accepts(g, R"({"name":"a","age":131})"));               // maximum
-  CHECK_FALSE(accepts(g, R"({"name":"a","age":-1})"));                // minimum
-  CHECK_FALSE(accepts(g, R"({"name":"a","age":4.5})"));               // integer
-  CHECK_FALSE(accepts(g, R"({"name":"a","age":1,"tags":["b"]})"));    // enum
+  CHECK_FALSE(accepts(g, R"({"age":42,"name":"Ann"})"));                    // schema order
+  CHECK_FALSE(accepts(g, R"({"name":"Ann"})"));                             // age is required
+  CHECK_FALSE(accepts(g, R"({"name":"","age":1})"));                        // minLength
+  CHECK_FALSE(accepts(g, R"({"name":"123456789","age":1})"));               // maxLength
+  CHECK_FALSE(accepts(g, R"({"name":"a","age":131})"));                     // maximum
+  CHECK_FALSE(accepts(g, R"({"name":"a","age":-1})"));                      // minimum
+  CHECK_FALSE(accepts(g, R"({"name":"a","age":4.5})"));                     // integer
+  CHECK_FALSE(accepts(g, R"({"name":"a","age":1,"tags":["b"]})"));          // enum
   CHECK_FALSE(accepts(g, R"({"name":"a","age":1,"tags":["a","a","a"]})"));  // maxItems
-  CHECK_FALSE(accepts(g, R"({"name":"a","age":1,"extra":1})"));       // undeclared
-  CHECK_FALSE(accepts(g, R"({"name":"a","age":1)"));                  // incomplete
-  CHECK_FALSE(accepts(g, R"({"name":"a\q","age":1})"));               // bad escape
-  CHECK_FALSE(accepts(g, "{\"name\":\"a\x01\",\"age\":1}"));          // control byte
-  CHECK_FALSE(accepts(g, "{\"name\":\"\xff\",\"age\":1}"));           // not UTF-8
-  CHECK_FALSE(accepts(g, R"({"name":"a","age":1}x)"));                // nothing after the value
-  CHECK_FALSE(accepts(g, R"({  "name":"a","age":1})"));               // one space at most, and only after : and ,
+  CHECK_FALSE(accepts(g, R"({"name":"a","age":1,"extra":1})"));             // undeclared
+  CHECK_FALSE(accepts(g, R"({"name":"a","age":1)"));                        // incomplete
+  CHECK_FALSE(accepts(g, R"({"name":"a\q","age":1})"));                     // bad escape
+  CHECK_FALSE(accepts(g, "{\"name\":\"a\x01\",\"age\":1}"));                // control byte
+  CHECK_FALSE(accepts(g, "{\"name\":\"\xff\",\"age\":1}"));                 // not UTF-8
+  CHECK_FALSE(accepts(g, R"({"name":"a","age":1}x)"));                      // nothing after the value
+  CHECK_FALSE(accepts(g, R"({  "name":"a","age":1})"));                     // one space at most, and only after : and ,
 }
 
 TEST_CASE("grammar: random walks never dead-end and end in values the schema admits") {
@@ -144,6 +144,23 @@ TEST_CASE("grammar: any JSON object, nesting bounded") {
   }
 }
 
+TEST_CASE("grammar: free objects' key counts (minProperties, maxProperties)") {
+  const auto g = Grammar::from_json_schema(
+      R"({"type":"object","additionalProperties":{"type":"integer"},"minProperties":1,"maxProperties":2})");
+  CHECK(accepts(g, R"({"a": 1})"));
+  CHECK(accepts(g, R"({"a": 1, "b": 2})"));
+  CHECK_FALSE(accepts(g, "{}"));
+  CHECK_FALSE(accepts(g, R"({"a": 1, "b": 2, "c": 3})"));
+  CHECK_FALSE(accepts(g, R"({"a": "x"})"));
+  CHECK(refusal(R"({"type":"object","properties":{"a":{}},"maxProperties":1})").find("only on objects without") !=
+        std::string::npos);
+  std::mt19937 rng(9);
+  for (int i = 0; i < 100; ++i) {
+    const ojson v = ojson::parse(walk(g, rng));
+    CHECK((v.size() >= 1 && v.size() <= 2));
+  }
+}
+
 TEST_CASE("grammar: unsupported keywords and hostile schemas are refused by name") {
   CHECK(refusal(R"({"type":"string","pattern":"^a+$"})") == "(root): the keyword \"pattern\" is not supported");
   CHECK(refusal(R"({"type":"object","properties":{"x":{"type":"string","format":"date"}}})") ==
@@ -175,8 +192,8 @@ TEST_CASE("grammar: unsupported keywords and hostile schemas are refused by name
   defs["d0"] = {{"type", "string"}};
   for (int i = 1; i < 14; ++i) {
     const std::string prev = std::string("#/$defs/d").append(std::to_string(i - 1));
-    defs[std::string("d").append(std::to_string(i))] = {{"type", "object"},
-                                     {"properties", {{"a", {{"$ref", prev}}}, {"b", {{"$ref", prev}}}}}};
+    defs[std::string("d").append(std::to_string(i))] = {
+        {"type", "object"}, {"properties", {{"a", {{"$ref", prev}}}, {"b", {{"$ref", prev}}}}}};
   }
   const ojson bomb = {{"$ref", "#/$defs/d13"}, {"$defs", defs}};
   CHECK(refusal(bomb.dump()).find("more than 4096 grammar nodes") != std::string::npos);
@@ -185,14 +202,16 @@ TEST_CASE("grammar: unsupported keywords and hostile schemas are refused by name
 TEST_CASE("grammar: tool calls, required and auto") {
   const std::vector<Grammar::Tool> tools = {
       {"get_weather", R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})"},
-      {"add", R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a","b"]})"}};
+      {"add",
+       R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a","b"]})"}};
   const auto one = Grammar::tool_calls(tools, true, false);
   CHECK(accepts(one, "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>"));
   CHECK_FALSE(accepts(one, "<tool_call>\n{\"name\": \"sub\", \"arguments\": {}}\n</tool_call>"));
   CHECK_FALSE(accepts(one, "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>"));
   CHECK_FALSE(accepts(one, "Sure!"));
-  const std::string two = "<tool_call>\n{\"name\":\"add\",\"arguments\":{\"a\":1,\"b\":2}}\n</tool_call>\n"
-                          "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}\n</tool_call>";
+  const std::string two =
+      "<tool_call>\n{\"name\":\"add\",\"arguments\":{\"a\":1,\"b\":2}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}\n</tool_call>";
   CHECK_FALSE(accepts(one, two));  // one call unless parallel
   CHECK(accepts(Grammar::tool_calls(tools, true, true), two));
   const auto any = Grammar::tool_calls(tools, false, true);
@@ -206,7 +225,8 @@ TEST_CASE("grammar: tool calls, required and auto") {
     CHECK(out.rfind("<tool_call>\n", 0) == 0);
   }
   try {
-    Grammar::tool_calls({{"f", R"({"type":"object","properties":{"x":{"type":"string","pattern":"a"}}})"}}, true, false);
+    Grammar::tool_calls({{"f", R"({"type":"object","properties":{"x":{"type":"string","pattern":"a"}}})"}}, true,
+                        false);
     FAIL("expected a refusal");
   } catch (const GrammarError& e) {
     CHECK(std::string(e.what()) == "/0/parameters/properties/x: the keyword \"pattern\" is not supported");
@@ -217,9 +237,10 @@ TEST_CASE("grammar: token masks equal a check of every token, and the cache retu
   // A vocabulary of byte strings like a BPE one: single bytes, JSON pieces, words with spaces.
   std::vector<std::string> bytes;
   for (int b = 32; b < 127; ++b) bytes.emplace_back(1, static_cast<char>(b));
-  for (const char* t : {"{\"", "\":", "\": ", "\",", "\", \"", "\"}", "}", "{}", "true", "null", "name", " name", "age",
-                        "\":\"", "12", "3.", ".5", "e+", "\\n", "\\u00", "\xc3\xa9", "\xc3", "\xa9", "<tool_call>",
-                        "\n", "\n</", "tool", "_call", ">\n{\"", "\"}}", "<|end|>"})
+  for (const char* t :
+       {"{\"",   "\":",         "\": ",  "\",",  "\", \"", "\"}",   "}",      "{}",   "true",   "null",     "name",
+        " name", "age",         "\":\"", "12",   "3.",     ".5",    "e+",     "\\n",  "\\u00",  "\xc3\xa9", "\xc3",
+        "\xa9",  "<tool_call>", "\n",    "\n</", "tool",   "_call", ">\n{\"", "\"}}", "<|end|>"})
     bytes.emplace_back(t);
   std::vector<bool> special(bytes.size(), false);
   special.back() = true;  // <|end|>

@@ -3,7 +3,9 @@
 Starts the server on free loopback ports with the default model (plain, then NGRAM), waits for
 /health, and drives it with the real `openai` client and with curl: chat and completions, streaming
 and not, greedy outputs equal to `specactor generate`'s, the error cases, 64 concurrent streams, a
-client killed mid-stream, an API key, a full queue, SIGTERM with a request in flight. Prints a load
+client killed mid-stream, an API key, a full queue, SIGTERM with a request in flight; structured output
+(50 JSON Schemas whose answers must validate with `jsonschema`, refused keywords, json_object) and tool
+calls (required, named, auto; whole and streamed; arguments valid for the declared parameters). Prints a load
 summary of the 64 streams (aggregate tok/s, TTFT p50/p99, the server's peak memory). Exits non-zero
 on the first failed check, naming it.
 """
@@ -20,7 +22,11 @@ import time
 import urllib.error
 import urllib.request
 
+import jsonschema
 import openai
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import structured_schemas  # noqa: E402  (tools/structured_schemas.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "build", "specactor")
@@ -192,6 +198,108 @@ def rules_and_logprobs(srv, label):
     check(s1 == s2 == s3, f"{label}: seeded sampling gives the same text twice and without speculation")
 
 
+def structured(srv, label, compare_plain=False):
+    """response_format and tools through the openai client: every answer parses and validates."""
+    for i, (name, prompt, schema) in enumerate(structured_schemas.SCHEMAS):
+        rf = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+        msgs = [{"role": "user", "content": prompt + " Answer in JSON."}]
+        if i % 10 == 9:  # streamed
+            text, finish = "", None
+            for chunk in srv.client.chat.completions.create(model=NAME, messages=msgs, max_tokens=300, temperature=0,
+                                                             response_format=rf, stream=True):
+                for c in chunk.choices:
+                    text += c.delta.content or ""
+                    finish = c.finish_reason or finish
+        else:
+            r = srv.client.chat.completions.create(model=NAME, messages=msgs, max_tokens=300, temperature=0,
+                                                   response_format=rf)
+            text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+        try:
+            jsonschema.validate(json.loads(text), schema)
+            ok = finish == "stop"
+        except (ValueError, jsonschema.ValidationError) as e:
+            ok = False
+            print(f"  {name}: {e}", flush=True)
+        check(ok, f"{label}: schema {name}: the answer parses and validates ({finish}: {text[:80]!r})")
+        if compare_plain and i % 5 == 0:
+            p = srv.client.chat.completions.create(model=NAME, messages=msgs, max_tokens=300, temperature=0,
+                                                   response_format=rf, extra_body={"speculative": False})
+            check(p.choices[0].message.content == text, f"{label}: schema {name}: speculative equals plain")
+    for schema, keyword in structured_schemas.UNSUPPORTED:
+        st, _, out = http("POST", srv.base + "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": schema}}})
+        err = json.loads(out).get("error", {})
+        check(st == 400 and err.get("param") == "response_format" and keyword in err.get("message", ""),
+              f"{label}: a schema with {keyword} is a 400 naming it (got {st}: {err.get('message')})")
+    deep = {}
+    for _ in range(200):
+        deep = {"type": "array", "items": deep}
+    t0 = time.time()
+    st, _, out = http("POST", srv.base + "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "d", "schema": deep}}})
+    check(st == 400 and time.time() - t0 < 5, f"{label}: a schema nested 200 deep is a 400 at once (got {st})")
+    r = srv.client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "List three fruits."}],
+                                           max_tokens=100, temperature=0, response_format={"type": "json_object"})
+    try:
+        ok = isinstance(json.loads(r.choices[0].message.content), dict)
+    except ValueError:
+        ok = False
+    check(ok or r.choices[0].finish_reason == "length", f"{label}: json_object answers a JSON object")
+
+    tools = structured_schemas.TOOLS
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+
+    def valid_calls(calls, only=None):
+        if not calls:
+            return False
+        for c in calls:
+            if c.function.name not in params or (only and c.function.name != only):
+                return False
+            try:
+                jsonschema.validate(json.loads(c.function.arguments), params[c.function.name])
+            except (ValueError, jsonschema.ValidationError):
+                return False
+        return True
+
+    msgs = [{"role": "user", "content": "What is the weather in Oslo, in celsius?"}]
+    r = srv.client.chat.completions.create(model=NAME, messages=msgs, tools=tools, tool_choice="required",
+                                           max_tokens=200, temperature=0)
+    c = r.choices[0]
+    check(c.finish_reason == "tool_calls" and valid_calls(c.message.tool_calls),
+          f"{label}: tool_choice required: tool_calls whose arguments validate ({c.message.tool_calls})")
+    r = srv.client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "What is 2 plus 40?"}],
+                                           tools=tools, max_tokens=200, temperature=0, parallel_tool_calls=False,
+                                           tool_choice={"type": "function", "function": {"name": "add"}})
+    c = r.choices[0]
+    check(valid_calls(c.message.tool_calls, "add") and len(c.message.tool_calls) == 1,
+          f"{label}: a named function, one call: add with valid arguments ({c.message.tool_calls})")
+    streamed = {}
+    finish = None
+    for chunk in srv.client.chat.completions.create(model=NAME, messages=msgs, tools=tools, tool_choice="required",
+                                                     max_tokens=200, temperature=0, stream=True):
+        for ch in chunk.choices:
+            finish = ch.finish_reason or finish
+            for tc in ch.delta.tool_calls or []:
+                streamed.setdefault(tc.index, tc)
+    check(finish == "tool_calls" and [streamed[k].function.name for k in sorted(streamed)] ==
+          [t.function.name for t in r.choices[0].message.tool_calls] or valid_calls(list(streamed.values())),
+          f"{label}: streamed tool calls arrive whole with valid arguments")
+    r = srv.client.chat.completions.create(model=NAME, messages=msgs, tools=tools, max_tokens=200, temperature=0)
+    c = r.choices[0]
+    check(c.message.tool_calls is None or valid_calls(c.message.tool_calls),
+          f"{label}: tool_choice auto: an answer, or calls with valid arguments")
+    follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather",
+                                                      "arguments": '{"city": "Oslo", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12 degrees, light rain"}]
+    r = srv.client.chat.completions.create(model=NAME, messages=follow, tools=tools, tool_choice="none",
+                                           max_tokens=40, temperature=0)
+    check(r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length"),
+          f"{label}: a tool result in the conversation, tool_choice none: a plain answer")
+
+
 def main():
     if not os.path.exists(MODEL):
         raise SystemExit("serve-e2e: the default model is missing (run tools/setup)")
@@ -203,6 +311,7 @@ def main():
     srv = Server("--max-body-bytes", "65536")
     b = srv.base
     outputs_match(srv, expected_chat, expected_text, "plain")
+    structured(srv, "plain")
     models = srv.client.models.list()
     check([m.id for m in models.data] == [NAME], "GET /v1/models lists the served model")
 
@@ -378,6 +487,7 @@ def main():
     spec = Server("--speculative-algorithm", "NGRAM")
     outputs_match(spec, expected_chat, expected_text, "NGRAM budget")
     rules_and_logprobs(spec, "NGRAM budget")
+    structured(spec, "NGRAM budget", compare_plain=True)
     r = spec.client.completions.create(model=NAME, prompt="1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3", max_tokens=24,
                                        temperature=0)
     sp = r.model_extra.get("speculative", {})
