@@ -169,19 +169,14 @@ void check_model(const json& body, const ApiLimits& limits, ApiRequest& a) {
 // OpenAI fields this server does not implement: accepted at their neutral values (clients send
 // them), refused with a 400 naming the field when the value would change the result.
 void refuse_unsupported(const json& body) {
-  auto refuse = [](const char* name, const json& v) {
-    throw ApiError(400,
-                   std::string(name) + ": " + config::printable(v.dump(), 80) +
-                       " is not supported (only its neutral value is accepted)",
+  auto refuse = [](const char* name, const json& v, const char* why) {
+    throw ApiError(400, std::string(name) + ": " + config::printable(v.dump(), 80) + " is not supported (" + why + ")",
                    name);
   };
-  auto number_other_than = [&](const char* name, double neutral) {
-    if (const json* v = field(body, name); v && !v->is_null() && !(v->is_number() && v->get<double>() == neutral))
-      refuse(name, *v);
-  };
-  number_other_than("best_of", 1.0);
-  if (const json* v = field(body, "echo"); v && !v->is_null() && *v != false) refuse("echo", *v);
-  if (const json* v = field(body, "suffix"); v && !v->is_null() && *v != "") refuse("suffix", *v);
+  if (const json* v = field(body, "echo"); v && !v->is_null() && *v != false)
+    refuse("echo", *v, "the answer never repeats the prompt; /tokenize gives its tokens");
+  if (const json* v = field(body, "suffix"); v && !v->is_null() && *v != "")
+    refuse("suffix", *v, "fill-in-the-middle needs a model trained for it, and the default model is not");
 }
 
 // Chat: "logprobs": true and "top_logprobs" 0..20; completions: "logprobs": 0..5 (the top count).
@@ -202,7 +197,13 @@ void read_logprobs(const json& body, ApiRequest& a) {
 
 void read_common(const json& body, const ApiLimits& limits, ApiRequest& a) {
   check_model(body, limits, a);
-  if (auto n = get_int(body, "n"); n && *n != 1) throw ApiError(400, "n: only n = 1 is supported", "n");
+  if (auto n = get_int(body, "n")) {
+    if (*n < 1 || *n > kMaxChoices) throw ApiError(400, "n: must be between 1 and " + std::to_string(kMaxChoices), "n");
+    a.n = *n;
+  }
+  if (auto b = get_int(body, "best_of"); b && *b != a.n)
+    throw ApiError(400, "best_of: only best_of = n is supported (every sample is returned; none is ranked away)",
+                   "best_of");
   read_logprobs(body, a);
   refuse_unsupported(body);
   read_structured(body, a);

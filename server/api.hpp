@@ -38,6 +38,7 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool tools = false;          // the model was offered tools: its <tool_call> blocks are answered as tool_calls
+  std::int64_t n = 1;          // choices (server/choices.hpp), 1..kMaxChoices
   // How this request spells the engine's fields (for errors): the length limit, the prompt, the
   // sampling fields' prefix ("sampling_params" for /generate).
   std::string max_tokens_name = "max_tokens", prompt_name = "prompt", sampling_prefix;
@@ -54,12 +55,15 @@ struct ApiLimits {
   std::string model_name;
 };
 
+// The most choices (`n`) one request may ask for.
+inline constexpr std::int64_t kMaxChoices = 16;
+
 // Error messages quoting client input are cut to this many characters.
 inline constexpr std::size_t kMaxErrorChars = 300;
 
 // Parse a request body (already JSON). Throw ApiError (400 naming the field, 404 for an unknown
-// model) on anything malformed: wrong types, values out of range, unsupported features (n > 1, echo,
-// suffix, best_of), no messages/prompt.
+// model) on anything malformed: wrong types, values out of range, unsupported features (echo, suffix,
+// best_of other than n), no messages/prompt.
 ApiRequest parse_chat(const json& body, const ApiLimits& limits);
 ApiRequest parse_completion(const json& body, const ApiLimits& limits);
 ApiRequest parse_generate(const json& body, const ApiLimits& limits);

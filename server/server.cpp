@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
-#include <set>
+#include <random>
 #include <thread>
 
 #include "actors/cluster.hpp"
@@ -20,9 +20,9 @@
 #include "config/snapshot.hpp"
 #include "model/gguf.hpp"
 #include "server/api.hpp"
+#include "server/choices.hpp"
 #include "server/http.hpp"
 #include "server/metrics.hpp"
-#include "server/structured.hpp"
 
 namespace specactor::server {
 
@@ -51,9 +51,10 @@ struct Live {
   std::uint64_t id = 0;
   bool submitted = false;  // id is the engine's
   Outcome outcome;
-  bool finished = false;             // the final event came
-  bool client_gone = false;          // the exchange ended before the final event
-  std::unique_ptr<ChatStream> chat;  // a streamed chat answer's chunks
+  bool finished = false, client_gone = false;  // the final event came; the exchange ended before it
+  std::unique_ptr<ChatStream> chat;            // a streamed chat answer's chunks
+  std::shared_ptr<Choices> group;              // n > 1: the request's choices (this is choice `index`)
+  std::size_t index = 0;
   Clock::time_point arrived, last;
   bool first_token = true;
 };
@@ -213,34 +214,6 @@ class Server {
   }
 
   // --- generation ---------------------------------------------------------------------------------
-  // The SSE text for one engine event of a streamed request (`l` locked; the event absorbed).
-  std::string sse_for(Live& l, const actors::TokenEvent& ev, Endpoint ep, const std::string& rid, std::int64_t created,
-                      bool include_usage) {
-    std::string out;
-    const std::string reason = ev.finished ? ev.finish_reason : "";
-    if (ev.finished && ev.finish_reason == "error") {
-      out += sse_event(error_body(ev.invalid_request ? ApiError(400, ev.error, {}, "invalid_request_error")
-                                                     : ApiError(500, ev.error, {}, "server_error")));
-    } else if (ev.finished && ev.finish_reason == "cancelled" && grace_cut_) {
-      out += sse_event(error_body(shutdown_error()));
-    } else if (ep == Endpoint::Chat) {
-      out += l.chat->events(ev, chunk_logprobs(ep, ev, l.outcome));
-    } else if (ep == Endpoint::Completion) {
-      if (!ev.text.empty() || ev.finished || !ev.logprobs.empty())
-        out += sse_event(completion_chunk(rid, created, name_, ev.text, reason, chunk_logprobs(ep, ev, l.outcome)));
-    } else {  // sglang: cumulative text so far
-      json chunk = generate_response(rid, l.outcome);
-      if (!ev.finished) chunk["meta_info"]["finish_reason"] = nullptr;
-      out += sse_event(chunk);
-    }
-    if (ev.finished) {
-      if (include_usage && l.outcome.finish_reason != "error" && ep != Endpoint::Generate && !grace_cut_)
-        out += sse_event(usage_chunk(ep, rid, created, name_, l.outcome));
-      out += sse_done();
-    }
-    return out;
-  }
-
   ApiError shutdown_error() const {
     return ApiError(
         503,
@@ -310,11 +283,25 @@ class Server {
       e2e_.observe(seconds(now - live.arrived));
       res.log_note("prompt=" + std::to_string(o.prompt_tokens) + " completion=" + std::to_string(o.tokens.size()));
     }
+    std::unique_lock<std::mutex> group;  // n > 1: one choice at a time writes, and the last one ends
+    bool last = true;
+    if (live.group) {
+      group = std::unique_lock<std::mutex>(live.group->m);
+      if (ev.finished) last = ++live.group->finished == live.group->n;
+    }
     if (ans.streamed) {
-      std::string out = sse_for(live, ev, ans.ep, ans.rid, ans.created, ans.include_usage);
+      const std::optional<ApiError> cut = grace_cut_ ? std::optional<ApiError>(shutdown_error()) : std::nullopt;
+      std::string out = stream_events({ans.ep, ans.rid, name_, ans.created, ans.include_usage}, ev, o, live.chat.get(),
+                                      cut, last, live.group ? summed_outcome(live.group->outcomes) : o,
+                                      live.group ? std::optional<std::size_t>(live.index) : std::nullopt);
       if (!out.empty()) res.write(std::move(out));
-      if (ev.finished) res.end();
+      if (ev.finished && last) res.end();
+    } else if (ev.finished && live.group && (live.group->answered || (!last && o.finish_reason != "error"))) {
+      if (!live.group->answered)
+        live.group->responses[live.index] =
+            whole_response(ans.ep, ans.rid, ans.created, name_, o);  // the others still run
     } else if (ev.finished) {
+      if (live.group) live.group->answered = true;
       if (o.finish_reason == "error") {
         // A request the engine refused (its KV budget, its context) is the client's: 400 naming it.
         if (o.invalid_request)
@@ -323,13 +310,14 @@ class Server {
           send_json(res, 500, status_error_body(500, o.error));
       } else if (o.finish_reason == "cancelled" && grace_cut_) {
         send_json(res, 503, error_body(shutdown_error()));
+      } else if (live.group) {
+        live.group->responses[live.index] = whole_response(ans.ep, ans.rid, ans.created, name_, o);
+        send_json(res, 200, merge_responses(live.group->responses));
       } else {
-        send_json(res, 200,
-                  ans.ep == Endpoint::Chat         ? chat_response(ans.rid, ans.created, name_, o)
-                  : ans.ep == Endpoint::Completion ? completion_response(ans.rid, ans.created, name_, o)
-                                                   : generate_response(ans.rid, o));
+        send_json(res, 200, whole_response(ans.ep, ans.rid, ans.created, name_, o));
       }
     }
+    if (group.owns_lock()) group.unlock();
     if (ev.finished) {
       lock.unlock();
       // Last: once live_ is empty and the response is out, the drain may end.
@@ -353,57 +341,76 @@ class Server {
                             std::to_string(next_id_++);
     const bool streamed = a.stream;
     const Answer ans{ep, rid, unix_now(), streamed, a.include_usage, a.max_tokens_name};
-    auto live = std::make_shared<Live>();
-    live->outcome.prompt_tokens = static_cast<std::int64_t>(ids.size());
-    live->outcome.tools = a.tools;
-    if (streamed && ep == Endpoint::Chat) live->chat = std::make_unique<ChatStream>(rid, ans.created, name_, a.tools);
-    if (a.request.logprobs >= 0)
-      live->outcome.piece = [tok = engine->tokenizer()](std::int32_t t) { return tok ? tok->decode({t}) : ""; };
-    live->arrived = live->last = Clock::now();
-
-    auto on_event = [this, live, res, ans](const actors::TokenEvent& ev) { deliver(*live, ev, res, ans); };
-
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      const auto waiting = static_cast<std::int64_t>(live_.size()) - max_running_;
-      if (waiting >= opt_.max_queued_requests) {
-        ++rejected_busy_;
-        send_json(res, 503,
-                  error_body(ApiError(503,
-                                      "too many requests waiting (--max-queued-requests " +
-                                          std::to_string(opt_.max_queued_requests) + ")",
-                                      {}, "service_unavailable")),
-                  {{"Retry-After", "1"}});
-        return;
-      }
-      // The client going away (a stream closed, or the watchdog's disconnect) cancels the request,
-      // which frees its KV pages.
-      res.on_close([this, live](bool) {
+    // n > 1: a Live per choice, one HTTP answer.
+    const std::size_t n = static_cast<std::size_t>(a.n);
+    std::vector<std::shared_ptr<Live>> lives;
+    auto group = n > 1 ? std::make_shared<Choices>() : nullptr;
+    const std::uint64_t base_seed = std::random_device{}();
+    for (std::size_t i = 0; i < n; ++i) {
+      auto live = std::make_shared<Live>();
+      live->outcome.prompt_tokens = static_cast<std::int64_t>(ids.size());
+      live->outcome.tools = a.tools;
+      if (streamed && ep == Endpoint::Chat) live->chat = std::make_unique<ChatStream>(rid, ans.created, name_, a.tools);
+      if (a.request.logprobs >= 0)
+        live->outcome.piece = [tok = engine->tokenizer()](std::int32_t t) { return tok ? tok->decode({t}) : ""; };
+      live->arrived = live->last = Clock::now();
+      live->group = group;
+      live->index = i;
+      if (group) group->outcomes.push_back(&live->outcome);
+      lives.push_back(std::move(live));
+    }
+    if (group) {
+      group->n = n;
+      group->responses.assign(n, json());
+    }
+    std::lock_guard<std::mutex> lock(m_);
+    const auto waiting = static_cast<std::int64_t>(live_.size()) - max_running_;
+    if (waiting >= opt_.max_queued_requests) {
+      ++rejected_busy_;
+      send_json(
+          res, 503,
+          error_body(ApiError(
+              503, "too many requests waiting (--max-queued-requests " + std::to_string(opt_.max_queued_requests) + ")",
+              {}, "service_unavailable")),
+          {{"Retry-After", "1"}});
+      return;
+    }
+    // The client going away (a stream closed, or the watchdog's disconnect) cancels the request (every
+    // choice), which frees its KV pages.
+    res.on_close([this, lives](bool) {
+      for (const auto& live : lives) {
         std::lock_guard<std::mutex> l(live->m);
         if (!live->finished && !live->client_gone) {
           live->client_gone = true;
-          ++client_disconnects_;
+          if (live->index == 0) ++client_disconnects_;
           if (live->submitted) engine_->cancel(live->id);
         }
-      });
-      if (streamed) res.stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+      }
+    });
+    if (streamed) res.stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& live = lives[i];
+      auto on_event = [this, live, res, ans](const actors::TokenEvent& ev) { deliver(*live, ev, res, ans); };
+      actors::GenerationRequest r = a.request;
+      if (group) r.seed = choice_seed(a.request.seed, base_seed, i);
       std::unique_lock<std::mutex> l(live->m);  // the callback waits for the id
       try {
-        live->id = engine->submit(a.request, on_event);
+        live->id = engine->submit(r, on_event);
         live->submitted = true;
-      } catch (const config::ConfigError& e) {
+      } catch (const std::runtime_error& e) {  // nothing ran (a later choice: the earlier ones are cancelled)
         l.unlock();
-        send_error(res, ApiError(400, e.what()));
-        return;
-      } catch (const std::runtime_error& e) {
-        l.unlock();
-        send_json(res, 503, status_error_body(503, e.what()));
+        for (std::size_t k = 0; k < i; ++k) engine->cancel(lives[k]->id);
+        if (group) group->answered = true;
+        if (dynamic_cast<const config::ConfigError*>(&e))
+          send_error(res, ApiError(400, e.what()));
+        else
+          send_json(res, 503, status_error_body(503, e.what()));
         return;
       }
       if (live->client_gone) engine_->cancel(live->id);
       live_.emplace(live->id, live);
-      ++requests_[kEndpointNames[static_cast<int>(ep)]];
     }
+    ++requests_[kEndpointNames[static_cast<int>(ep)]];
     prompt_tokens_ += static_cast<std::int64_t>(ids.size());
   }
 

@@ -3,6 +3,7 @@
 // end in a value the schema admits), and token masks against a brute-force check.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -197,6 +198,47 @@ TEST_CASE("grammar: unsupported keywords and hostile schemas are refused by name
   }
   const ojson bomb = {{"$ref", "#/$defs/d13"}, {"$defs", defs}};
   CHECK(refusal(bomb.dump()).find("more than 4096 grammar nodes") != std::string::npos);
+}
+
+TEST_CASE("grammar: a hostile grammar is bounded while decoding (alternatives, nesting, time)") {
+  // 200 alternatives that agree on their first bytes: the matcher follows at most 16 at once.
+  ojson alts = ojson::array();
+  for (int i = 0; i < 200; ++i) {
+    ojson o = {{"type", "object"}, {"properties", ojson::object()}, {"required", ojson::array()}};
+    for (int k = 0; k < 3; ++k) o["properties"][std::string("k").append(std::to_string(k))] = {{"type", "integer"}};
+    o["properties"][std::string("tag").append(std::to_string(i))] = {{"type", "string"}};
+    alts.push_back(o);
+  }
+  const auto g = Grammar::from_json_schema(ojson{{"anyOf", alts}}.dump());
+  Matcher m(g);
+  REQUIRE(m.feed(R"({"k0": 1, "k1": 2, "k2": 3, "tag1)"));
+  std::string key;
+  m.key(16, key);
+  CHECK(key.size() < 16 * 2 * 64);  // at most 16 stacks of two frames
+  // Masks over a vocabulary of 20,000 tokens stay fast in the worst states (open strings, alternatives).
+  std::vector<std::string> bytes;
+  std::mt19937 rng(1);
+  const std::string alphabet = "abcdefghijklmnopqrstuvwxyz0123456789{}[]\":, .-\\";
+  for (int i = 0; i < 20000; ++i) {
+    std::string t;
+    for (int k = 0, n = 1 + static_cast<int>(rng() % 8); k < n; ++k) t += alphabet[rng() % alphabet.size()];
+    bytes.push_back(t);
+  }
+  auto vocab =
+      std::make_shared<const Vocabulary>(bytes, std::vector<bool>(bytes.size(), false), std::vector<std::int32_t>{});
+  const auto t0 = std::chrono::steady_clock::now();
+  Mask mask;
+  for (const char* prefix : {R"({"k0": 1, "k1": 2, "k2": 3, ")", R"({"k0": 1, "k1": 2, "k2": 3, "tag7": "abc)", "{"}) {
+    Matcher p(g);
+    REQUIRE(p.feed(prefix));
+    vocab->compute(p, mask);
+  }
+  Matcher deep(Grammar::any_json_object());
+  REQUIRE(deep.feed(R"({"a": [[[[[[[[[[[[[[[[[[[[)"));
+  vocab->compute(deep, mask);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("four worst-case masks over 20,000 tokens: " << s << " s");
+  CHECK(s < 10);
 }
 
 TEST_CASE("grammar: tool calls, required and auto") {

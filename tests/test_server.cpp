@@ -17,6 +17,7 @@
 
 #include "config/error.hpp"
 #include "server/api.hpp"
+#include "server/choices.hpp"
 #include "server/http.hpp"
 #include "server/metrics.hpp"
 #include "server/structured.hpp"
@@ -104,7 +105,10 @@ TEST_CASE("bad requests are 400s naming the field, an unknown model is a 404") {
       {R"({"messages": [{"role": "user", "content": "x"}], "stop": [1]})", 400, "stop", "stop[0]"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stop": ""})", 400, "stop", "is empty"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream": "yes"})", 400, "stream", "true or false"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", 400, "n", "n = 1"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 0})", 400, "n", "between 1 and 16"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 17})", 400, "n", "between 1 and 16"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 2, "best_of": 3})", 400, "best_of", "best_of = n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", 400, "echo", "is not supported ("},
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", 400, "top_logprobs",
        "needs \"logprobs\": true"},
       {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", 400, "top_logprobs",
@@ -159,7 +163,7 @@ TEST_CASE("bad requests are 400s naming the field, an unknown model is a 404") {
        "must be in [-2, 2]"},
       {R"({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": "-1"})", 400, "frequency_penalty",
        "frequency_penalty"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "best_of": 3})", 400, "best_of", "is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "best_of": 3})", 400, "best_of", "best_of = n"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.body);
@@ -287,6 +291,36 @@ TEST_CASE("structured output and tools: constraints, the tools prompt, tool turn
   CHECK(finish == "tool_calls");
   // Text that only looked like a call's start is content after all.
   CHECK(split_tool_calls("a <tool_c", "x").content == "a <tool_c");
+}
+
+TEST_CASE("n > 1: choices merged in order, usage summed, streamed chunks re-indexed, a seed per choice") {
+  CHECK(parse_chat(json::parse(R"({"messages": [{"role": "user", "content": "x"}], "n": 3})"), kLimits).n == 3);
+  CHECK(parse_completion(json::parse(R"({"prompt": "x", "n": 2, "best_of": 2})"), kLimits).n == 2);
+  std::vector<json> parts;
+  std::vector<Outcome> outs(3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    outs[i].text = std::string("answer ").append(std::to_string(i));
+    outs[i].tokens.assign(i + 1, 7);
+    outs[i].prompt_tokens = 5;
+    outs[i].finish_reason = "stop";
+    parts.push_back(chat_response("id", 1, "smol", outs[i]));
+  }
+  const json merged = merge_responses(parts);
+  REQUIRE(merged["choices"].size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(merged["choices"][i]["index"] == i);
+    CHECK(merged["choices"][i]["message"]["content"] == outs[i].text);
+  }
+  CHECK(merged["usage"]["prompt_tokens"] == 5);
+  CHECK(merged["usage"]["completion_tokens"] == 6);
+  CHECK(merged["usage"]["total_tokens"] == 11);
+  CHECK(summed_outcome({&outs[0], &outs[1], &outs[2]}).tokens.size() == 6);
+  const std::string sse = sse_event(completion_chunk("id", 1, "smol", "a", "")) + sse_done();
+  const std::string re = reindex_events(sse, 2);
+  CHECK(json::parse(re.substr(6, re.find('\n') - 6))["choices"][0]["index"] == 2);
+  CHECK(re.substr(re.size() - sse_done().size()) == sse_done());
+  CHECK(choice_seed(std::uint64_t{40}, 9, 2) == 42);
+  CHECK(choice_seed(std::nullopt, 9, 2) == 11);
 }
 
 TEST_CASE("completions and /generate: prompt forms") {

@@ -300,6 +300,26 @@ def structured(srv, label, compare_plain=False):
           f"{label}: a tool result in the conversation, tool_choice none: a plain answer")
 
 
+def choices(srv, label):
+    """n > 1 through the openai client: n choices in order, reproducible with a seed, streamed too."""
+    kw = dict(model=NAME, messages=[{"role": "user", "content": "Name an animal."}], max_tokens=12, temperature=0.9,
+              seed=77, n=3)
+    a = srv.client.chat.completions.create(**kw)
+    b = srv.client.chat.completions.create(**kw)
+    texts = [c.message.content for c in a.choices]
+    check([c.index for c in a.choices] == [0, 1, 2] and texts == [c.message.content for c in b.choices],
+          f"{label}: n=3 with a seed: three choices in order, the same twice ({texts})")
+    check(len(set(texts)) > 1, f"{label}: n=3 sampled: the choices differ ({texts})")
+    check(a.usage.total_tokens == a.usage.prompt_tokens + a.usage.completion_tokens, f"{label}: n=3 usage adds up")
+    streamed = {}
+    for chunk in srv.client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+    check([streamed.get(i) for i in range(3)] == texts, f"{label}: n=3 streamed: each index's text equals the whole answer's")
+    p = srv.client.chat.completions.create(**kw, extra_body={"speculative": False})
+    check([c.message.content for c in p.choices] == texts, f"{label}: n=3 seeded: the same without speculation")
+
+
 def main():
     if not os.path.exists(MODEL):
         raise SystemExit("serve-e2e: the default model is missing (run tools/setup)")
@@ -312,6 +332,7 @@ def main():
     b = srv.base
     outputs_match(srv, expected_chat, expected_text, "plain")
     structured(srv, "plain")
+    choices(srv, "plain")
     models = srv.client.models.list()
     check([m.id for m in models.data] == [NAME], "GET /v1/models lists the served model")
 
@@ -488,6 +509,7 @@ def main():
     outputs_match(spec, expected_chat, expected_text, "NGRAM budget")
     rules_and_logprobs(spec, "NGRAM budget")
     structured(spec, "NGRAM budget", compare_plain=True)
+    choices(spec, "NGRAM budget")
     r = spec.client.completions.create(model=NAME, prompt="1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3", max_tokens=24,
                                        temperature=0)
     sp = r.model_extra.get("speculative", {})
