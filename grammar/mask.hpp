@@ -30,15 +30,26 @@ class Vocabulary {
   std::int64_t longest() const { return longest_; }
   const std::string& bytes(std::int32_t id) const { return bytes_[static_cast<std::size_t>(id)]; }
   const std::vector<std::int32_t>& end_ids() const { return end_ids_; }
+  // Code points token `id` writes inside a JSON string it starts in (up to a closing quote; an escape
+  // counts one).
+  std::int32_t string_chars(std::int32_t id) const { return string_chars_[static_cast<std::size_t>(id)]; }
 
   // The mask for a state, computed (no cache).
   void compute(const Matcher& m, Mask& out) const;
 
  private:
   std::vector<std::string> bytes_;
-  std::vector<std::int32_t> sorted_;  // text tokens by their bytes
-  std::vector<std::int32_t> lcp_;     // lcp_[i]: bytes sorted_[i] shares with sorted_[i - 1]
+  // Text tokens by their bytes, with lcp[i] the bytes token i shares with token i - 1: all of them, and
+  // those that are not plain string content (a quote, a backslash, a control byte, unfinished UTF-8).
+  struct Sorted {
+    std::vector<std::int32_t> ids, lcp;
+  };
+  static Sorted sort(const std::vector<std::string>& bytes, std::vector<std::int32_t> ids);
+  bool walk(const Sorted& s, const Matcher& m, Mask& out) const;
+  Sorted all_, not_plain_;
+  std::vector<std::int32_t> plain_;  // plain string content: inside a string, allowed by its length alone
   std::vector<std::int32_t> end_ids_;
+  std::vector<std::int32_t> string_chars_;
   std::int64_t longest_ = 0;
 };
 
@@ -61,7 +72,9 @@ class MaskCache {
   std::list<std::pair<std::string, Mask>> lru_;  // most recent first
   std::unordered_map<std::string, std::list<std::pair<std::string, Mask>>::iterator> index_;
   std::unordered_map<std::string, std::string> forced_;  // cleared when it reaches the masks' capacity
+  const Mask& cached(const Matcher& m);
   std::string key_;
+  Mask bounded_;  // the last mask of a string with a maxLength (its unbounded mask, filtered)
   std::int64_t computed_ = 0, hits_ = 0;
 };
 

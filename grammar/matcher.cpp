@@ -357,7 +357,7 @@ bool Matcher::step_repeat(Stack& s, int c, std::vector<Stack>& out) const {
 bool Matcher::step_string(Stack& s, int c) const {
   Frame& f = s.back();
   const Node& n = g_->node(f.node);
-  const bool room = n.max_len < 0 || f.a < n.max_len;
+  const bool room = n.max_len < 0 || (f.flags & Matcher::kRelaxed) || f.a < n.max_len;
   switch (f.phase) {
     case kStrStart:
       if (c != '"') return false;
@@ -558,7 +558,13 @@ void Matcher::settle(std::vector<Stack>& stacks) const {
 }
 
 bool Matcher::next(std::uint8_t byte, Matcher& nx) const {
-  nx.g_ = g_;
+  if (nx.g_ != g_) nx.g_ = g_;
+  // Inside a string on the only stack (most of a token walk): the string's step alone, no copies made
+  // (the assignment reuses nx's storage).
+  if (stacks_.size() == 1 && stacks_[0].back().node >= 0 && g_->node(stacks_[0].back().node).kind == Kind::String) {
+    nx.stacks_ = stacks_;
+    return step_string(nx.stacks_[0], byte);
+  }
   nx.stacks_.clear();
   for (const Stack& s : stacks_) advance(s, byte, nx.stacks_);
   if (nx.stacks_.empty()) return false;
@@ -590,6 +596,28 @@ bool Matcher::finished() const {
                      [](const Stack& s) { return s.size() == 1 && s[0].node < 0 && s[0].a == 1; });
 }
 
+bool Matcher::bounded_string_room(std::int64_t horizon, std::int64_t& room) const {
+  if (stacks_.size() != 1) return false;
+  const Frame& f = stacks_[0].back();
+  if (f.node < 0 || f.phase != kStrIn || (f.flags & kRelaxed)) return false;
+  const Node& n = g_->node(f.node);
+  if (n.kind != Kind::String || n.max_len < 0 || n.max_len - f.a > horizon) return false;
+  room = n.max_len - f.a;
+  return true;
+}
+
+bool Matcher::inside_string(std::int64_t& room) const {
+  if (stacks_.size() != 1) return false;
+  const Frame& f = stacks_[0].back();
+  if (f.node < 0 || f.phase != kStrIn) return false;
+  const Node& n = g_->node(f.node);
+  if (n.kind != Kind::String) return false;
+  room = n.max_len < 0 || (f.flags & kRelaxed) ? -1 : n.max_len - f.a;
+  return true;
+}
+
+void Matcher::relax_string_bound() { stacks_[0].back().flags |= kRelaxed; }
+
 void Matcher::key(std::int64_t horizon, std::string& out) const {
   out.clear();
   const std::int64_t clip = horizon + 1;
@@ -601,7 +629,7 @@ void Matcher::key(std::int64_t horizon, std::string& out) const {
         if (n.kind == Kind::String) {  // only the distance to the length bounds matters
           const std::int64_t count = f.a;
           f.a = static_cast<std::int32_t>(room(n.min_len - count));
-          f.d = n.max_len < 0 ? -1 : room(n.max_len - count);
+          f.d = n.max_len < 0 || (f.flags & kRelaxed) ? -1 : room(n.max_len - count);
         } else if (n.kind == Kind::Array || n.kind == Kind::Repeat || (n.kind == Kind::Object && n.free_keys)) {
           const std::int64_t count = f.a;
           f.a = static_cast<std::int32_t>(room(n.min_items - count));

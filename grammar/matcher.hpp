@@ -16,7 +16,7 @@ namespace specactor::grammar {
 struct Frame {
   std::int32_t node = 0;
   std::uint8_t phase = 0;
-  std::uint8_t flags = 0;  // object/array: a space was written in this gap; number: negative
+  std::uint8_t flags = 0;  // object/array: a space was written in this gap; number: negative; string: kRelaxed
   std::int32_t a = 0;      // object: next property; array/repeat: items; string: code points; number: integer
                            // digits; literals: offset; sequence: next part; free: trigger bytes matched
   std::int64_t b = 0;      // object: key offset; string: pending bytes; number: fraction/exponent digits; literals: lo
@@ -44,6 +44,15 @@ class Matcher {
   // (the longest token) are clipped, so states that allow the same tokens share a key.
   void key(std::int64_t horizon, std::string& out) const;
   const Grammar& grammar() const { return *g_; }
+
+  // The masks' shortcut for strings with a maxLength: when the output is inside such a string (one
+  // parse stack, between characters) with `room` <= horizon code points left, the mask is the one of
+  // the same string without the bound, less the tokens that write more than `room` characters in it.
+  bool bounded_string_room(std::int64_t horizon, std::int64_t& room) const;
+  void relax_string_bound();  // the top string frame ignores its maxLength (kRelaxed)
+  // Between characters of a string on the only stack; `room`: code points it may still take (-1: any).
+  bool inside_string(std::int64_t& room) const;
+  static constexpr std::uint8_t kRelaxed = 2;
 
   using Stack = std::vector<Frame>;
   static constexpr int kEnd = 256;  // the end of the output, fed like a byte

@@ -279,20 +279,37 @@ TEST_CASE("grammar: token masks equal a check of every token, and the cache retu
   // A vocabulary of byte strings like a BPE one: single bytes, JSON pieces, words with spaces.
   std::vector<std::string> bytes;
   for (int b = 32; b < 127; ++b) bytes.emplace_back(1, static_cast<char>(b));
-  for (const char* t :
-       {"{\"",   "\":",         "\": ",  "\",",  "\", \"", "\"}",   "}",      "{}",   "true",   "null",     "name",
-        " name", "age",         "\":\"", "12",   "3.",     ".5",    "e+",     "\\n",  "\\u00",  "\xc3\xa9", "\xc3",
-        "\xa9",  "<tool_call>", "\n",    "\n</", "tool",   "_call", ">\n{\"", "\"}}", "<|end|>"})
+  for (const char* t : {"{\"",        "\":",
+                        "\": ",       "\",",
+                        "\", \"",     "\"}",
+                        "}",          "{}",
+                        "true",       "null",
+                        "name",       " name",
+                        "age",        "\":\"",
+                        "12",         "3.",
+                        ".5",         "e+",
+                        "\\n",        "\\u00",
+                        "\xc3\xa9",   "\xc3",
+                        "\xa9",       "<tool_call>",
+                        "\n",         "\n</",
+                        "tool",       "_call",
+                        ">\n{\"",     "\"}}",
+                        "nick",       "abcdef",
+                        "ab\"",       "\\\"x",
+                        "\\u00e9\"}", "\xe0\xa0",
+                        "\xe0\x80",   " \xf0\x9f\x98\x80",
+                        "<|end|>"})
     bytes.emplace_back(t);
   std::vector<bool> special(bytes.size(), false);
   special.back() = true;  // <|end|>
   const auto end_id = static_cast<std::int32_t>(bytes.size() - 1);
   auto vocab = std::make_shared<const Vocabulary>(bytes, special, std::vector<std::int32_t>{end_id});
-  const auto g = Grammar::from_json_schema(
-      R"({"type":"object","properties":{"name":{"type":"string"},"age":{"type":"number"}},"required":["name"]})");
+  const auto g =
+      Grammar::from_json_schema(R"({"type":"object","properties":{"name":{"type":"string"},"age":{"type":"number"},)"
+                                R"("nick":{"type":"string","minLength":2,"maxLength":5}},"required":["name"]})");
   MaskCache cache(vocab);
   std::mt19937 rng(5);
-  for (int run = 0; run < 20; ++run) {
+  for (int run = 0; run < 60; ++run) {
     Matcher m(g);
     for (int step = 0; step < 60; ++step) {
       const Mask& mask = cache.mask(m);
