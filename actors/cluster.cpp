@@ -457,6 +457,9 @@ void add_metrics(EngineMetrics& t, const EngineMetrics& m) {
   t.adaptive = t.adaptive || m.adaptive;
   t.budget_skipped_steps += m.budget_skipped_steps;
   t.grammar_drafts += m.grammar_drafts;
+  t.grammar_masks += m.grammar_masks;
+  t.grammar_masks_computed += m.grammar_masks_computed;
+  t.grammar_mask_ms += m.grammar_mask_ms;
   add_vec(t.verified_nodes, m.verified_nodes);
   t.draft_alive = t.draft_alive || m.draft_alive;
   if (t.algorithm.empty()) t.algorithm = m.algorithm;

@@ -101,12 +101,13 @@ typename Inspector::result_type inspect(Inspector& f, EngineMetrics& x) {
   return f(caf::meta::type_name("engine_metrics"), x.requests_submitted, x.requests_finished, x.requests_failed,
            x.requests_cancelled, x.running, x.queued, x.generated_tokens, x.steps, x.decode_steps, x.speculative_steps,
            x.drafted, x.accepted, x.mean_accepted_length, x.acceptance_rate, x.draft_failures, x.draft_error,
-           x.fallback_steps, x.adaptive, x.budget_skipped_steps, x.grammar_drafts, x.verified_nodes,
-           x.calibration_error, x.calibrated_nodes, x.draft_score_calibration_error, x.draft_scored_nodes, x.step_cost,
-           x.step_ms_1, x.budget_memory, x.draft_alive, x.algorithm, x.step_wall_ms, x.step_compute_ms, x.draft_ms,
-           x.drafted_at, x.accepted_at, x.target_error, x.kv_pages_total, x.kv_pages_free, x.prefix_cache,
-           x.cache_query_tokens, x.cache_hit_tokens, x.cache_pages, x.cache_evicted_pages, x.draft_cache_query_tokens,
-           x.draft_cache_hit_tokens, x.draft_cache_pages, x.draft_cache_evicted_pages);
+           x.fallback_steps, x.adaptive, x.budget_skipped_steps, x.grammar_drafts, x.grammar_masks,
+           x.grammar_masks_computed, x.grammar_mask_ms, x.verified_nodes, x.calibration_error, x.calibrated_nodes,
+           x.draft_score_calibration_error, x.draft_scored_nodes, x.step_cost, x.step_ms_1, x.budget_memory,
+           x.draft_alive, x.algorithm, x.step_wall_ms, x.step_compute_ms, x.draft_ms, x.drafted_at, x.accepted_at,
+           x.target_error, x.kv_pages_total, x.kv_pages_free, x.prefix_cache, x.cache_query_tokens, x.cache_hit_tokens,
+           x.cache_pages, x.cache_evicted_pages, x.draft_cache_query_tokens, x.draft_cache_hit_tokens,
+           x.draft_cache_pages, x.draft_cache_evicted_pages);
 }
 
 template <class Inspector>

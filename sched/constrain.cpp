@@ -6,6 +6,8 @@
 // speculative output equals plain constrained output and sampling keeps the constrained distribution.
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+
 #include "config/server_args.hpp"
 #include "sched/policy.hpp"
 #include "sched/policy_detail.hpp"
@@ -61,8 +63,13 @@ std::string Scheduler::start_constraint(Sequence& r) {
 
 // The mask of a row continuing `m`, appended to `out`.
 void Scheduler::append_mask(const Sequence& r, const grammar::Matcher& m, std::vector<std::uint32_t>& out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::int64_t before = r.constraint.masks->computed();
   const grammar::Mask& mask = r.constraint.masks->mask(m);
   out.insert(out.end(), mask.begin(), mask.end());
+  ++metrics_.grammar_masks;
+  metrics_.grammar_masks_computed += r.constraint.masks->computed() - before;
+  metrics_.grammar_mask_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // Whether the grammar allows `token` after `m`; `next` becomes the state after it.

@@ -120,14 +120,17 @@ struct EngineMetrics {
   std::int64_t decode_steps = 0;       // per-request decode steps
   std::int64_t speculative_steps = 0;  // of those, steps of requests that draft (τ is over these)
   std::int64_t drafted = 0, accepted = 0;
-  double mean_accepted_length = 0;        // τ over all decode steps
-  double acceptance_rate = 0;             // α = accepted / drafted
-  std::int64_t draft_failures = 0;        // times the draft worker died
-  std::string draft_error;                // why it last died (e.g. a head file that does not fit the target)
-  std::int64_t fallback_steps = 0;        // per-request decode steps run without a draft after a failure
-  bool adaptive = false;                  // --speculative-adaptive: the budget decides what is drafted and verified
-  std::int64_t budget_skipped_steps = 0;  // per-request decode steps run without a draft by the budget
-  std::int64_t grammar_drafts = 0;        // drafts a constrained request's grammar forced (jump-forward)
+  double mean_accepted_length = 0;          // τ over all decode steps
+  double acceptance_rate = 0;               // α = accepted / drafted
+  std::int64_t draft_failures = 0;          // times the draft worker died
+  std::string draft_error;                  // why it last died (e.g. a head file that does not fit the target)
+  std::int64_t fallback_steps = 0;          // per-request decode steps run without a draft after a failure
+  bool adaptive = false;                    // --speculative-adaptive: the budget decides what is drafted and verified
+  std::int64_t budget_skipped_steps = 0;    // per-request decode steps run without a draft by the budget
+  std::int64_t grammar_drafts = 0;          // drafts a constrained request's grammar forced (jump-forward)
+  std::int64_t grammar_masks = 0;           // token masks sent with constrained rows
+  std::int64_t grammar_masks_computed = 0;  // of those, computed (the rest came from the cache)
+  double grammar_mask_ms = 0;               // Σ time the scheduler spent on them
   std::vector<std::int64_t>
       verified_nodes;            // [n]: per-request decode steps that verified n draft nodes (last: n or more)
   double calibration_error = 0;  // acceptance model: expected calibration error of its node predictions

@@ -153,6 +153,12 @@ void add_engine_metrics(Exposition& x, const sched::EngineMetrics& m) {
   x.counter("specactor:grammar_forced_drafts_total",
             "drafts a constrained request's grammar forced (keys, brackets, literals), verified like any draft",
             static_cast<double>(m.grammar_drafts));
+  x.counter("specactor:grammar_masks_total", "token masks sent with constrained rows",
+            static_cast<double>(m.grammar_masks));
+  x.counter("specactor:grammar_masks_computed_total", "token masks computed (the others came from the cache)",
+            static_cast<double>(m.grammar_masks_computed));
+  x.counter("specactor:grammar_mask_seconds_total", "time the scheduler spent on token masks",
+            m.grammar_mask_ms / 1000.0);
   x.family("specactor:spec_budget_verified_nodes_total", "counter",
            "per-request decode steps by the number of draft nodes verified (the last bucket: that many or more)");
   for (std::size_t n = 0; n < m.verified_nodes.size(); ++n)
