@@ -194,7 +194,10 @@ std::string ToolStream::push(const std::string& text, std::vector<ToolCall>& cal
       return content;
     }
     content = held_.substr(0, open);
-    while (!content.empty() && (content.back() == '\n' || content.back() == ' ')) content.pop_back();
+    while (!content.empty() && (content.back() == '\n' || content.back() == ' ')) {
+      gap_.insert(gap_.begin(), content.back());
+      content.pop_back();
+    }
     held_.erase(0, open);
     in_calls_ = true;
   }
@@ -218,8 +221,10 @@ std::string ToolStream::push(const std::string& text, std::vector<ToolCall>& cal
 
 std::string ToolStream::finish(std::vector<ToolCall>& calls) {
   std::string rest = push("", calls);
-  if (!in_calls_) return rest + std::exchange(held_, {});
-  held_.clear();  // an unfinished call (the answer hit its length): not content
+  // What is left: an unfinished call (the answer hit its length) is not content; text that only began
+  // like one ("<tool_call>" without its newline, never constrained) is.
+  if (!in_calls_ || held_.rfind(kOpen, 0) != 0) rest += (in_calls_ && calls.empty() && sent_ == 0 ? gap_ : "") + held_;
+  held_.clear();
   return rest;
 }
 

@@ -54,7 +54,7 @@ class ToolStream {
   std::size_t calls_sent() const { return sent_; }
 
  private:
-  std::string id_prefix_, held_;
+  std::string id_prefix_, held_, gap_;  // gap_: blanks trimmed before the first call
   bool in_calls_ = false;
   std::size_t sent_ = 0;
 };

@@ -291,6 +291,9 @@ TEST_CASE("structured output and tools: constraints, the tools prompt, tool turn
   CHECK(finish == "tool_calls");
   // Text that only looked like a call's start is content after all.
   CHECK(split_tool_calls("a <tool_c", "x").content == "a <tool_c");
+  CHECK(split_tool_calls("a <tool_call>{\"name\": \"f\"}</tool_call>", "x").content ==
+        "a <tool_call>{\"name\": \"f\"}</tool_call>");  // no newline after the tag: never a call, still text
+  CHECK(split_tool_calls("<tool_call>\n{\"name\": \"f\", \"argu", "x").content.empty());  // cut by its length
 }
 
 TEST_CASE("n > 1: choices merged in order, usage summed, streamed chunks re-indexed, a seed per choice") {

@@ -200,8 +200,8 @@ void add_rules(std::vector<GenerationRequest>& reqs) {
 }
 
 // Constrained output on the first four requests (the default model's suites: the tiny model's
-// vocabulary cannot write JSON): a JSON Schema, any JSON object, a required tool call, and a schema
-// under seeded sampling.
+// vocabulary cannot write JSON): a JSON Schema (with penalties, a bias and log probabilities), any
+// JSON object, a required tool call, and a schema under seeded sampling.
 void add_constraints(std::vector<GenerationRequest>& reqs) {
   REQUIRE(reqs.size() >= 8);
   using Kind = specactor::sched::OutputConstraint::Kind;
@@ -210,6 +210,10 @@ void add_constraints(std::vector<GenerationRequest>& reqs) {
       R"("minimum":1900,"maximum":2100},"tags":{"type":"array","items":{"enum":["a","b","c"]}}},"required":["title"]})";
   reqs[0].constraint.kind = Kind::JsonSchema;
   reqs[0].constraint.schema = schema;
+  reqs[0].logprobs = 2;  // with penalties and a bias in force too: the same numbers, speculative or not
+  reqs[0].rules.presence_penalty = 0.5f;
+  reqs[0].rules.bias_ids = {28};
+  reqs[0].rules.bias_values = {1.5f};
   reqs[1].constraint.kind = Kind::JsonObject;
   reqs[2].constraint.kind = Kind::ToolCalls;
   reqs[2].constraint.tool_names = {"lookup", "add"};
