@@ -597,13 +597,7 @@ bool Matcher::finished() const {
 }
 
 bool Matcher::bounded_string_room(std::int64_t horizon, std::int64_t& room) const {
-  if (stacks_.size() != 1) return false;
-  const Frame& f = stacks_[0].back();
-  if (f.node < 0 || f.phase != kStrIn || (f.flags & kRelaxed)) return false;
-  const Node& n = g_->node(f.node);
-  if (n.kind != Kind::String || n.max_len < 0 || n.max_len - f.a > horizon) return false;
-  room = n.max_len - f.a;
-  return true;
+  return inside_string(room) && room >= 0 && room <= horizon;
 }
 
 bool Matcher::inside_string(std::int64_t& room) const {

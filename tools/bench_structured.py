@@ -14,53 +14,15 @@ three constrained texts are equal.
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import structured_schemas  # noqa: E402
+from bench_multiturn import Server  # noqa: E402  (a `specactor serve` on a free loopback port)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "build", "specactor")
-MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, flags):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="specactor-structured-", suffix=".log", delete=False)
-        cmd = [BIN, "serve", "--model-path", MODEL, "--host", "127.0.0.1", "--port", str(self.port), *flags]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"bench-structured: the server exited; log: {self.log.name}")
-            try:
-                with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise SystemExit("bench-structured: the server did not start")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=120)
-        self.log.close()
-        os.unlink(self.log.name)
 
 
 def run(base, body):
@@ -124,7 +86,7 @@ def main():
         flags = ["--speculative-algorithm", algo]
         if algo == "EAGLE3":
             flags += ["--speculative-draft-model-path", head]
-        srv = Server(flags)
+        srv = Server(*flags)
         try:
             for set_name, schemas in (("shipped 50", structured_schemas.SCHEMAS),
                                       ("held-out 20", structured_schemas.HELDOUT)):
