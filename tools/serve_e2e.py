@@ -382,7 +382,7 @@ def main():
     expect_error(400, None, None, "malformed JSON", raw=b"{not json")
     expect_error(400, {"model": NAME, "messages": msgs, "temperature": "hot"}, "temperature", "wrong type")
     expect_error(400, {"model": NAME, "messages": msgs, "max_tokens": 10 ** 6}, "max_tokens", "beyond the context")
-    expect_error(400, {"model": NAME, "messages": msgs, "n": 2}, "n", "n = 2")
+    expect_error(400, {"model": NAME, "messages": msgs, "n": 17}, "n", "n = 17 (at most 16)")
     expect_error(400, {"model": NAME}, "messages", "no messages")
     expect_error(404, {"model": "gpt-4", "messages": msgs}, "model", "unknown model")
     expect_error(413, None, None, "body over --max-body-bytes", raw=b"{" + b" " * 100000 + b"}")
