@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fuzz::expect_clean([&] {
     const config::Snapshot user = config::freeze(config::parse_server_args(argv));
     if (user->model_path.empty()) return;
-    const config::ModelFacts model{"llama", 4096, 49152, 576, 30, true, 0, 0, 0, {}, {}};
+    const config::ModelFacts model{"llama", 4096, 49152, 576, 30, true, 0, 0, 0, {}, {}, {}};
     const config::Snapshot target = config::resolve_target(user, model, config::RuntimeFacts{false, "fuzz"});
     if (target->speculative_algorithm != config::SpecAlgorithm::None) (void)config::derive_draft(target, model);
     (void)config::settings_to_json(*target);

@@ -561,9 +561,21 @@ bool Matcher::next(std::uint8_t byte, Matcher& nx) const {
   if (nx.g_ != g_) nx.g_ = g_;
   // Inside a string on the only stack (most of a token walk): the string's step alone, no copies made
   // (the assignment reuses nx's storage).
-  if (stacks_.size() == 1 && stacks_[0].back().node >= 0 && g_->node(stacks_[0].back().node).kind == Kind::String) {
-    nx.stacks_ = stacks_;
-    return step_string(nx.stacks_[0], byte);
+  if (stacks_.size() == 1 && stacks_[0].back().node >= 0) {
+    const Kind kind = g_->node(stacks_[0].back().node).kind;
+    if (kind == Kind::String) {
+      nx.stacks_ = stacks_;
+      return step_string(nx.stacks_[0], byte);
+    }
+    // Inside a number or a literal: the same, unless the byte ends it (then the general path below).
+    if (kind == Kind::Integer || kind == Kind::Number || kind == Kind::Literals) {
+      nx.stacks_ = stacks_;
+      bool pop = false;
+      const bool ok =
+          kind == Kind::Literals ? step_literals(nx.stacks_[0], byte, pop) : step_number(nx.stacks_[0], byte, pop);
+      if (!ok) return false;
+      if (!pop) return true;
+    }
   }
   nx.stacks_.clear();
   for (const Stack& s : stacks_) advance(s, byte, nx.stacks_);
