@@ -384,6 +384,12 @@ def main():
     expect_error(400, {"model": NAME, "messages": msgs, "max_tokens": 10 ** 6}, "max_tokens", "beyond the context")
     expect_error(400, {"model": NAME, "messages": msgs, "n": 17}, "n", "n = 17 (at most 16)")
     expect_error(400, {"model": NAME}, "messages", "no messages")
+    expect_error(400, {"model": NAME, "prompt": "hi", "echo": True}, "echo", "echo (with the reason)",
+                 path="/v1/completions")
+    expect_error(400, {"model": NAME, "prompt": "hi", "suffix": "end"}, "suffix", "suffix (with the reason)",
+                 path="/v1/completions")
+    expect_error(400, {"model": NAME, "prompt": "hi", "n": 2, "best_of": 3}, "best_of", "best_of other than n",
+                 path="/v1/completions")
     expect_error(404, {"model": "gpt-4", "messages": msgs}, "model", "unknown model")
     expect_error(413, None, None, "body over --max-body-bytes", raw=b"{" + b" " * 100000 + b"}")
     st, _, out = http("GET", b + "/no/such/route")
