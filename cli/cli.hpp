@@ -77,7 +77,9 @@ struct GenerateOptions {
   std::int64_t max_new_tokens = 0;
   bool max_new_given = false;
   bool json = false;
-  std::vector<std::string> logit_bias;  // ID=BIAS
+  std::vector<std::string> logit_bias;        // ID=BIAS
+  std::string json_schema, json_schema_file;  // constrained output (grammar/), or:
+  bool json_object = false;
 };
 void add_generate_flags(CLI::App& cmd, GenerateOptions& o);
 void take_prompt(GenerateOptions& o, bool prompt_given);

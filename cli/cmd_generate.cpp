@@ -86,6 +86,9 @@ void add_generate_flags(CLI::App& cmd, GenerateOptions& o) {
       ->expected(1)
       ->take_all()
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd.add_option("--json-schema", o.json_schema, "hold the answer to this JSON Schema (its JSON text)");
+  cmd.add_option("--json-schema-file", o.json_schema_file, "hold the answer to the JSON Schema in FILE");
+  cmd.add_flag("--json-object", o.json_object, "the answer is a JSON object");
   cmd.add_flag("--ignore-eos", r.ignore_eos, "go on after the end-of-generation token");
   cmd.add_flag("--json", o.json, "print tokens, text, timings and speculative metrics as JSON");
 }
@@ -143,11 +146,31 @@ static void set_logit_bias(const std::vector<std::string>& flags, specactor::ker
   }
 }
 
+// --json-schema, --json-schema-file or --json-object (one of them) into the request's constraint; returns
+// the flag a problem with it is reported under.
+static std::string set_constraint(const GenerateOptions& o, specactor::sched::OutputConstraint& c) {
+  using Kind = specactor::sched::OutputConstraint::Kind;
+  if (!o.json_schema.empty() + !o.json_schema_file.empty() + o.json_object > 1)
+    throw sc::ConfigError("--json-schema, --json-schema-file and --json-object: give one of them");
+  if (o.json_object) c.kind = Kind::JsonObject;
+  if (!o.json_schema.empty()) c.kind = Kind::JsonSchema, c.schema = o.json_schema;
+  if (!o.json_schema_file.empty()) {
+    c.kind = Kind::JsonSchema;
+    c.schema = sc::read_text_file(o.json_schema_file, "--json-schema-file " + o.json_schema_file);
+    return "--json-schema-file " + o.json_schema_file;
+  }
+  return o.json_object ? "--json-object" : "--json-schema";
+}
+
 int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
   sa::GenerationRequest& req = o.req;
   if (o.has_seed) req.seed = o.seed;
   if (o.max_new_given) req.max_new_tokens = o.max_new_tokens;
   set_logit_bias(o.logit_bias, req.rules);
+  const std::string constraint_flag = set_constraint(o, req.constraint);
+  const auto flag_of = [&](const std::string& field) {
+    return field == "response_format" ? constraint_flag : cli::flag_of(field);
+  };
   specactor::sched::check_request(req, {}, flag_of);  // before the model loads; prepare checks the rest
   const bool as_json = o.json;
 

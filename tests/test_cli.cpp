@@ -104,6 +104,12 @@ TEST_CASE("specactor: bad input gets one clear message on stderr and exit status
        "specactor: error: --presence-penalty: must be in [-2, 2]"},
       {"generate --model-path " + tiny_model() + " --prompt hi --repetition-penalty 0",
        "specactor: error: --repetition-penalty: must be a finite number > 0 (1 = off)"},
+      {"generate --model-path " + tiny_model() + " --prompt hi --json-schema '{\"type\":\"string\",\"pattern\":\"a\"}'",
+       "specactor: error: --json-schema: (root): the keyword \"pattern\" is not supported"},
+      {"generate --model-path " + tiny_model() + " --prompt hi --json-schema '{' --json-object",
+       "specactor: error: --json-schema, --json-schema-file and --json-object: give one of them"},
+      {"generate --model-path " + tiny_model() + " --prompt hi --json-schema-file /nonexistent/s.json",
+       "specactor: error: --json-schema-file /nonexistent/s.json"},
       {"generate --model-path " + tiny_model() + " --prompt hi --logit-bias 5",
        "specactor: error: --logit-bias 5: expected ID=BIAS (a token id, a number)"},
       {"generate --model-path " + tiny_model() + " --prompt hi --logit-bias 5=-200",
@@ -661,6 +667,19 @@ TEST_CASE("specactor generate on the default model: last flag wins, prompt files
   REQUIRE_MESSAGE(plain.rc == 0, plain.err);
   CHECK(json::parse(plain.out)["speculative"]["algorithm"] == "NONE");
   CHECK(json::parse(plain.out)["tokens"] == want["tokens"]);
+  // --json-schema: the answer is held to the schema, the same with and without speculation.
+  const std::string schema =
+      R"({"type":"object","properties":{"color":{"enum":["red","green","blue"]}},"required":["color"]})";
+  const std::string ask = " --prompt " + specactor::testing::shell_quote("Name a color.") + " --json-schema " +
+                          specactor::testing::shell_quote(schema);
+  const Run js = run("generate --log-level warn --json -n 16 --model-path " + model + ask);
+  const Run js_plain =
+      run("generate --log-level warn --json -n 16 --speculative-algorithm NONE --model-path " + model + ask);
+  REQUIRE_MESSAGE(js.rc == 0, js.err);
+  REQUIRE_MESSAGE(js_plain.rc == 0, js_plain.err);
+  const json answer = json::parse(json::parse(js.out)["text"].get<std::string>());
+  CHECK((answer == json{{"color", "red"}} || answer == json{{"color", "green"}} || answer == json{{"color", "blue"}}));
+  CHECK(json::parse(js.out)["tokens"] == json::parse(js_plain.out)["tokens"]);
   const Run auto_cfg = run("config --log-level warn --model-path " + model);
   REQUIRE_MESSAGE(auto_cfg.rc == 0, auto_cfg.err);
   CHECK(auto_cfg.out.find("auto.speculative_algorithm (a head ships for this model)") != std::string::npos);
