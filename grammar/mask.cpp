@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "config/input.hpp"
+
 namespace specactor::grammar {
 
 namespace {
@@ -11,29 +13,11 @@ namespace {
 // Plain JSON string content: no quote, backslash or control byte, and whole valid UTF-8 characters
 // (the matcher's rules: no overlong forms, no surrogates, nothing past U+10FFFF).
 bool plain_string_content(const std::string& t) {
-  for (std::size_t i = 0; i < t.size();) {
-    const auto c = static_cast<std::uint8_t>(t[i]);
+  for (const char ch : t) {
+    const auto c = static_cast<std::uint8_t>(ch);
     if (c == '"' || c == '\\' || c < 0x20) return false;
-    std::size_t n = 0;
-    std::uint8_t lo = 0x80, hi = 0xBF;
-    if (c < 0x80)
-      n = 0;
-    else if (c >= 0xC2 && c <= 0xDF)
-      n = 1;
-    else if (c >= 0xE0 && c <= 0xEF)
-      n = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-    else if (c >= 0xF0 && c <= 0xF4)
-      n = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-    else
-      return false;
-    if (i + n >= t.size() && n > 0) return false;  // unfinished at the token's end
-    for (std::size_t k = 1; k <= n; ++k) {
-      const auto d = static_cast<std::uint8_t>(t[i + k]);
-      if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) return false;
-    }
-    i += n + 1;
   }
-  return true;
+  return config::first_invalid_utf8(t) == std::string_view::npos;
 }
 
 }  // namespace
