@@ -32,6 +32,12 @@ LlamaConfig LlamaConfig::from(const ModelInfo& info, const std::string& json_ove
   c.tied_embeddings = info.tied_embeddings;
   c.rope_base = info.rope_base;
   c.norm_eps = info.norm_eps;
+  c.family = info.family;
+  c.sliding_window = info.sliding_window;
+  c.sliding_layers = info.sliding_layers;
+  c.rope_base_local = info.rope_base_local;
+  c.rope_linear_factor = info.rope_linear_factor;
+  c.attn_scale = static_cast<float>(info.attn_scale);
   const auto j = config::parse_json(json_overrides.empty() ? "{}" : json_overrides, "--json-model-override-args");
   const std::string where = info.path + ": --json-model-override-args";
   for (const auto& [key, v] : j.items()) {
@@ -56,6 +62,29 @@ LlamaConfig LlamaConfig::from(const ModelInfo& info, const std::string& json_ove
 
 namespace {
 
+constexpr std::uint32_t kGgmlQ5_0 = 6;
+
+// Q5_0 blocks (f16 scale d, 32 high bits, 16 bytes of low nibbles; value (q − 16)·d with q in 0..31)
+// as Q8_0 blocks (the same d, int8 q − 16): the same numbers exactly, in a format the kernels compute.
+std::vector<std::uint8_t> q5_0_as_q8_0(const std::uint8_t* src, std::size_t blocks) {
+  std::vector<std::uint8_t> out(blocks * 34);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::uint8_t* in = src + b * 22;
+    std::uint8_t* o = out.data() + b * 34;
+    o[0] = in[0];
+    o[1] = in[1];
+    const std::uint32_t qh = static_cast<std::uint32_t>(in[2]) | static_cast<std::uint32_t>(in[3]) << 8 |
+                             static_cast<std::uint32_t>(in[4]) << 16 | static_cast<std::uint32_t>(in[5]) << 24;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (in[6 + j] & 0x0F) | static_cast<int>(((qh >> j) << 4) & 0x10);
+      const int hi = (in[6 + j] >> 4) | static_cast<int>((qh >> (j + 12)) & 0x10);
+      o[2 + j] = static_cast<std::uint8_t>(static_cast<std::int8_t>(lo - 16));
+      o[2 + 16 + j] = static_cast<std::uint8_t>(static_cast<std::int8_t>(hi - 16));
+    }
+  }
+  return out;
+}
+
 std::string shape_str(const std::vector<std::uint64_t>& d) {
   std::string s = "[";
   for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
@@ -74,10 +103,11 @@ const TensorView& WeightBinder::tensor(const std::string& name, const std::vecto
   if (!t) throw GgufError(path + ": missing tensor '" + name + "' (expected shape " + shape_str(dims) + ")");
   if (t->dims != dims)
     throw GgufError(path + ": tensor '" + name + "' has shape " + shape_str(t->dims) + ", expected " + shape_str(dims));
-  if (!k::weight_type_supported(t->ggml_type))
+  if (!k::weight_type_supported(t->ggml_type) && !(t->ggml_type == kGgmlQ5_0 && dims.size() == 2))
     throw GgufError(path + ": tensor '" + name + "' has type " +
                     std::string(ggml_type_info(t->ggml_type) ? ggml_type_info(t->ggml_type)->name : "?") +
-                    ", which specactor cannot compute (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q6_K)");
+                    ", which specactor cannot compute (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q6_K, and Q5_0 "
+                    "matrices, read as Q8_0)");
   return *t;
 }
 
@@ -99,6 +129,10 @@ k::WeightMatrix WeightBinder::matrix(const std::string& name, std::int64_t out, 
     auto* f = reinterpret_cast<float*>(buf.data());
     for (std::int64_t i = 0; i < out * in; ++i) f[i] = dist(rng_);
     full.type = k::WeightType::F32;
+    full.data = buf.data();
+  } else if (t.ggml_type == kGgmlQ5_0) {
+    auto& buf = owned_.emplace_back(q5_0_as_q8_0(t.data, static_cast<std::size_t>(out * in / 32)));
+    full.type = k::WeightType::Q8_0;
     full.data = buf.data();
   } else {
     full.type = static_cast<k::WeightType>(t.ggml_type);
@@ -132,16 +166,19 @@ k::WeightMatrix WeightBinder::matrix(const std::string& name, std::int64_t out, 
   return m;
 }
 
-const float* WeightBinder::vector(const std::string& name, std::int64_t n) {
+const float* WeightBinder::vector(const std::string& name, std::int64_t n, Slice slice, bool plus_one) {
   const TensorView& t = tensor(name, {static_cast<std::uint64_t>(n)});
-  if (!dummy_ && t.ggml_type == 0 && reinterpret_cast<std::uintptr_t>(t.data) % alignof(float) == 0)
+  if (slice.end == 0) slice = {0, n};
+  const bool whole = slice.begin == 0 && slice.end == n;
+  if (!dummy_ && !plus_one && whole && t.ggml_type == 0 &&
+      reinterpret_cast<std::uintptr_t>(t.data) % alignof(float) == 0)
     return reinterpret_cast<const float*>(t.data);
-  auto& buf = owned_.emplace_back(static_cast<std::size_t>(n) * sizeof(float));
+  std::vector<float> all(static_cast<std::size_t>(n), 1.0f);
+  if (!dummy_) k::dequantize_row(static_cast<k::WeightType>(t.ggml_type), t.data, all.data(), static_cast<std::size_t>(n));
+  auto& buf = owned_.emplace_back(static_cast<std::size_t>(slice.end - slice.begin) * sizeof(float));
   auto* f = reinterpret_cast<float*>(buf.data());
-  if (dummy_)
-    std::fill(f, f + n, 1.0f);
-  else
-    k::dequantize_row(static_cast<k::WeightType>(t.ggml_type), t.data, f, static_cast<std::size_t>(n));
+  for (std::int64_t i = slice.begin; i < slice.end; ++i)
+    f[i - slice.begin] = plus_one && !dummy_ ? 1.0f + all[static_cast<std::size_t>(i)] : all[static_cast<std::size_t>(i)];
   return f;
 }
 
@@ -173,13 +210,15 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ten
     return hf ? "model.layers." + std::to_string(l) + "." + hf_name : "blk." + std::to_string(l) + "." + gguf;
   };
   WeightBinder bind(*file, format == config::LoadFormat::Dummy, w->owned_);
+  const FamilyDesc& fam = cfg.desc();
+  const bool plus_one = hf && fam.hf_norm_plus_one;  // GGUF files hold 1 + w already
   auto matrix = [&](const std::string& name, std::int64_t out, std::int64_t in) { return bind.matrix(name, out, in); };
-  auto vector = [&](const std::string& name, std::int64_t n) { return bind.vector(name, n); };
+  auto norm = [&](const std::string& name, std::int64_t n) { return bind.vector(name, n, {}, plus_one); };
 
   const LlamaConfig& c = w->cfg_;
   const std::size_t total = static_cast<std::size_t>(c.n_layers) + 2;
   w->tok_embd_ = matrix(hf ? "model.embed_tokens.weight" : "token_embd.weight", c.vocab_size, c.hidden);
-  w->output_norm_ = vector(hf ? "model.norm.weight" : "output_norm.weight", c.hidden);
+  w->output_norm_ = norm(hf ? "model.norm.weight" : "output_norm.weight", c.hidden);
   const char* head = hf ? "lm_head.weight" : "output.weight";
   if (hf && !file->find(head) && !c.tied_embeddings)
     throw GgufError(file->path() + ": the output projection '" + head +
@@ -188,7 +227,7 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ten
   if (progress) progress(1, total);
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     LlamaLayer L;
-    L.attn_norm = vector(layer_name(l, "attn_norm.weight", "input_layernorm.weight"), c.hidden);
+    L.attn_norm = norm(layer_name(l, "attn_norm.weight", "input_layernorm.weight"), c.hidden);
     const std::int64_t r = shard.rank, QD = c.n_heads * c.head_dim, KD = c.kv_dim();
     const WeightBinder::Slice q_rows{r * QD / T, (r + 1) * QD / T}, kv_rows{r * KD / T, (r + 1) * KD / T};
     const WeightBinder::Slice f_rows{r * c.ffn / T, (r + 1) * c.ffn / T};
@@ -196,7 +235,21 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ten
     L.wk = bind.matrix(layer_name(l, "attn_k.weight", "self_attn.k_proj.weight"), KD, c.hidden, kv_rows);
     L.wv = bind.matrix(layer_name(l, "attn_v.weight", "self_attn.v_proj.weight"), KD, c.hidden, kv_rows);
     L.wo = bind.matrix(layer_name(l, "attn_output.weight", "self_attn.o_proj.weight"), c.hidden, QD, {}, q_rows);
-    L.ffn_norm = vector(layer_name(l, "ffn_norm.weight", "post_attention_layernorm.weight"), c.hidden);
+    L.ffn_norm = norm(layer_name(l, "ffn_norm.weight", std::string(fam.hf_ffn_norm).c_str()), c.hidden);
+    if (fam.qkv_bias) {
+      L.q_bias = bind.vector(layer_name(l, "attn_q.bias", "self_attn.q_proj.bias"), c.n_heads * c.head_dim, q_rows);
+      L.k_bias = bind.vector(layer_name(l, "attn_k.bias", "self_attn.k_proj.bias"), KD, kv_rows);
+      L.v_bias = bind.vector(layer_name(l, "attn_v.bias", "self_attn.v_proj.bias"), KD, kv_rows);
+    }
+    if (fam.qk_norm) {
+      L.q_norm = norm(layer_name(l, "attn_q_norm.weight", "self_attn.q_norm.weight"), c.head_dim);
+      L.k_norm = norm(layer_name(l, "attn_k_norm.weight", "self_attn.k_norm.weight"), c.head_dim);
+    }
+    if (fam.sandwich_norms) {
+      L.post_attn_norm =
+          norm(layer_name(l, "post_attention_norm.weight", std::string(fam.hf_post_attn_norm).c_str()), c.hidden);
+      L.post_ffn_norm = norm(layer_name(l, "post_ffw_norm.weight", std::string(fam.hf_post_ffn_norm).c_str()), c.hidden);
+    }
     L.gate = bind.matrix(layer_name(l, "ffn_gate.weight", "mlp.gate_proj.weight"), c.ffn, c.hidden, f_rows);
     L.up = bind.matrix(layer_name(l, "ffn_up.weight", "mlp.up_proj.weight"), c.ffn, c.hidden, f_rows);
     L.down = bind.matrix(layer_name(l, "ffn_down.weight", "mlp.down_proj.weight"), c.hidden, c.ffn, {}, f_rows);
@@ -277,6 +330,41 @@ LlamaRunner::LlamaRunner(std::shared_ptr<const LlamaWeights> weights, int thread
   }
 }
 
+// A sliding layer: a query at position p sees the keys at positions above p − window. Sequences whose
+// every position is below the window need nothing more (false); the others get one attention job per
+// query, over the slots it may see (committed slots hold their position; new slot j holds the
+// batch's position of token j). Appends to attn_jobs_; true when it did.
+bool LlamaRunner::add_window_jobs(const ForwardSeq& s, const k::PagedKvView& view, std::int64_t old_len,
+                                  std::int64_t r0, std::int64_t QD) {
+  const std::int64_t W = w_->config().sliding_window;
+  const auto n = static_cast<std::int64_t>(s.tokens.size());
+  std::int32_t max_pos = 0;
+  for (std::int64_t i = 0; i < n; ++i) max_pos = std::max(max_pos, pos_[static_cast<std::size_t>(r0 + i)]);
+  if (max_pos < W) return false;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t p = pos_[static_cast<std::size_t>(r0 + i)], lo = p - W + 1;  // the lowest visible position
+    const std::int64_t start = std::clamp<std::int64_t>(lo, 0, old_len);            // committed slots from here
+    float* q = q_.data() + (r0 + i) * QD;
+    float* o = att_.data() + (r0 + i) * QD;
+    if (s.mask.empty()) {
+      // Causal: slots [start, old_len + i] (positions rise with the slots), the query's own slot last.
+      std::int64_t first = start;
+      if (lo > old_len)
+        for (first = old_len; first < old_len + i && pos_[static_cast<std::size_t>(r0 + first - old_len)] < lo;)
+          ++first;
+      attn_jobs_.push_back({q, 1, {view, first, old_len + i - first}, {view, old_len + i, 1}, nullptr, o});
+    } else {
+      std::uint64_t word = s.mask[static_cast<std::size_t>(i)];
+      for (std::int64_t j = 0; j < n; ++j)
+        if (pos_[static_cast<std::size_t>(r0 + j)] < lo) word &= ~(1ull << j);
+      window_mask_[static_cast<std::size_t>(r0 + i)] = word;
+      attn_jobs_.push_back({q, 1, {view, start, old_len - start}, {view, old_len, n},
+                            &window_mask_[static_cast<std::size_t>(r0 + i)], o});
+    }
+  }
+  return true;
+}
+
 void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardResult& out,
                           const std::vector<int>& hidden_layers, k::Communicator* comm) {
   const LlamaConfig& c = w_->config();
@@ -332,18 +420,52 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     }
   }
   out.hidden.assign(hidden_layers.size(), {});
+  const FamilyDesc& fam = c.desc();
+  if (fam.embed_scale) {
+    const float e = std::sqrt(static_cast<float>(H));
+    for (float& v : x_) v *= e;
+  }
   rope_cs_.resize(static_cast<std::size_t>(T * c.rope_dim));
-  k::rope_table_cpu(pos_.data(), T, c.rope_dim, c.rope_base, rope_cs_.data());
+  k::rope_table_cpu(pos_.data(), T, c.rope_dim, c.rope_base, rope_cs_.data(), c.rope_linear_factor);
+  if (!c.sliding_layers.empty()) {
+    rope_local_cs_.resize(rope_cs_.size());
+    k::rope_table_cpu(pos_.data(), T, c.rope_dim, c.rope_base_local, rope_local_cs_.data());
+    for (const auto& s : batch)
+      if (s.prefix_kv)
+        throw std::invalid_argument("forward: a KV prefix of another pool is not supported with sliding-window layers");
+    window_mask_.assign(static_cast<std::size_t>(T), 0);  // stable storage: jobs point into it
+  }
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const float scale = c.query_scale();
   const auto eps = static_cast<float>(c.norm_eps);
+  // out = RMSNorm(x) over rows of `dim` with `weight`, through a scratch buffer (x and out may be one).
+  auto norm_rows = [&](float* x, const float* weight, std::int64_t rows, std::int64_t dim) {
+    norm_tmp_.resize(static_cast<std::size_t>(rows * dim));
+    k::rmsnorm_cpu(norm_tmp_.data(), x, weight, static_cast<int>(rows), static_cast<int>(dim), eps);
+    std::copy(norm_tmp_.begin(), norm_tmp_.begin() + rows * dim, x);
+  };
+  auto add_bias = [](float* y, const float* bias, std::int64_t rows, std::int64_t dim) {
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t i = 0; i < dim; ++i) y[r * dim + i] += bias[i];
+  };
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     const LlamaLayer& L = w_->layers()[static_cast<std::size_t>(l)];
+    const bool sliding = c.sliding(l);
+    const float* rope = sliding ? rope_local_cs_.data() : rope_cs_.data();
     k::rmsnorm_cpu(xn_.data(), x_.data(), L.attn_norm, static_cast<int>(T), static_cast<int>(H), eps);
     const k::MatmulJob qkv[3] = {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}};
     k::matmul_many(qkv, 3, xn_.data(), T, precision_);
-    k::rope_apply_cpu(q_.data(), T, NH, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
-    k::rope_apply_cpu(k_.data(), T, NKV, c.head_dim, c.rope_dim, rope_cs_.data(), c.rope_neox);
+    if (L.q_bias) {
+      add_bias(q_.data(), L.q_bias, T, QD);
+      add_bias(k_.data(), L.k_bias, T, KD);
+      add_bias(v_.data(), L.v_bias, T, KD);
+    }
+    if (L.q_norm) {
+      norm_rows(q_.data(), L.q_norm, T * NH, c.head_dim);
+      norm_rows(k_.data(), L.k_norm, T * NKV, c.head_dim);
+    }
+    k::rope_apply_cpu(q_.data(), T, NH, c.head_dim, c.rope_dim, rope, c.rope_neox);
+    k::rope_apply_cpu(k_.data(), T, NKV, c.head_dim, c.rope_dim, rope, c.rope_neox);
     std::int64_t r0 = 0;
     attn_jobs_.clear();
     for (std::size_t b = 0; b < batch.size(); ++b) {
@@ -352,6 +474,10 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
       for (std::int64_t i = 0; i < n; ++i)
         kv.write(l, *s.kv, old_len[b] + i, k_.data() + (r0 + i) * KD, v_.data() + (r0 + i) * KD);
       const k::PagedKvView view = kv.view(l, *s.kv);
+      if (sliding && add_window_jobs(s, view, old_len[b], r0, QD)) {
+        r0 += n;
+        continue;
+      }
       if (s.prefix_kv)
         attn_jobs_.push_back({q_.data() + r0 * QD,
                               n,
@@ -372,13 +498,18 @@ void LlamaRunner::forward(std::vector<ForwardSeq>& batch, KvCache& kv, ForwardRe
     k::attention_many_cpu(attn_jobs_.data(), static_cast<int>(attn_jobs_.size()), NH, NKV, c.head_dim, scale);
     k::matmul(L.wo, att_.data(), T, tmp_.data(), precision_);
     if (comm) comm->all_reduce_sum(tmp_.data(), static_cast<std::size_t>(T * H));  // the heads' partial outputs
+    if (L.post_attn_norm) norm_rows(tmp_.data(), L.post_attn_norm, T, H);
     for (std::int64_t i = 0; i < T * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
     k::rmsnorm_cpu(xn_.data(), x_.data(), L.ffn_norm, static_cast<int>(T), static_cast<int>(H), eps);
     const k::MatmulJob gate_up[2] = {{&L.gate, gate_.data()}, {&L.up, up_.data()}};
     k::matmul_many(gate_up, 2, xn_.data(), T, precision_);
-    k::silu_mul_cpu(gate_.data(), gate_.data(), up_.data(), T * F);
+    if (fam.gelu_tanh)
+      k::gelu_tanh_mul_cpu(gate_.data(), gate_.data(), up_.data(), T * F);
+    else
+      k::silu_mul_cpu(gate_.data(), gate_.data(), up_.data(), T * F);
     k::matmul(L.down, gate_.data(), T, tmp_.data(), precision_);
     if (comm) comm->all_reduce_sum(tmp_.data(), static_cast<std::size_t>(T * H));  // the MLP columns' partial outputs
+    if (L.post_ffn_norm) norm_rows(tmp_.data(), L.post_ffn_norm, T, H);
     for (std::int64_t i = 0; i < T * H; ++i) x_[static_cast<std::size_t>(i)] += tmp_[static_cast<std::size_t>(i)];
     for (std::size_t h = 0; h < hidden_layers.size(); ++h)
       if (hidden_layers[h] == l) out.hidden[h] = x_;

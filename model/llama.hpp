@@ -7,6 +7,7 @@
 // tied to token_embd.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "kernels/comm.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "model/family.hpp"
 #include "model/gguf.hpp"
 #include "model/kv_cache.hpp"
 #include "model/model_info.hpp"
@@ -33,6 +35,17 @@ struct LlamaConfig {
   double rope_base = 10000.0, norm_eps = 1e-5;
   bool rope_neox = false;        // GGUF llama: adjacent pairs; Hugging Face checkpoints: half split
   bool tied_embeddings = false;  // Hugging Face config's tie_word_embeddings (GGUF: no output.weight)
+  Family family = Family::Llama;  // model/family.hpp: what this forward does beyond llama's
+  std::int64_t sliding_window = 0;           // window of the sliding layers (0: none)
+  std::vector<std::uint8_t> sliding_layers;  // per layer: 1 = sliding window, RoPE base rope_base_local
+  double rope_base_local = 0.0, rope_linear_factor = 1.0;
+  float attn_scale = 0.0f;  // 0 = 1/√head_dim
+
+  const FamilyDesc& desc() const { return describe(family); }
+  bool sliding(std::int64_t layer) const {
+    return layer < static_cast<std::int64_t>(sliding_layers.size()) && sliding_layers[static_cast<std::size_t>(layer)];
+  }
+  float query_scale() const { return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
 
   std::int64_t kv_dim() const { return n_kv_heads * head_dim; }
   // From the file's ModelInfo with the JSON overrides applied (the only place they are applied).
@@ -56,8 +69,9 @@ class WeightBinder {
   // input columns [cols) (tensor-parallel shards; a column slice must fall on block boundaries).
   kernels::WeightMatrix matrix(const std::string& name, std::int64_t out, std::int64_t in, Slice rows = {},
                                Slice cols = {});
-  // A vector of n values as float32.
-  const float* vector(const std::string& name, std::int64_t n);
+  // A vector of n values as float32 (only elements [slice) when given; plus_one: 1 + each value,
+  // for RMSNorm scales stored as w for (1 + w)).
+  const float* vector(const std::string& name, std::int64_t n, Slice slice = {}, bool plus_one = false);
   bool has(const std::string& name) const { return file_.find(name) != nullptr; }
   const TensorView& tensor(const std::string& name, const std::vector<std::uint64_t>& dims) const;
 
@@ -72,6 +86,11 @@ struct LlamaLayer {
   kernels::WeightMatrix wq, wk, wv, wo, gate, up, down;
   const float* attn_norm = nullptr;  // (hidden)
   const float* ffn_norm = nullptr;   // (hidden)
+  // The families' extras (model/family.hpp), null when the family has none: q/k/v biases (this
+  // rank's rows), q/k norms over one head (head_dim), norms of the attention and MLP outputs (hidden).
+  const float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
+  const float *q_norm = nullptr, *k_norm = nullptr;
+  const float *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
 };
 
 // One rank's share of a tensor-parallel model: attention heads [rank·h/T, (rank+1)·h/T) (and their KV
@@ -186,9 +205,12 @@ class LlamaRunner final : public ForwardRunner {
                const std::vector<int>& hidden_layers = {}, kernels::Communicator* comm = nullptr) override;
 
  private:
+  bool add_window_jobs(const ForwardSeq& s, const kernels::PagedKvView& view, std::int64_t old_len, std::int64_t r0,
+                       std::int64_t QD);
   std::shared_ptr<const LlamaWeights> w_;
   kernels::Precision precision_;
-  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, rope_cs_;
+  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, rope_cs_, rope_local_cs_, norm_tmp_;
+  std::vector<std::uint64_t> window_mask_;  // sliding layers: one mask word per split-off query
   std::vector<kernels::AttentionJob> attn_jobs_;  // one per sequence, rebuilt per layer
   std::vector<KvCache::Seq> foreign_;             // per sequence: another pool's page table (prefix_kv)
   std::vector<std::vector<std::uint64_t>> own_mask_;

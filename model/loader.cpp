@@ -128,7 +128,8 @@ LoadedModel load_model(const config::ServerArgs& s, const LlamaWeights::Progress
     source = std::make_shared<GgufSource>(m.file);
   }
   m.config = LlamaConfig::from(m.info, s.json_model_override_args);
-  m.config.rope_neox = naming == LlamaWeights::Naming::HuggingFace;  // GGUF conversion permuted Q/K to adjacent pairs
+  // llama's GGUF converter permuted Q/K to adjacent pairs; the other families keep the half split.
+  m.config.rope_neox = naming == LlamaWeights::Naming::HuggingFace || m.config.desc().gguf_neox;
   m.weights = LlamaWeights::load(source, naming, m.config, s.load_format, num_layers, progress, shard);
   if (!s.skip_tokenizer_init) {
     std::shared_ptr<const GgufFile> tok_file = m.file;

@@ -19,7 +19,7 @@ std::string_view to_string(TokenizerKind k) {
   return "none";
 }
 
-bool is_llama_family(std::string_view architecture) { return architecture == "llama"; }
+bool is_llama_family(std::string_view architecture) { return family_from_gguf(architecture) != nullptr; }
 
 std::string bad_rope_base(double v) {
   // Below 1 the rotation frequencies grow with the dimension instead of falling (1e-300 made every
@@ -42,8 +42,10 @@ ModelInfo read_model_info(const GgufFile& f) {
   ModelInfo m;
   m.path = f.path();
   m.architecture = std::string(f.get_string("general.architecture"));
-  if (!is_llama_family(m.architecture))
-    fail("architecture '" + m.architecture + "' is not supported (supported: llama)");
+  const FamilyDesc* fam = family_from_gguf(m.architecture);
+  if (!fam)
+    fail("architecture '" + m.architecture + "' is not supported (supported: " + supported_architectures() + ")");
+  m.family = fam->family;
   if (f.has("general.name")) m.name = std::string(f.get_string("general.name"));
   const std::string a = m.architecture + ".";
 
@@ -58,13 +60,22 @@ ModelInfo read_model_info(const GgufFile& f) {
   m.ffn_hidden_size = positive(a + "feed_forward_length");
   m.num_heads = positive(a + "attention.head_count");
   m.num_kv_heads = f.has(a + "attention.head_count_kv") ? positive(a + "attention.head_count_kv") : m.num_heads;
-  if (m.hidden_size % m.num_heads != 0)
-    fail("embedding_length " + std::to_string(m.hidden_size) + " is not divisible by head_count " +
-         std::to_string(m.num_heads));
+  if (f.has(a + "attention.key_length")) {  // qwen3, gemma3: heads wider than hidden / heads
+    m.head_dim = positive(a + "attention.key_length");
+    if (f.has(a + "attention.value_length") && f.get_int(a + "attention.value_length") != m.head_dim)
+      fail("attention.value_length " + std::to_string(f.get_int(a + "attention.value_length")) +
+           " differs from attention.key_length " + std::to_string(m.head_dim) + " (not supported)");
+  } else {
+    if (m.hidden_size % m.num_heads != 0)
+      fail("embedding_length " + std::to_string(m.hidden_size) + " is not divisible by head_count " +
+           std::to_string(m.num_heads));
+    m.head_dim = m.hidden_size / m.num_heads;
+  }
+  if (m.head_dim % 2 != 0 || m.head_dim > 512)
+    fail("the head size " + std::to_string(m.head_dim) + " must be even and at most 512");
   if (m.num_heads % m.num_kv_heads != 0)
     fail("head_count " + std::to_string(m.num_heads) + " is not divisible by head_count_kv " +
          std::to_string(m.num_kv_heads));
-  m.head_dim = m.hidden_size / m.num_heads;
   m.rope_dim = f.has(a + "rope.dimension_count") ? positive(a + "rope.dimension_count") : m.head_dim;
   if (m.rope_dim > m.head_dim || m.rope_dim % 2 != 0)
     fail("rope.dimension_count " + std::to_string(m.rope_dim) + " must be even and at most the head size " +
@@ -73,6 +84,26 @@ ModelInfo read_model_info(const GgufFile& f) {
   if (const auto why = bad_rope_base(m.rope_base); !why.empty()) fail("rope.freq_base " + why);
   m.norm_eps = f.get_float(a + "attention.layer_norm_rms_epsilon");
   if (const auto why = bad_norm_eps(m.norm_eps); !why.empty()) fail("attention.layer_norm_rms_epsilon " + why);
+  if (f.has(a + "rope.scaling.type")) {
+    const std::string_view type = f.get_string(a + "rope.scaling.type");
+    if (type == "linear" && f.has(a + "rope.scaling.factor")) {
+      m.rope_linear_factor = f.get_float(a + "rope.scaling.factor");
+      if (!(m.rope_linear_factor >= 1.0 && m.rope_linear_factor <= 1024.0))
+        fail("rope.scaling.factor must be in [1, 1024]");
+    } else if (type != "none") {
+      fail("rope.scaling.type '" + std::string(type) + "' is not supported (supported: none, linear)");
+    }
+  }
+  if (fam->sliding_layers) {
+    // Gemma 3: layers 0-4 slide, layer 5 is global, and so on (llama.cpp writes only the window; the
+    // pattern and the local RoPE base are the family's, unless the file names them).
+    m.sliding_window = positive(a + "attention.sliding_window");
+    const std::int64_t pattern =
+        f.has(a + "attention.sliding_window_pattern") ? positive(a + "attention.sliding_window_pattern") : 6;
+    for (std::int64_t l = 0; l < m.num_layers; ++l) m.sliding_layers.push_back((l + 1) % pattern != 0 ? 1 : 0);
+    m.rope_base_local = f.has(a + "rope.freq_base_swa") ? f.get_float(a + "rope.freq_base_swa") : 10000.0;
+    if (const auto why = bad_rope_base(m.rope_base_local); !why.empty()) fail("rope.freq_base_swa " + why);
+  }
 
   if (f.has("tokenizer.ggml.model")) {
     const std::string_view tk = f.get_string("tokenizer.ggml.model");

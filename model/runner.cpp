@@ -1,6 +1,8 @@
 // model/runner.cpp — the CPU runner, or the CUDA one (see runner.hpp).
 #include "model/runner.hpp"
 
+#include "config/error.hpp"
+
 #include <stdexcept>
 #include <string>
 
@@ -122,6 +124,9 @@ std::unique_ptr<ForwardRunner> make_runner(std::shared_ptr<const LlamaWeights> w
                                            int rank, int threads, const KvCache& kv) {
   if (snap.device != config::Device::Cuda)
     return std::make_unique<LlamaRunner>(std::move(weights), threads, cpu_precision(snap));
+  if (weights->config().family != Family::Llama)
+    throw config::ConfigError("--device cuda: the CUDA forward runs the llama architecture only; '" +
+                              std::string(weights->config().desc().name) + "' runs with --device cpu");
 #ifdef SPECACTOR_HAVE_CUDA
   return std::make_unique<CudaLlamaRunner>(std::move(weights), rank, kv, !snap.disable_cuda_graph);
 #else

@@ -166,10 +166,36 @@ ModelInfo read_hf_model_info(const std::string& path) {
   if (c.contains("model_type") && !c["model_type"].is_string()) fail("'model_type' must be a string");
   if (c.contains("tie_word_embeddings") && !c["tie_word_embeddings"].is_boolean())
     fail("'tie_word_embeddings' must be true or false, got " + config::printable(c["tie_word_embeddings"].dump()));
-  m.architecture = c.value("model_type", "");
-  if (m.architecture != "llama" && m.architecture != "mistral")
-    fail("model_type '" + m.architecture + "' is not supported (supported: llama)");
-  m.architecture = "llama";
+  const std::string model_type = c.value("model_type", "");
+  const FamilyDesc* fam = family_from_hf(model_type);
+  if (!fam) {
+    if (c.contains("text_config"))
+      fail("model_type '" + config::printable(model_type) +
+           "' is a multimodal checkpoint (text_config); only its text model in a checkpoint of its own is supported");
+    fail("model_type '" + config::printable(model_type) + "' is not supported (supported: llama, mistral, qwen2, "
+         "qwen3, gemma3_text — the architectures " + supported_architectures() + ")");
+  }
+  m.architecture = std::string(fam->name);
+  m.family = fam->family;
+  // Settings that change the computation and that this forward does not do are refused by name.
+  auto refuse_true = [&](const char* key) {
+    if (c.contains(key) && !c[key].is_null() && c[key] != false)
+      fail(std::string("'") + key + "' = " + config::printable(c[key].dump()) + " is not supported (expected false)");
+  };
+  refuse_true("attention_bias");
+  refuse_true("mlp_bias");
+  refuse_true("use_sliding_window");
+  refuse_true("use_bidirectional_attention");
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
+    if (c.contains(key) && !c[key].is_null())
+      fail(std::string("'") + key + "' = " + config::printable(c[key].dump()) + " is not supported (expected null)");
+  for (const char* key : {"hidden_act", "hidden_activation"})
+    if (c.contains(key) && !c[key].is_null()) {
+      const std::string want = fam->gelu_tanh ? "gelu_pytorch_tanh" : "silu";
+      if (c[key] != want)
+        fail(std::string("'") + key + "' = " + config::printable(c[key].dump()) + " is not supported (expected \"" +
+             want + "\" for " + std::string(fam->name) + ")");
+    }
   auto positive = [&](const char* key) -> std::int64_t {
     if (!c.contains(key) || !c[key].is_number_integer() || c[key].get<std::int64_t>() <= 0)
       fail(std::string("'") + key + "' must be a positive integer");
@@ -182,9 +208,10 @@ ModelInfo read_hf_model_info(const std::string& path) {
   m.num_kv_heads = c.contains("num_key_value_heads") ? positive("num_key_value_heads") : m.num_heads;
   m.vocab_size = positive("vocab_size");
   m.context_length = c.contains("max_position_embeddings") ? positive("max_position_embeddings") : 2048;
-  m.head_dim = c.contains("head_dim") && c["head_dim"].is_number_integer() ? c["head_dim"].get<std::int64_t>()
-                                                                           : m.hidden_size / m.num_heads;
-  if (m.head_dim * m.num_heads != m.hidden_size) fail("hidden_size is not num_attention_heads × head_dim");
+  m.head_dim = c.contains("head_dim") && !c["head_dim"].is_null() ? positive("head_dim") : m.hidden_size / m.num_heads;
+  if (fam->family == Family::Llama && m.head_dim * m.num_heads != m.hidden_size)
+    fail("hidden_size is not num_attention_heads × head_dim");
+  if (m.head_dim % 2 != 0 || m.head_dim > 512) fail("'head_dim' must be even and at most 512");
   if (m.num_heads % m.num_kv_heads != 0) fail("num_attention_heads is not a multiple of num_key_value_heads");
   m.rope_dim = m.head_dim;
   m.rope_base = number("rope_theta", 10000.0);
@@ -195,7 +222,39 @@ ModelInfo read_hf_model_info(const std::string& path) {
       c.contains("bos_token_id") && c["bos_token_id"].is_number_integer() ? c["bos_token_id"].get<std::int64_t>() : -1;
   m.eos_token_id =
       c.contains("eos_token_id") && c["eos_token_id"].is_number_integer() ? c["eos_token_id"].get<std::int64_t>() : -1;
-  m.tied_embeddings = c.value("tie_word_embeddings", false);
+  m.tied_embeddings = c.value("tie_word_embeddings", fam->hf_tied_default);
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
+    const json& r = c["rope_scaling"];
+    const std::string type = r.is_object() ? r.value("rope_type", r.value("type", "")) : "";
+    if (type == "linear" && r.contains("factor") && r["factor"].is_number() && r["factor"].get<double>() >= 1.0 &&
+        r["factor"].get<double>() <= 1024.0)
+      m.rope_linear_factor = r["factor"].get<double>();
+    else if (type != "default")
+      fail("'rope_scaling' " + config::printable(r.dump()) +
+           " is not supported (supported: null, or {\"rope_type\": \"linear\", \"factor\": 1 .. 1024})");
+  }
+  if (fam->sliding_layers) {
+    m.sliding_window = positive("sliding_window");
+    if (c.contains("layer_types")) {
+      const json& t = c["layer_types"];
+      if (!t.is_array() || static_cast<std::int64_t>(t.size()) != m.num_layers)
+        fail("'layer_types' must list one type per layer (" + std::to_string(m.num_layers) + ")");
+      for (const auto& e : t) {
+        if (e != "sliding_attention" && e != "full_attention")
+          fail("'layer_types' holds " + config::printable(e.dump()) +
+               " (expected \"sliding_attention\" or \"full_attention\")");
+        m.sliding_layers.push_back(e == "sliding_attention" ? 1 : 0);
+      }
+    } else {
+      const std::int64_t pattern = c.contains("sliding_window_pattern") ? positive("sliding_window_pattern") : 6;
+      for (std::int64_t l = 0; l < m.num_layers; ++l) m.sliding_layers.push_back((l + 1) % pattern != 0 ? 1 : 0);
+    }
+    m.rope_base_local = number("rope_local_base_freq", 10000.0);
+    if (const auto why = bad_rope_base(m.rope_base_local); !why.empty()) fail("'rope_local_base_freq' " + why);
+    const double scalar = number("query_pre_attn_scalar", static_cast<double>(m.head_dim));
+    if (!(scalar > 0.0 && scalar < 1e9)) fail("'query_pre_attn_scalar' must be a positive number");
+    m.attn_scale = 1.0 / std::sqrt(scalar);
+  }
   m.name = dir.filename().string();
   return m;
 }

@@ -276,7 +276,7 @@ TEST_CASE("ModelInfo rejects what a Llama forward cannot run") {
   {
     GgufWriter w;
     w.kv_str("general.architecture", "gpt2");
-    CHECK(info_error(w) == "test.gguf: architecture 'gpt2' is not supported (supported: llama)");
+    CHECK(info_error(w) == "test.gguf: architecture 'gpt2' is not supported (supported: llama, qwen2, qwen3, gemma3)");
   }
   {
     GgufWriter broken;  // llama metadata without block_count

@@ -430,10 +430,10 @@ TEST_CASE("model files: truncated, corrupted, wrong architecture, missing or mis
   }
   {
     specactor::testing::GgufWriter w;
-    w.kv_str("general.architecture", "qwen2");
+    w.kv_str("general.architecture", "phi3");
     const std::string p = temp_path("arch");
     w.write(p);
-    CHECK(load_error(p) == p + ": architecture 'qwen2' is not supported (supported: llama)");
+    CHECK(load_error(p) == p + ": architecture 'phi3' is not supported (supported: llama, qwen2, qwen3, gemma3)");
     fs::remove(p);
   }
   if (!have_default_model()) return;

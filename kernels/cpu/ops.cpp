@@ -47,11 +47,11 @@ void exp_approx_many(const float* x, std::int64_t n, float* y, bool simd) {
 }
 
 void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base,
-                    float* table) {
+                    float* table, double linear_factor) {
   const std::int64_t half = rope_dim / 2;
   for (std::int64_t t = 0; t < n_tok; ++t)
     for (std::int64_t i = 0; i < half; ++i) {
-      const double theta = positions[t] * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
+      const double theta = positions[t] / linear_factor * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
       table[t * rope_dim + i] = static_cast<float>(std::cos(theta));
       table[t * rope_dim + half + i] = static_cast<float>(std::sin(theta));
     }
@@ -101,6 +101,14 @@ void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n
   for (; i < n; ++i) {
     const float g = gate[i];
     out[i] = g / (1.0f + exp_approx(0.0f - g)) * up[i];
+  }
+}
+
+void gelu_tanh_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n) {
+  const float k0 = 0.7978845608028654f;  // √(2/π)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + std::tanh(k0 * (g + 0.044715f * g * g * g))) * up[i];
   }
 }
 

@@ -15,8 +15,9 @@ void rope_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t h
 
 // The same in two steps, so a forward pass computes the angles once for all layers:
 // table (n_tok, rope_dim) holds cos of pair i at [t][i] and sin at [t][rope_dim/2 + i].
+// linear_factor > 1: linear RoPE scaling (each position divided by it).
 void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base,
-                    float* table);
+                    float* table, double linear_factor = 1.0);
 void rope_apply_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
                     const float* table, bool neox);
 
@@ -29,6 +30,10 @@ void exp_approx_many(const float* x, std::int64_t n, float* y, bool simd);
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp_approx(−gate[i])) · up[i] for n values; out may
 // alias gate.
 void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n);
+
+// out[i] = gelu_tanh(gate[i]) * up[i], GELU's tanh approximation (Gemma's MLP):
+// 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))); out may alias gate.
+void gelu_tanh_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n);
 
 // Softmax of n values in place (max-subtracted, exp_approx, float accumulation in index order); the
 // head drafters' probabilities.

@@ -1,0 +1,316 @@
+// tests/test_families.cpp — the llama, qwen2, qwen3 and gemma3 families (model/family.hpp) against
+// transformers' float32 forward: tiny random models in each family's real layout, as safetensors and as
+// GGUF, with the reference logits at 64 positions and a greedy continuation (tests/data/families/, made
+// by tools/make_families). Plus: chunked prefill, decode steps and tree masks through the sliding
+// window, and the checks that refuse what the forward does not do.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "config/snapshot.hpp"
+#include "kernels/cpu/sampling.hpp"
+#include "model/loader.hpp"
+#include "model/runner.hpp"
+
+using namespace specactor::model;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+namespace k = specactor::kernels;
+
+namespace {
+
+const std::string kDir = SPECACTOR_SOURCE_DIR "/tests/data/families/";
+const char* const kFamilies[] = {"llama", "qwen2", "qwen3", "gemma3"};
+
+json reference(const std::string& family) {
+  std::ifstream in(kDir + family + ".json");
+  const std::string what = kDir + family + ".json (tools/make_families writes it)";
+  REQUIRE_MESSAGE(in, what);
+  return json::parse(in);
+}
+
+LoadedModel load(const std::string& path, specactor::config::LoadFormat format = specactor::config::LoadFormat::Auto) {
+  specactor::config::ServerArgs a;
+  a.model_path = path;
+  a.skip_tokenizer_init = true;
+  a.load_format = format;
+  return load_model(a);
+}
+
+KvCache make_kv(const LoadedModel& m) {
+  return KvCache(m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, 16, 128);
+}
+
+// Logits of every position after feeding `ids` in chunks of `chunk` tokens (0: one call).
+std::vector<float> all_logits(const LoadedModel& m, const std::vector<std::int32_t>& ids, std::size_t chunk = 0,
+                              k::Precision precision = k::Precision::Exact) {
+  LlamaRunner runner(m.weights, 0, precision);
+  KvCache kv = make_kv(m);
+  KvCache::Seq seq;
+  std::vector<float> out;
+  if (chunk == 0) chunk = ids.size();
+  for (std::size_t at = 0; at < ids.size(); at += chunk) {
+    std::vector<ForwardSeq> b(1);
+    b[0].kv = &seq;
+    b[0].tokens.assign(ids.begin() + static_cast<std::ptrdiff_t>(at),
+                       ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), at + chunk)));
+    for (std::size_t i = 0; i < b[0].tokens.size(); ++i) b[0].logit_rows.push_back(static_cast<std::int32_t>(i));
+    ForwardResult r;
+    runner.forward(b, kv, r);
+    out.insert(out.end(), r.logits.begin(), r.logits.end());
+  }
+  return out;
+}
+
+std::vector<std::int32_t> greedy(const LoadedModel& m, const std::vector<std::int32_t>& ids, std::size_t n) {
+  LlamaRunner runner(m.weights, 0, k::Precision::Exact);
+  KvCache kv = make_kv(m);
+  KvCache::Seq seq;
+  std::vector<std::int32_t> out, step = ids;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::vector<ForwardSeq> b(1);
+    b[0].kv = &seq;
+    b[0].tokens = step;
+    b[0].logit_rows = {static_cast<std::int32_t>(step.size() - 1)};
+    ForwardResult r;
+    runner.forward(b, kv, r);
+    out.push_back(k::argmax(r.logits.data(), m.config.vocab_size));
+    step = {out.back()};
+  }
+  return out;
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("families: exact logits within 1e-3 of transformers at 64 positions and the same greedy continuation") {
+  for (const std::string family : kFamilies) {
+    const json ref = reference(family);
+    const auto ids = ref["ids"].get<std::vector<std::int32_t>>();
+    std::vector<float> want, want64;
+    for (const auto& row : ref["logits"])
+      for (const auto& v : row) want.push_back(v.get<float>());
+    for (const auto& row : ref["logits_float64"])
+      for (const auto& v : row) want64.push_back(v.get<float>());
+    for (const std::string& path : {kDir + family, kDir + family + ".gguf"}) {
+      CAPTURE(path);
+      const LoadedModel m = load(path);
+      CHECK(m.info.architecture == family);
+      // llama's GGUF holds Q/K permuted to adjacent RoPE pairs; the other families keep the half split.
+      CHECK(m.config.rope_neox == (family != "llama" || !path.ends_with(".gguf")));
+      REQUIRE(static_cast<std::int64_t>(ref["logits"][0].size()) == m.config.vocab_size);
+      const auto got = all_logits(m, ids);
+      const double d = max_diff(got, want), d64 = max_diff(got, want64);
+      MESSAGE(family << " (" << (path.ends_with(".gguf") ? "GGUF" : "safetensors")
+                     << "): max |logit - transformers| over 64 positions: float32 " << d << ", float64 " << d64
+                     << " (transformers float32 vs float64: " << ref["float32_vs_float64"].get<double>() << ")");
+      CHECK(d < 1e-3);
+      CHECK(d64 < 1e-4);
+      CHECK(greedy(m, ids, ref["greedy"].size()) == ref["greedy"].get<std::vector<std::int32_t>>());
+    }
+  }
+}
+
+TEST_CASE("families: chunked prefill and decode steps give the one-call logits (the sliding window across calls)") {
+  for (const std::string family : kFamilies) {
+    CAPTURE(family);
+    const LoadedModel m = load(kDir + family + ".gguf");
+    const auto ids = reference(family)["ids"].get<std::vector<std::int32_t>>();
+    const auto whole = all_logits(m, ids);
+    for (std::size_t chunk : {1u, 5u, 17u}) {
+      CAPTURE(chunk);
+      CHECK(max_diff(all_logits(m, ids, chunk), whole) < 1e-5);
+    }
+    // Fast precision (int8 activations) stays close and picks the same tokens almost everywhere.
+    const auto fast = all_logits(m, ids, 0, k::Precision::Fast);
+    int same = 0;
+    const auto V = static_cast<std::size_t>(m.config.vocab_size);
+    for (std::size_t p = 0; p < ids.size(); ++p)
+      same += k::argmax(fast.data() + p * V, static_cast<std::int64_t>(V)) ==
+              k::argmax(whole.data() + p * V, static_cast<std::int64_t>(V));
+    MESSAGE(family << ": fast precision picks the exact precision's token at " << same << " of 64 positions");
+    CHECK(same >= 56);
+  }
+}
+
+TEST_CASE("families: a tree mask's rows equal the causal forwards of their paths (sliding layers beyond the window)") {
+  const LoadedModel m = load(kDir + std::string("gemma3.gguf"));
+  REQUIRE(m.config.sliding_window == 16);
+  const auto ids = reference("gemma3")["ids"].get<std::vector<std::int32_t>>();
+  const std::vector<std::int32_t> prefix(ids.begin(), ids.begin() + 40);  // past the window of 16
+  // A tree of 5 nodes: root r, children a, b of r, c child of a, d child of c. Positions by depth.
+  const std::vector<std::int32_t> tree = {7, 11, 13, 17, 19};
+  const std::vector<std::int32_t> depth = {0, 1, 1, 2, 3};
+  const std::vector<std::uint64_t> mask = {0b00001, 0b00011, 0b00101, 0b01011, 0b11011};
+  LlamaRunner runner(m.weights, 0, k::Precision::Exact);
+  KvCache kv = make_kv(m);
+  KvCache::Seq seq;
+  {
+    std::vector<ForwardSeq> b(1);
+    b[0].kv = &seq;
+    b[0].tokens = prefix;
+    ForwardResult r;
+    runner.forward(b, kv, r);
+  }
+  std::vector<ForwardSeq> b(1);
+  b[0].kv = &seq;
+  b[0].tokens = tree;
+  b[0].mask = mask;
+  for (std::size_t i = 0; i < tree.size(); ++i) {
+    b[0].positions.push_back(static_cast<std::int32_t>(prefix.size()) + depth[i]);
+    b[0].logit_rows.push_back(static_cast<std::int32_t>(i));
+  }
+  ForwardResult r;
+  runner.forward(b, kv, r);
+  const auto V = static_cast<std::size_t>(m.config.vocab_size);
+  for (std::size_t node = 0; node < tree.size(); ++node) {
+    CAPTURE(node);
+    std::vector<std::int32_t> path = prefix;
+    for (std::size_t j = 0; j <= node; ++j)
+      if ((mask[node] >> j) & 1u) path.push_back(tree[j]);
+    const auto want = all_logits(m, path);
+    const std::vector<float> got(r.logits.begin() + static_cast<std::ptrdiff_t>(node * V),
+                                 r.logits.begin() + static_cast<std::ptrdiff_t>((node + 1) * V));
+    const std::vector<float> last(want.end() - static_cast<std::ptrdiff_t>(V), want.end());
+    CHECK(max_diff(got, last) < 1e-5);
+  }
+}
+
+TEST_CASE("families: what the forward does not do is refused, naming the field") {
+  const fs::path dir = fs::temp_directory_path() / ("specactor_fam_" + std::to_string(::getpid()));
+  auto error_with = [&](const std::string& family, const std::function<void(json&)>& edit) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    fs::copy_file(kDir + family + "/model.safetensors", dir / "model.safetensors");
+    json c = json::parse(std::ifstream(kDir + family + "/config.json"));
+    edit(c);
+    std::ofstream(dir / "config.json") << c.dump();
+    try {
+      load(dir.string());
+    } catch (const GgufError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  auto refused = [&](const std::string& family, const std::function<void(json&)>& edit, const std::string& want) {
+    const std::string got = error_with(family, edit);
+    CAPTURE(got);
+    CHECK(got.find(want) != std::string::npos);
+  };
+  refused("qwen2", [](json& c) { c["model_type"] = "phi3"; },
+          "model_type 'phi3' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3_text");
+  refused("qwen2", [](json& c) { c["use_sliding_window"] = true; }, "'use_sliding_window' = true is not supported");
+  refused("qwen3", [](json& c) { c["attention_bias"] = true; }, "'attention_bias' = true is not supported");
+  refused("qwen3", [](json& c) { c["hidden_act"] = "gelu"; }, "'hidden_act' = \"gelu\" is not supported");
+  refused("qwen3", [](json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; },
+          "'rope_scaling' {\"factor\":4,\"rope_type\":\"yarn\"} is not supported");
+  refused("gemma3", [](json& c) { c["final_logit_softcapping"] = 30.0; },
+          "'final_logit_softcapping' = 30.0 is not supported (expected null)");
+  refused("gemma3", [](json& c) { c["layer_types"].erase(0); }, "'layer_types' must list one type per layer (6)");
+  refused("gemma3", [](json& c) { c["layer_types"][0] = "chunked_attention"; }, "'layer_types' holds \"chunked_attention\"");
+  refused("gemma3", [](json& c) { c.erase("sliding_window"); }, "'sliding_window' must be a positive integer");
+  refused("gemma3", [](json& c) { c["use_bidirectional_attention"] = true; },
+          "'use_bidirectional_attention' = true is not supported");
+  refused("gemma3", [](json& c) { c["model_type"] = "gemma3"; c["text_config"] = json::object(); },
+          "is a multimodal checkpoint (text_config)");
+  // A family's own tensors are required: Qwen2 without a bias, Qwen3 without a q norm.
+  refused("qwen3", [](json& c) { c["model_type"] = "qwen2"; }, "missing tensor 'model.layers.0.self_attn.q_proj.bias'");
+  refused("qwen2", [](json& c) { c["model_type"] = "qwen3"; c["head_dim"] = 16; },
+          "missing tensor 'model.layers.0.self_attn.q_norm.weight'");
+  CHECK(error_with("qwen3", [](json&) {}) == "(loaded)");
+  fs::remove_all(dir);
+
+  // The CUDA forward runs llama only: another family on --device cuda is refused by name, GPU or not.
+  const LoadedModel m = load(kDir + std::string("qwen3.gguf"));
+  specactor::config::ServerArgs cuda;
+  cuda.device = specactor::config::Device::Cuda;
+  KvCache kv = make_kv(m);
+  CHECK_THROWS_WITH(make_runner(m.weights, cuda, 0, 1, kv),
+                    doctest::Contains("the CUDA forward runs the llama architecture only; 'qwen3' runs with --device cpu"));
+}
+
+TEST_CASE("families: the loader mutations of the llama path, on every family's files") {
+  auto read = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string tmp = (fs::temp_directory_path() / ("specactor_fam_mut_" + std::to_string(::getpid()))).string();
+  auto error_of = [&](const std::string& bytes) {
+    std::ofstream(tmp, std::ios::binary) << bytes;
+    try {
+      load(tmp, specactor::config::LoadFormat::Gguf);
+    } catch (const GgufError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  // A name inside the file, replaced by another of the same length (a GGUF string: u64 length + bytes).
+  auto renamed = [](std::string bytes, const std::string& from, const std::string& to) {
+    std::string key(8, '\0');
+    key[0] = static_cast<char>(from.size());
+    const auto at = bytes.find(key + from);
+    REQUIRE_MESSAGE(at != std::string::npos, from);
+    bytes.replace(at + 8, from.size(), to);
+    return bytes;
+  };
+  struct Own {
+    const char* family;
+    const char* tensor;  // a tensor only this family has
+    const char* shape;
+  };
+  for (const Own& o : {Own{"llama", "blk.1.ffn_up.weight", "[64, 128]"}, Own{"qwen2", "blk.1.attn_k.bias", "[32]"},
+                       Own{"qwen3", "blk.2.attn_q_norm.weight", "[32]"},
+                       Own{"gemma3", "blk.4.post_ffw_norm.weight", "[64]"}}) {
+    CAPTURE(std::string(o.family));
+    const std::string bytes = read(kDir + o.family + ".gguf");
+    CHECK(error_of(bytes) == "(loaded)");
+    // Truncated: the tensor data runs past the end.
+    CHECK(error_of(bytes.substr(0, bytes.size() / 2)).find("runs past the end of the file") != std::string::npos);
+    // Not a GGUF file.
+    std::string bad = bytes;
+    bad[0] = 'X';
+    CHECK(error_of(bad).find("not a GGUF file") != std::string::npos);
+    // A tensor of the family missing.
+    std::string name = o.tensor;
+    std::string other = name;
+    other[other.size() - 8] = 'X';  // "weight" / ".bias" keep their length
+    CHECK(error_of(renamed(bytes, name, other)) ==
+          tmp + ": missing tensor '" + name + "' (expected shape " + o.shape + ")");
+    // A hyper-parameter missing.
+    const std::string key = std::string(o.family) + ".attention.head_count";
+    CHECK(error_of(renamed(bytes, key, std::string(o.family) + ".attention.head_couXt")) ==
+          tmp + ": missing metadata key '" + key + "'");
+    // A hostile head count.
+    std::string hostile = bytes;
+    {
+      std::string k(8, '\0');
+      k[0] = static_cast<char>(key.size());
+      const auto at = hostile.find(k + key);
+      REQUIRE(at != std::string::npos);
+      const std::size_t value = at + 8 + key.size() + 4;  // after the u32 value type
+      hostile[value] = 7;  // 4 heads -> 7: 2 KV heads do not divide it
+      hostile[value + 1] = hostile[value + 2] = hostile[value + 3] = 0;
+    }
+    const std::string e = error_of(hostile);
+    CAPTURE(e);
+    CHECK((e.find("head_count 7 is not divisible by head_count_kv 2") != std::string::npos ||
+           e.find("is not divisible by head_count 7") != std::string::npos));
+  }
+  // Gemma 3's window is required.
+  const std::string g = read(kDir + "gemma3.gguf");
+  CHECK(error_of(renamed(g, "gemma3.attention.sliding_window", "gemma3.attention.sliding_windoX")) ==
+        tmp + ": missing metadata key 'gemma3.attention.sliding_window'");
+  fs::remove(tmp);
+}

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""tools/make_families.py — tiny random models of the qwen2, qwen3 and gemma3 families and their references.
+
+For each family: a model made by `transformers` in the family's real layout (random weights, seeded,
+float16 values) saved as safetensors + config.json, the same weights written as a GGUF with the `gguf` package
+(llama.cpp's tensor names and metadata keys; Gemma's RMSNorm scales stored as 1 + w, as llama.cpp's
+converter does), and transformers' float32 forward as the reference:
+
+    tests/data/families/<family>/config.json, model.safetensors     the Hugging Face checkpoint
+    tests/data/families/<family>.gguf                                 the same weights (F16 matrices)
+    tests/data/families/<family>.json                                 64 token ids, the logits at every
+                                                                      position, a 16-token greedy continuation
+
+Run through tools/make_families (it creates .venv-families with the pinned packages). Deterministic:
+the same seed gives the same files.
+"""
+import argparse
+import copy
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import gguf
+import transformers
+from transformers import AutoModelForCausalLM
+
+VOCAB = 384
+POSITIONS = 64
+CONTINUATION = 16
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+FAMILIES = {
+    # Llama: the baseline the others differ from (its GGUF permutes Q/K rows as llama.cpp's converter does).
+    "llama": dict(model_type="llama", num_hidden_layers=3, rope_theta=10000.0, tie_word_embeddings=False),
+    # Qwen2: biases on q/k/v; untied head.
+    "qwen2": dict(model_type="qwen2", num_hidden_layers=3, rope_theta=10000.0, tie_word_embeddings=False,
+                  use_sliding_window=False),
+    # Qwen3: q/k head norms, heads wider than hidden / heads (head_dim 32: q is 128 wide), tied head.
+    "qwen3": dict(model_type="qwen3", num_hidden_layers=3, head_dim=32, rope_theta=1000000.0,
+                  tie_word_embeddings=True, attention_bias=False, use_sliding_window=False),
+    # Gemma 3: sandwich norms, (1 + w) scales, GELU-tanh, √hidden embeddings, q/k norms, sliding window
+    # of 16 on layers 0, 1, 3, 4 (global: 2 and 5; pattern 3), local RoPE base 10,000, global 1,000,000.
+    "gemma3": dict(model_type="gemma3_text", num_hidden_layers=6, head_dim=32, rope_theta=1000000.0,
+                   rope_local_base_freq=10000.0, sliding_window=16, query_pre_attn_scalar=32,
+                   layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                   tie_word_embeddings=True, final_logit_softcapping=None, attn_logit_softcapping=None,
+                   hidden_activation="gelu_pytorch_tanh"),
+}
+
+
+def make_model(family, seed):
+    spec = dict(FAMILIES[family])
+    model_type = spec.pop("model_type")
+    cfg = transformers.AutoConfig.for_model(model_type, **COMMON, **spec)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32, attn_implementation="eager")
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                # Scales near 1 (Gemma stores w for 1 + w: near 0), varied so a wrong formula shows.
+                base = 0.0 if family == "gemma3" else 1.0
+                p.copy_(base + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.08 * torch.randn(p.shape, generator=gen))
+            p.copy_(p.to(torch.float16).to(torch.float32))  # float16 values: the files store float16
+    model.eval()
+    return model
+
+
+# Hugging Face name (after "model.layers.N.") -> GGUF name (after "blk.N."), per family.
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+GEMMA_NORMS = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+
+def write_gguf(model, family, path):
+    cfg = model.config
+    arch = "gemma3" if family == "gemma3" else family
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(f"tiny random {family} (tools/make_families.py)")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head_dim != cfg.hidden_size // cfg.num_attention_heads or family == "gemma3":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if family == "gemma3":
+        w.add_sliding_window(cfg.sliding_window)
+        pattern = cfg.layer_types.index("full_attention") + 1
+        assert all((t == "full_attention") == ((i + 1) % pattern == 0) for i, t in enumerate(cfg.layer_types))
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", pattern)
+        w.add_float32(f"{arch}.rope.freq_base_swa", cfg.rope_local_base_freq)
+    gemma_norms = family == "gemma3"
+    names = dict(LAYER_NAMES)
+    if gemma_norms:
+        names.update(GEMMA_NORMS)
+    else:
+        names["post_attention_layernorm.weight"] = "ffn_norm.weight"
+    for name, p in model.state_dict().items():
+        a = p.detach().to(torch.float32).numpy()
+        if name == "lm_head.weight":
+            if cfg.tie_word_embeddings:
+                continue
+            out = "output.weight"
+        elif name == "model.embed_tokens.weight":
+            out = "token_embd.weight"
+        elif name == "model.norm.weight":
+            out = "output_norm.weight"
+        elif name.startswith("model.layers."):
+            if family == "llama" and (name.endswith("q_proj.weight") or name.endswith("k_proj.weight")):
+                heads = cfg.num_attention_heads if name.endswith("q_proj.weight") else cfg.num_key_value_heads
+                a = a.reshape(heads, 2, a.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(a.shape)
+            rest = name[len("model.layers."):]
+            layer, key = rest.split(".", 1)
+            if key not in names:
+                raise SystemExit(f"make_families: no GGUF name for {name}")
+            out = f"blk.{layer}.{names[key]}"
+        else:
+            raise SystemExit(f"make_families: no GGUF name for {name}")
+        if gemma_norms and name.endswith("norm.weight"):
+            a = a + 1.0  # llama.cpp's converter stores Gemma's (1 + w)
+        # Matrices in F16 (their values are float16 already), vectors in F32 (Gemma's 1 + w is not).
+        w.add_tensor(out, np.ascontiguousarray(a, dtype=np.float16 if a.ndim == 2 else np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def reference(model, seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, VOCAB, size=POSITIONS).tolist()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].to(torch.float32).numpy()
+        out = model.generate(torch.tensor([ids]), max_new_tokens=CONTINUATION, do_sample=False,
+                             eos_token_id=None, pad_token_id=0, min_new_tokens=CONTINUATION)
+    greedy = out[0, POSITIONS:].tolist()
+    with torch.no_grad():  # the same forward in float64: how far float32 itself is from the exact values
+        logits64 = copy.deepcopy(model).to(torch.float64)(torch.tensor([ids])).logits[0].numpy()
+    rows = lambda a: [[round(float(v), 7) for v in row] for row in a]
+    return {"ids": ids, "logits": rows(logits), "logits_float64": rows(logits64), "greedy": greedy,
+            "float32_vs_float64": float(np.abs(logits - logits64).max())}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="tests/data/families", help="the output folder")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--only", choices=sorted(FAMILIES), help="one family")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    for i, family in enumerate(sorted(FAMILIES)):
+        if args.only and family != args.only:
+            continue
+        model = make_model(family, args.seed + 100 * i)
+        d = os.path.join(args.out, family)
+        os.makedirs(d, exist_ok=True)
+        # The same values, half the bytes (a copy: .to() would also round the RoPE frequencies buffer).
+        copy.deepcopy(model).to(torch.float16).save_pretrained(d, safe_serialization=True)
+        for extra in ("generation_config.json",):
+            if os.path.exists(os.path.join(d, extra)):
+                os.remove(os.path.join(d, extra))
+        write_gguf(model, family, os.path.join(args.out, f"{family}.gguf"))
+        ref = reference(model, args.seed + 100 * i + 2)
+        ref.update({"family": family, "transformers": transformers.__version__, "torch": torch.__version__})
+        with open(os.path.join(args.out, f"{family}.json"), "w") as f:
+            json.dump(ref, f, separators=(",", ":"))
+            f.write("\n")
+        print(f"make_families: {family}: {sum(p.numel() for p in model.parameters())} parameters -> {d}",
+              file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
