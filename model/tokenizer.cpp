@@ -249,6 +249,11 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   std::sort(t->special_ids_.begin(), t->special_ids_.end(), [&](std::int32_t a, std::int32_t b) {
     return t->tokens_[a].size() > t->tokens_[b].size() || (t->tokens_[a].size() == t->tokens_[b].size() && a < b);
   });
+  for (std::int32_t id : t->special_ids_)  // longest first, as special_ids_
+    if (t->types_[id] == kTypeUserDefined && !t->tokens_[id].empty()) {
+      t->user_ids_.push_back(id);
+      t->user_first_[static_cast<unsigned char>(t->tokens_[id][0])] = true;
+    }
   if (t->eos_ >= 0) t->eog_.push_back(t->eos_);
   for (const char* name :
        {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>", "</s>", "<|eom_id|>"}) {
@@ -417,14 +422,39 @@ std::vector<std::int32_t> Tokenizer::encode_parts(const std::vector<TextPart>& p
   std::vector<std::int32_t> out;
   bool at_start = true;
   std::string run;  // consecutive text parts are encoded together, as one text
+  auto encode_text = [&](std::string_view text) {
+    if (text.empty()) return;
+    if (kind_ == Kind::ByteBpe)
+      encode_text_bpe(text, out);
+    else
+      encode_text_spm(text, at_start, out);
+    at_start = false;
+  };
   auto flush = [&] {
     if (run.empty()) return;
     check_utf8(run);
-    if (kind_ == Kind::ByteBpe)
-      encode_text_bpe(run, out);
-    else
-      encode_text_spm(run, at_start, out);
-    at_start = false;
+    // User-defined tokens (Gemma's runs of spaces and newlines, "<table>", ...) stand for their text
+    // wherever it appears, as llama.cpp and Hugging Face match them: longest first, before the model.
+    std::size_t from = 0;
+    for (std::size_t i = 0; i < run.size() && !user_ids_.empty();) {
+      std::int32_t hit = -1;
+      if (user_first_[static_cast<unsigned char>(run[i])])
+        for (std::int32_t id : user_ids_)
+          if (run.compare(i, tokens_[id].size(), tokens_[id]) == 0) {
+            hit = id;
+            break;
+          }
+      if (hit < 0) {
+        ++i;
+        continue;
+      }
+      encode_text(std::string_view(run).substr(from, i - from));
+      out.push_back(hit);
+      at_start = false;
+      i += tokens_[hit].size();
+      from = i;
+    }
+    encode_text(std::string_view(run).substr(from));
     run.clear();
   };
   for (const auto& p : parts) {

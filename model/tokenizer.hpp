@@ -75,6 +75,8 @@ class Tokenizer {
   std::unordered_map<std::string, std::int32_t> index_;
   std::unordered_map<std::string, std::int32_t> merge_rank_;  // "left right" -> rank
   std::vector<std::int32_t> special_ids_;                     // longest text first
+  std::vector<std::int32_t> user_ids_;                        // the user-defined ones among them
+  bool user_first_[256] = {};                                 // first bytes of their texts
   std::vector<std::unique_ptr<Regex>> split_;
   std::int32_t bos_ = -1, eos_ = -1, unk_ = -1;
   bool add_bos_ = false, add_space_prefix_ = true;

@@ -204,6 +204,30 @@ TEST_CASE("SentencePiece BPE on a small vocabulary: merges by score, byte fallba
   const auto z = tok->encode("z", false, false);  // not in the vocabulary: byte fallback
   CHECK(z == std::vector<std::int32_t>{3, static_cast<std::int32_t>(21 + 'z')});
   CHECK(tok->decode(z) == "z");
+
+  // User-defined tokens (Gemma's runs of spaces, "\n\n") stand for their text wherever it appears, longest
+  // first and before the merges, as llama.cpp matches them; the space prefix goes to the text before them.
+  toks.push_back("  ");
+  toks.push_back("\n\n");
+  toks.push_back("   ");
+  scores.insert(scores.end(), {-1000, -1000, -1000});
+  types.insert(types.end(), {4, 4, 4});
+  specactor::testing::GgufWriter u;
+  u.kv_str("tokenizer.ggml.model", "llama");
+  u.kv_str_array("tokenizer.ggml.tokens", toks);
+  u.kv_f32_array("tokenizer.ggml.scores", scores);
+  u.kv_i32_array("tokenizer.ggml.token_type", types);
+  u.kv_u32("tokenizer.ggml.bos_token_id", 1);
+  u.kv_u32("tokenizer.ggml.eos_token_id", 2);
+  u.kv_u32("tokenizer.ggml.unknown_token_id", 0);
+  auto uf = specactor::model::GgufFile::parse(u.bytes(), "spm-user.gguf");
+  auto ut = Tokenizer::from_gguf(*uf);
+  const auto n = static_cast<std::int32_t>(toks.size());
+  const std::int32_t two = n - 3, nl = n - 2, three = n - 1;
+  const auto runs = ut->encode("hello    w\n\n", false, false);
+  CHECK(runs == std::vector<std::int32_t>{13, three, 17, nl});  // ▁hello, "   ", ▁w, "\n\n"
+  CHECK(ut->decode(runs) == "hello    w\n\n");
+  CHECK(ut->encode("hello  ", false, false) == std::vector<std::int32_t>{13, two});
 }
 
 TEST_CASE("forward: top-5 logits and 32-token greedy continuations match the float64 reference") {
