@@ -104,11 +104,32 @@ void silu_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n
   }
 }
 
+// GELU's tanh form as a sigmoid: 0.5·(1 + tanh(u)) = 1 / (1 + e^(−2u)), so gelu(g) = g / (1 + e^(−2u))
+// with 2u = 2√(2/π)·(g + 0.044715·g³) — SiLU's shape, with exp_approx; the AVX2 loop performs the same
+// operations in the same order (this file is compiled without FMA contraction), so the twins agree.
+constexpr float kGeluA = 2.0f * 0.7978845608028654f, kGeluB = 0.044715f;
+
+namespace {
+SPECACTOR_OPS_AVX2 std::int64_t gelu_tanh_mul_avx2(float* out, const float* gate, const float* up, std::int64_t n) {
+  std::int64_t i = 0;
+  const __m256 a = _mm256_set1_ps(kGeluA), b = _mm256_set1_ps(kGeluB), one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(b, g), g), g);
+    const __m256 t = _mm256_mul_ps(a, _mm256_add_ps(g, cube));
+    const __m256 e = expdef::exp8(_mm256_sub_ps(_mm256_setzero_ps(), t));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+  }
+  return i;
+}
+}  // namespace
+
 void gelu_tanh_mul_cpu(float* out, const float* gate, const float* up, std::int64_t n) {
-  const float k0 = 0.7978845608028654f;  // √(2/π)
-  for (std::int64_t i = 0; i < n; ++i) {
+  std::int64_t i = cpu_path() != CpuPath::Scalar ? gelu_tanh_mul_avx2(out, gate, up, n) : 0;
+  for (; i < n; ++i) {
     const float g = gate[i];
-    out[i] = 0.5f * g * (1.0f + std::tanh(k0 * (g + 0.044715f * g * g * g))) * up[i];
+    const float t = kGeluA * (g + kGeluB * g * g * g);
+    out[i] = g / (1.0f + exp_approx(0.0f - t)) * up[i];
   }
 }
 
