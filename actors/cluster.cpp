@@ -535,7 +535,7 @@ std::unique_ptr<Cluster> Cluster::connect(const config::ServerArgs& args, const 
   if (!args.skip_tokenizer_init) {
     const std::string path = args.tokenizer_path ? *args.tokenizer_path : args.model_path;
     impl->tokenizer = model::Tokenizer::from_gguf(*model::GgufFile::open(path));
-    impl->chat = model::ChatTemplate::detect(impl->tokenizer->chat_template());
+    impl->chat = model::ChatTemplate::choose(args.chat_template, impl->tokenizer->chat_template());
   }
   impl->cfg = std::make_unique<caf::actor_system_config>();
   configure_actor_system(*impl->cfg);

@@ -96,7 +96,8 @@ std::unique_ptr<Engine::Impl> start(caf::actor_system& sys, config::Snapshot tar
     if (is_user_error(failure)) throw config::ConfigError(error_message(failure));
     throw std::runtime_error("the engine did not start: " + error_message(failure));
   }
-  if (impl->info.tokenizer) impl->chat = model::ChatTemplate::detect(impl->info.tokenizer->chat_template());
+  if (impl->info.tokenizer)
+    impl->chat = model::ChatTemplate::choose(impl->target->chat_template, impl->info.tokenizer->chat_template());
   return impl;
 }
 
@@ -174,6 +175,9 @@ std::vector<std::int32_t> EngineApi::tokenize(const GenerationRequest& r) const 
     } catch (const config::ConfigError& e) {
       throw config::ConfigError(std::string(name) + ": " + e.what());
     }
+  }
+  if (r.chat) {
+    if (const std::string why = chat_template().unusable_reason(); !why.empty()) throw config::ConfigError(why);
   }
   if (r.chat && !r.messages.empty()) {  // a whole conversation
     for (std::size_t i = 0; i < r.messages.size(); ++i) {

@@ -189,8 +189,6 @@ int cmd_generate(GenerateOptions o, const std::vector<std::string>& rest) {
                fast ? specactor::kernels::qpath_name(specactor::kernels::qpath())
                     : specactor::kernels::cpu_path_name(specactor::kernels::cpu_path()),
                fast ? "fast" : "exact", fast ? tile_note(specactor::kernels::tile_copy_bytes()) : std::string());
-  if (req.chat && sm::ChatTemplate::detect(engine->tokenizer()->chat_template()).format == sm::ChatFormat::Plain)
-    spdlog::warn("the model's chat template is not recognised (supported: ChatML, Llama-3); sending plain text");
 
   engine->prepare(req, flag_of);  // tokenized once; submit keeps these ids
   const std::vector<std::int32_t> prompt_ids = req.prompt_ids;

@@ -165,6 +165,7 @@ const std::vector<std::pair<std::string_view, std::vector<std::string_view>>>& c
       {"decode_attention_backend", {"auto", "cpu", "cuda"}},
       {"speculative_draft_attention_backend", {"auto", "cpu", "cuda"}},
       {"log_level", {"trace", "debug", "info", "warn", "error", "off"}},
+      {"chat_template", {"auto", "chatml", "llama3", "gemma", "plain"}},
   };
   return table;
 }

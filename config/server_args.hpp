@@ -136,6 +136,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(bool,          allow_context_length_above_model, false, "accept a --context-length above the model's trained length") \
   X(std::string,   json_model_override_args,   "{}",      "JSON object of model hyper-parameters overriding the file's, applied when the model config is built") \
   X(bool,          skip_tokenizer_init,        false,     "do not load a tokenizer; requests must carry token ids") \
+  X(std::string,   chat_template,              "auto",    "chat turns: auto (recognised from the model's tokenizer.chat_template: ChatML, Llama-3, Gemma; chat requests are refused when it is absent or not one of them) | chatml | llama3 | gemma | plain (the messages' text, blank lines between)") \
   /* ---- runtime ---- */                                                                              \
   X(Device,        device,                     Device::Auto, "compute device: auto|cpu|cuda (auto = cuda when a usable GPU exists)") \
   X(std::int64_t,  tp_size,                    1,         "tensor-parallel ranks for the target model") \

@@ -1,5 +1,10 @@
 #include "model/chat.hpp"
 
+#include <utility>
+
+#include "config/error.hpp"
+#include "config/input.hpp"
+
 namespace specactor::model {
 
 std::string_view to_string(ChatFormat f) {
@@ -8,14 +13,50 @@ std::string_view to_string(ChatFormat f) {
       return "chatml";
     case ChatFormat::Llama3:
       return "llama3";
+    case ChatFormat::Gemma:
+      return "gemma";
     case ChatFormat::Plain:
       return "plain";
+    case ChatFormat::None:
+      return "none";
   }
-  return "plain";
+  return "none";
+}
+
+ChatTemplate ChatTemplate::choose(std::string_view setting, std::string_view t) {
+  ChatTemplate c = detect(t);
+  if (setting == "auto" || setting.empty()) return c;
+  ChatTemplate forced;
+  forced.model_template = c.model_template;
+  if (setting == "chatml") {
+    forced = c.format == ChatFormat::ChatML ? c : forced;  // keeps the model's default system turn
+    forced.format = ChatFormat::ChatML;
+  } else if (setting == "llama3") {
+    forced.format = ChatFormat::Llama3;
+  } else if (setting == "gemma") {
+    forced.format = ChatFormat::Gemma;
+  } else if (setting == "plain") {
+    forced.format = ChatFormat::Plain;
+  } else {
+    throw config::ConfigError("--chat-template: expected one of auto|chatml|llama3|gemma|plain, got '" +
+                              config::printable(std::string(setting)) + "'");
+  }
+  return forced;
+}
+
+std::string ChatTemplate::unusable_reason() const {
+  if (format != ChatFormat::None) return "";
+  if (model_template.empty())
+    return "the model has no chat template (a base model?): send a completion, or start with --chat-template "
+           "chatml|llama3|gemma|plain";
+  return "the model's chat template is not one specactor renders (ChatML, Llama-3, Gemma): start with "
+         "--chat-template chatml|llama3|gemma|plain, whichever the model was trained with";
 }
 
 ChatTemplate ChatTemplate::detect(std::string_view t) {
   ChatTemplate c;
+  c.model_template = std::string(t);
+  c.format = ChatFormat::None;
   if (t.find("<|im_start|>") != std::string_view::npos) {
     c.format = ChatFormat::ChatML;
     // SmolLM-style templates insert a literal default system turn: '<|im_start|>system\n...<|im_end|>'.
@@ -31,6 +72,8 @@ ChatTemplate ChatTemplate::detect(std::string_view t) {
     }
   } else if (t.find("<|start_header_id|>") != std::string_view::npos) {
     c.format = ChatFormat::Llama3;
+  } else if (t.find("<start_of_turn>") != std::string_view::npos) {
+    c.format = ChatFormat::Gemma;
   }
   return c;
 }
@@ -77,7 +120,34 @@ std::vector<TextPart> ChatTemplate::render_parts(const std::vector<ChatMessage>&
         text("\n\n");
       }
       break;
+    case ChatFormat::Gemma: {
+      // Gemma's turns: user and model only; a system turn's text opens the first user turn.
+      std::string pending_system;
+      for (const auto& m : messages) {
+        if (m.role == "system") {
+          pending_system += m.content + "\n\n";
+          continue;
+        }
+        marker("<start_of_turn>");
+        text((m.role == "assistant" ? std::string("model") : m.role) + "\n" +
+             (m.role == "user" ? std::exchange(pending_system, std::string()) : std::string()) + m.content);
+        marker("<end_of_turn>");
+        text("\n");
+      }
+      if (!pending_system.empty()) {  // only a system turn: it becomes the user turn
+        marker("<start_of_turn>");
+        text("user\n" + pending_system.substr(0, pending_system.size() - 2));
+        marker("<end_of_turn>");
+        text("\n");
+      }
+      if (add_generation_prompt) {
+        marker("<start_of_turn>");
+        text("model\n");
+      }
+      break;
+    }
     case ChatFormat::Plain:
+    case ChatFormat::None:
       for (std::size_t i = 0; i < messages.size(); ++i) text((i ? "\n\n" : "") + messages[i].content);
       if (add_generation_prompt && !messages.empty()) text("\n\n");
       break;

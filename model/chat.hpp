@@ -1,6 +1,7 @@
 // model/chat.hpp — chat formatting chosen from the model's `tokenizer.chat_template`.
-// Jinja is not interpreted: the template is recognised (ChatML, Llama-3) and rendered natively;
-// anything else falls back to plain text (the caller warns).
+// Jinja is not interpreted: the template is recognised (ChatML, Llama-3, Gemma) and rendered natively;
+// a model without a template, or with another one, has no chat format until --chat-template names one
+// (chat requests are refused with that advice, never rendered as guesswork).
 #pragma once
 
 #include <string>
@@ -11,7 +12,7 @@
 
 namespace specactor::model {
 
-enum class ChatFormat { ChatML, Llama3, Plain };
+enum class ChatFormat { ChatML, Llama3, Gemma, Plain, None };
 std::string_view to_string(ChatFormat f);
 
 struct ChatMessage {
@@ -24,6 +25,12 @@ struct ChatTemplate {
   std::string default_system;  // system turn the template inserts when the conversation has none
 
   static ChatTemplate detect(std::string_view jinja_template);
+  // The format --chat-template asks for: "auto" = detect(jinja_template), else that format (throws
+  // config::ConfigError on an unknown name).
+  static ChatTemplate choose(std::string_view setting, std::string_view jinja_template);
+  // Why chat requests cannot be formatted ("" when they can): names what the model has and the flag.
+  std::string unusable_reason() const;
+  std::string model_template;  // what the model's metadata held (empty: none)
   // The prompt as parts: the template's special tokens are markers, everything else (the template's
   // text and the messages' content) is text (Tokenizer::encode_parts).
   std::vector<TextPart> render_parts(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;

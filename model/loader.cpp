@@ -143,7 +143,7 @@ LoadedModel load_model(const config::ServerArgs& s, const LlamaWeights::Progress
     if (m.tokenizer->vocab_size() != m.config.vocab_size)
       throw GgufError(s.model_path + ": the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +
                       " tokens but the model's vocabulary is " + std::to_string(m.config.vocab_size));
-    m.chat = ChatTemplate::detect(m.tokenizer->chat_template());
+    m.chat = ChatTemplate::choose(s.chat_template, m.tokenizer->chat_template());
   }
   return m;
 }

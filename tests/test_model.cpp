@@ -130,7 +130,7 @@ TEST_CASE("streaming detokenizer never emits half a UTF-8 character") {
   CHECK(complete_utf8_prefix("\xFF") == 1);
 }
 
-TEST_CASE("chat templates: ChatML with SmolLM's default system turn, Llama-3, unknown") {
+TEST_CASE("chat templates: ChatML with SmolLM's default system turn, Llama-3, Gemma, unknown, --chat-template") {
   const std::string smollm =
       "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
       "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' "
@@ -150,7 +150,25 @@ TEST_CASE("chat templates: ChatML with SmolLM's default system turn, Llama-3, un
   CHECK(l3.render({{"user", "Hi"}}) ==
         "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_"
         "header_id|>\n\n");
-  CHECK(ChatTemplate::detect("{{ messages }}").format == ChatFormat::Plain);
+  // Gemma's turns: "model" for the assistant, a system turn's text opening the first user turn.
+  const ChatTemplate g = ChatTemplate::detect("{{ bos_token }}{{ '<start_of_turn>' + role + '\n' }}");
+  CHECK(g.format == ChatFormat::Gemma);
+  CHECK(g.render({{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}}) ==
+        "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
+        "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+  // Another template, or none: no format until --chat-template names one; the reason says which.
+  const ChatTemplate other = ChatTemplate::detect("{{ messages }}");
+  CHECK(other.format == ChatFormat::None);
+  CHECK(other.unusable_reason().find("not one specactor renders (ChatML, Llama-3, Gemma): start with --chat-template "
+                                     "chatml|llama3|gemma|plain") != std::string::npos);
+  CHECK(ChatTemplate::detect("").unusable_reason().find("the model has no chat template") != std::string::npos);
+  CHECK(ChatTemplate::choose("auto", "{{ messages }}").format == ChatFormat::None);
+  CHECK(ChatTemplate::choose("gemma", "{{ messages }}").format == ChatFormat::Gemma);
+  CHECK(ChatTemplate::choose("plain", "").unusable_reason().empty());
+  CHECK(ChatTemplate::choose("plain", "").render({{"user", "a"}, {"user", "b"}}) == "a\n\nb\n\n");
+  CHECK(ChatTemplate::choose("chatml", smollm).default_system == c.default_system);  // the model's own kept
+  CHECK(ChatTemplate::choose("llama3", smollm).format == ChatFormat::Llama3);
+  CHECK_THROWS_WITH(ChatTemplate::choose("jinja", ""), doctest::Contains("--chat-template: expected one of"));
 }
 
 TEST_CASE("SentencePiece BPE on a small vocabulary: merges by score, byte fallback, spaces") {
