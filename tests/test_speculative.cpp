@@ -1010,6 +1010,21 @@ TEST_CASE("tiny model: STANDALONE and self-speculation are lossless, a mismatche
   fs::remove(p);
 }
 
+TEST_CASE("families: NGRAM and SUFFIX are lossless on tiny qwen2, qwen3 and gemma3 (answers cross its window of 16)") {
+  for (const char* family : {"qwen2", "qwen3", "gemma3"}) {
+    CAPTURE(std::string(family));
+    const std::string p = std::string(SPECACTOR_SOURCE_DIR) + "/tests/data/families/" + family + ".gguf";
+    const auto reqs = tiny_requests(24);  // prompts of 6 .. 41 tokens, 24 new: up to 65 positions
+    check_lossless({"--model-path", p, "--log-level", "warn", "--max-total-tokens", "4096", "--skip-tokenizer-init"},
+                   reqs,
+                   {{"--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "3", "--speculative-num-steps", "3",
+                     "--speculative-num-draft-tokens", "7", "--speculative-adaptive", "false"},
+                    {"--speculative-algorithm", "NGRAM"},
+                    {"--speculative-algorithm", "SUFFIX", "--speculative-suffix-min-match", "1",
+                     "--speculative-adaptive", "false"}});
+  }
+}
+
 TEST_CASE("sampling through the loop: speculative tokens follow the plain sampler's distribution") {
   specactor::testing::TinyLlamaShape s;
   s.vocab = 96;
