@@ -66,7 +66,7 @@ ConcurrentRate concurrent_run(sa::Engine& engine, const std::vector<Prompt>& pro
     sa::GenerationRequest r;
     const Prompt& p = prompts[static_cast<std::size_t>(i) % prompts.size()];
     r.prompt = p.text;
-    r.chat = true;
+    r.chat = p.chat;
     r.max_new_tokens = p.max_new > 0 ? p.max_new : max_new;
     r.speculative = speculative;
     lock.unlock();
@@ -101,7 +101,8 @@ ConcurrentResult run_concurrent(const std::vector<std::string>& args, const std:
   // of this batch size, as they would in a server that has been running.
   std::vector<Prompt> warm;
   for (std::int64_t i = 0; i < n; ++i)
-    warm.push_back({"warm-up", "Write a few sentences about the number " + std::to_string(i + 1) + "."});
+    warm.push_back({"warm-up", "Write a few sentences about the number " + std::to_string(i + 1) + ".", 0,
+                    prompts.empty() || prompts.front().chat});  // completions for a set of completions
   for (int k = 0; k < repeats; ++k)
     for (bool plain_first : {true, false}) {  // plain then speculative, then the other way round
       auto engine = sa::Engine::from_argv(args);

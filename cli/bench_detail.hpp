@@ -19,6 +19,7 @@ using json = nlohmann::json;
 struct Prompt {
   std::string category, text;
   std::int64_t max_new = 0;  // its own "max_new_tokens" (0: the run's --max-new-tokens)
+  bool chat = true;          // "chat": false sends the text as a completion (base models)
 };
 
 // A prompt may contain {previous}: the answer to the prompt before it goes there (an edit loop that

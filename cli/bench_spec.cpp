@@ -101,6 +101,11 @@ std::vector<Prompt> load_prompts(const std::string& path) {
     if (j.contains("category") && !j["category"].is_string())
       throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) + ": \"category\" must be a string");
     Prompt pr{j.value("category", "all"), j["prompt"].get<std::string>()};
+    if (j.contains("chat")) {
+      if (!j["chat"].is_boolean())
+        throw sc::ConfigError("--prompts " + path + ":" + std::to_string(lineno) + ": \"chat\" must be true or false");
+      pr.chat = j["chat"].get<bool>();
+    }
     if (j.contains("max_new_tokens")) {
       const json& m = j["max_new_tokens"];
       if (!m.is_number_integer() || m.get<std::int64_t>() < 1 || m.get<std::int64_t>() > 4096)
@@ -142,7 +147,7 @@ std::vector<Prompt> resolve_chain(const std::vector<std::string>& args, std::vec
     if (prompts[i + 1].text.find(kPrevious) == std::string::npos) continue;
     sa::GenerationRequest r;
     r.prompt = prompts[i].text;
-    r.chat = true;
+    r.chat = prompts[i].chat;
     r.max_new_tokens = prompts[i].max_new > 0 ? prompts[i].max_new : max_new;
     r.speculative = false;
     const sa::GenerationResult g = engine->generate(r);
@@ -170,14 +175,14 @@ void run_prompts(const std::vector<std::string>& args, const std::vector<Prompt>
     auto engine = sa::Engine::from_argv(args);
     sa::GenerationRequest warm;
     warm.prompt = "Hello";
-    warm.chat = true;
+    warm.chat = prompts.empty() || prompts.front().chat;
     warm.max_new_tokens = 4;
     warm.speculative = false;
     engine->generate(warm);
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       sa::GenerationRequest r;
       r.prompt = prompts[i].text;
-      r.chat = true;
+      r.chat = prompts[i].chat;
       r.max_new_tokens = prompts[i].max_new > 0 ? prompts[i].max_new : max_new;
       // The order alternates between rounds: whichever runs second on a prompt decodes measurably
       // slower (~4 % here, on prompts that drafted nothing), so a fixed order would favour one side.
