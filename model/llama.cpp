@@ -174,11 +174,13 @@ const float* WeightBinder::vector(const std::string& name, std::int64_t n, Slice
       reinterpret_cast<std::uintptr_t>(t.data) % alignof(float) == 0)
     return reinterpret_cast<const float*>(t.data);
   std::vector<float> all(static_cast<std::size_t>(n), 1.0f);
-  if (!dummy_) k::dequantize_row(static_cast<k::WeightType>(t.ggml_type), t.data, all.data(), static_cast<std::size_t>(n));
+  if (!dummy_)
+    k::dequantize_row(static_cast<k::WeightType>(t.ggml_type), t.data, all.data(), static_cast<std::size_t>(n));
   auto& buf = owned_.emplace_back(static_cast<std::size_t>(slice.end - slice.begin) * sizeof(float));
   auto* f = reinterpret_cast<float*>(buf.data());
   for (std::int64_t i = slice.begin; i < slice.end; ++i)
-    f[i - slice.begin] = plus_one && !dummy_ ? 1.0f + all[static_cast<std::size_t>(i)] : all[static_cast<std::size_t>(i)];
+    f[i - slice.begin] =
+        plus_one && !dummy_ ? 1.0f + all[static_cast<std::size_t>(i)] : all[static_cast<std::size_t>(i)];
   return f;
 }
 
@@ -248,7 +250,8 @@ std::shared_ptr<const LlamaWeights> LlamaWeights::load(std::shared_ptr<const Ten
     if (fam.sandwich_norms) {
       L.post_attn_norm =
           norm(layer_name(l, "post_attention_norm.weight", std::string(fam.hf_post_attn_norm).c_str()), c.hidden);
-      L.post_ffn_norm = norm(layer_name(l, "post_ffw_norm.weight", std::string(fam.hf_post_ffn_norm).c_str()), c.hidden);
+      L.post_ffn_norm =
+          norm(layer_name(l, "post_ffw_norm.weight", std::string(fam.hf_post_ffn_norm).c_str()), c.hidden);
     }
     L.gate = bind.matrix(layer_name(l, "ffn_gate.weight", "mlp.gate_proj.weight"), c.ffn, c.hidden, f_rows);
     L.up = bind.matrix(layer_name(l, "ffn_up.weight", "mlp.up_proj.weight"), c.ffn, c.hidden, f_rows);
@@ -358,8 +361,12 @@ bool LlamaRunner::add_window_jobs(const ForwardSeq& s, const k::PagedKvView& vie
       for (std::int64_t j = 0; j < n; ++j)
         if (pos_[static_cast<std::size_t>(r0 + j)] < lo) word &= ~(1ull << j);
       window_mask_[static_cast<std::size_t>(r0 + i)] = word;
-      attn_jobs_.push_back({q, 1, {view, start, old_len - start}, {view, old_len, n},
-                            &window_mask_[static_cast<std::size_t>(r0 + i)], o});
+      attn_jobs_.push_back({q,
+                            1,
+                            {view, start, old_len - start},
+                            {view, old_len, n},
+                            &window_mask_[static_cast<std::size_t>(r0 + i)],
+                            o});
     }
   }
   return true;

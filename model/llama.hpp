@@ -33,9 +33,9 @@ struct LlamaConfig {
   std::int64_t vocab_size = 0, hidden = 0, ffn = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0,
                rope_dim = 0, context_length = 0;
   double rope_base = 10000.0, norm_eps = 1e-5;
-  bool rope_neox = false;        // GGUF llama: adjacent pairs; Hugging Face checkpoints: half split
-  bool tied_embeddings = false;  // Hugging Face config's tie_word_embeddings (GGUF: no output.weight)
-  Family family = Family::Llama;  // model/family.hpp: what this forward does beyond llama's
+  bool rope_neox = false;                    // GGUF llama: adjacent pairs; Hugging Face checkpoints: half split
+  bool tied_embeddings = false;              // Hugging Face config's tie_word_embeddings (GGUF: no output.weight)
+  Family family = Family::Llama;             // model/family.hpp: what this forward does beyond llama's
   std::int64_t sliding_window = 0;           // window of the sliding layers (0: none)
   std::vector<std::uint8_t> sliding_layers;  // per layer: 1 = sliding window, RoPE base rope_base_local
   double rope_base_local = 0.0, rope_linear_factor = 1.0;
@@ -210,7 +210,7 @@ class LlamaRunner final : public ForwardRunner {
   std::shared_ptr<const LlamaWeights> w_;
   kernels::Precision precision_;
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, rope_cs_, rope_local_cs_, norm_tmp_;
-  std::vector<std::uint64_t> window_mask_;  // sliding layers: one mask word per split-off query
+  std::vector<std::uint64_t> window_mask_;        // sliding layers: one mask word per split-off query
   std::vector<kernels::AttentionJob> attn_jobs_;  // one per sequence, rebuilt per layer
   std::vector<KvCache::Seq> foreign_;             // per sequence: another pool's page table (prefix_kv)
   std::vector<std::vector<std::uint64_t>> own_mask_;

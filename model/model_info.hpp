@@ -18,27 +18,27 @@ std::string_view to_string(TokenizerKind k);
 
 struct ModelInfo {
   std::string path;
-  std::string architecture;                       // general.architecture, e.g. "llama"
-  Family family = Family::Llama;                  // what the forward does differently (model/family.hpp)
-  std::string name;                               // general.name (may be empty)
-  std::int64_t context_length = 0;                // {arch}.context_length, tokens
-  std::int64_t vocab_size = 0;                    // {arch}.vocab_size, else the tokenizer's token count
-  std::int64_t num_layers = 0;                    // {arch}.block_count
-  std::int64_t hidden_size = 0;                   // {arch}.embedding_length
-  std::int64_t ffn_hidden_size = 0;               // {arch}.feed_forward_length
-  std::int64_t num_heads = 0;                     // {arch}.attention.head_count
-  std::int64_t num_kv_heads = 0;                  // {arch}.attention.head_count_kv (default: num_heads)
-  std::int64_t head_dim = 0;                      // {arch}.attention.key_length, else hidden_size / num_heads
-  std::int64_t rope_dim = 0;                      // {arch}.rope.dimension_count (default: head_dim)
-  double rope_base = 10000.0;                     // {arch}.rope.freq_base
-  double norm_eps = 1e-5;                         // {arch}.attention.layer_norm_rms_epsilon
+  std::string architecture;          // general.architecture, e.g. "llama"
+  Family family = Family::Llama;     // what the forward does differently (model/family.hpp)
+  std::string name;                  // general.name (may be empty)
+  std::int64_t context_length = 0;   // {arch}.context_length, tokens
+  std::int64_t vocab_size = 0;       // {arch}.vocab_size, else the tokenizer's token count
+  std::int64_t num_layers = 0;       // {arch}.block_count
+  std::int64_t hidden_size = 0;      // {arch}.embedding_length
+  std::int64_t ffn_hidden_size = 0;  // {arch}.feed_forward_length
+  std::int64_t num_heads = 0;        // {arch}.attention.head_count
+  std::int64_t num_kv_heads = 0;     // {arch}.attention.head_count_kv (default: num_heads)
+  std::int64_t head_dim = 0;         // {arch}.attention.key_length, else hidden_size / num_heads
+  std::int64_t rope_dim = 0;         // {arch}.rope.dimension_count (default: head_dim)
+  double rope_base = 10000.0;        // {arch}.rope.freq_base
+  double norm_eps = 1e-5;            // {arch}.attention.layer_norm_rms_epsilon
   // Sliding-window attention (gemma3): layer l attends to the last `sliding_window` positions when
   // sliding_layers[l] is 1; those layers rotate with rope_base_local. Empty = every layer global.
   std::int64_t sliding_window = 0;
   std::vector<std::uint8_t> sliding_layers;
   double rope_base_local = 0.0;
-  double rope_linear_factor = 1.0;  // linear RoPE scaling of the global layers (positions ÷ factor)
-  double attn_scale = 0.0;          // query scale; 0 = 1/√head_dim
+  double rope_linear_factor = 1.0;                // linear RoPE scaling of the global layers (positions ÷ factor)
+  double attn_scale = 0.0;                        // query scale; 0 = 1/√head_dim
   TokenizerKind tokenizer = TokenizerKind::None;  // from tokenizer.ggml.model: gpt2 | llama
   std::string tokenizer_pre;                      // tokenizer.ggml.pre (pre-tokenizer flavour), may be empty
   std::int64_t bos_token_id = -1;

@@ -1,10 +1,10 @@
 // model/runner.cpp — the CPU runner, or the CUDA one (see runner.hpp).
 #include "model/runner.hpp"
 
-#include "config/error.hpp"
-
 #include <stdexcept>
 #include <string>
+
+#include "config/error.hpp"
 
 #ifdef SPECACTOR_HAVE_CUDA
 #include "kernels/cuda/device_model.hpp"

@@ -172,8 +172,10 @@ ModelInfo read_hf_model_info(const std::string& path) {
     if (c.contains("text_config"))
       fail("model_type '" + config::printable(model_type) +
            "' is a multimodal checkpoint (text_config); only its text model in a checkpoint of its own is supported");
-    fail("model_type '" + config::printable(model_type) + "' is not supported (supported: llama, mistral, qwen2, "
-         "qwen3, gemma3_text — the architectures " + supported_architectures() + ")");
+    fail("model_type '" + config::printable(model_type) +
+         "' is not supported (supported: llama, mistral, qwen2, "
+         "qwen3, gemma3_text — the architectures " +
+         supported_architectures() + ")");
   }
   m.architecture = std::string(fam->name);
   m.family = fam->family;

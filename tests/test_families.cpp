@@ -209,26 +209,51 @@ TEST_CASE("families: what the forward does not do is refused, naming the field")
     CAPTURE(got);
     CHECK(got.find(want) != std::string::npos);
   };
-  refused("qwen2", [](json& c) { c["model_type"] = "phi3"; },
-          "model_type 'phi3' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3_text");
-  refused("qwen2", [](json& c) { c["use_sliding_window"] = true; }, "'use_sliding_window' = true is not supported");
-  refused("qwen3", [](json& c) { c["attention_bias"] = true; }, "'attention_bias' = true is not supported");
-  refused("qwen3", [](json& c) { c["hidden_act"] = "gelu"; }, "'hidden_act' = \"gelu\" is not supported");
-  refused("qwen3", [](json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; },
-          "'rope_scaling' {\"factor\":4,\"rope_type\":\"yarn\"} is not supported");
-  refused("gemma3", [](json& c) { c["final_logit_softcapping"] = 30.0; },
-          "'final_logit_softcapping' = 30.0 is not supported (expected null)");
-  refused("gemma3", [](json& c) { c["layer_types"].erase(0); }, "'layer_types' must list one type per layer (6)");
-  refused("gemma3", [](json& c) { c["layer_types"][0] = "chunked_attention"; }, "'layer_types' holds \"chunked_attention\"");
-  refused("gemma3", [](json& c) { c.erase("sliding_window"); }, "'sliding_window' must be a positive integer");
-  refused("gemma3", [](json& c) { c["use_bidirectional_attention"] = true; },
-          "'use_bidirectional_attention' = true is not supported");
-  refused("gemma3", [](json& c) { c["model_type"] = "gemma3"; c["text_config"] = json::object(); },
-          "is a multimodal checkpoint (text_config)");
+  refused(
+      "qwen2", [](json& c) { c["model_type"] = "phi3"; },
+      "model_type 'phi3' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3_text");
+  refused(
+      "qwen2", [](json& c) { c["use_sliding_window"] = true; }, "'use_sliding_window' = true is not supported");
+  refused(
+      "qwen3", [](json& c) { c["attention_bias"] = true; }, "'attention_bias' = true is not supported");
+  refused(
+      "qwen3", [](json& c) { c["hidden_act"] = "gelu"; }, "'hidden_act' = \"gelu\" is not supported");
+  refused(
+      "qwen3",
+      [](json& c) {
+        c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}};
+      },
+      "'rope_scaling' {\"factor\":4,\"rope_type\":\"yarn\"} is not supported");
+  refused(
+      "gemma3", [](json& c) { c["final_logit_softcapping"] = 30.0; },
+      "'final_logit_softcapping' = 30.0 is not supported (expected null)");
+  refused(
+      "gemma3", [](json& c) { c["layer_types"].erase(0); }, "'layer_types' must list one type per layer (6)");
+  refused(
+      "gemma3", [](json& c) { c["layer_types"][0] = "chunked_attention"; },
+      "'layer_types' holds \"chunked_attention\"");
+  refused(
+      "gemma3", [](json& c) { c.erase("sliding_window"); }, "'sliding_window' must be a positive integer");
+  refused(
+      "gemma3", [](json& c) { c["use_bidirectional_attention"] = true; },
+      "'use_bidirectional_attention' = true is not supported");
+  refused(
+      "gemma3",
+      [](json& c) {
+        c["model_type"] = "gemma3";
+        c["text_config"] = json::object();
+      },
+      "is a multimodal checkpoint (text_config)");
   // A family's own tensors are required: Qwen2 without a bias, Qwen3 without a q norm.
-  refused("qwen3", [](json& c) { c["model_type"] = "qwen2"; }, "missing tensor 'model.layers.0.self_attn.q_proj.bias'");
-  refused("qwen2", [](json& c) { c["model_type"] = "qwen3"; c["head_dim"] = 16; },
-          "missing tensor 'model.layers.0.self_attn.q_norm.weight'");
+  refused(
+      "qwen3", [](json& c) { c["model_type"] = "qwen2"; }, "missing tensor 'model.layers.0.self_attn.q_proj.bias'");
+  refused(
+      "qwen2",
+      [](json& c) {
+        c["model_type"] = "qwen3";
+        c["head_dim"] = 16;
+      },
+      "missing tensor 'model.layers.0.self_attn.q_norm.weight'");
   CHECK(error_with("qwen3", [](json&) {}) == "(loaded)");
   fs::remove_all(dir);
 
@@ -237,8 +262,9 @@ TEST_CASE("families: what the forward does not do is refused, naming the field")
   specactor::config::ServerArgs cuda;
   cuda.device = specactor::config::Device::Cuda;
   KvCache kv = make_kv(m);
-  CHECK_THROWS_WITH(make_runner(m.weights, cuda, 0, 1, kv),
-                    doctest::Contains("the CUDA forward runs the llama architecture only; 'qwen3' runs with --device cpu"));
+  CHECK_THROWS_WITH(
+      make_runner(m.weights, cuda, 0, 1, kv),
+      doctest::Contains("the CUDA forward runs the llama architecture only; 'qwen3' runs with --device cpu"));
 }
 
 TEST_CASE("families: the loader mutations of the llama path, on every family's files") {
@@ -270,9 +296,9 @@ TEST_CASE("families: the loader mutations of the llama path, on every family's f
     const char* tensor;  // a tensor only this family has
     const char* shape;
   };
-  for (const Own& o : {Own{"llama", "blk.1.ffn_up.weight", "[64, 128]"}, Own{"qwen2", "blk.1.attn_k.bias", "[32]"},
-                       Own{"qwen3", "blk.2.attn_q_norm.weight", "[32]"},
-                       Own{"gemma3", "blk.4.post_ffw_norm.weight", "[64]"}}) {
+  for (const Own& o :
+       {Own{"llama", "blk.1.ffn_up.weight", "[64, 128]"}, Own{"qwen2", "blk.1.attn_k.bias", "[32]"},
+        Own{"qwen3", "blk.2.attn_q_norm.weight", "[32]"}, Own{"gemma3", "blk.4.post_ffw_norm.weight", "[64]"}}) {
     CAPTURE(std::string(o.family));
     const std::string bytes = read(kDir + o.family + ".gguf");
     CHECK(error_of(bytes) == "(loaded)");
@@ -300,7 +326,7 @@ TEST_CASE("families: the loader mutations of the llama path, on every family's f
       const auto at = hostile.find(k + key);
       REQUIRE(at != std::string::npos);
       const std::size_t value = at + 8 + key.size() + 4;  // after the u32 value type
-      hostile[value] = 7;  // 4 heads -> 7: 2 KV heads do not divide it
+      hostile[value] = 7;                                 // 4 heads -> 7: 2 KV heads do not divide it
       hostile[value + 1] = hostile[value + 2] = hostile[value + 3] = 0;
     }
     const std::string e = error_of(hostile);

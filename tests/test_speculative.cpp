@@ -1017,8 +1017,8 @@ TEST_CASE("families: NGRAM and SUFFIX are lossless on tiny qwen2, qwen3 and gemm
     const auto reqs = tiny_requests(24);  // prompts of 6 .. 41 tokens, 24 new: up to 65 positions
     check_lossless({"--model-path", p, "--log-level", "warn", "--max-total-tokens", "4096", "--skip-tokenizer-init"},
                    reqs,
-                   {{"--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "3", "--speculative-num-steps", "3",
-                     "--speculative-num-draft-tokens", "7", "--speculative-adaptive", "false"},
+                   {{"--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "3", "--speculative-num-steps",
+                     "3", "--speculative-num-draft-tokens", "7", "--speculative-adaptive", "false"},
                     {"--speculative-algorithm", "NGRAM"},
                     {"--speculative-algorithm", "SUFFIX", "--speculative-suffix-min-match", "1",
                      "--speculative-adaptive", "false"}});

@@ -46,12 +46,13 @@ void exp_approx_many(const float* x, std::int64_t n, float* y, bool simd) {
   for (; i < n; ++i) y[i] = exp_approx(x[i]);
 }
 
-void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base,
-                    float* table, double linear_factor) {
+void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base, float* table,
+                    double linear_factor) {
   const std::int64_t half = rope_dim / 2;
   for (std::int64_t t = 0; t < n_tok; ++t)
     for (std::int64_t i = 0; i < half; ++i) {
-      const double theta = positions[t] / linear_factor * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
+      const double theta =
+          positions[t] / linear_factor * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
       table[t * rope_dim + i] = static_cast<float>(std::cos(theta));
       table[t * rope_dim + half + i] = static_cast<float>(std::sin(theta));
     }

@@ -16,8 +16,8 @@ void rope_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t h
 // The same in two steps, so a forward pass computes the angles once for all layers:
 // table (n_tok, rope_dim) holds cos of pair i at [t][i] and sin at [t][rope_dim/2 + i].
 // linear_factor > 1: linear RoPE scaling (each position divided by it).
-void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base,
-                    float* table, double linear_factor = 1.0);
+void rope_table_cpu(const std::int32_t* positions, std::int64_t n_tok, std::int64_t rope_dim, double base, float* table,
+                    double linear_factor = 1.0);
 void rope_apply_cpu(float* x, std::int64_t n_tok, std::int64_t n_heads, std::int64_t head_dim, std::int64_t rope_dim,
                     const float* table, bool neox);
 
