@@ -173,7 +173,6 @@ TEST_CASE("chat templates: ChatML with SmolLM's default system turn, Llama-3, Ge
 
 TEST_CASE("SentencePiece BPE on a small vocabulary: merges by score, byte fallback, spaces") {
   specactor::testing::GgufWriter w;
-  w.kv_str("tokenizer.ggml.model", "llama");
   std::vector<std::string> toks = {"<unk>",
                                    "<s>",
                                    "</s>",
@@ -206,14 +205,18 @@ TEST_CASE("SentencePiece BPE on a small vocabulary: merges by score, byte fallba
     scores.push_back(0);
     types.push_back(6);
   }
-  w.kv_str_array("tokenizer.ggml.tokens", toks);
-  w.kv_f32_array("tokenizer.ggml.scores", scores);
-  w.kv_i32_array("tokenizer.ggml.token_type", types);
-  w.kv_u32("tokenizer.ggml.bos_token_id", 1);
-  w.kv_u32("tokenizer.ggml.eos_token_id", 2);
-  w.kv_u32("tokenizer.ggml.unknown_token_id", 0);
-  auto f = specactor::model::GgufFile::parse(w.bytes(), "spm.gguf");
-  auto tok = Tokenizer::from_gguf(*f);
+  // The vocabulary as a GGUF tokenizer (the writer is fresh each time).
+  auto spm = [&](specactor::testing::GgufWriter& g) {
+    g.kv_str("tokenizer.ggml.model", "llama");
+    g.kv_str_array("tokenizer.ggml.tokens", toks);
+    g.kv_f32_array("tokenizer.ggml.scores", scores);
+    g.kv_i32_array("tokenizer.ggml.token_type", types);
+    g.kv_u32("tokenizer.ggml.bos_token_id", 1);
+    g.kv_u32("tokenizer.ggml.eos_token_id", 2);
+    g.kv_u32("tokenizer.ggml.unknown_token_id", 0);
+    return Tokenizer::from_gguf(*specactor::model::GgufFile::parse(g.bytes(), "spm.gguf"));
+  };
+  auto tok = spm(w);
   CHECK(tok->kind() == Tokenizer::Kind::SentencePiece);
   const auto ids = tok->encode("hello world", true, false);
   // ▁h, ▁w, ▁he, ll, ▁hell, ▁hello, or merge by score; "▁wor" is not a token, so: <s> ▁hello ▁w or l d
@@ -231,15 +234,7 @@ TEST_CASE("SentencePiece BPE on a small vocabulary: merges by score, byte fallba
   scores.insert(scores.end(), {-1000, -1000, -1000});
   types.insert(types.end(), {4, 4, 4});
   specactor::testing::GgufWriter u;
-  u.kv_str("tokenizer.ggml.model", "llama");
-  u.kv_str_array("tokenizer.ggml.tokens", toks);
-  u.kv_f32_array("tokenizer.ggml.scores", scores);
-  u.kv_i32_array("tokenizer.ggml.token_type", types);
-  u.kv_u32("tokenizer.ggml.bos_token_id", 1);
-  u.kv_u32("tokenizer.ggml.eos_token_id", 2);
-  u.kv_u32("tokenizer.ggml.unknown_token_id", 0);
-  auto uf = specactor::model::GgufFile::parse(u.bytes(), "spm-user.gguf");
-  auto ut = Tokenizer::from_gguf(*uf);
+  auto ut = spm(u);
   const auto n = static_cast<std::int32_t>(toks.size());
   const std::int32_t two = n - 3, nl = n - 2, three = n - 1;
   const auto runs = ut->encode("hello    w\n\n", false, false);
