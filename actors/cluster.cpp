@@ -533,8 +533,7 @@ std::unique_ptr<Cluster> Cluster::connect(const config::ServerArgs& args, const 
   // The model's metadata and tokenizer only: the replicas hold the weights.
   impl->info = model::resolve_target(args).info;
   if (!args.skip_tokenizer_init) {
-    const std::string path = args.tokenizer_path ? *args.tokenizer_path : args.model_path;
-    impl->tokenizer = model::Tokenizer::from_gguf(*model::GgufFile::open(path));
+    impl->tokenizer = model::load_tokenizer(args);
     impl->chat = model::ChatTemplate::choose(args.chat_template, impl->tokenizer->chat_template());
   }
   impl->cfg = std::make_unique<caf::actor_system_config>();

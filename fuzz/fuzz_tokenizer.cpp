@@ -71,7 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (mode & 4) {
       const auto [system, user] = fuzz::split2(text, std::string_view("\0", 1));
       model::ChatTemplate chat = model::ChatTemplate::detect(user);
-      if (chat.format == model::ChatFormat::Plain) chat = model::ChatTemplate::detect("<|im_start|>");
+      if (chat.format == model::ChatFormat::None) chat = model::ChatTemplate::detect("<|im_start|>");
       model::check_utf8(system);
       model::check_utf8(user);
       ids = tok.encode_parts(chat.render_parts({{"system", std::string(system)}, {"user", std::string(user)}}), true);

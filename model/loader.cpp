@@ -113,6 +113,27 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
   return {std::move(target), std::move(info)};
 }
 
+std::shared_ptr<const Tokenizer> load_tokenizer(const config::ServerArgs& s, std::shared_ptr<const GgufFile> model_file) {
+  namespace fs = std::filesystem;
+  if (s.tokenizer_path) {
+    const std::string& p = *s.tokenizer_path;
+    if (fs::is_directory(p) && fs::exists(fs::path(p) / "tokenizer.json"))
+      return Tokenizer::from_tokenizer_json((fs::path(p) / "tokenizer.json").string());
+    if (p.ends_with(".json")) return Tokenizer::from_tokenizer_json(p);
+    return Tokenizer::from_gguf(*GgufFile::open(p));
+  }
+  if (uses_safetensors(s)) {
+    const fs::path dir = fs::is_directory(s.model_path) ? fs::path(s.model_path) : fs::path(s.model_path).parent_path();
+    if (fs::exists(dir / "tokenizer.json")) return Tokenizer::from_tokenizer_json((dir / "tokenizer.json").string());
+    throw GgufError(s.model_path +
+                    ": no tokenizer.json beside the checkpoint; --tokenizer-path names one (tokenizer.json, or a GGUF "
+                    "of the same model), or --skip-tokenizer-init runs it without one, for requests given as token ids "
+                    "only");
+  }
+  if (!model_file) model_file = GgufFile::open(s.model_path);
+  return Tokenizer::from_gguf(*model_file);
+}
+
 LoadedModel load_model(const config::ServerArgs& s, const LlamaWeights::Progress& progress, std::int64_t num_layers,
                        TpShard shard) {
   LoadedModel m;
@@ -132,14 +153,7 @@ LoadedModel load_model(const config::ServerArgs& s, const LlamaWeights::Progress
   m.config.rope_neox = naming == LlamaWeights::Naming::HuggingFace || m.config.desc().gguf_neox;
   m.weights = LlamaWeights::load(source, naming, m.config, s.load_format, num_layers, progress, shard);
   if (!s.skip_tokenizer_init) {
-    std::shared_ptr<const GgufFile> tok_file = m.file;
-    if (s.tokenizer_path) tok_file = GgufFile::open(*s.tokenizer_path);
-    if (!tok_file)
-      throw GgufError(s.model_path +
-                      ": a safetensors checkpoint takes its tokenizer from --tokenizer-path FILE.gguf, a GGUF "
-                      "of the same model (tokenizer.json is not read); --skip-tokenizer-init runs it without "
-                      "one, for requests given as token ids only");
-    m.tokenizer = Tokenizer::from_gguf(*tok_file);
+    m.tokenizer = load_tokenizer(s, m.file);
     if (m.tokenizer->vocab_size() != m.config.vocab_size)
       throw GgufError(s.model_path + ": the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +
                       " tokens but the model's vocabulary is " + std::to_string(m.config.vocab_size));

@@ -54,8 +54,13 @@ struct LoadedModel {
   ChatTemplate chat;
 };
 
-// Opens snap.model_path (GGUF or safetensors), checks it, binds the weights. The tokenizer comes
-// from the GGUF (for safetensors checkpoints: from --tokenizer-path FILE.gguf). `num_layers` > 0 keeps only the first
+// The tokenizer a snapshot names: --tokenizer-path (a GGUF, a tokenizer.json, or a folder holding one),
+// else a safetensors checkpoint's tokenizer.json, else the GGUF model's own metadata (`model_file`
+// when already open). Throws GgufError naming the file.
+std::shared_ptr<const Tokenizer> load_tokenizer(const config::ServerArgs& snap,
+                                                std::shared_ptr<const GgufFile> model_file = nullptr);
+
+// Opens snap.model_path (GGUF or safetensors), checks it, binds the weights. The tokenizer: load_tokenizer. `num_layers` > 0 keeps only the first
 // K layers (self-speculation). Throws GgufError naming the file/tensor.
 // `shard` picks one tensor-parallel rank's share of the weights (see TpShard).
 LoadedModel load_model(const config::ServerArgs& snap, const LlamaWeights::Progress& progress = {},

@@ -16,8 +16,6 @@ namespace specactor::model {
 
 namespace {
 
-constexpr int kTypeControl = 3, kTypeUserDefined = 4, kTypeByte = 6;
-
 // GPT-2's reversible map from bytes to printable code points.
 struct ByteMap {
   char32_t to_cp[256];
@@ -149,12 +147,16 @@ std::vector<std::string> merge_symbols(std::vector<std::string> sym, Priority&& 
 const char* kGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 const char* kLlama3 =
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Qwen2's: Llama-3's with digits one at a time.
+const char* kQwen2 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 std::vector<const char*> pre_regexes(const std::string& pre, bool& known) {
   known = true;
   if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "codeshell" || pre == "command-r")
     return {R"(\p{N})", kGpt2};
   if (pre == "llama-bpe" || pre == "llama3" || pre == "smaug-bpe") return {kLlama3};
+  if (pre == "qwen2" || pre == "deepseek-r1-qwen") return {kQwen2};
   if (pre == "gpt-2" || pre == "gpt2" || pre == "default" || pre.empty()) return {kGpt2};
   known = false;
   return {kGpt2};
@@ -200,7 +202,10 @@ struct Tokenizer::Regex {
   }
 };
 
+Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
+
+void Tokenizer::add_split(const std::string& regex) { split_.push_back(std::make_unique<Regex>(regex.c_str())); }
 
 std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   auto fail = [&](const std::string& what) { throw GgufError(f.path() + ": " + what); };
@@ -243,23 +248,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   if (f.has("tokenizer.chat_template")) t->chat_template_ = std::string(f.get_string("tokenizer.chat_template"));
   if (f.has("tokenizer.ggml.pre")) t->pre_ = std::string(f.get_string("tokenizer.ggml.pre"));
 
-  for (std::int64_t i = 0; i < n; ++i)
-    if (t->types_[i] == kTypeControl || t->types_[i] == kTypeUserDefined)
-      t->special_ids_.push_back(static_cast<std::int32_t>(i));
-  std::sort(t->special_ids_.begin(), t->special_ids_.end(), [&](std::int32_t a, std::int32_t b) {
-    return t->tokens_[a].size() > t->tokens_[b].size() || (t->tokens_[a].size() == t->tokens_[b].size() && a < b);
-  });
-  for (std::int32_t id : t->special_ids_)  // longest first, as special_ids_
-    if (t->types_[id] == kTypeUserDefined && !t->tokens_[id].empty()) {
-      t->user_ids_.push_back(id);
-      t->user_first_[static_cast<unsigned char>(t->tokens_[id][0])] = true;
-    }
-  if (t->eos_ >= 0) t->eog_.push_back(t->eos_);
-  for (const char* name :
-       {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>", "</s>", "<|eom_id|>"}) {
-    const std::int32_t id = t->find(name);
-    if (id >= 0 && std::find(t->eog_.begin(), t->eog_.end(), id) == t->eog_.end()) t->eog_.push_back(id);
-  }
+  t->index_specials();
 
   if (t->kind_ == Kind::ByteBpe) {
     const auto& merges = f.get_string_array("tokenizer.ggml.merges");
@@ -292,6 +281,27 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   return t;
 }
 
+// Special and user-defined tokens longest first, the user-defined ones' first bytes, the end tokens.
+void Tokenizer::index_specials() {
+  const auto n = static_cast<std::int64_t>(tokens_.size());
+  for (std::int64_t i = 0; i < n; ++i)
+    if (types_[i] == kTypeControl || types_[i] == kTypeUserDefined) special_ids_.push_back(static_cast<std::int32_t>(i));
+  std::sort(special_ids_.begin(), special_ids_.end(), [&](std::int32_t a, std::int32_t b) {
+    return tokens_[a].size() > tokens_[b].size() || (tokens_[a].size() == tokens_[b].size() && a < b);
+  });
+  for (std::int32_t id : special_ids_)  // longest first, as special_ids_
+    if (types_[id] == kTypeUserDefined && !tokens_[id].empty()) {
+      user_ids_.push_back(id);
+      user_first_[static_cast<unsigned char>(tokens_[id][0])] = true;
+    }
+  if (eos_ >= 0) eog_.push_back(eos_);
+  for (const char* name :
+       {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>", "</s>", "<|eom_id|>"}) {
+    const std::int32_t id = find(name);
+    if (id >= 0 && std::find(eog_.begin(), eog_.end(), id) == eog_.end()) eog_.push_back(id);
+  }
+}
+
 std::int32_t Tokenizer::find(std::string_view text) const {
   auto it = index_.find(std::string(text));
   return it == index_.end() ? -1 : it->second;
@@ -312,6 +322,11 @@ std::vector<std::int32_t> Tokenizer::encode_piece_bpe(std::string_view piece) co
     std::string s;
     append_utf8(s, byte_map().to_cp[c]);
     start.push_back(std::move(s));
+  }
+  if (ignore_merges_) {  // Llama-3's tokenizer.json: a whole piece in the vocabulary is taken as it is
+    std::string whole;
+    for (const auto& s : start) whole += s;
+    if (auto it = index_.find(whole); it != index_.end()) return {it->second};
   }
   std::string key;
   const std::vector<std::string> sym =
@@ -337,7 +352,9 @@ std::vector<std::int32_t> Tokenizer::encode_piece_bpe(std::string_view piece) co
   return ids;
 }
 
-void Tokenizer::encode_text_bpe(std::string_view text, std::vector<std::int32_t>& out) const {
+void Tokenizer::encode_text_bpe(std::string_view raw, std::vector<std::int32_t>& out) const {
+  const std::string normalized = nfc_ ? nfc(raw) : std::string();
+  const std::string_view text = nfc_ ? std::string_view(normalized) : raw;
   std::vector<std::string_view> pieces{text}, next;
   for (const auto& re : split_) {
     next.clear();

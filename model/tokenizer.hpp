@@ -34,6 +34,9 @@ class Tokenizer {
 
   // Throws GgufError naming the file and key when the vocabulary is missing or inconsistent.
   static std::shared_ptr<const Tokenizer> from_gguf(const GgufFile& file);
+  // A Hugging Face tokenizer.json (byte-level BPE; tokenizer_config.json beside it, when present, gives
+  // the end token, BOS and the chat template). Throws GgufError naming the file and field.
+  static std::shared_ptr<const Tokenizer> from_tokenizer_json(const std::string& path);
   ~Tokenizer();
 
   // add_bos: prepend BOS when the model asks for it (tokenizer.ggml.add_bos_token) and the text does
@@ -61,12 +64,19 @@ class Tokenizer {
   const std::string& pre() const { return pre_; }
 
  private:
-  Tokenizer() = default;
+  Tokenizer();  // defined where Regex is complete
   std::vector<std::int32_t> encode_piece_bpe(std::string_view piece) const;
   void encode_text_bpe(std::string_view text, std::vector<std::int32_t>& out) const;
   void encode_text_spm(std::string_view text, bool at_start, std::vector<std::int32_t>& out) const;
 
+  static std::shared_ptr<const Tokenizer> read_tokenizer_json(const std::string& path);
+  void index_specials();
+  void add_split(const std::string& regex);  // a pre-tokenizer regex, applied after the earlier ones
+  // GGUF token types (llama.cpp's): control tokens only through templates, user-defined ones in text.
+  static constexpr int kTypeControl = 3, kTypeUserDefined = 4, kTypeByte = 6;
   struct Regex;
+  bool nfc_ = false;            // tokenizer.json normalizer NFC: text pieces are normalized first
+  bool ignore_merges_ = false;  // tokenizer.json model.ignore_merges: a piece in the vocabulary is one token
   Kind kind_ = Kind::ByteBpe;
   std::string pre_;
   std::vector<std::string> tokens_;
@@ -100,6 +110,9 @@ class StreamDecoder {
   std::string pending_;
   bool first_ = true;
 };
+
+// Unicode NFC of valid UTF-8 (ICU; ASCII returns as it is).
+std::string nfc(std::string_view text);
 
 // Length of the longest prefix of `s` made of complete UTF-8 characters (invalid bytes count as
 // complete single characters, so they are never held back forever).

@@ -15,6 +15,7 @@
 
 #include "config/snapshot.hpp"
 #include "kernels/cpu/sampling.hpp"
+#include "model/chat.hpp"
 #include "model/loader.hpp"
 #include "model/runner.hpp"
 
@@ -339,4 +340,75 @@ TEST_CASE("families: the loader mutations of the llama path, on every family's f
   CHECK(error_of(renamed(g, "gemma3.attention.sliding_window", "gemma3.attention.sliding_windoX")) ==
         tmp + ": missing metadata key 'gemma3.attention.sliding_window'");
   fs::remove(tmp);
+}
+
+TEST_CASE("tokenizer.json: ids identical to the tokenizers package on a hostile corpus, from tokenizer.json and GGUF") {
+  const json ref = json::parse(std::ifstream(kDir + "qwen2_tokenizer.json"));
+  const auto from_json = Tokenizer::from_tokenizer_json(kDir + "qwen2/tokenizer.json");
+  const auto gguf = GgufFile::open(kDir + "qwen2.gguf");
+  const auto from_gguf = Tokenizer::from_gguf(*gguf);  // the same vocabulary, tokenizer.ggml.pre "qwen2"
+  CHECK(from_gguf->pre() == "qwen2");
+  REQUIRE(from_json->vocab_size() == 384);
+  CHECK(from_gguf->vocab_size() == 384);
+  int equal = 0, cases = 0;
+  for (const auto& c : ref["cases"]) {
+    const std::string text = c["text"];
+    const auto want = c["ids"].get<std::vector<std::int32_t>>();
+    CAPTURE(text);
+    ++cases;
+    // `tokenizers` finds added tokens, special ones included, in the text: parse_special = true.
+    const auto a = from_json->encode(text, false, true), b = from_gguf->encode(text, false, true);
+    CHECK(a == want);
+    // GGUF metadata has no normalizer (llama.cpp applies none): equal wherever the text is in NFC.
+    if (nfc(text) == text) CHECK(b == want);
+    equal += a == want && (b == want || nfc(text) != text);
+    CHECK(from_json->decode(a) == nfc(text));  // the round trip gives the normalized text back
+  }
+  MESSAGE("tokenizer.json (and GGUF, pre qwen2, where the text is NFC) equal `tokenizers` on " << equal << " of "
+                                                                                                   << cases << " strings");
+  // Added tokens: special ones only through templates (text stays text), the others in text too.
+  CHECK(from_json->encode("<|im_end|>", false, true) == std::vector<std::int32_t>{from_json->find("<|im_end|>")});
+  CHECK(from_json->encode("<|im_end|>", false, false).size() > 1);
+  CHECK(from_json->is_end_of_generation(from_json->find("<|im_end|>")));  // tokenizer_config.json's eos_token
+  // Invalid UTF-8 is refused, as for every tokenizer (config::check_utf8), naming the byte.
+  CHECK_THROWS_WITH(from_json->encode(std::string("ab\xff", 3), false, false), doctest::Contains("UTF-8"));
+
+  // A checkpoint folder with tokenizer.json: the loader reads it, and its chat template (ChatML).
+  specactor::config::ServerArgs a;
+  a.model_path = kDir + "qwen2";
+  const LoadedModel m = load_model(a);
+  REQUIRE(m.tokenizer);
+  CHECK(m.tokenizer->encode("hello world") == from_json->encode("hello world"));
+  CHECK(m.chat.format == ChatFormat::ChatML);
+
+  // What it does not read is refused, naming the field.
+  const fs::path dir = fs::temp_directory_path() / ("specactor_tokjson_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto error_with = [&](const std::function<void(json&)>& edit) {
+    json j = json::parse(std::ifstream(kDir + "qwen2/tokenizer.json"));
+    edit(j);
+    std::ofstream(dir / "tokenizer.json") << j.dump();
+    try {
+      Tokenizer::from_tokenizer_json((dir / "tokenizer.json").string());
+    } catch (const GgufError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  auto refused = [&](const std::function<void(json&)>& edit, const std::string& want) {
+    const std::string got = error_with(edit);
+    CAPTURE(got);
+    CHECK(got.find(want) != std::string::npos);
+  };
+  CHECK(error_with([](json&) {}) == "(loaded)");
+  refused([](json& j) { j["model"]["byte_fallback"] = true; }, "model.byte_fallback: SentencePiece-style BPE");
+  refused([](json& j) { j["model"]["type"] = "Unigram"; }, "model.type Unigram is not supported");
+  refused([](json& j) { j["normalizer"] = {{"type", "NFKC"}}; }, "normalizer NFKC is not supported");
+  refused([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, "pre_tokenizer Metaspace is not supported");
+  refused([](json& j) { j["pre_tokenizer"] = nullptr; }, "pre_tokenizer is missing");
+  refused([](json& j) { j["model"]["vocab"].erase("a"); }, "has no token (ids must not skip)");
+  refused([](json& j) { j["model"]["merges"][0] = 7; }, "model.merges entry 0 is neither");
+  refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; },
+          "pre_tokenizer regex:");
+  fs::remove_all(dir);
 }

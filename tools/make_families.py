@@ -10,6 +10,10 @@ converter does), and transformers' float32 forward as the reference:
     tests/data/families/<family>.gguf                                 the same weights (F16 matrices)
     tests/data/families/<family>.json                                 64 token ids, the logits at every
                                                                       position, a 16-token greedy continuation
+    tests/data/families/qwen2/tokenizer.json, tokenizer_config.json    a byte-level BPE in Qwen2's layout
+                                                                      (trained by `tokenizers` on this checkout's
+                                                                      text; also in qwen2.gguf, pre "qwen2")
+    tests/data/families/qwen2_tokenizer.json                          `tokenizers`' ids of a hostile corpus
 
 Run through tools/make_families (it creates .venv-families with the pinned packages). Deterministic:
 the same seed gives the same files.
@@ -23,6 +27,7 @@ import sys
 import numpy as np
 import torch
 import gguf
+import tokenizers
 import transformers
 from transformers import AutoModelForCausalLM
 
@@ -93,7 +98,7 @@ GEMMA_NORMS = {
 }
 
 
-def write_gguf(model, family, path):
+def write_gguf(model, family, path, tok=None):
     cfg = model.config
     arch = "gemma3" if family == "gemma3" else family
     w = gguf.GGUFWriter(path, arch)
@@ -117,6 +122,8 @@ def write_gguf(model, family, path):
         assert all((t == "full_attention") == ((i + 1) % pattern == 0) for i, t in enumerate(cfg.layer_types))
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", pattern)
         w.add_float32(f"{arch}.rope.freq_base_swa", cfg.rope_local_base_freq)
+    if tok is not None:
+        write_gguf_tokenizer(w, tok)
     gemma_norms = family == "gemma3"
     names = dict(LAYER_NAMES)
     if gemma_norms:
@@ -154,6 +161,72 @@ def write_gguf(model, family, path):
     w.close()
 
 
+# Qwen2's pre-tokenizer split (its tokenizer.json and llama.cpp's "qwen2"): like Llama-3's, digits one by one.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # control tokens
+USER_DEFINED = ["<tool_call>", "</tool_call>"]  # added, not special: matched in text, as Qwen2.5's
+
+
+def hostile_corpus():
+    """Strings the tokenizers are compared on: whitespace runs, digits, CJK, emoji, combining marks (NFC), code."""
+    out = ["", " ", "  ", "\n", "\n\n\n", " \n ", "\t\t", "a\tb", "hello world", "Hello World!", "  leading spaces",
+           "trailing spaces   ", "multiple    inner     spaces", "line\r\nbreaks\rand\nmore", "12345678901234567890",
+           "3.14159 and 2,718", "year 2026-12-07 at 01:46", "x1y22z333", "日本語のテキストです。", "中文分词测试，标点！",
+           "한국어 문장", "emoji 😀🎉👍🏽 family 👨‍👩‍👧", "café naïve résumé", "cafe\u0301 (combining accent)",
+           "A\u030a vs \u00c5 (NFC)", "Ǆ ǅ ǆ ligatures", "ﬁ ﬂ ﬀ", "Ελληνικά και русский", "עברית ועربية",
+           "I'm you're they've we'd he'll she's IT'S", "'quoted' \"double\"", "don't DON'T Don'T",
+           "def f(x):\n    return x ** 2  # square\n", "for (int i = 0; i < n; ++i) { sum += a[i]; }",
+           "<|im_start|>user\nhi<|im_end|>", "<tool_call>{\"name\": \"f\"}</tool_call>", "<|not_a_token|>",
+           "a<tool_call>b", "....!!!???", "---===+++", "__init__ __main__", "http://example.com/a?b=c&d=e",
+           "mixed \t \n \u3000 spaces", "\u00a0non-breaking\u00a0space", "zero\u200bwidth", "\ufeffBOM",
+           "🙂" * 5, "ab" * 40, " " * 17 + "x", "\n" * 9 + "y", "ÀÁÂÃÄÅàáâãäå", "the quick brown fox jumps over 13 lazy dogs"]
+    return out
+
+
+def make_tokenizer():
+    """A byte-level BPE in Qwen2's layout (NFC, its split, byte-level, added tokens), trained on this checkout's text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, normalizers, decoders, trainers, Regex
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    texts = []
+    for rel in ("training/prompt_passages.txt", "README.md"):
+        with open(os.path.join(root, rel), encoding="utf-8") as f:
+            texts.append(f.read())
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - len(USER_DEFINED), special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    tok.add_tokens(USER_DEFINED)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    return tok
+
+
+def write_gguf_tokenizer(w, tok):
+    """The same vocabulary as llama.cpp's gpt2 tokenizer metadata with pre-tokenizer "qwen2"."""
+    j = json.loads(tok.to_str())
+    vocab = {t: i for t, i in j["model"]["vocab"].items()}
+    types = [1] * VOCAB
+    for a in j["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+        types[a["id"]] = 3 if a["special"] else 4
+    tokens = [None] * VOCAB
+    for t, i in vocab.items():
+        tokens[i] = t
+    merges = [m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    w.add_add_bos_token(False)
+
+
 def reference(model, seed):
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, VOCAB, size=POSITIONS).tolist()
@@ -187,7 +260,21 @@ def main():
         for extra in ("generation_config.json",):
             if os.path.exists(os.path.join(d, extra)):
                 os.remove(os.path.join(d, extra))
-        write_gguf(model, family, os.path.join(args.out, f"{family}.gguf"))
+        tok = None
+        if family == "qwen2":  # its tokenizer.json (and the same vocabulary in its GGUF), against `tokenizers`
+            tok = make_tokenizer()
+            tok.save(os.path.join(d, "tokenizer.json"))
+            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                json.dump({"eos_token": "<|im_end|>", "bos_token": None, "add_bos_token": False,
+                           "chat_template": "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                                            "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"}, f, indent=1)
+                f.write("\n")
+            cases = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids} for t in hostile_corpus()]
+            with open(os.path.join(args.out, "qwen2_tokenizer.json"), "w") as f:
+                f.write('{"tokenizers": %s, "cases": [\n' % json.dumps(tokenizers.__version__))
+                f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in cases))
+                f.write("\n]}\n")
+        write_gguf(model, family, os.path.join(args.out, f"{family}.gguf"), tok)
         ref = reference(model, args.seed + 100 * i + 2)
         ref.update({"family": family, "transformers": transformers.__version__, "torch": torch.__version__})
         with open(os.path.join(args.out, f"{family}.json"), "w") as f:
