@@ -1025,6 +1025,22 @@ TEST_CASE("families: NGRAM and SUFFIX are lossless on tiny qwen2, qwen3 and gemm
   }
 }
 
+TEST_CASE("families: random EAGLE, EAGLE3, MTP, DFLASH and DSPARK drafters on a tiny qwen3 target are lossless") {
+  // The public EAGLE-3 heads and DFlash drafters for Qwen3 targets have these layouts (a llama layer over
+  // the target's captured hidden states; Qwen3 layers with q/k norms injected with them).
+  const std::string p = std::string(SPECACTOR_SOURCE_DIR) + "/tests/data/families/qwen3.gguf";
+  auto heads = random_heads(p, "qwen3");
+  // FROZEN_KV_MTP reads the target's KV with its own heads, which must be the target's: the random MTP
+  // head is written 16 wide (hidden ÷ heads) and this Qwen3 has 32-wide heads, so it is refused ("head
+  // dim") — not a layout the public Qwen3 drafters use.
+  std::vector<std::vector<std::string>> configs;
+  for (const auto& c : heads->configs)
+    if (std::find(c.begin(), c.end(), "FROZEN_KV_MTP") == c.end()) configs.push_back(c);
+  REQUIRE(configs.size() + 1 == heads->configs.size());
+  check_lossless({"--model-path", p, "--log-level", "warn", "--max-total-tokens", "4096", "--skip-tokenizer-init"},
+                 tiny_requests(20), configs);
+}
+
 TEST_CASE("sampling through the loop: speculative tokens follow the plain sampler's distribution") {
   specactor::testing::TinyLlamaShape s;
   s.vocab = 96;
