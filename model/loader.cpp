@@ -113,7 +113,8 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
   return {std::move(target), std::move(info)};
 }
 
-std::shared_ptr<const Tokenizer> load_tokenizer(const config::ServerArgs& s, std::shared_ptr<const GgufFile> model_file) {
+std::shared_ptr<const Tokenizer> load_tokenizer(const config::ServerArgs& s,
+                                                std::shared_ptr<const GgufFile> model_file) {
   namespace fs = std::filesystem;
   if (s.tokenizer_path) {
     const std::string& p = *s.tokenizer_path;

@@ -60,9 +60,9 @@ struct LoadedModel {
 std::shared_ptr<const Tokenizer> load_tokenizer(const config::ServerArgs& snap,
                                                 std::shared_ptr<const GgufFile> model_file = nullptr);
 
-// Opens snap.model_path (GGUF or safetensors), checks it, binds the weights. The tokenizer: load_tokenizer. `num_layers` > 0 keeps only the first
-// K layers (self-speculation). Throws GgufError naming the file/tensor.
-// `shard` picks one tensor-parallel rank's share of the weights (see TpShard).
+// Opens snap.model_path (GGUF or safetensors), checks it, binds the weights. The tokenizer: load_tokenizer.
+// `num_layers` > 0 keeps only the first K layers (self-speculation). Throws GgufError naming the file/tensor. `shard`
+// picks one tensor-parallel rank's share of the weights (see TpShard).
 LoadedModel load_model(const config::ServerArgs& snap, const LlamaWeights::Progress& progress = {},
                        std::int64_t num_layers = -1, TpShard shard = {});
 

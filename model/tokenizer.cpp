@@ -285,7 +285,8 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
 void Tokenizer::index_specials() {
   const auto n = static_cast<std::int64_t>(tokens_.size());
   for (std::int64_t i = 0; i < n; ++i)
-    if (types_[i] == kTypeControl || types_[i] == kTypeUserDefined) special_ids_.push_back(static_cast<std::int32_t>(i));
+    if (types_[i] == kTypeControl || types_[i] == kTypeUserDefined)
+      special_ids_.push_back(static_cast<std::int32_t>(i));
   std::sort(special_ids_.begin(), special_ids_.end(), [&](std::int32_t a, std::int32_t b) {
     return tokens_[a].size() > tokens_[b].size() || (tokens_[a].size() == tokens_[b].size() && a < b);
   });

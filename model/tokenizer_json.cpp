@@ -28,8 +28,9 @@ std::string nfc(std::string_view text) {
                 static_cast<int32_t>(text.size()), &err);
   if (U_FAILURE(err)) throw std::runtime_error(std::string("ICU NFC: ") + u_errorName(err));
   out.resize(static_cast<std::size_t>(in_len) * 3 + 8);
-  const int32_t out_len = unorm2_normalize(n, reinterpret_cast<const UChar*>(in.data()), in_len,
-                                           reinterpret_cast<UChar*>(out.data()), static_cast<int32_t>(out.size()), &err);
+  const int32_t out_len =
+      unorm2_normalize(n, reinterpret_cast<const UChar*>(in.data()), in_len, reinterpret_cast<UChar*>(out.data()),
+                       static_cast<int32_t>(out.size()), &err);
   if (U_FAILURE(err)) throw std::runtime_error(std::string("ICU NFC: ") + u_errorName(err));
   std::string utf8(static_cast<std::size_t>(out_len) * 3 + 4, '\0');
   int32_t utf8_len = 0;
@@ -70,9 +71,11 @@ std::shared_ptr<const Tokenizer> Tokenizer::read_tokenizer_json(const std::strin
     fail("model.type " + config::printable(m.value("type", std::string("(none)"))) +
          " is not supported (supported: BPE, byte-level)");
   if (m.value("byte_fallback", false))
-    fail("model.byte_fallback: SentencePiece-style BPE (Gemma, Llama-2) is not read from tokenizer.json yet; pass "
-         "--tokenizer-path FILE.gguf of the same model");
-  if (!m.contains("vocab") || !m["vocab"].is_object() || m["vocab"].empty()) fail("model.vocab must be a non-empty object");
+    fail(
+        "model.byte_fallback: SentencePiece-style BPE (Gemma, Llama-2) is not read from tokenizer.json yet; pass "
+        "--tokenizer-path FILE.gguf of the same model");
+  if (!m.contains("vocab") || !m["vocab"].is_object() || m["vocab"].empty())
+    fail("model.vocab must be a non-empty object");
   std::shared_ptr<Tokenizer> t(new Tokenizer());
   t->kind_ = Kind::ByteBpe;
   t->ignore_merges_ = m.value("ignore_merges", false);
@@ -110,7 +113,8 @@ std::shared_ptr<const Tokenizer> Tokenizer::read_tokenizer_json(const std::strin
     if (!seen[static_cast<std::size_t>(i)]) fail("token id " + std::to_string(i) + " has no token (ids must not skip)");
   t->types_.assign(static_cast<std::size_t>(n), 1);
   for (const auto& [id, type] : added) t->types_[static_cast<std::size_t>(id)] = type;
-  for (std::int64_t i = 0; i < n; ++i) t->index_.emplace(t->tokens_[static_cast<std::size_t>(i)], static_cast<std::int32_t>(i));
+  for (std::int64_t i = 0; i < n; ++i)
+    t->index_.emplace(t->tokens_[static_cast<std::size_t>(i)], static_cast<std::int32_t>(i));
 
   if (!m.contains("merges") || !m["merges"].is_array()) fail("model.merges must be an array");
   std::int32_t rank = 0;
@@ -165,7 +169,8 @@ std::shared_ptr<const Tokenizer> Tokenizer::read_tokenizer_json(const std::strin
            " is not supported (supported: ByteLevel, Split, Digits, Sequence of them)");
     }
   };
-  if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null()) fail("pre_tokenizer is missing (byte-level BPE needs one)");
+  if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
+    fail("pre_tokenizer is missing (byte-level BPE needs one)");
   pre(j["pre_tokenizer"]);
   if (!byte_level) fail("pre_tokenizer has no ByteLevel step (only byte-level BPE is read from tokenizer.json)");
   for (const auto& r : regexes) {

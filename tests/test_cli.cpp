@@ -798,7 +798,9 @@ TEST_CASE("specactor inspect: a Hugging Face model folder is a model, not a draf
   // Without a tokenizer source: the hint says what each way out allows.
   const Run gen = run("generate --model-path " + dir.string() + " -p hi");
   CHECK(gen.rc == 2);
-  CHECK_MESSAGE(gen.err.find("no tokenizer.json beside the checkpoint; --tokenizer-path names one") != std::string::npos, gen.err);
+  CHECK_MESSAGE(
+      gen.err.find("no tokenizer.json beside the checkpoint; --tokenizer-path names one") != std::string::npos,
+      gen.err);
   CHECK(gen.err.find("--skip-tokenizer-init runs it without one, for requests given as token ids only") !=
         std::string::npos);
   fs::remove_all(dir);

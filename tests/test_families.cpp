@@ -365,7 +365,7 @@ TEST_CASE("tokenizer.json: ids identical to the tokenizers package on a hostile 
     CHECK(from_json->decode(a) == nfc(text));  // the round trip gives the normalized text back
   }
   MESSAGE("tokenizer.json (and GGUF, pre qwen2, where the text is NFC) equal `tokenizers` on " << equal << " of "
-                                                                                                   << cases << " strings");
+                                                                                               << cases << " strings");
   // Added tokens: special ones only through templates (text stays text), the others in text too.
   CHECK(from_json->encode("<|im_end|>", false, true) == std::vector<std::int32_t>{from_json->find("<|im_end|>")});
   CHECK(from_json->encode("<|im_end|>", false, false).size() > 1);

@@ -521,7 +521,9 @@ TEST_CASE("safetensors + config.json: the same model as GGUF gives the same logi
 
   // Without a tokenizer source a safetensors model says where to get one.
   hf_args.skip_tokenizer_init = false;
-  CHECK_THROWS_WITH_AS(load_model(hf_args), doctest::Contains("no tokenizer.json beside the checkpoint; --tokenizer-path names one"), GgufError);
+  CHECK_THROWS_WITH_AS(load_model(hf_args),
+                       doctest::Contains("no tokenizer.json beside the checkpoint; --tokenizer-path names one"),
+                       GgufError);
 
   // Broken checkpoints.
   auto load_error = [&](const std::function<void()>& breakit) {
