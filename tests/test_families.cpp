@@ -12,12 +12,15 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "config/snapshot.hpp"
+#include "kernels/comm.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/chat.hpp"
 #include "model/loader.hpp"
 #include "model/runner.hpp"
+#include "model/safetensors.hpp"
 
 using namespace specactor::model;
 using json = nlohmann::json;
@@ -411,4 +414,43 @@ TEST_CASE("tokenizer.json: ids identical to the tokenizers package on a hostile 
   refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; },
           "pre_tokenizer regex:");
   fs::remove_all(dir);
+}
+
+TEST_CASE(
+    "families: tensor parallel TP = 2 on the CPU communicator gives TP = 1's logits (biases, head norms sliced)") {
+  for (const std::string family : kFamilies) {
+    CAPTURE(family);
+    auto file = GgufFile::open(kDir + family + ".gguf");
+    LlamaConfig cfg = LlamaConfig::from(read_model_info(*file), "");
+    cfg.rope_neox = cfg.desc().gguf_neox;
+    auto source = std::make_shared<GgufSource>(file);
+    const auto ids = reference(family)["ids"].get<std::vector<std::int32_t>>();
+    auto logits_with = [&](int tp) {
+      auto group = k::make_cpu_group(tp);
+      std::vector<std::vector<float>> out(static_cast<std::size_t>(tp));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < tp; ++r)
+        threads.emplace_back([&, r] {
+          auto w = LlamaWeights::load(source, LlamaWeights::Naming::Gguf, cfg, specactor::config::LoadFormat::Auto, -1,
+                                      {}, TpShard{r, tp});
+          LlamaRunner runner(w, 1, k::Precision::Exact);
+          KvCache kv(cfg.n_layers, w->local_kv_heads(), cfg.head_dim, 16, 128);
+          KvCache::Seq seq;
+          std::vector<ForwardSeq> b(1);
+          b[0].kv = &seq;
+          b[0].tokens = ids;
+          for (std::size_t i = 0; i < ids.size(); ++i) b[0].logit_rows.push_back(static_cast<std::int32_t>(i));
+          ForwardResult res;
+          runner.forward(b, kv, res, {}, group[static_cast<std::size_t>(r)].get());
+          out[static_cast<std::size_t>(r)] = res.logits;
+        });
+      for (auto& t : threads) t.join();
+      for (int r = 1; r < tp; ++r) CHECK(out[static_cast<std::size_t>(r)] == out[0]);  // every rank the same
+      return out[0];
+    };
+    const auto one = logits_with(1), two = logits_with(2);
+    const double d = max_diff(one, two);
+    MESSAGE(family << ": TP = 2 vs TP = 1, max |logit difference| over 64 positions = " << d);
+    CHECK(d < 1e-4);
+  }
 }
