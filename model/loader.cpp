@@ -99,6 +99,12 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
         "models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   ModelInfo info = read_any_model_info(*user);
   (void)LlamaConfig::from(info, user->json_model_override_args);  // overrides refused here, not only at load
+  if (user->speculative_draft_num_layers && !info.sliding_layers.empty())
+    throw config::ConfigError(
+        "--speculative-draft-num-layers: self-speculation reads the target's KV from a second pool, which " +
+        info.architecture +
+        "'s sliding-window layers do not support; draft with NGRAM, SUFFIX or a draft model "
+        "(--speculative-draft-model-path)");
   config::ModelFacts facts = info.facts();
   if (user->speculative_algorithm == config::SpecAlgorithm::Eagle3 ||
       user->speculative_algorithm == config::SpecAlgorithm::Auto) {

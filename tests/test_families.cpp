@@ -261,6 +261,15 @@ TEST_CASE("families: what the forward does not do is refused, naming the field")
   CHECK(error_with("qwen3", [](json&) {}) == "(loaded)");
   fs::remove_all(dir);
 
+  // Self-speculation reads the target's KV across pools, which sliding-window layers do not: refused at start.
+  {
+    specactor::config::ServerArgs a;
+    a.model_path = kDir + "gemma3.gguf";
+    a.speculative_algorithm = specactor::config::SpecAlgorithm::Standalone;
+    a.speculative_draft_num_layers = 2;
+    CHECK_THROWS_WITH(resolve_target(a), doctest::Contains("--speculative-draft-num-layers: self-speculation reads the "
+                                                           "target's KV from a second pool, which gemma3's"));
+  }
   // The CUDA forward runs llama only: another family on --device cuda is refused by name, GPU or not.
   const LoadedModel m = load(kDir + std::string("qwen3.gguf"));
   specactor::config::ServerArgs cuda;
