@@ -620,7 +620,7 @@ TEST_CASE("softmax_cpu: within 1e-4 of a float64 softmax (float sums of 4,099 te
   CHECK(got_sum == doctest::Approx(1.0).epsilon(1e-5));
 }
 
-TEST_CASE("gelu_tanh_mul: Gemma's GELU within 2e-6 of the float64 formula; the vector loop equals its scalar tail") {
+TEST_CASE("gelu_tanh_mul: Gemma's GELU within 2e-6 of the float64 formula, the vector loop equal to its scalar tail") {
   std::vector<float> g, up;
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-12.0f, 12.0f);
