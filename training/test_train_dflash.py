@@ -10,7 +10,9 @@ enough for CI:
   error and exit status 2 -> DSpark heads on the trained drafter's frozen backbone (--dspark --backbone
   --freeze-backbone, 12 steps): the loss falls, the held-out evaluation reports the confidence's
   calibration, the export is a DSparkDraftModel that keeps the backbone, loads and drafts losslessly with
-  DSPARK -> the DSpark flags without --dspark, or a frozen backbone without one, are refused.
+  DSPARK -> the DSpark flags without --dspark, or a frozen backbone without one, are refused -> a drafter
+  seeded from the target's layer (--init-from-target) has the target's weights with q/k rows in the
+  drafter's RoPE order, trains and drafts losslessly; bad seeding flags are refused.
 
     .venv-train/bin/python training/test_train_dflash.py BUILD_DIR MODEL.gguf
 """
@@ -85,6 +87,71 @@ def dspark_checks(spec, trainer, tiny, data, backbone, tmp):
         check(want in p.stderr and p.stderr.count("\n") == 1, f"a bad input is one clear error: {want!r}")
 
 
+def init_checks(spec, trainer, tiny, data, tmp):
+    """--init-from-target: the drafter's layer starts as the target's layer 1; q and k rows are in the
+    rotate-half order, so every query-key product under the drafter's RoPE equals the target's under
+    llama.cpp's interleaved RoPE (a wrong row order changes them); it trains, loads and drafts losslessly;
+    bad combinations are one clear error."""
+    import numpy as np
+    from gguf import GGUFReader, quants
+    from safetensors.numpy import load_file
+    out, work = os.path.join(tmp, "init"), os.path.join(tmp, "init-work")
+    common = ["--data", data, "--out", out, "--work", work, "--block-size", "4", "--draft-vocab", "256",
+              "--layers", "1", "--log-every", "1", "--quiet", "--eval-share", "0.2"]
+    run([*trainer, *common, "--init-from-target", tiny, "--init-layers", "1", "--max-steps", "1", "--epochs", "50",
+         "--lr", "1e-9"])
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    check(cfg["specactor"].get("initialised_from_target_layers") == [1], "the export records the seeding layer")
+    w = load_file(os.path.join(out, "model.safetensors"))
+    t = {x.name: x for x in GGUFReader(tiny).tensors}
+    deq = lambda n: np.asarray(quants.dequantize(t[n].data, t[n].tensor_type), np.float64)  # noqa: E731
+    hd, nh, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    H = cfg["hidden_size"]
+    down = deq("blk.1.ffn_down.weight").reshape(H, -1)
+    check(np.allclose(w["layers.0.mlp.down_proj.weight"].astype(np.float64), down, atol=2e-3),
+          "the drafter's MLP is the target layer's (within float16 rounding)")
+    inv = cfg["rope_theta"] ** (-2.0 * np.arange(hd // 2) / hd)
+
+    def rope_pairs(x, pos):  # llama.cpp: adjacent pairs
+        x = x.reshape(-1, hd // 2, 2)
+        c, s = np.cos(pos * inv), np.sin(pos * inv)
+        return np.stack([x[..., 0] * c - x[..., 1] * s, x[..., 0] * s + x[..., 1] * c], -1).reshape(-1, hd)
+
+    def rope_half(x, pos):  # the drafter: rotate-half
+        x = x.reshape(-1, hd)
+        c, s = np.cos(pos * inv), np.sin(pos * inv)
+        return np.concatenate([x[:, :hd // 2] * c - x[:, hd // 2:] * s, x[:, hd // 2:] * c + x[:, :hd // 2] * s], -1)
+
+    rng = np.random.default_rng(1)
+    xq, xk = rng.normal(size=H), rng.normal(size=H)
+    ref = rope_pairs(deq("blk.1.attn_q.weight").reshape(nh * hd, H) @ xq, 9)[0] @ \
+        rope_pairs(deq("blk.1.attn_k.weight").reshape(nkv * hd, H) @ xk, 4)[0]
+    mine = rope_half(w["layers.0.self_attn.q_proj.weight"].astype(np.float64) @ xq, 9)[0] @ \
+        rope_half(w["layers.0.self_attn.k_proj.weight"].astype(np.float64) @ xk, 4)[0]
+    check(abs(ref - mine) <= 1e-2 * max(1.0, abs(ref)),
+          f"query-key products under the drafter's RoPE equal the target's ({mine:.4f} vs {ref:.4f})")
+    run([*trainer, *common, "--init-from-target", tiny, "--init-layers", "1", "--max-steps", "6", "--epochs", "50",
+         "--lr", "3e-3", "--resume"])
+    plain = generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "NONE"])
+    fast = generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "DFLASH",
+                                                        "--speculative-draft-model-path", out,
+                                                        "--speculative-adaptive", "false"])
+    check(fast["tokens"] == plain["tokens"] and fast["speculative"]["drafted"] > 0,
+          "a drafter seeded from the target trains, loads and drafts losslessly")
+    bad = os.path.join(tmp, "bad-init")
+    base = ["--data", data, "--out", bad, "--work", bad + ".work"]
+    for args, want in (([*base, "--init-from-target", tiny, "--init-layers", "5"], "--init-layers: 5 is not a layer"),
+                       ([*base, "--init-from-target", tiny, "--init-layers", "0,1"], "--init-layers: 2 id(s) for 1"),
+                       ([*base, "--init-from-target", tiny, "--init-layers", "x"], "--init-layers: expected"),
+                       ([*base, "--init-layers", "1"], "--init-layers: only applies with --init-from-target"),
+                       ([*base, "--init-from-target", os.path.join(tmp, "nope.gguf")], "no such file"),
+                       ([*base, "--init-from-target", data + "/manifest.json", "--init-layers", "1"],
+                        "cannot read it as GGUF"),
+                       ([*base, "--dspark", "--init-from-target", tiny], "--init-from-target: DFlash only")):
+        p = run([*trainer, *args], expect=2)
+        check(want in p.stderr and p.stderr.count("\n") == 1, f"a bad input is one clear error: {want!r}")
+
+
 def main():
     build, model = sys.argv[1], sys.argv[2]
     spec = os.path.join(build, "specactor")
@@ -135,6 +202,7 @@ def main():
             p = run([*trainer, *args], expect=2)
             check(want in p.stderr and p.stderr.count("\n") == 1, f"a bad input is one clear error: {want!r}")
         dspark_checks(spec, trainer, tiny, data, out, tmp)
+        init_checks(spec, trainer, tiny, data, tmp)
         print("all checks passed")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -130,6 +130,66 @@ def load_backbone(folder, cfg, fail_fn):
     return p, t["draft_vocab"].astype(np.int32)
 
 
+def target_init(path, layer_ids, cfg, ds, fail_fn):
+    """Decoder layers copied from the target's GGUF (llama layout): q/k/v/o and the MLP dequantized,
+    q and k rows put back in the rotate-half order the drafter's RoPE uses (llama.cpp's converter
+    interleaves them), the layer norms as they are; fc starts as the selection of the last capture
+    layer's slot and hidden_norm as the first copied layer's input norm, so the first draft layer's
+    context keys and values are, up to the q/k norms, that target layer's own. The q/k norms (the
+    target has none) start at the mean per-head RMS of the target's q and k on a data sample, which
+    keeps the attention logits' scale."""
+    try:
+        from gguf import GGUFReader, quants
+    except ImportError:
+        fail_fn("--init-from-target: needs the gguf package (training/requirements-train.txt; rerun training/train-venv)")
+    try:
+        r = GGUFReader(path)
+    except (OSError, ValueError) as e:
+        fail_fn(f"--init-from-target: {path}: cannot read it as GGUF ({e})")
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode() if "general.architecture" in r.fields else "?"
+    if arch != "llama":
+        fail_fn(f"--init-from-target: {path}: architecture '{arch}'; only llama targets can seed the drafter")
+    names = {t.name: t for t in r.tensors}
+    H, nh, nkv, hd = cfg["H"], cfg["nh"], cfg["nkv"], cfg["hd"]
+
+    def get(name, shape):
+        t = names.get(name)
+        if t is None:
+            fail_fn(f"--init-from-target: {path}: no tensor {name} (layer past the target's depth?)")
+        w = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32).reshape(shape)
+        return w
+
+    def unpermute(w, heads):  # [heads*hd, in] from the interleaved pair order to rotate-half
+        return w.reshape(heads, hd // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+    if cfg["F"] != int(get(f"blk.{layer_ids[0]}.ffn_up.weight", (-1, H)).shape[0]):
+        fail_fn("--init-from-target: --intermediate-size must be the target's to copy its MLP")
+    layers = []
+    for L in layer_ids:
+        ly = {"q": unpermute(get(f"blk.{L}.attn_q.weight", (nh * hd, H)), nh).T,
+              "k": unpermute(get(f"blk.{L}.attn_k.weight", (nkv * hd, H)), nkv).T,
+              "v": get(f"blk.{L}.attn_v.weight", (nkv * hd, H)).T,
+              "o": get(f"blk.{L}.attn_output.weight", (H, nh * hd)).T,
+              "gate": get(f"blk.{L}.ffn_gate.weight", (cfg["F"], H)).T,
+              "up": get(f"blk.{L}.ffn_up.weight", (cfg["F"], H)).T,
+              "down": get(f"blk.{L}.ffn_down.weight", (H, cfg["F"])).T,
+              "input_layernorm": get(f"blk.{L}.attn_norm.weight", (H,)),
+              "post_attention_layernorm": get(f"blk.{L}.ffn_norm.weight", (H,))}
+        layers.append(ly)
+    K = cfg["K"]
+    fc = np.random.default_rng(0).normal(0, 0.02 / math.sqrt(K * H), (K * H, H)).astype(np.float32)
+    fc[(K - 1) * H:, :] += np.eye(H, dtype=np.float32)
+    hidden_norm = layers[0]["input_layernorm"].copy()
+    n = min(len(ds.aux), 4096)
+    c = ds.aux[np.linspace(0, len(ds.aux) - 1, n).astype(np.int64)].astype(np.float32) @ fc
+    c = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + cfg["eps"]) * hidden_norm
+    for ly in layers:
+        q, k = (c @ ly["q"]).reshape(n, nh, hd), (c @ ly["k"]).reshape(n, nkv, hd)
+        ly["q_norm"] = np.full(hd, float(np.mean(np.sqrt(np.mean(q * q, axis=-1)))), np.float32)
+        ly["k_norm"] = np.full(hd, float(np.mean(np.sqrt(np.mean(k * k, axis=-1)))), np.float32)
+    return {"fc": fc, "hidden_norm": hidden_norm, "norm": ds.output_norm.copy(), "layers": layers}
+
+
 def build_fns(cfg, tx, pos_decay, mix=None):
     """The train step and the loss over the trainable parameters {"bb": backbone?, "heads": DSpark's?}
     (what is not trainable comes in `frozen`). mix: DSpark's (ce, tvd, conf) weights, None for DFlash."""
@@ -345,6 +405,12 @@ def main():
     ap.add_argument("--backbone", default="", help="DSpark: start the backbone and draft vocabulary from this "
                                                   "trained DFlash drafter folder (its block, layers, mask token)")
     ap.add_argument("--freeze-backbone", action="store_true", help="DSpark with --backbone: train the heads only")
+    ap.add_argument("--init-from-target", default="", metavar="GGUF",
+                    help="DFlash: start the decoder layers from these layers of the target's GGUF (llama), fc and "
+                         "the norms to match (see --init-layers)")
+    ap.add_argument("--init-layers", default="",
+                    help="with --init-from-target: comma-separated target layer ids, one per drafter layer "
+                         "(default: the layers right after the last capture layer)")
     ap.add_argument("--markov-rank", type=int, default=64, help="DSpark: the Markov head's rank")
     ap.add_argument("--ce-weight", type=float, default=0.1, help="DSpark: weight of the soft cross-entropy")
     ap.add_argument("--tvd-weight", type=float, default=0.9, help="DSpark: weight of the total variation distance")
@@ -367,6 +433,10 @@ def main():
             fail(f"{name}: only applies with --dspark")
     if a.freeze_backbone and not a.backbone:
         fail("--freeze-backbone: needs --backbone (a trained DFlash drafter to keep)")
+    if a.init_from_target and a.dspark:
+        fail("--init-from-target: DFlash only (DSpark starts from a trained DFlash drafter: --backbone)")
+    if a.init_layers and not a.init_from_target:
+        fail("--init-layers: only applies with --init-from-target")
     work = a.work or (a.out.rstrip("/") + ".work")
     try:
         ds = Dataset(a.data, a.max_samples)
@@ -388,6 +458,20 @@ def main():
            "rope_theta": m["rope_theta"], "V": m["vocab_size"], "layers": a.layers, "block": a.block_size,
            "mask": a.mask_token_id, "K": len(ds.aux_layers), "target_layer_ids": list(ds.aux_layers),
            "target_layers": m["num_hidden_layers"], "rank": a.markov_rank}
+    init_layers = []
+    if a.init_from_target:
+        if not os.path.isfile(a.init_from_target):
+            fail(f"--init-from-target: {a.init_from_target}: no such file")
+        try:
+            init_layers = ([int(x) for x in a.init_layers.split(",")] if a.init_layers else
+                           [max(ds.aux_layers) + 1 + i for i in range(a.layers)])
+        except ValueError:
+            fail(f"--init-layers: expected comma-separated layer ids, got '{a.init_layers}'")
+        if len(init_layers) != a.layers:
+            fail(f"--init-layers: {len(init_layers)} id(s) for {a.layers} drafter layer(s) (--layers)")
+        bad = [x for x in init_layers if not 0 <= x < m["num_hidden_layers"]]
+        if bad:
+            fail(f"--init-layers: {bad[0]} is not a layer of the target (0 .. {m['num_hidden_layers'] - 1})")
     backbone, fixed = None, None
     if a.backbone:  # its block, layers, mask token and draft vocabulary replace the flags'
         backbone, fixed = load_backbone(a.backbone, cfg, fail)
@@ -412,7 +496,8 @@ def main():
           f"{cfg['target_layer_ids']}, mask token {cfg['mask']}; draft vocabulary {len(ids)} covers "
           f"{100 * covered:.1f}% of trained next tokens; {total_steps} steps of ~{a.batch_tokens} tokens", flush=True)
 
-    sched = optax.warmup_cosine_decay_schedule(0.0, a.lr, max(1, int(total_steps * a.warmup)), total_steps,
+    warm = max(1, int(total_steps * a.warmup))
+    sched = optax.warmup_cosine_decay_schedule(0.0, a.lr, warm, max(total_steps, warm + 1),
                                                end_value=a.lr * 0.05)
     tx = optax.chain(optax.clip_by_global_norm(a.clip), optax.adamw(sched, weight_decay=a.weight_decay))
     embed = jnp.asarray(ds.embed)
@@ -420,6 +505,8 @@ def main():
     tgt_norm = jnp.asarray(ds.output_norm)
     in_vocab = jnp.asarray(t2d.astype(np.float32))
     params = init_params(jax.random.PRNGKey(a.seed), cfg, ds.output_norm.copy())
+    if init_layers and not resuming:
+        params = jax.tree_util.tree_map(jnp.asarray, target_init(a.init_from_target, init_layers, cfg, ds, fail))
     if backbone is not None:
         params = jax.tree_util.tree_map(jnp.asarray, backbone)
     trainable, frozen = {"bb": params}, {}
@@ -535,6 +622,8 @@ def main():
     last = next((h["eval"] for h in reversed(history) if "eval" in h), None)
     info = {"steps": step, "samples": len(ds), "draft_vocab": len(ids), "pos_decay": a.pos_decay,
             "held_out": last}
+    if init_layers:
+        info["initialised_from_target_layers"] = init_layers
     if a.dspark:
         info.update(loss_weights={"ce": a.ce_weight, "tvd": a.tvd_weight, "confidence": a.conf_weight},
                     backbone=os.path.basename(a.backbone.rstrip("/")) if a.backbone else None,
