@@ -658,7 +658,8 @@ def main():
           f"draft vocabulary {len(ids)} covers {100 * covered:.1f}% of trained next tokens; "
           f"{total_steps} steps of ~{a.batch_tokens} tokens; TTT steps {a.ttt_steps}", flush=True)
 
-    sched = optax.warmup_cosine_decay_schedule(0.0, a.lr, max(1, int(total_steps * a.warmup)), total_steps,
+    warm = max(1, int(total_steps * a.warmup))  # a 1-step run: optax needs decay steps beyond the warmup
+    sched = optax.warmup_cosine_decay_schedule(0.0, a.lr, warm, max(total_steps, warm + 1),
                                                end_value=a.lr * 0.05)
     tx = optax.chain(optax.clip_by_global_norm(a.clip), optax.adamw(sched, weight_decay=a.weight_decay))
     embed = jnp.asarray(ds.embed)
