@@ -368,9 +368,11 @@ void Tokenizer::encode_text_bpe(std::string_view raw, std::vector<std::int32_t>&
   }
 }
 
-void Tokenizer::encode_text_spm(std::string_view text, bool at_start, std::vector<std::int32_t>& out) const {
+void Tokenizer::encode_text_spm(std::string_view raw, bool at_start, std::vector<std::int32_t>& out) const {
+  const std::string normalized = nfc_ ? nfc(raw) : std::string();
+  const std::string_view text = nfc_ ? std::string_view(normalized) : raw;
   std::string s;
-  if (at_start && add_space_prefix_) s = " ";
+  if ((at_start && add_space_prefix_) || prepend_each_) s = " ";
   s.append(text);
   std::string norm;
   for (char c : s) {
@@ -382,6 +384,13 @@ void Tokenizer::encode_text_spm(std::string_view text, bool at_start, std::vecto
   std::string key;
   const std::vector<std::string> sym =
       merge_symbols(utf8_chars(norm), [&](const std::string& a, const std::string& b, double& p) {
+        if (spm_ranked_) {  // tokenizer.json: only the listed merges, the earliest first
+          key.assign(a).append(" ").append(b);
+          auto it = merge_rank_.find(key);
+          if (it == merge_rank_.end()) return false;
+          p = it->second;
+          return true;
+        }
         key.assign(a).append(b);
         auto it = index_.find(key);
         if (it == index_.end()) return false;
@@ -524,7 +533,7 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool skip_sp
     if (skip_special && is_special(id)) continue;
     out += token_bytes(id);
   }
-  if (kind_ == Kind::SentencePiece && add_space_prefix_ && !out.empty() && out[0] == ' ') out.erase(0, 1);
+  if (strips_leading_space() && !out.empty() && out[0] == ' ') out.erase(0, 1);
   return out;
 }
 
@@ -553,7 +562,7 @@ std::size_t complete_utf8_prefix(std::string_view s) {
 std::string StreamDecoder::push(std::int32_t id) {
   if (skip_special_ && tok_.is_special(id)) return {};
   std::string piece = tok_.token_bytes(id);
-  if (first_ && tok_.kind() == Tokenizer::Kind::SentencePiece && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+  if (first_ && tok_.strips_leading_space() && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
   first_ = false;
   pending_ += piece;
   const std::size_t n = complete_utf8_prefix(pending_);

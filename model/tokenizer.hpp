@@ -3,8 +3,10 @@
 //   gpt2  : byte-level BPE (GPT-2 / SmolLM / Llama-3): the text is split by the pre-tokenizer regexes
 //           of `tokenizer.ggml.pre` (PCRE2 with Unicode properties), each piece's bytes are mapped to
 //           printable code points and merged by rank (`tokenizer.ggml.merges`).
-//   llama : SentencePiece-style BPE (Llama-2 / TinyLlama): spaces become U+2581, pieces merge by
+//   llama : SentencePiece-style BPE (Llama-2 / TinyLlama / Gemma): spaces become U+2581, pieces merge by
 //           score (`tokenizer.ggml.scores`), unknown characters fall back to <0xXX> byte tokens.
+// A Hugging Face tokenizer.json gives either kind (model/tokenizer_json.cpp); its SentencePiece-style
+// BPE (`byte_fallback`) merges by the rank of its `merges`, as the `tokenizers` package does.
 // Special (control / user-defined) tokens are matched literally in the text when asked.
 #pragma once
 
@@ -62,6 +64,8 @@ class Tokenizer {
   std::int32_t find(std::string_view token_text) const;  // -1 when absent
   const std::string& chat_template() const { return chat_template_; }
   const std::string& pre() const { return pre_; }
+  // Whether decoding drops the space that encoding put before the first word (SentencePiece's prefix).
+  bool strips_leading_space() const { return kind_ == Kind::SentencePiece && (add_space_prefix_ || prepend_each_); }
 
  private:
   Tokenizer();  // defined where Regex is complete
@@ -77,6 +81,8 @@ class Tokenizer {
   struct Regex;
   bool nfc_ = false;            // tokenizer.json normalizer NFC: text pieces are normalized first
   bool ignore_merges_ = false;  // tokenizer.json model.ignore_merges: a piece in the vocabulary is one token
+  bool spm_ranked_ = false;     // SentencePiece-style from tokenizer.json: merges by rank, not by score
+  bool prepend_each_ = false;   // tokenizer.json normalizer Prepend U+2581: before every text part, not only the first
   Kind kind_ = Kind::ByteBpe;
   std::string pre_;
   std::vector<std::string> tokens_;

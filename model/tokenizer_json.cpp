@@ -1,8 +1,10 @@
 // model/tokenizer_json.cpp — a Hugging Face `tokenizer.json` (byte-level BPE: GPT-2, Qwen2, Llama-3,
-// SmolLM layouts) read into the same Tokenizer the GGUF metadata builds, and Unicode NFC through ICU.
+// SmolLM layouts; SentencePiece-style BPE with byte fallback: Gemma, legacy Llama-2 layouts) read into
+// the same Tokenizer the GGUF metadata builds, and Unicode NFC through ICU.
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -70,15 +72,20 @@ std::shared_ptr<const Tokenizer> Tokenizer::read_tokenizer_json(const std::strin
   if (m.value("type", "") != "BPE")
     fail("model.type " + config::printable(m.value("type", std::string("(none)"))) +
          " is not supported (supported: BPE, byte-level)");
-  if (m.value("byte_fallback", false))
-    fail(
-        "model.byte_fallback: SentencePiece-style BPE (Gemma, Llama-2) is not read from tokenizer.json yet; pass "
-        "--tokenizer-path FILE.gguf of the same model");
+  if (m.contains("byte_fallback") && !m["byte_fallback"].is_boolean())
+    fail("model.byte_fallback must be true or false");
+  if (m.contains("dropout") && !m["dropout"].is_null() &&
+      !(m["dropout"].is_number() && m["dropout"].get<double>() == 0))
+    fail("model.dropout: BPE dropout (random segmentation) is not supported; expected null");
+  // SentencePiece-style BPE (Gemma, Llama-2): spaces are U+2581 in the vocabulary, characters it lacks
+  // become <0xXX> byte tokens.
+  const bool spm = m.value("byte_fallback", false);
   if (!m.contains("vocab") || !m["vocab"].is_object() || m["vocab"].empty())
     fail("model.vocab must be a non-empty object");
   std::shared_ptr<Tokenizer> t(new Tokenizer());
-  t->kind_ = Kind::ByteBpe;
+  t->kind_ = spm ? Kind::SentencePiece : Kind::ByteBpe;
   t->ignore_merges_ = m.value("ignore_merges", false);
+  if (spm && t->ignore_merges_) fail("model.ignore_merges = true with byte_fallback is not supported");
 
   // Ids: the vocabulary's and the added tokens', one string per id with no gaps.
   std::vector<std::pair<std::string, std::int64_t>> all;
@@ -115,6 +122,23 @@ std::shared_ptr<const Tokenizer> Tokenizer::read_tokenizer_json(const std::strin
   for (const auto& [id, type] : added) t->types_[static_cast<std::size_t>(id)] = type;
   for (std::int64_t i = 0; i < n; ++i)
     t->index_.emplace(t->tokens_[static_cast<std::size_t>(i)], static_cast<std::int32_t>(i));
+  if (spm) {  // the byte tokens of the vocabulary (not the added tokens), and the unknown token
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      const auto it = m["vocab"].find(name);
+      t->byte_tokens_[b] = it != m["vocab"].end() ? static_cast<std::int32_t>(it->get<std::int64_t>()) : -1;
+      if (t->byte_tokens_[b] >= 0 && t->types_[static_cast<std::size_t>(t->byte_tokens_[b])] == 1)
+        t->types_[static_cast<std::size_t>(t->byte_tokens_[b])] = kTypeByte;
+    }
+    if (m.contains("unk_token") && m["unk_token"].is_string()) {
+      t->unk_ = t->find(m["unk_token"].get<std::string>());
+      if (t->unk_ < 0)
+        fail("model.unk_token " + config::printable(m["unk_token"].get<std::string>()) + " is not a token");
+    }
+    t->spm_ranked_ = true;
+    t->add_space_prefix_ = false;  // a Prepend normalizer says otherwise (below)
+  }
 
   if (!m.contains("merges") || !m["merges"].is_array()) fail("model.merges must be an array");
   std::int32_t rank = 0;
@@ -129,19 +153,35 @@ std::shared_ptr<const Tokenizer> Tokenizer::read_tokenizer_json(const std::strin
     t->merge_rank_.emplace(std::move(key), rank++);
   }
 
-  // Normalizer: none or NFC.
+  // Normalizer: none or NFC; SentencePiece-style also Replace " " -> U+2581 (required) and Prepend U+2581.
+  bool spaces_replaced = false;
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
     const json& nz = j["normalizer"];
-    std::vector<json> steps = nz.value("type", "") == "Sequence" && nz.contains("normalizers")
+    std::vector<json> steps = nz.is_object() && nz.value("type", "") == "Sequence" && nz.contains("normalizers")
                                   ? nz["normalizers"].get<std::vector<json>>()
                                   : std::vector<json>{nz};
+    const char* supported =
+        spm ? "none, NFC, Replace \" \" with \"\u2581\", Prepend \"\u2581\", a Sequence of them" : "none, NFC";
     for (const auto& st : steps) {
-      if (!st.is_object() || st.value("type", "") != "NFC")
-        fail("normalizer " + config::printable(st.is_object() ? st.value("type", std::string("(none)")) : st.dump()) +
-             " is not supported (supported: none, NFC)");
-      t->nfc_ = true;
+      const std::string type = st.is_object() ? st.value("type", std::string("(none)")) : st.dump();
+      const bool is_replace = spm && type == "Replace" && st.contains("pattern") && st["pattern"].is_object() &&
+                              st["pattern"].value("String", std::string()) == " " &&
+                              st.value("content", std::string()) == "\xE2\x96\x81";
+      const bool is_prepend = spm && type == "Prepend" && st.value("prepend", std::string()) == "\xE2\x96\x81";
+      if (type == "NFC")
+        t->nfc_ = true;
+      else if (is_replace)
+        spaces_replaced = true;
+      else if (is_prepend)
+        t->prepend_each_ = true;
+      else
+        fail("normalizer " + config::printable(type) + " is not supported (supported: " + supported + ")");
     }
   }
+  if (spm && !spaces_replaced)
+    fail(
+        "normalizer: a SentencePiece-style tokenizer (model.byte_fallback) needs the step Replace \" \" with "
+        "\"\u2581\" (Gemma's and Llama-2's layout); a Metaspace pre-tokenizer is not supported");
   // Pre-tokenizer: splits (regexes, digits) then the byte-level mapping.
   bool byte_level = false;
   std::vector<std::string> regexes;
@@ -169,15 +209,25 @@ std::shared_ptr<const Tokenizer> Tokenizer::read_tokenizer_json(const std::strin
            " is not supported (supported: ByteLevel, Split, Digits, Sequence of them)");
     }
   };
-  if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
-    fail("pre_tokenizer is missing (byte-level BPE needs one)");
-  pre(j["pre_tokenizer"]);
-  if (!byte_level) fail("pre_tokenizer has no ByteLevel step (only byte-level BPE is read from tokenizer.json)");
-  for (const auto& r : regexes) {
-    try {
-      t->add_split(r);
-    } catch (const std::runtime_error& e) {
-      fail(std::string("pre_tokenizer regex: ") + e.what());
+  if (spm) {  // the whole normalized text is one piece: no pre-tokenizer, or Gemma's Split on " " (no spaces remain)
+    const json& p = j.value("pre_tokenizer", json());
+    const bool gemma_split = p.is_object() && p.value("type", "") == "Split" && p.contains("pattern") &&
+                             p["pattern"].is_object() && p["pattern"].value("String", std::string("-")) == " " &&
+                             !p.value("invert", false);
+    if (!p.is_null() && !gemma_split)
+      fail("pre_tokenizer " + config::printable(p.is_object() ? p.value("type", std::string("(none)")) : p.dump()) +
+           " is not supported with model.byte_fallback (supported: none, Split on \" \")");
+  } else {
+    if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
+      fail("pre_tokenizer is missing (byte-level BPE needs one)");
+    pre(j["pre_tokenizer"]);
+    if (!byte_level) fail("pre_tokenizer has no ByteLevel step (only byte-level BPE is read from tokenizer.json)");
+    for (const auto& r : regexes) {
+      try {
+        t->add_split(r);
+      } catch (const std::runtime_error& e) {
+        fail(std::string("pre_tokenizer regex: ") + e.what());
+      }
     }
   }
   t->pre_ = "tokenizer.json";

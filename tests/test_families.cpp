@@ -413,7 +413,8 @@ TEST_CASE("tokenizer.json: ids identical to the tokenizers package on a hostile 
     CHECK(got.find(want) != std::string::npos);
   };
   CHECK(error_with([](json&) {}) == "(loaded)");
-  refused([](json& j) { j["model"]["byte_fallback"] = true; }, "model.byte_fallback: SentencePiece-style BPE");
+  refused([](json& j) { j["model"]["byte_fallback"] = true; }, "needs the step Replace");
+  refused([](json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout: BPE dropout");
   refused([](json& j) { j["model"]["type"] = "Unigram"; }, "model.type Unigram is not supported");
   refused([](json& j) { j["normalizer"] = {{"type", "NFKC"}}; }, "normalizer NFKC is not supported");
   refused([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, "pre_tokenizer Metaspace is not supported");
@@ -422,6 +423,83 @@ TEST_CASE("tokenizer.json: ids identical to the tokenizers package on a hostile 
   refused([](json& j) { j["model"]["merges"][0] = 7; }, "model.merges entry 0 is neither");
   refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; },
           "pre_tokenizer regex:");
+  fs::remove_all(dir);
+}
+
+TEST_CASE(
+    "tokenizer.json, SentencePiece-style (byte fallback): Gemma's and legacy Llama-2's layouts give the ids "
+    "of the tokenizers package") {
+  for (const std::string family : {"gemma3", "llama"}) {
+    CAPTURE(family);
+    const json ref = json::parse(std::ifstream(kDir + family + "_tokenizer.json"));
+    const auto tok = Tokenizer::from_tokenizer_json(kDir + family + "/tokenizer.json");
+    REQUIRE(tok->kind() == Tokenizer::Kind::SentencePiece);
+    REQUIRE(tok->vocab_size() == 384);
+    int equal = 0, cases = 0;
+    for (const auto& c : ref["cases"]) {
+      const std::string text = c["text"];
+      const auto want = c["ids"].get<std::vector<std::int32_t>>();
+      CAPTURE(text);
+      ++cases;
+      const auto got = tok->encode(text, false, true);
+      CHECK(got == want);
+      equal += got == want;
+      // Decoding gives the text back (U+2581 -> space, <0xXX> -> bytes; the Llama layout's prefix dropped,
+      // though not the one its Prepend put after an added token: "\n\n\n" -> "\n\n" "\u2581\n").
+      const bool parts = text.find("\n\n") != std::string::npos || text.find('<') != std::string::npos;
+      if (family == "gemma3" || !parts) CHECK(tok->decode(got) == text);
+    }
+    MESSAGE(family << " layout: equal to `tokenizers` on " << equal << " of " << cases << " strings");
+    CHECK(cases >= 50);
+    // Characters outside the vocabulary took the byte tokens (the corpus has CJK and emoji).
+    std::vector<std::int32_t> bytes{tok->find("<0xE6>"), tok->find("<0x97>"), tok->find("<0xA5>")};
+    if (family == "llama") bytes.insert(bytes.begin(), tok->find("\xE2\x96\x81"));  // its Prepend
+    CHECK(tok->encode("\xE6\x97\xA5", false, false) == bytes);
+    // BOS from tokenizer_config.json; <end_of_turn> ends a generation; specials only where asked.
+    CHECK(tok->adds_bos());
+    CHECK(tok->bos_id() == tok->find("<bos>"));
+    CHECK(tok->is_end_of_generation(tok->find("<end_of_turn>")));
+    CHECK(tok->encode("<start_of_turn>", false, false).size() > 1);
+    CHECK(tok->strips_leading_space() == (family == "llama"));
+    // Streaming gives what decode gives.
+    const auto ids = tok->encode("hello  world, 日本 😀 <table>x", false, true);
+    StreamDecoder sd(*tok, false);
+    std::string streamed;
+    for (auto id : ids) streamed += sd.push(id);
+    streamed += sd.finish();
+    CHECK(streamed == tok->decode(ids));
+  }
+  // The checkpoint folder's tokenizer.json is what the loader uses.
+  specactor::config::ServerArgs a;
+  a.model_path = kDir + "gemma3";
+  const LoadedModel m = load_model(a);
+  REQUIRE(m.tokenizer);
+  CHECK(m.tokenizer->kind() == Tokenizer::Kind::SentencePiece);
+  CHECK(m.tokenizer->encode("hello world") ==
+        Tokenizer::from_tokenizer_json(kDir + "gemma3/tokenizer.json")->encode("hello world"));
+
+  // What it does not read is refused, naming the field.
+  const fs::path dir = fs::temp_directory_path() / ("specactor_spmjson_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto refused = [&](const std::function<void(json&)>& edit, const std::string& want) {
+    json j = json::parse(std::ifstream(kDir + "gemma3/tokenizer.json"));
+    edit(j);
+    std::ofstream(dir / "tokenizer.json") << j.dump();
+    std::string got = "(loaded)";
+    try {
+      Tokenizer::from_tokenizer_json((dir / "tokenizer.json").string());
+    } catch (const GgufError& e) {
+      got = e.what();
+    }
+    CAPTURE(got);
+    CHECK(got.find((dir / "tokenizer.json").string() + ": " + want) == 0);
+  };
+  refused([](json& j) { j["normalizer"] = nullptr; }, "normalizer: a SentencePiece-style tokenizer");
+  refused([](json& j) { j["normalizer"] = {{"type", "NFKC"}}; }, "normalizer NFKC is not supported");
+  refused([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, "pre_tokenizer Metaspace is not supported");
+  refused([](json& j) { j["model"]["ignore_merges"] = true; }, "model.ignore_merges = true");
+  refused([](json& j) { j["model"]["unk_token"] = "<nope>"; }, "model.unk_token <nope> is not a token");
+  refused([](json& j) { j["model"]["byte_fallback"] = "yes"; }, "model.byte_fallback must be true or false");
   fs::remove_all(dir);
 }
 

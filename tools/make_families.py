@@ -11,9 +11,13 @@ converter does), and transformers' float32 forward as the reference:
     tests/data/families/<family>.json                                 64 token ids, the logits at every
                                                                       position, a 16-token greedy continuation
     tests/data/families/qwen2/tokenizer.json, tokenizer_config.json    a byte-level BPE in Qwen2's layout
-                                                                      (trained by `tokenizers` on this checkout's
-                                                                      text; also in qwen2.gguf, pre "qwen2")
+                                                                      (trained by `tokenizers` on the frozen
+                                                                      training/prompt_passages.txt; also in
+                                                                      qwen2.gguf, pre "qwen2")
     tests/data/families/qwen2_tokenizer.json                          `tokenizers`' ids of a hostile corpus
+    tests/data/families/{gemma3,llama}/tokenizer.json, ..._config.json a SentencePiece-style BPE (byte fallback)
+                                                                      in Gemma's and legacy Llama-2's layouts
+    tests/data/families/{gemma3,llama}_tokenizer.json                 `tokenizers`' ids of the same corpus
 
 Run through tools/make_families (it creates .venv-families with the pinned packages). Deterministic:
 the same seed gives the same files.
@@ -185,7 +189,7 @@ def hostile_corpus():
 
 
 def make_tokenizer():
-    """A byte-level BPE in Qwen2's layout (NFC, its split, byte-level, added tokens), trained on this checkout's text."""
+    """A byte-level BPE in Qwen2's layout (NFC, its split, byte-level, added tokens), trained on training/prompt_passages.txt."""
     from tokenizers import Tokenizer, models, pre_tokenizers, normalizers, decoders, trainers, Regex
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -195,7 +199,7 @@ def make_tokenizer():
     tok.decoder = decoders.ByteLevel()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     texts = []
-    for rel in ("training/prompt_passages.txt", "README.md"):
+    for rel in ("training/prompt_passages.txt",):  # frozen text: the files stay the same when README.md changes
         with open(os.path.join(root, rel), encoding="utf-8") as f:
             texts.append(f.read())
     trainer = trainers.BpeTrainer(vocab_size=VOCAB - len(USER_DEFINED), special_tokens=SPECIALS,
@@ -204,6 +208,58 @@ def make_tokenizer():
     tok.add_tokens(USER_DEFINED)
     assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
     return tok
+
+
+SPM_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]  # ids 0-5, Gemma's order
+SPM_USER_DEFINED = ["\n\n", "<table>"]  # added, not special: Gemma's newline runs and markup tokens
+
+
+def make_spm_tokenizer(layout):
+    """A SentencePiece-style BPE (byte fallback, spaces as U+2581) in Gemma's tokenizer.json layout (normalizer
+    Replace " " -> U+2581, pre-tokenizer Split on " " merged with the previous piece) or legacy Llama's (normalizer
+    Prepend U+2581 then Replace, no pre-tokenizer): ids 0-5 the special tokens, 6-261 the byte tokens <0x00>..<0xFF>
+    as ordinary vocabulary, then pieces trained by `tokenizers` on training/prompt_passages.txt, then the added tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, normalizers, decoders, trainers
+    spm_normalizer = (normalizers.Replace(" ", "\u2581") if layout == "gemma" else
+                      normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]))
+    learner = Tokenizer(models.BPE(unk_token="<unk>"))
+    learner.normalizer = spm_normalizer
+    learner.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never", split=True)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    texts = []
+    for rel in ("training/prompt_passages.txt",):  # frozen text: the files stay the same when README.md changes
+        with open(os.path.join(root, rel), encoding="utf-8") as f:
+            texts.append(f.read())
+    n_learned = VOCAB - len(SPM_SPECIALS) - 256 - len(SPM_USER_DEFINED)
+    learner.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=n_learned, limit_alphabet=60, show_progress=False))
+    learned = json.loads(learner.to_str())["model"]
+    vocab = {t: i for i, t in enumerate(SPM_SPECIALS)}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for t, _ in sorted(learned["vocab"].items(), key=lambda kv: kv[1]):
+        if t not in vocab:
+            vocab[t] = len(vocab)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in learned["merges"]]
+    merges = [m for m in merges if "".join(m.split(" ")) in vocab]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], unk_token="<unk>",
+                               byte_fallback=True, fuse_unk=True))
+    tok.normalizer = spm_normalizer
+    if layout == "gemma":
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    # As transformers' SentencePiece converters add them: matched in the raw text (normalized=False).
+    tok.add_special_tokens([tokenizers.AddedToken(t, normalized=False, special=True) for t in SPM_SPECIALS])
+    tok.add_tokens([tokenizers.AddedToken(t, normalized=False, special=False) for t in SPM_USER_DEFINED])
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    return tok
+
+
+def write_tokenizer_cases(tok, path):
+    cases = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids} for t in hostile_corpus()]
+    with open(path, "w") as f:
+        f.write('{"tokenizers": %s, "cases": [\n' % json.dumps(tokenizers.__version__))
+        f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in cases))
+        f.write("\n]}\n")
 
 
 def write_gguf_tokenizer(w, tok):
@@ -269,11 +325,14 @@ def main():
                            "chat_template": "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
                                             "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"}, f, indent=1)
                 f.write("\n")
-            cases = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids} for t in hostile_corpus()]
-            with open(os.path.join(args.out, "qwen2_tokenizer.json"), "w") as f:
-                f.write('{"tokenizers": %s, "cases": [\n' % json.dumps(tokenizers.__version__))
-                f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in cases))
-                f.write("\n]}\n")
+            write_tokenizer_cases(tok, os.path.join(args.out, "qwen2_tokenizer.json"))
+        elif family in ("gemma3", "llama"):  # SentencePiece-style tokenizer.json (Gemma's, legacy Llama-2's layout)
+            spm = make_spm_tokenizer("gemma" if family == "gemma3" else "llama")
+            spm.save(os.path.join(d, "tokenizer.json"))
+            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                json.dump({"eos_token": "<eos>", "bos_token": "<bos>", "add_bos_token": True}, f, indent=1)
+                f.write("\n")
+            write_tokenizer_cases(spm, os.path.join(args.out, f"{family}_tokenizer.json"))
         write_gguf(model, family, os.path.join(args.out, f"{family}.gguf"), tok)
         ref = reference(model, args.seed + 100 * i + 2)
         ref.update({"family": family, "transformers": transformers.__version__, "torch": torch.__version__})
