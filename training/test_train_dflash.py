@@ -138,6 +138,14 @@ def init_checks(spec, trainer, tiny, data, tmp):
                                                         "--speculative-adaptive", "false"])
     check(fast["tokens"] == plain["tokens"] and fast["speculative"]["drafted"] > 0,
           "a drafter seeded from the target trains, loads and drafts losslessly")
+    # Without --init-layers: the layers after the last capture layer, or the target's last ones where it
+    # ends first (the tiny target has 2 layers).
+    deep = os.path.join(tmp, "init-deep")
+    run([*trainer, "--data", data, "--out", deep, "--work", deep + ".work", "--block-size", "4", "--draft-vocab",
+         "256", "--layers", "2", "--quiet", "--eval-share", "0.2", "--init-from-target", tiny, "--max-steps", "1",
+         "--epochs", "50"])
+    seeded = json.load(open(os.path.join(deep, "config.json")))["specactor"].get("initialised_from_target_layers")
+    check(seeded == [0, 1], f"2 drafter layers on a 2-layer target start from its layers 0 and 1 (got {seeded})")
     bad = os.path.join(tmp, "bad-init")
     base = ["--data", data, "--out", bad, "--work", bad + ".work"]
     for args, want in (([*base, "--init-from-target", tiny, "--init-layers", "5"], "--init-layers: 5 is not a layer"),
@@ -147,7 +155,8 @@ def init_checks(spec, trainer, tiny, data, tmp):
                        ([*base, "--init-from-target", os.path.join(tmp, "nope.gguf")], "no such file"),
                        ([*base, "--init-from-target", data + "/manifest.json", "--init-layers", "1"],
                         "cannot read it as GGUF"),
-                       ([*base, "--dspark", "--init-from-target", tiny], "--init-from-target: DFlash only")):
+                       ([*base, "--dspark", "--init-from-target", tiny], "--init-from-target: DFlash only"),
+                       ([*base, "--init-from-target", tiny, "--layers", "3"], "are more than the target's 2")):
         p = run([*trainer, *args], expect=2)
         check(want in p.stderr and p.stderr.count("\n") == 1, f"a bad input is one clear error: {want!r}")
 

@@ -410,7 +410,7 @@ def main():
                          "the norms to match (see --init-layers)")
     ap.add_argument("--init-layers", default="",
                     help="with --init-from-target: comma-separated target layer ids, one per drafter layer "
-                         "(default: the layers right after the last capture layer)")
+                         "(default: the layers right after the last capture layer, or the target's last ones where it ends first)")
     ap.add_argument("--markov-rank", type=int, default=64, help="DSpark: the Markov head's rank")
     ap.add_argument("--ce-weight", type=float, default=0.1, help="DSpark: weight of the soft cross-entropy")
     ap.add_argument("--tvd-weight", type=float, default=0.9, help="DSpark: weight of the total variation distance")
@@ -463,10 +463,16 @@ def main():
         if not os.path.isfile(a.init_from_target):
             fail(f"--init-from-target: {a.init_from_target}: no such file")
         try:
+            # Default: the layers right after the last capture layer; where the target ends before that
+            # many, its last --layers layers.
+            first = min(max(ds.aux_layers) + 1, m["num_hidden_layers"] - a.layers)
             init_layers = ([int(x) for x in a.init_layers.split(",")] if a.init_layers else
-                           [max(ds.aux_layers) + 1 + i for i in range(a.layers)])
+                           [first + i for i in range(a.layers)])
         except ValueError:
             fail(f"--init-layers: expected comma-separated layer ids, got '{a.init_layers}'")
+        if a.layers > m["num_hidden_layers"] and not a.init_layers:
+            fail(f"--init-from-target: the drafter's {a.layers} layers (--layers) are more than the target's "
+                 f"{m['num_hidden_layers']}; give --init-layers, or start at random (no --init-from-target)")
         if len(init_layers) != a.layers:
             fail(f"--init-layers: {len(init_layers)} id(s) for {a.layers} drafter layer(s) (--layers)")
         bad = [x for x in init_layers if not 0 <= x < m["num_hidden_layers"]]
