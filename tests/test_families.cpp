@@ -354,8 +354,15 @@ TEST_CASE("families: the loader mutations of the llama path, on every family's f
   fs::remove(tmp);
 }
 
+// `tokenizers`' ids of the hostile corpus (tools/make_families writes FAMILY_tokenizer.json).
+static std::vector<std::pair<std::string, std::vector<std::int32_t>>> tokenizer_cases(const std::string& family) {
+  const json ref = json::parse(std::ifstream(kDir + family + "_tokenizer.json"));
+  std::vector<std::pair<std::string, std::vector<std::int32_t>>> out;
+  for (const auto& c : ref["cases"]) out.emplace_back(c["text"], c["ids"].get<std::vector<std::int32_t>>());
+  return out;
+}
+
 TEST_CASE("tokenizer.json: ids identical to the tokenizers package on a hostile corpus, from tokenizer.json and GGUF") {
-  const json ref = json::parse(std::ifstream(kDir + "qwen2_tokenizer.json"));
   const auto from_json = Tokenizer::from_tokenizer_json(kDir + "qwen2/tokenizer.json");
   const auto gguf = GgufFile::open(kDir + "qwen2.gguf");
   const auto from_gguf = Tokenizer::from_gguf(*gguf);  // the same vocabulary, tokenizer.ggml.pre "qwen2"
@@ -363,9 +370,7 @@ TEST_CASE("tokenizer.json: ids identical to the tokenizers package on a hostile 
   REQUIRE(from_json->vocab_size() == 384);
   CHECK(from_gguf->vocab_size() == 384);
   int equal = 0, cases = 0;
-  for (const auto& c : ref["cases"]) {
-    const std::string text = c["text"];
-    const auto want = c["ids"].get<std::vector<std::int32_t>>();
+  for (const auto& [text, want] : tokenizer_cases("qwen2")) {
     CAPTURE(text);
     ++cases;
     // `tokenizers` finds added tokens, special ones included, in the text: parse_special = true.
@@ -431,14 +436,11 @@ TEST_CASE(
     "of the tokenizers package") {
   for (const std::string family : {"gemma3", "llama"}) {
     CAPTURE(family);
-    const json ref = json::parse(std::ifstream(kDir + family + "_tokenizer.json"));
     const auto tok = Tokenizer::from_tokenizer_json(kDir + family + "/tokenizer.json");
     REQUIRE(tok->kind() == Tokenizer::Kind::SentencePiece);
     REQUIRE(tok->vocab_size() == 384);
     int equal = 0, cases = 0;
-    for (const auto& c : ref["cases"]) {
-      const std::string text = c["text"];
-      const auto want = c["ids"].get<std::vector<std::int32_t>>();
+    for (const auto& [text, want] : tokenizer_cases(family)) {
       CAPTURE(text);
       ++cases;
       const auto got = tok->encode(text, false, true);
