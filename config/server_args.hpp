@@ -129,7 +129,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
 #define SPECACTOR_SERVER_ARGS(X)                                                                        \
   /* ---- model ---- */                                                                                \
   X(std::string,   model_path,                 "",        "target model: a GGUF file, or a directory with config.json + *.safetensors (alias -m, --model)") \
-  X(OptString,     tokenizer_path,             {},        "the tokenizer: a GGUF file, a tokenizer.json (byte-level BPE), or a folder holding one; unset = the GGUF model's own, or a safetensors checkpoint's tokenizer.json") \
+  X(OptString,     tokenizer_path,             {},        "the tokenizer: a GGUF file, a tokenizer.json (BPE: byte-level, or SentencePiece-style with byte fallback), or a folder holding one; unset = the GGUF model's own, or a safetensors checkpoint's tokenizer.json") \
   X(LoadFormat,    load_format,                LoadFormat::Auto, "weight format of the target: auto|gguf|safetensors|dummy (dummy = random weights, shapes from the file)") \
   X(std::string,   dtype,                      "auto",    "activation dtype: auto|float32 (auto = float32; float16 and bfloat16 are refused: not supported yet)") \
   X(OptInt,        context_length,             {},        "maximum sequence length in tokens; unset = the model's own") \

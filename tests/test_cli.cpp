@@ -635,7 +635,7 @@ TEST_CASE("specactor generate: flags a newcomer types (typos, -m/--model, help, 
     const auto at = ch.out.find("  " + flag + " ");
     return at == std::string::npos ? std::string() : ch.out.substr(at, ch.out.find('\n', at) - at);
   };
-  CHECK(line_of("--tokenizer-path").find("a tokenizer.json (byte-level BPE)") != std::string::npos);
+  CHECK(line_of("--tokenizer-path").find("a tokenizer.json (BPE: byte-level, or SentencePiece") != std::string::npos);
   CHECK(line_of("--dtype").find("refused") != std::string::npos);
   CHECK(line_of("--kv-cache-dtype").find("auto = float16 on the CPU in the fast precision") != std::string::npos);
   CHECK(line_of("--speculative-accept-threshold-single").find("only 1 is accepted") != std::string::npos);
