@@ -370,7 +370,9 @@ TEST_CASE("tokenizer.json: ids identical to the tokenizers package on a hostile 
   REQUIRE(from_json->vocab_size() == 384);
   CHECK(from_gguf->vocab_size() == 384);
   int equal = 0, cases = 0;
-  for (const auto& [text, want] : tokenizer_cases("qwen2")) {
+  for (const auto& tc : tokenizer_cases("qwen2")) {
+    const std::string& text = tc.first;  // not a structured binding: Clang cannot capture one (CAPTURE)
+    const std::vector<std::int32_t>& want = tc.second;
     CAPTURE(text);
     ++cases;
     // `tokenizers` finds added tokens, special ones included, in the text: parse_special = true.
@@ -440,7 +442,9 @@ TEST_CASE(
     REQUIRE(tok->kind() == Tokenizer::Kind::SentencePiece);
     REQUIRE(tok->vocab_size() == 384);
     int equal = 0, cases = 0;
-    for (const auto& [text, want] : tokenizer_cases(family)) {
+    for (const auto& tc : tokenizer_cases(family)) {
+      const std::string& text = tc.first;
+      const std::vector<std::int32_t>& want = tc.second;
       CAPTURE(text);
       ++cases;
       const auto got = tok->encode(text, false, true);
