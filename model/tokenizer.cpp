@@ -272,13 +272,17 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
       if (t->types_[i] == kTypeByte && byte_token_value(t->tokens_[i]) < 0)
         fail("tokenizer.ggml.tokens entry " + std::to_string(i) +
              " is a byte token (token_type 6) but is not written <0xHH>");
-    for (int b = 0; b < 256; ++b) {
-      char name[8];
-      std::snprintf(name, sizeof name, "<0x%02X>", b);
-      t->byte_tokens_[b] = t->find(name);
-    }
+    t->index_byte_tokens();
   }
   return t;
+}
+
+void Tokenizer::index_byte_tokens() {
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    byte_tokens_[b] = find(name);
+  }
 }
 
 // Special and user-defined tokens longest first, the user-defined ones' first bytes, the end tokens.

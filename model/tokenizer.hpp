@@ -75,6 +75,7 @@ class Tokenizer {
 
   static std::shared_ptr<const Tokenizer> read_tokenizer_json(const std::string& path);
   void index_specials();
+  void index_byte_tokens();                  // byte_tokens_ from the tokens named <0xXX>
   void add_split(const std::string& regex);  // a pre-tokenizer regex, applied after the earlier ones
   // GGUF token types (llama.cpp's): control tokens only through templates, user-defined ones in text.
   static constexpr int kTypeControl = 3, kTypeUserDefined = 4, kTypeByte = 6;

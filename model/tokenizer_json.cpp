@@ -4,7 +4,6 @@
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -71,7 +70,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::read_tokenizer_json(const std::strin
   const json& m = j["model"];
   if (m.value("type", "") != "BPE")
     fail("model.type " + config::printable(m.value("type", std::string("(none)"))) +
-         " is not supported (supported: BPE, byte-level)");
+         " is not supported (supported: BPE, byte-level or with byte_fallback)");
   if (m.contains("byte_fallback") && !m["byte_fallback"].is_boolean())
     fail("model.byte_fallback must be true or false");
   if (m.contains("dropout") && !m["dropout"].is_null() &&
@@ -123,14 +122,9 @@ std::shared_ptr<const Tokenizer> Tokenizer::read_tokenizer_json(const std::strin
   for (std::int64_t i = 0; i < n; ++i)
     t->index_.emplace(t->tokens_[static_cast<std::size_t>(i)], static_cast<std::int32_t>(i));
   if (spm) {  // the byte tokens of the vocabulary (not the added tokens), and the unknown token
-    for (int b = 0; b < 256; ++b) {
-      char name[8];
-      std::snprintf(name, sizeof name, "<0x%02X>", b);
-      const auto it = m["vocab"].find(name);
-      t->byte_tokens_[b] = it != m["vocab"].end() ? static_cast<std::int32_t>(it->get<std::int64_t>()) : -1;
-      if (t->byte_tokens_[b] >= 0 && t->types_[static_cast<std::size_t>(t->byte_tokens_[b])] == 1)
-        t->types_[static_cast<std::size_t>(t->byte_tokens_[b])] = kTypeByte;
-    }
+    t->index_byte_tokens();
+    for (const std::int32_t id : t->byte_tokens_)  // a vocabulary entry (not an added token): a byte token
+      if (id >= 0 && t->types_[static_cast<std::size_t>(id)] == 1) t->types_[static_cast<std::size_t>(id)] = kTypeByte;
     if (m.contains("unk_token") && m["unk_token"].is_string()) {
       t->unk_ = t->find(m["unk_token"].get<std::string>());
       if (t->unk_ < 0)
