@@ -342,7 +342,7 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
     // were measured with it); otherwise none (sglang's behaviour: the shape is drafted whole).
     if (head && !s->speculative_draft_p_min)
       f["speculative_draft_p_min"] = shipped_head && none_given ? tuned.p_min : 0.0;
-    if (head && !s->speculative_draft_ngram_tokens)
+    if ((head || is_block_drafter(a)) && !s->speculative_draft_ngram_tokens)
       f["speculative_draft_ngram_tokens"] = shipped_head && none_given ? tuned.ngram_tokens : 0;
     if (head && s->speculative_draft_quantization == "auto")
       f["speculative_draft_quantization"] = shipped_head ? tuned.quantization : std::string("q8_0");

@@ -429,9 +429,25 @@ void validate(const ServerArgs& a) {
          "(got " +
              algo + ")");
   head_only("speculative_draft_p_min", a.speculative_draft_p_min.has_value());
-  head_only("speculative_draft_ngram_tokens", a.speculative_draft_ngram_tokens.has_value());
-  head_only("speculative_draft_ngram_min_match", a.speculative_draft_ngram_min_match.has_value());
-  head_only("speculative_draft_suffix_tokens", a.speculative_draft_suffix_tokens.has_value());
+  // The branches merged into a model drafter's proposal: the heads' and the block drafters'.
+  auto model_drafter_only = [&](std::string_view field, bool set) {
+    if (set && spec && !undecided && !is_head_drafter(a.speculative_algorithm) &&
+        !is_block_drafter(a.speculative_algorithm))
+      fail(field, "only applies to the model drafters EAGLE, EAGLE3, MTP, FROZEN_KV_MTP, DFLASH and DSPARK (got " +
+                      algo + ")");
+  };
+  model_drafter_only("speculative_draft_ngram_tokens", a.speculative_draft_ngram_tokens.has_value());
+  model_drafter_only("speculative_draft_ngram_min_match", a.speculative_draft_ngram_min_match.has_value());
+  model_drafter_only("speculative_draft_suffix_tokens", a.speculative_draft_suffix_tokens.has_value());
+  // Rejection sampling verifies a chain with the draft's probabilities; a branch makes it a tree.
+  if (a.speculative_use_rejection_sampling)
+    for (auto [field, v] : {std::pair{"speculative_draft_ngram_tokens", a.speculative_draft_ngram_tokens},
+                            std::pair{"speculative_draft_suffix_tokens", a.speculative_draft_suffix_tokens}})
+      if (v.value_or(0) > 0)
+        fail(field,
+             "makes the proposal a tree, and --speculative-use-rejection-sampling verifies a chain with the "
+             "draft's probabilities: set it to 0 or leave rejection sampling off (got " +
+                 std::to_string(*v) + ")");
   if (a.speculative_draft_suffix_tokens)
     in_range("speculative_draft_suffix_tokens", *a.speculative_draft_suffix_tokens, 0, kMaxNgramBranch);
   if (!a.speculative_budget_cache.empty() && a.speculative_budget_cache != "none") {

@@ -170,8 +170,8 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(OptInt,        speculative_eagle_topk,     {},        "branches kept per draft step; 1 = chain; unset = automatic") \
   X(OptInt,        speculative_num_draft_tokens, {},      "tree nodes verified per step, root included; unset = automatic") \
   X(OptDouble,     speculative_draft_p_min,    {},        "head drafters: propose only draft tokens whose path probability under the head (the product of its probabilities from the root) reaches this, and stop drafting when no branch does; 0 = the full shape; unset = automatic (0, or the shipped head's measured value)") \
-  X(OptInt,        speculative_draft_ngram_tokens, {},    "head drafters: add to each proposal a prompt-lookup branch of up to N tokens (what followed the latest earlier occurrence of the sequence's last tokens), merged into the head's tree: nodes the head proposed too cost nothing, new ones are verified on top of --speculative-num-draft-tokens and may reach deeper than --speculative-num-steps; 0 = off; unset = automatic (0, or the shipped head's measured value)") \
-  X(OptInt,        speculative_draft_ngram_min_match, {}, "head drafters' prompt-lookup branch: the fewest last tokens that must recur earlier in the sequence (default 2)") \
+  X(OptInt,        speculative_draft_ngram_tokens, {},    "model drafters (heads, DFLASH, DSPARK): add to each proposal a prompt-lookup branch of up to N tokens (what followed the latest earlier occurrence of the sequence's last tokens), merged into the drafter's tree: nodes the drafter proposed too cost nothing, new ones are verified on top of --speculative-num-draft-tokens and may reach deeper than --speculative-num-steps; 0 = off; unset = automatic (0, or the shipped head's measured value)") \
+  X(OptInt,        speculative_draft_ngram_min_match, {}, "model drafters' prompt-lookup branch: the fewest last tokens that must recur earlier in the sequence (default 2)") \
   X(double,        speculative_accept_threshold_single, 1.0, "sglang's relaxed acceptance (lossy below 1): only 1 is accepted, verification is lossless") \
   X(double,        speculative_accept_threshold_acc, 1.0, "sglang's relaxed acceptance (lossy below 1): only 1 is accepted, verification is lossless") \
   X(OptString,     speculative_token_map,      {},        "hot-vocabulary file (FR-Spec): the draft's output head keeps only these token ids") \
@@ -187,7 +187,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(std::int64_t,  speculative_suffix_cache_tokens, 262144, "SUFFIX (and --speculative-draft-suffix-tokens): tokens of earlier requests' prompts and outputs kept to draft from; the oldest request goes first") \
   X(std::int64_t,  speculative_suffix_min_match, 3,       "SUFFIX: fewest last tokens that must match an earlier request (or earlier in this one)") \
   X(std::int64_t,  speculative_suffix_max_match, 32,      "SUFFIX: longest suffix matched") \
-  X(OptInt,        speculative_draft_suffix_tokens, {},   "head drafters: add a branch of up to N tokens drafted from earlier requests (as SUFFIX does), merged into the head's tree; 0 = off; unset = 0") \
+  X(OptInt,        speculative_draft_suffix_tokens, {},   "model drafters (heads, DFLASH, DSPARK): add a branch of up to N tokens drafted from earlier requests (as SUFFIX does), merged into the drafter's tree; 0 = off; unset = 0") \
   /* ---- server ---- */                                                                               \
   X(std::string,   host,                       "127.0.0.1", "HTTP server address") \
   X(std::int64_t,  port,                       30000,     "HTTP server port")

@@ -13,6 +13,8 @@
 // is chosen from logits that saw draft i−1) and a confidence per row; each draft's score is the product
 // of the confidences up to it (the predicted probability that it is accepted), from which the budget
 // picks how much of the chain the target verifies.
+// --speculative-draft-ngram-tokens / --speculative-draft-suffix-tokens merge a prompt-lookup or suffix
+// branch into the chain (drafters/branches.hpp), as for the head drafters.
 #include "model/block_drafter.hpp"
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include <stdexcept>
 
 #include "config/resolve.hpp"
+#include "drafters/branches.hpp"
 #include "drafters/drafter.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/runner.hpp"
@@ -33,7 +36,9 @@ namespace k = specactor::kernels;
 
 class BlockDrafter final : public Drafter {
  public:
-  BlockDrafter(const config::Snapshot& s, const DraftContext& ctx) : sampling_(s->speculative_use_rejection_sampling) {
+  BlockDrafter(const config::Snapshot& s, const DraftContext& ctx)
+      : sampling_(s->speculative_use_rejection_sampling), branches_(*s) {
+    reconfigure(s);
     const std::string algo(config::to_string(s->speculative_algorithm));
     if (!s->speculative_draft_model_path)
       throw std::runtime_error("--speculative-algorithm " + algo +
@@ -97,7 +102,8 @@ class BlockDrafter final : public Drafter {
     State& st = it->second;
     const auto n = static_cast<std::int64_t>(ctx.size());
     const auto& c = weights_->config();
-    const std::int32_t depth = std::min({max_depth, max_nodes, static_cast<std::int32_t>(c.block_size - 1)});
+    // The block's chain keeps to the configured steps; the branches may use the rest of max_nodes.
+    const std::int32_t depth = std::min({max_depth, steps_, max_nodes, static_cast<std::int32_t>(c.block_size - 1)});
     if (st.broken || st.rows != n - 1 || depth <= 0) return {};  // features do not line up, or nothing asked
     std::vector<float> logits;
     try {
@@ -110,12 +116,21 @@ class BlockDrafter final : public Drafter {
     } catch (const model::KvExhausted&) {
       return {};  // the drafter's cache is full: the target decodes plainly this step
     }
-    return chain(st, logits, depth, ctx.back());
+    DraftTree t = chain(st, logits, depth, ctx.back());
+    // A chain drawn for rejection sampling stays a chain (resolution refuses a branch with it).
+    if (t.probs.empty()) branches_.add(t, ctx, max_nodes, max_depth, st.doc);
+    return t;
+  }
+
+  void reconfigure(const config::Snapshot& s) override {
+    steps_ = static_cast<std::int32_t>(config::draft_shape_args(*s).num_steps);
+    branches_.configure(*s);
   }
 
   void release(std::uint64_t req) override {
     auto it = states_.find(req);
     if (it == states_.end()) return;
+    branches_.release(it->second.doc);
     kv_->release(it->second.seq);
     states_.erase(it);
   }
@@ -129,6 +144,7 @@ class BlockDrafter final : public Drafter {
     k::SamplingParams params;
     k::Rng rng;
     bool seeded = false;
+    SuffixStore::Handle doc = 0;  // this request in the suffix branch's store (0: none yet)
   };
 
   // Context rows for the committed positions [st.fed, n − 1) into every layer's KV.
@@ -182,7 +198,9 @@ class BlockDrafter final : public Drafter {
     return t;
   }
 
-  bool sampling_;  // --speculative-use-rejection-sampling: draw drafts from q instead of argmax
+  bool sampling_;              // --speculative-use-rejection-sampling: draw drafts from q instead of argmax
+  std::int32_t steps_ = 15;    // --speculative-num-steps: the chain's length (at most block_size - 1)
+  ProposalBranches branches_;  // --speculative-draft-ngram-tokens, --speculative-draft-suffix-tokens
   std::shared_ptr<const model::LlamaWeights> target_;
   std::shared_ptr<const model::BlockDraftWeights> weights_;
   std::unique_ptr<model::BlockDraftRunner> runner_;

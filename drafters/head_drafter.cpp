@@ -22,6 +22,7 @@
 #include <stdexcept>
 
 #include "config/resolve.hpp"
+#include "drafters/branches.hpp"
 #include "drafters/drafter.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/spec.hpp"
@@ -39,7 +40,7 @@ class HeadDrafter final : public Drafter {
 
  public:
   HeadDrafter(const config::Snapshot& s, const DraftContext& ctx, model::HeadKind kind, bool frozen)
-      : frozen_(frozen), kind_(kind), suffix_(s->speculative_suffix_cache_tokens, s->speculative_suffix_min_match) {
+      : frozen_(frozen), kind_(kind), branches_(*s) {
     const std::string algo(config::to_string(s->speculative_algorithm));
     if (!s->speculative_draft_model_path)
       throw std::runtime_error(
@@ -126,8 +127,7 @@ class HeadDrafter final : public Drafter {
     if (depth <= 0 || max_nodes <= 0) return {};
     // The head's tree keeps to its own shape; the branches may use the rest of max_nodes.
     DraftTree t = draft_frozen(st, ctx, max_nodes, depth);
-    add_ngram_branch(t, ctx, max_nodes, max_depth);
-    add_suffix_branch(st, t, ctx, max_nodes, max_depth);
+    branches_.add(t, ctx, max_nodes, max_depth, st.doc);
     return t;
   }
 
@@ -135,37 +135,10 @@ class HeadDrafter final : public Drafter {
     return frozen_ ? Drafter::propose_batch(round) : propose_own(round);
   }
 
-  // The prompt-lookup branch (--speculative-draft-ngram-tokens): the continuation of the latest
-  // earlier occurrence of the sequence's last tokens, merged into the head's tree; it may add at most
-  // its own length in nodes beyond the head's and reach as deep as the scheduler allows.
-  void add_ngram_branch(DraftTree& t, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
-                        std::int32_t max_depth) const {
-    if (ngram_tokens_ <= 0) return;
-    const std::int32_t len = std::min(ngram_tokens_, max_depth);
-    const std::int32_t room = std::min(len, max_nodes - static_cast<std::int32_t>(t.tokens.size()));
-    if (len <= 0 || room <= 0) return;
-    merge_chain(t, latest_match_continuation(ctx, ngram_min_match_, ngram_max_match_, len), room);
-  }
-
-  // The suffix branch (--speculative-draft-suffix-tokens): the continuation of the longest match of
-  // the sequence's last tokens in earlier requests (or earlier in this one), merged like the above.
-  void add_suffix_branch(State& st, DraftTree& t, const std::vector<std::int32_t>& ctx, std::int32_t max_nodes,
-                         std::int32_t max_depth) {
-    if (suffix_tokens_ <= 0) return;
-    if (st.doc == 0) st.doc = suffix_.open();
-    if (const std::size_t have = suffix_.length(st.doc); ctx.size() > have)
-      suffix_.extend(st.doc, ctx.data() + have, ctx.size() - have);
-    const std::int32_t len = std::min(suffix_tokens_, max_depth);
-    const std::int32_t room = std::min(len, max_nodes - static_cast<std::int32_t>(t.tokens.size()));
-    if (len <= 0 || room <= 0) return;
-    const auto m = suffix_.lookup(ctx, suffix_max_match_, len, 1, st.doc);
-    if (!m.empty()) merge_chain(t, m.front().continuation, room);
-  }
-
   void release(std::uint64_t req) override {
     auto it = states_.find(req);
     if (it == states_.end()) return;
-    if (it->second.doc != 0) suffix_.close(it->second.doc);
+    branches_.release(it->second.doc);
     if (cache_) {
       cache_insert(it->second);
       cache_->finish(it->second.entry);
@@ -229,11 +202,7 @@ class HeadDrafter final : public Drafter {
     topk_ = static_cast<std::int32_t>(d.eagle_topk);
     n_tokens_ = static_cast<std::int32_t>(d.num_draft_tokens);
     p_min_ = static_cast<float>(d.p_min);
-    ngram_tokens_ = static_cast<std::int32_t>(d.ngram_tokens);
-    ngram_min_match_ = d.ngram_min_match;
-    ngram_max_match_ = std::max(ngram_min_match_, s->speculative_ngram_max_match_window_size);
-    suffix_tokens_ = static_cast<std::int32_t>(d.suffix_tokens);
-    suffix_max_match_ = s->speculative_suffix_max_match;
+    branches_.configure(*s);
     if (static_cast<std::int64_t>(steps_) * topk_ + 1 > config::kMaxHeadDraftNodes)  // resolution refuses it first
       throw std::runtime_error(
           "--speculative-num-steps × --speculative-eagle-topk must stay under 64 draft nodes (got " +
@@ -629,8 +598,7 @@ class HeadDrafter final : public Drafter {
         continue;  // the head's cache is full: the target decodes plainly this step
       const ProposeArgs& a = round[w.index];
       DraftTree t = expansion_tree(w.e);
-      add_ngram_branch(t, *a.context, a.max_nodes, a.max_depth);
-      add_suffix_branch(*w.st, t, *a.context, a.max_nodes, a.max_depth);
+      branches_.add(t, *a.context, a.max_nodes, a.max_depth, w.st->doc);
       out[w.index] = std::move(t);
     }
     return out;
@@ -688,12 +656,8 @@ class HeadDrafter final : public Drafter {
   std::int64_t draft_vocab_ = 0, page_size_ = 0, max_tokens_ = 0;
   int layers_ = 1;
   std::int32_t steps_ = 3, topk_ = 1, n_tokens_ = 4;
-  float p_min_ = 0.0f;             // --speculative-draft-p-min
-  std::int32_t ngram_tokens_ = 0;  // --speculative-draft-ngram-tokens
-  std::int64_t ngram_min_match_ = 2, ngram_max_match_ = 12;
-  std::int32_t suffix_tokens_ = 0;  // --speculative-draft-suffix-tokens
-  std::int64_t suffix_max_match_ = 32;
-  SuffixStore suffix_;
+  float p_min_ = 0.0f;         // --speculative-draft-p-min
+  ProposalBranches branches_;  // --speculative-draft-ngram-tokens, --speculative-draft-suffix-tokens
   std::map<std::uint64_t, State> states_;
 };
 

@@ -19,6 +19,7 @@
 #include "model/gguf.hpp"
 #include "model/loader.hpp"
 #include "model/writers.hpp"
+#include "tests/support/draft_tree.hpp"
 #include "tests/support/gguf_writer.hpp"
 #include "tests/support/skip.hpp"
 
@@ -239,6 +240,7 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
   a.page_size = 4;
   a.max_total_tokens = 256;
   a.context_length = 128;
+  a.speculative_num_steps = c.block_size - 1;  // the whole block (resolution caps the steps at it)
   auto d = specactor::drafters::find_drafter(dspark ? "DSPARK" : "DFLASH")(sc::freeze(a),
                                                                            {t.info, t.tokenizer, t.weights, nullptr});
   bool markov_moved = false;  // DSPARK: the Markov term changed some draft from the backbone's argmax
@@ -325,4 +327,68 @@ TEST_CASE(
       sm::write_random_block_drafter(t.info, spec, path);
       check_against_reference(python, t, path, s.dir / ("case" + name));
     }
+}
+
+TEST_CASE(
+    "DFLASH and DSPARK: the chain keeps to --speculative-num-steps, and a prompt-lookup branch is merged into it") {
+  Scratch s;
+  const sm::LoadedModel t = tiny_target(s.dir);
+  // 12 distinct tokens, then the first 5 again: the last 5 recur, followed by tokens 5..11.
+  std::vector<std::int32_t> toks;
+  for (int k = 0; k < 12; ++k) toks.push_back((k * 11 + 4) % 90 + 3);
+  for (int k = 0; k < 5; ++k) toks.push_back(toks[static_cast<std::size_t>(k)]);
+  for (const std::int64_t rank : {0, 8}) {
+    CAPTURE(rank);
+    sm::BlockDrafterSpec spec;
+    spec.layers = 1;
+    spec.block_size = 8;
+    spec.seed = 4;
+    spec.markov_rank = rank;
+    const std::string path = (s.dir / ("branch" + std::to_string(rank))).string();
+    sm::write_random_block_drafter(t.info, spec, path);
+    const auto w = sm::BlockDraftWeights::load(path, t.config, 128, sc::LoadFormat::Auto);
+    sc::ServerArgs a;
+    a.model_path = t.info.path;
+    a.speculative_algorithm = rank > 0 ? sc::SpecAlgorithm::Dspark : sc::SpecAlgorithm::Dflash;
+    a.speculative_draft_model_path = path;
+    a.page_size = 4;
+    a.max_total_tokens = 256;
+    a.context_length = 128;
+    a.speculative_num_steps = 2;
+    a.speculative_draft_ngram_tokens = 0;
+    auto d = specactor::drafters::find_drafter(rank > 0 ? "DSPARK" : "DFLASH")(
+        sc::freeze(a), {t.info, t.tokenizer, t.weights, nullptr});
+    std::mt19937 rng(3);
+    std::normal_distribution<float> gauss(0.0f, 1.0f);
+    std::vector<float> feat(static_cast<std::size_t>((toks.size() - 1) * w->config().feature_width()));
+    for (auto& x : feat) x = gauss(rng);
+    const std::vector<std::int32_t> no_pages;
+    d->observe(1, {feat, 0, no_pages, 0});
+    // The scheduler's budget with a branch of 4: 2 + 4 nodes, depth max(2, 4). Without the branch the
+    // chain has the 2 steps, not the 4 the depth would allow.
+    const specactor::drafters::DraftTree chain = d->propose(1, toks, 6, 4);
+    REQUIRE(chain.tokens.size() == 2);
+    CHECK(chain.parents == std::vector<std::int32_t>{-1, 0});
+    CHECK(chain.scores.size() == (rank > 0 ? 2u : 0u));
+    a.speculative_draft_ngram_tokens = 4;
+    d->reconfigure(sc::freeze(a));
+    const specactor::drafters::DraftTree both = d->propose(1, toks, 6, 4);
+    // The chain first, unchanged; then the branch toks[5..8] below the root, through a chain node
+    // that drafted the same token.
+    REQUIRE(both.tokens.size() > 2);
+    CHECK(both.tokens.size() <= 6);
+    CHECK(std::vector<std::int32_t>(both.tokens.begin(), both.tokens.begin() + 2) == chain.tokens);
+    CHECK(std::vector<std::int32_t>(both.parents.begin(), both.parents.begin() + 2) == chain.parents);
+    // The branch's last node is 4 deep, beyond the chain's 2 steps.
+    CHECK(specactor::testing::path_depth(both, std::vector<std::int32_t>(toks.begin() + 5, toks.begin() + 9)) == 4);
+    if (rank > 0) {  // DSPARK: the chain keeps its confidences; the branch's own nodes have none (-1)
+      REQUIRE(both.scores.size() == both.tokens.size());
+      CHECK(std::vector<float>(both.scores.begin(), both.scores.begin() + 2) == chain.scores);
+      for (std::size_t j = 2; j < both.scores.size(); ++j) CHECK(both.scores[j] == -1.0f);
+    } else {
+      CHECK(both.scores.empty());
+    }
+    // The budget bounds it: 3 nodes in all leave the branch 1.
+    CHECK(d->propose(1, toks, 3, 4).tokens.size() == 3);
+  }
 }

@@ -208,11 +208,24 @@ TEST_CASE("bad flags and values: one clear message each, naming the flag") {
        "--speculative-draft-ngram-tokens: is set but --speculative-algorithm is NONE; choose an algorithm or drop the "
        "flag"},
       {{"--speculative-algorithm", "NGRAM", "--speculative-draft-ngram-tokens", "3"},
-       "--speculative-draft-ngram-tokens: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got "
-       "NGRAM)"},
+       "--speculative-draft-ngram-tokens: only applies to the model drafters EAGLE, EAGLE3, MTP, FROZEN_KV_MTP, DFLASH "
+       "and DSPARK (got NGRAM)"},
       {{"--speculative-algorithm", "STANDALONE", "--speculative-draft-ngram-min-match", "3"},
-       "--speculative-draft-ngram-min-match: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP "
-       "(got STANDALONE)"},
+       "--speculative-draft-ngram-min-match: only applies to the model drafters EAGLE, EAGLE3, MTP, FROZEN_KV_MTP, "
+       "DFLASH and DSPARK (got STANDALONE)"},
+      {{"--speculative-algorithm", "DFLASH", "--speculative-draft-p-min", "0.2"},
+       "--speculative-draft-p-min: only applies to the head drafters EAGLE, EAGLE3, MTP and FROZEN_KV_MTP (got "
+       "DFLASH)"},
+      {{"--speculative-algorithm", "DFLASH", "--speculative-use-rejection-sampling", "--speculative-draft-ngram-tokens",
+        "3"},
+       "--speculative-draft-ngram-tokens: makes the proposal a tree, and --speculative-use-rejection-sampling verifies "
+       "a "
+       "chain with the draft's probabilities: set it to 0 or leave rejection sampling off (got 3)"},
+      {{"--speculative-algorithm", "DSPARK", "--speculative-use-rejection-sampling",
+        "--speculative-draft-suffix-tokens", "2"},
+       "--speculative-draft-suffix-tokens: makes the proposal a tree, and --speculative-use-rejection-sampling "
+       "verifies a "
+       "chain with the draft's probabilities: set it to 0 or leave rejection sampling off (got 2)"},
       {{"--speculative-algorithm", "NONE", "--speculative-draft-quantization", "q4_1"},
        "--speculative-draft-quantization: is set but --speculative-algorithm is NONE; choose an algorithm or drop the "
        "flag"},
@@ -356,7 +369,8 @@ TEST_CASE("automatic speculative shape") {
       logged = logged || (e.source == "auto.shipped_drafter" &&
                           e.fields == json{{"speculative_draft_model_path", "/repo/heads/m-dflash"}});
     CHECK(logged);
-    CHECK(*s->speculative_num_steps == 15);  // the drafter caps it at its block size − 1
+    CHECK(*s->speculative_num_steps == 15);          // the drafter caps it at its block size − 1
+    CHECK(*s->speculative_draft_ngram_tokens == 0);  // no prompt-lookup branch unless asked
     f.shipped_block_drafter.clear();
     CHECK_THROWS_WITH_AS(resolve_target(user, f, no_gpu()),
                          doctest::Contains("--speculative-draft-model-path: is required by --speculative-algorithm "
@@ -424,7 +438,17 @@ TEST_CASE("automatic speculative shape") {
         doctest::Contains("--speculative-suffix-cache-tokens"), ConfigError);
     CHECK_THROWS_WITH_AS(
         freeze(parse_server_args({"--speculative-algorithm", "NGRAM", "--speculative-draft-suffix-tokens", "4"})),
-        doctest::Contains("only applies to the head drafters"), ConfigError);
+        doctest::Contains("only applies to the model drafters"), ConfigError);
+    // The block drafters take both branches (and rejection sampling without them).
+    for (const char* algo : {"DFLASH", "DSPARK"}) {
+      CAPTURE(algo);
+      const Snapshot b = freeze(parse_server_args({"--speculative-algorithm", algo, "--speculative-draft-ngram-tokens",
+                                                   "3", "--speculative-draft-suffix-tokens", "2"}));
+      CHECK(*b->speculative_draft_ngram_tokens == 3);
+      CHECK(*b->speculative_draft_suffix_tokens == 2);
+      CHECK_NOTHROW(freeze(parse_server_args({"--speculative-algorithm", algo, "--speculative-use-rejection-sampling",
+                                              "--speculative-draft-ngram-tokens", "0"})));
+    }
   }
   SUBCASE("other algorithms: 3/1/4") {
     auto s = resolved({"--speculative-algorithm", "NGRAM"});

@@ -28,6 +28,7 @@
 #include "model/loader.hpp"
 #include "model/model_info.hpp"
 #include "model/runner.hpp"
+#include "tests/support/draft_tree.hpp"
 #include "tests/support/gguf_writer.hpp"
 #include "tests/support/skip.hpp"
 
@@ -309,6 +310,17 @@ std::unique_ptr<Heads> random_heads(const std::string& model, const std::string&
   branch.insert(branch.end(), {"--speculative-draft-p-min", "0.3", "--speculative-draft-ngram-tokens", "4",
                                "--speculative-draft-ngram-min-match", "1"});
   h->configs.push_back(branch);
+  // The block drafters with a prompt-lookup branch (matches of one token: most steps have one) and,
+  // for DFLASH, a suffix branch over earlier requests too.
+  auto dflash_branch = cfg("DFLASH", dflash2, "5", "1", "6");
+  dflash_branch.insert(dflash_branch.end(),
+                       {"--speculative-draft-ngram-tokens", "4", "--speculative-draft-ngram-min-match", "1",
+                        "--speculative-draft-suffix-tokens", "3"});
+  h->configs.push_back(dflash_branch);
+  auto dspark_branch = cfg("DSPARK", dspark2, "5", "1", "6");
+  dspark_branch.insert(dspark_branch.end(),
+                       {"--speculative-draft-ngram-tokens", "3", "--speculative-draft-ngram-min-match", "1"});
+  h->configs.push_back(dspark_branch);
   return h;
 }
 
@@ -854,17 +866,8 @@ TEST_CASE("head drafters: --speculative-draft-ngram-tokens adds the prompt-looku
   CHECK(std::vector<std::int32_t>(both.tokens.begin(), both.tokens.begin() + 3) == plain.tokens);
   CHECK(std::vector<std::int32_t>(both.parents.begin(), both.parents.begin() + 3) == plain.parents);
   CHECK(both.scores.size() == both.tokens.size());
-  std::int32_t at = -1;
-  for (std::size_t k = 5; k < 9; ++k) {
-    std::int32_t next = -1;
-    for (std::size_t j = 0; j < both.tokens.size(); ++j)
-      if (both.parents[j] == at && both.tokens[j] == toks[k]) next = static_cast<std::int32_t>(j);
-    REQUIRE(next >= 0);
-    at = next;
-  }
-  int depth = 0;  // the branch's last node is 4 deep, beyond the head's 2 steps
-  for (std::int32_t j = at; j >= 0; j = both.parents[static_cast<std::size_t>(j)]) ++depth;
-  CHECK(depth == 4);
+  // The branch's last node is 4 deep, beyond the head's 2 steps.
+  CHECK(specactor::testing::path_depth(both, std::vector<std::int32_t>(toks.begin() + 5, toks.begin() + 9)) == 4);
   // The budget the scheduler gives bounds it: with 5 nodes in all, the branch adds at most 2.
   CHECK(drafter->propose(1, toks, 5, 4).tokens.size() <= 5);
   // Less than min-match recurring: no branch.
@@ -1145,10 +1148,13 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   };
   const auto [dflash_rej, drm] = histogram(with(dflash, {"--speculative-use-rejection-sampling"}));
   const auto [dflash_tgt, dtm] = histogram(dflash);
+  // The same chain with a prompt-lookup branch merged in (a tree: target-only sampling verifies it).
+  const auto [dflash_br, dbm] =
+      histogram(with(dflash, {"--speculative-draft-ngram-tokens", "3", "--speculative-draft-ngram-min-match", "1"}));
   const auto [dspark_rej, srm] = histogram({"--speculative-algorithm", "DSPARK", "--speculative-draft-model-path",
                                             spark, "--speculative-num-steps", "3", "--speculative-adaptive", "false",
                                             "--speculative-use-rejection-sampling"});
-  int df1 = 0, df2 = 0, df3 = 0, df4 = 0, df5 = 0, df6 = 0;
+  int df1 = 0, df2 = 0, df3 = 0, df4 = 0, df5 = 0, df6 = 0, df7 = 0;
   const double chi_rej = two_sample_chi2(plain, rejection, df1), chi_tgt = two_sample_chi2(plain, target_only, df2);
   const double chi_hyb = two_sample_chi2(plain, hybrid, df3);
   const double chi_drej = two_sample_chi2(plain, dflash_rej, df4), chi_dtgt = two_sample_chi2(plain, dflash_tgt, df5);
@@ -1157,6 +1163,10 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
                                                << " (df " << df5 << ", accepted " << dtm.accepted << ")");
   CHECK(drm.accepted > 0);
   CHECK(dtm.drafted > 0);
+  const double chi_dbr = two_sample_chi2(plain, dflash_br, df7);
+  MESSAGE("DFLASH with a prompt-lookup branch: chi2 = " << chi_dbr << " (df " << df7 << ", drafted " << dbm.drafted
+                                                        << ", accepted " << dbm.accepted << ")");
+  CHECK(dbm.drafted > dtm.drafted);  // the branch proposed nodes of its own
   const double chi_srej = two_sample_chi2(plain, dspark_rej, df6);
   MESSAGE("DSPARK: rejection sampling chi2 = " << chi_srej << " (df " << df6 << ", drafted " << srm.drafted
                                                << ", accepted " << srm.accepted << ")");
@@ -1181,6 +1191,7 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   CHECK(chi_drej < crit(df4));
   CHECK(chi_dtgt < crit(df5));
   CHECK(chi_srej < crit(df6));
+  CHECK(chi_dbr < crit(df7));
   // Under penalties and a bias: plain sampling moves (the rules change the distribution), and rejection
   // and target-only sampling follow the moved one.
   const std::vector<std::string> standalone = {"--speculative-algorithm",
