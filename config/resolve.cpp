@@ -286,7 +286,7 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
   }
 
   // EAGLE3 without a head: the one shipped for this model, if any.
-  bool shipped_head = false;  // picked here, with its own defaults
+  bool shipped_head = false;  // the shipped head or block drafter, picked here, with its own defaults
   if (s->speculative_algorithm == SpecAlgorithm::Eagle3 &&
       (!s->speculative_draft_model_path || s->speculative_draft_model_path->empty())) {
     if (model.shipped_eagle3_head.empty())
@@ -308,6 +308,7 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
                         " drafter folder to load (one ships only for SmolLM2-135M-Instruct, in heads/; "
                         "training/dflash-recipe trains one)");
     s = derive(s, "auto.shipped_drafter", {{"speculative_draft_model_path", model.shipped_block_drafter}});
+    shipped_head = model.shipped_head_defaults.has_value();
   }
 
   // Speculative shape.
@@ -346,6 +347,8 @@ Snapshot resolve_target(const Snapshot& user, const ModelFacts& model, const Run
       f["speculative_draft_ngram_tokens"] = shipped_head && none_given ? tuned.ngram_tokens : 0;
     if (head && s->speculative_draft_quantization == "auto")
       f["speculative_draft_quantization"] = shipped_head ? tuned.quantization : std::string("q8_0");
+    if (is_block_drafter(a) && shipped_head && s->speculative_draft_quantization == "auto")
+      f["speculative_draft_quantization"] = tuned.quantization;
     s = derive(s, "auto.speculative", f);
   }
   return s;

@@ -20,7 +20,8 @@ namespace specactor::config {
 // the shape and, measured with it, its path-probability floor and prompt-lookup branch when no shape
 // flag is given (and not the flag itself), the load-time quantization unless
 // --speculative-draft-quantization is. Other head drafters get sglang's shapes, no floor, no branch
-// and Q8_0.
+// and Q8_0. A shipped block drafter (DFLASH, DSPARK) carries the same block, taken when resolution picks
+// it (auto.shipped_drafter): its chain, its branch and its quantization; its floor must be 0.
 struct ShippedHeadDefaults {
   SpecShape shape;
   double p_min = 0;
@@ -42,7 +43,8 @@ struct ModelFacts {
   // An EAGLE-3 head shipped with specactor for this model (a folder), empty when none: the draft path
   // of --speculative-algorithm EAGLE3 when the user gives none (override source "auto.shipped_head").
   std::string shipped_eagle3_head;
-  // That head's tuned settings, from its own config.json ("specactor": {"defaults": ...}; absent: none).
+  // That head's tuned settings, from its own config.json ("specactor": {"defaults": ...}; absent: none);
+  // for DFLASH and DSPARK, the shipped block drafter's.
   std::optional<ShippedHeadDefaults> shipped_head_defaults;
   // The block drafter of the asked algorithm shipped for this model (a folder: <stem>-dflash for DFLASH,
   // <stem>-dspark for DSPARK), empty when none: the draft path of --speculative-algorithm DFLASH or

@@ -112,9 +112,18 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
     if (!facts.shipped_eagle3_head.empty())
       facts.shipped_head_defaults = shipped_head_defaults(facts.shipped_eagle3_head);
   }
-  if (config::is_block_drafter(user->speculative_algorithm))
+  if (config::is_block_drafter(user->speculative_algorithm)) {
     facts.shipped_block_drafter =
         shipped_block_drafter(user->model_path, user->speculative_algorithm == config::SpecAlgorithm::Dspark);
+    if (!facts.shipped_block_drafter.empty() && !user->speculative_draft_model_path) {
+      facts.shipped_head_defaults = shipped_head_defaults(facts.shipped_block_drafter);
+      // A block drafter's nodes have no path probabilities: a floor would be ignored.
+      if (facts.shipped_head_defaults && facts.shipped_head_defaults->p_min != 0.0)
+        throw config::ConfigError(facts.shipped_block_drafter +
+                                  "/config.json: specactor.defaults.speculative_draft_p_min: a block drafter has no "
+                                  "path probabilities to floor; expected 0");
+    }
+  }
   config::Snapshot target = config::resolve_target(user, facts, runtime_facts());
   return {std::move(target), std::move(info)};
 }

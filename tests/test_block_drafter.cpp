@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "config/error.hpp"
 #include "config/snapshot.hpp"
 #include "drafters/drafter.hpp"
 #include "kernels/cpu/sampling.hpp"
@@ -391,4 +392,35 @@ TEST_CASE(
     // The budget bounds it: 3 nodes in all leave the branch 1.
     CHECK(d->propose(1, toks, 3, 4).tokens.size() == 3);
   }
+}
+
+TEST_CASE("a shipped block drafter's measured settings come from its config.json, and a floor there is refused") {
+  // The layout a checkout has: models/<stem>.gguf beside heads/<stem>-dflash.
+  Scratch s;
+  fs::create_directories(s.dir / "models");
+  const sm::LoadedModel t = tiny_target(s.dir / "models");
+  auto ship = [&](const std::string& defaults) {
+    sm::BlockDrafterSpec spec;
+    spec.block_size = 8;
+    spec.seed = 2;
+    spec.config_patch = R"({"specactor": {"defaults": )" + defaults + "}}";
+    fs::remove_all(s.dir / "heads");
+    sm::write_random_block_drafter(t.info, spec, (s.dir / "heads" / "tiny-dflash").string());
+  };
+  sc::ServerArgs a;
+  a.model_path = (s.dir / "models" / "tiny.gguf").string();
+  a.speculative_algorithm = sc::SpecAlgorithm::Dflash;
+  ship(R"({"speculative_num_steps": 4, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 5,
+           "speculative_draft_p_min": 0, "speculative_draft_ngram_tokens": 2, "speculative_draft_quantization": "q4_1"})");
+  const sc::Snapshot r = sm::resolve_target(a).target;
+  CHECK(*r->speculative_draft_model_path == fs::weakly_canonical(s.dir / "heads" / "tiny-dflash").string());
+  CHECK(*r->speculative_num_steps == 4);
+  CHECK(*r->speculative_draft_ngram_tokens == 2);
+  CHECK(r->speculative_draft_quantization == "q4_1");
+  ship(R"({"speculative_num_steps": 4, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 5,
+           "speculative_draft_p_min": 0.2, "speculative_draft_ngram_tokens": 2, "speculative_draft_quantization": "q4_1"})");
+  CHECK_THROWS_WITH_AS(sm::resolve_target(a),
+                       doctest::Contains("specactor.defaults.speculative_draft_p_min: a block "
+                                         "drafter has no path probabilities to floor; expected 0"),
+                       sc::ConfigError);
 }

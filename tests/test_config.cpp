@@ -384,6 +384,28 @@ TEST_CASE("automatic speculative shape") {
                          ConfigError);
     f.shipped_block_drafter = "/repo/heads/m-dspark";
     CHECK(*resolve_target(spark, f, no_gpu())->speculative_draft_model_path == "/repo/heads/m-dspark");
+    // A shipped drafter with measured settings: its chain, branch and quantization when no shape flag
+    // is given; a shape flag replaces the chain and its branch; a drafter given by path has none of them.
+    f.shipped_head_defaults = ShippedHeadDefaults{{5, 1, 6}, 0.0, 3, "q4_1"};
+    const Snapshot tuned = resolve_target(spark, f, no_gpu());
+    CHECK(*tuned->speculative_num_steps == 5);
+    CHECK(*tuned->speculative_num_draft_tokens == 6);
+    CHECK(*tuned->speculative_draft_ngram_tokens == 3);
+    CHECK(tuned->speculative_draft_quantization == "q4_1");
+    CHECK_FALSE(tuned->speculative_draft_p_min.has_value());
+    const Snapshot shaped =
+        resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "DSPARK",
+                                                 "--speculative-num-steps", "3"})),
+                       f, no_gpu());
+    CHECK(*shaped->speculative_num_steps == 3);
+    CHECK(*shaped->speculative_draft_ngram_tokens == 0);
+    const Snapshot mine =
+        resolve_target(freeze(parse_server_args({"--model-path", "m.gguf", "--speculative-algorithm", "DSPARK",
+                                                 "--speculative-draft-model-path", "mine"})),
+                       f, no_gpu());
+    CHECK(*mine->speculative_num_steps == 15);
+    CHECK(*mine->speculative_draft_ngram_tokens == 0);
+    CHECK(mine->speculative_draft_quantization == "auto");
   }
   SUBCASE("AUTO (the default): EAGLE3 with the shipped head when one ships, else NONE; the log says which") {
     ModelFacts f = llama_facts();
