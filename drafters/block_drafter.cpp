@@ -13,8 +13,9 @@
 // is chosen from logits that saw draft i−1) and a confidence per row; each draft's score is the product
 // of the confidences up to it (the predicted probability that it is accepted), from which the budget
 // picks how much of the chain the target verifies.
+// --speculative-eagle-topk K adds the first row's next K−1 likeliest tokens as leaves below the root;
 // --speculative-draft-ngram-tokens / --speculative-draft-suffix-tokens merge a prompt-lookup or suffix
-// branch into the chain (drafters/branches.hpp), as for the head drafters.
+// branch into the tree (drafters/branches.hpp), as for the head drafters.
 #include "model/block_drafter.hpp"
 
 #include <algorithm>
@@ -116,14 +117,16 @@ class BlockDrafter final : public Drafter {
     } catch (const model::KvExhausted&) {
       return {};  // the drafter's cache is full: the target decodes plainly this step
     }
-    DraftTree t = chain(st, logits, depth, ctx.back());
+    DraftTree t = chain(st, logits, depth, ctx.back(), max_nodes);
     // A chain drawn for rejection sampling stays a chain (resolution refuses a branch with it).
     if (t.probs.empty()) branches_.add(t, ctx, max_nodes, max_depth, st.doc);
     return t;
   }
 
   void reconfigure(const config::Snapshot& s) override {
-    steps_ = static_cast<std::int32_t>(config::draft_shape_args(*s).num_steps);
+    const config::DraftShapeArgs d = config::draft_shape_args(*s);
+    steps_ = static_cast<std::int32_t>(d.num_steps);
+    topk_ = static_cast<std::int32_t>(d.eagle_topk);
     branches_.configure(*s);
   }
 
@@ -169,12 +172,17 @@ class BlockDrafter final : public Drafter {
 
   // The first `depth` rows' drafts: argmax, or drawn from the drafter's probabilities (sent along).
   // Over a draft vocabulary, q is spread back onto the target's ids (zero elsewhere). DSPARK: each row
-  // first gets the Markov term of the token before it, and the chain its scores.
-  DraftTree chain(State& st, std::vector<float>& logits, std::int32_t depth, std::int32_t root) {
+  // first gets the Markov term of the token before it, and the chain its scores. With
+  // --speculative-eagle-topk K > 1 (argmax drafts only) the first row's next K−1 likeliest tokens
+  // hang from the root as leaves, within max_nodes: the rows after the first are not conditioned on
+  // the first draft, so an alternative first draft has no continuation of its own.
+  DraftTree chain(State& st, std::vector<float>& logits, std::int32_t depth, std::int32_t root,
+                  std::int32_t max_nodes) {
     const std::int64_t vocab = runner_->vocab(), full = target_->config().vocab_size;
     const bool sample = sampling_ && !st.params.greedy(), dspark = weights_->config().dspark;
     std::vector<std::int32_t> drafts;
     std::vector<float> q_rows, q, scores;
+    std::vector<std::int32_t> alternatives;
     float survival = 1.0f;
     for (std::int32_t i = 0; i < depth; ++i) {
       float* row = logits.data() + static_cast<std::int64_t>(i) * vocab;
@@ -190,16 +198,36 @@ class BlockDrafter final : public Drafter {
         for (std::int64_t j = 0; j < vocab; ++j) q_rows[at + static_cast<std::size_t>(runner_->to_target(j))] = q[j];
       } else {
         drafts.push_back(runner_->to_target(k::argmax(row, vocab)));
+        if (i == 0) alternatives = next_likeliest(row, vocab, std::min(topk_ - 1, max_nodes - depth));
       }
     }
     DraftTree t = DraftTree::chain(std::move(drafts));
     if (sample) t.probs = std::move(q_rows);
     t.scores = std::move(scores);
+    for (const std::int32_t alt : alternatives) {  // no confidence of their own: scored -1 under DSPARK
+      if (!t.scores.empty()) t.scores.push_back(-1.0f);
+      t.tokens.push_back(alt);
+      t.parents.push_back(-1);
+    }
     return t;
+  }
+
+  // The target ids of the n likeliest entries of a row after its argmax (ties to the lower id).
+  std::vector<std::int32_t> next_likeliest(const float* row, std::int64_t vocab, std::int32_t n) const {
+    std::vector<std::int32_t> out;
+    if (n <= 0) return out;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(vocab));
+    for (std::int64_t j = 0; j < vocab; ++j) ids[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+    const auto take = static_cast<std::ptrdiff_t>(std::min<std::int64_t>(vocab, std::int64_t{n} + 1));
+    std::partial_sort(ids.begin(), ids.begin() + take, ids.end(),
+                      [&](std::int32_t a, std::int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (std::ptrdiff_t j = 1; j < take; ++j) out.push_back(runner_->to_target(ids[static_cast<std::size_t>(j)]));
+    return out;
   }
 
   bool sampling_;              // --speculative-use-rejection-sampling: draw drafts from q instead of argmax
   std::int32_t steps_ = 15;    // --speculative-num-steps: the chain's length (at most block_size - 1)
+  std::int32_t topk_ = 1;      // --speculative-eagle-topk: first drafts proposed (the argmax and K−1 leaves)
   ProposalBranches branches_;  // --speculative-draft-ngram-tokens, --speculative-draft-suffix-tokens
   std::shared_ptr<const model::LlamaWeights> target_;
   std::shared_ptr<const model::BlockDraftWeights> weights_;

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -391,6 +392,32 @@ TEST_CASE(
     }
     // The budget bounds it: 3 nodes in all leave the branch 1.
     CHECK(d->propose(1, toks, 3, 4).tokens.size() == 3);
+    // --speculative-eagle-topk 3: the chain, then the first row's next two likeliest tokens as leaves
+    // below the root (DSPARK: after the root's Markov term, and without a confidence of their own).
+    a.speculative_draft_ngram_tokens = 0;
+    a.speculative_eagle_topk = 3;
+    d->reconfigure(sc::freeze(a));
+    const specactor::drafters::DraftTree wide = d->propose(1, toks, 6, 4);
+    REQUIRE(wide.tokens.size() == 4);
+    CHECK(std::vector<std::int32_t>(wide.tokens.begin(), wide.tokens.begin() + 2) == chain.tokens);
+    CHECK(wide.parents == std::vector<std::int32_t>{-1, 0, -1, -1});
+    if (rank == 0) {  // the backbone's first row, ranked: the argmax, then the two leaves
+      const std::vector<float> logits = runner_logits(w, t.weights, feat, toks);
+      std::vector<std::int32_t> order(96);
+      for (std::int32_t j = 0; j < 96; ++j) order[static_cast<std::size_t>(j)] = j;
+      std::stable_sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
+        return logits[static_cast<std::size_t>(x)] > logits[static_cast<std::size_t>(y)];
+      });
+      CHECK(wide.tokens[0] == order[0]);
+      CHECK(wide.tokens[2] == order[1]);
+      CHECK(wide.tokens[3] == order[2]);
+      CHECK(wide.scores.empty());
+    } else {
+      REQUIRE(wide.scores.size() == 4);
+      CHECK(wide.scores[2] == -1.0f);
+      CHECK(wide.scores[3] == -1.0f);
+    }
+    CHECK(d->propose(1, toks, 3, 4).tokens.size() == 3);  // the budget leaves one leaf
   }
 }
 

@@ -312,12 +312,12 @@ std::unique_ptr<Heads> random_heads(const std::string& model, const std::string&
   h->configs.push_back(branch);
   // The block drafters with a prompt-lookup branch (matches of one token: most steps have one) and,
   // for DFLASH, a suffix branch over earlier requests too.
-  auto dflash_branch = cfg("DFLASH", dflash2, "5", "1", "6");
+  auto dflash_branch = cfg("DFLASH", dflash2, "5", "3", "9");  // and two more first drafts
   dflash_branch.insert(dflash_branch.end(),
                        {"--speculative-draft-ngram-tokens", "4", "--speculative-draft-ngram-min-match", "1",
                         "--speculative-draft-suffix-tokens", "3"});
   h->configs.push_back(dflash_branch);
-  auto dspark_branch = cfg("DSPARK", dspark2, "5", "1", "6");
+  auto dspark_branch = cfg("DSPARK", dspark2, "5", "2", "8");  // and a second first draft
   dspark_branch.insert(dspark_branch.end(),
                        {"--speculative-draft-ngram-tokens", "3", "--speculative-draft-ngram-min-match", "1"});
   h->configs.push_back(dspark_branch);
@@ -1148,9 +1148,11 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   };
   const auto [dflash_rej, drm] = histogram(with(dflash, {"--speculative-use-rejection-sampling"}));
   const auto [dflash_tgt, dtm] = histogram(dflash);
-  // The same chain with a prompt-lookup branch merged in (a tree: target-only sampling verifies it).
+  // The same chain with a second first draft and a prompt-lookup branch merged in (a tree: target-only
+  // sampling verifies it).
   const auto [dflash_br, dbm] =
-      histogram(with(dflash, {"--speculative-draft-ngram-tokens", "3", "--speculative-draft-ngram-min-match", "1"}));
+      histogram(with(dflash, {"--speculative-eagle-topk", "2", "--speculative-draft-ngram-tokens", "3",
+                              "--speculative-draft-ngram-min-match", "1"}));
   const auto [dspark_rej, srm] = histogram({"--speculative-algorithm", "DSPARK", "--speculative-draft-model-path",
                                             spark, "--speculative-num-steps", "3", "--speculative-adaptive", "false",
                                             "--speculative-use-rejection-sampling"});
@@ -1164,8 +1166,8 @@ TEST_CASE("sampling through the loop: speculative tokens follow the plain sample
   CHECK(drm.accepted > 0);
   CHECK(dtm.drafted > 0);
   const double chi_dbr = two_sample_chi2(plain, dflash_br, df7);
-  MESSAGE("DFLASH with a prompt-lookup branch: chi2 = " << chi_dbr << " (df " << df7 << ", drafted " << dbm.drafted
-                                                        << ", accepted " << dbm.accepted << ")");
+  MESSAGE("DFLASH with a second first draft and a prompt-lookup branch: chi2 = "
+          << chi_dbr << " (df " << df7 << ", drafted " << dbm.drafted << ", accepted " << dbm.accepted << ")");
   CHECK(dbm.drafted > dtm.drafted);  // the branch proposed nodes of its own
   const double chi_srej = two_sample_chi2(plain, dspark_rej, df6);
   MESSAGE("DSPARK: rejection sampling chi2 = " << chi_srej << " (df " << df6 << ", drafted " << srm.drafted
