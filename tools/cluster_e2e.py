@@ -24,6 +24,7 @@ Checks, each printed as ok/FAIL (exit 1 on the first failure, naming it):
     in bounded memory; an empty --host is refused by worker and serve.
 Uses only the Python standard library.
 """
+import atexit
 import hashlib
 import hmac
 import json
@@ -401,6 +402,10 @@ def hostile_checks(log, reference):
 
 
 def main():
+    # The engines started here keep what the budget learns under $XDG_CACHE_HOME: this run's own folder,
+    # not the user's (a run must neither read nor change the user's budget memory).
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="specactor-cluster-e2e-cache-")
+    atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
     if not os.path.exists(MODEL):
         raise SystemExit("cluster-e2e: the default model is missing (run tools/setup)")
     # The workers' default cluster secret is made under $XDG_CONFIG_HOME: this run's own, not the user's.

@@ -9,8 +9,10 @@ calls (required, named, auto; whole and streamed; arguments valid for the declar
 summary of the 64 streams (aggregate tok/s, TTFT p50/p99, the server's peak memory). Exits non-zero
 on the first failed check, naming it.
 """
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -321,6 +323,10 @@ def choices(srv, label):
 
 
 def main():
+    # The engines started here keep what the budget learns under $XDG_CACHE_HOME: this run's own folder,
+    # not the user's (a run must neither read nor change the user's budget memory).
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="specactor-serve-e2e-cache-")
+    atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
     if not os.path.exists(MODEL):
         raise SystemExit("serve-e2e: the default model is missing (run tools/setup)")
     print("serve-e2e: expected outputs from specactor generate", flush=True)

@@ -13,9 +13,11 @@ first failed check.
   python3 tools/serve_hostile.py [--sigterm-runs N] [--load STREAMS]
 """
 import argparse
+import atexit
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -719,6 +721,10 @@ def load(n):
 
 
 def main():
+    # The engines started here keep what the budget learns under $XDG_CACHE_HOME: this run's own folder,
+    # not the user's (a run must neither read nor change the user's budget memory).
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="specactor-serve-hostile-cache-")
+    atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
     ap = argparse.ArgumentParser()
     ap.add_argument("--sigterm-runs", type=int, default=5)
     ap.add_argument("--load", type=int, default=0, help="also run this many concurrent streams and report")
