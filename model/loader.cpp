@@ -115,7 +115,8 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
   if (config::is_block_drafter(user->speculative_algorithm)) {
     facts.shipped_block_drafter =
         shipped_block_drafter(user->model_path, user->speculative_algorithm == config::SpecAlgorithm::Dspark);
-    if (!facts.shipped_block_drafter.empty() && !user->speculative_draft_model_path) {
+    const bool by_path = user->speculative_draft_model_path && !user->speculative_draft_model_path->empty();
+    if (!facts.shipped_block_drafter.empty() && !by_path) {  // resolution takes the shipped one
       facts.shipped_head_defaults = shipped_head_defaults(facts.shipped_block_drafter);
       // A block drafter's nodes have no path probabilities: a floor would be ignored.
       if (facts.shipped_head_defaults && facts.shipped_head_defaults->p_min != 0.0)
