@@ -372,6 +372,53 @@ TEST_CASE("fast matmul: the tile kernel (emulated, and on the hardware where AMX
   }
 }
 
+TEST_CASE("fast matmul: 512-bit VNNI over the tile copy (the AMX route below its threshold) equals the scalar twin") {
+  if (!qpath_available(QPath::Vnni512)) {
+    MESSAGE("not run here: this CPU lacks AVX-512 VNNI");
+    return;
+  }
+  std::mt19937 rng(13);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto& pool = specactor::kernels::ComputePool::instance();
+  const int before = pool.threads();
+  int compared = 0;
+  for (std::int64_t rows = 1; rows <= 20; ++rows)
+    for (const WeightType t : {WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0}) {
+      // 37 and 29 outputs: whole tile panels and a partial one; 16: one whole panel.
+      const std::int64_t in = rows % 2 ? 256 : 576, out = rows % 3 == 0 ? 16 : rows % 3 == 1 ? 37 : 29;
+      std::vector<float> x(static_cast<std::size_t>(rows * in));
+      for (auto& v : x) v = d(rng);
+      std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
+      x[40] = 60.0f;                               // an outlier
+      const auto bytes = random_weights(t, out, in, 211 + static_cast<std::uint32_t>(rows));
+      std::vector<std::uint8_t> packed;
+      const WeightMatrix w =
+          pack_matrix({t, out, in, bytes.data(), row_bytes(t, static_cast<std::size_t>(in))}, packed, TileCopy::With);
+      std::vector<float> ys(static_cast<std::size_t>(rows * out)), ya(ys.size());
+      pool.set_threads(1);
+      qmatmul_path(QPath::Scalar, w, x.data(), rows, ys.data());
+      for (int threads : {1, 2, 3}) {
+        pool.set_threads(threads);
+        CAPTURE(rows);
+        CAPTURE(static_cast<int>(t));
+        CAPTURE(threads);
+        std::fill(ya.begin(), ya.end(), -1.0f);
+        qmatmul_tile_copy_simd(w, x.data(), rows, ya.data());
+        CHECK(ys == ya);
+        ++compared;
+      }
+    }
+  pool.set_threads(before);
+  CHECK(compared == 20 * 3 * 3);
+  // Refused: a matrix without its tile copy, a format the kernel does not take.
+  const auto bytes = random_weights(WeightType::Q8_0, 16, 64, 5);
+  std::vector<std::uint8_t> packed;
+  const WeightMatrix plain =
+      pack_matrix({WeightType::Q8_0, 16, 64, bytes.data(), row_bytes(WeightType::Q8_0, 64)}, packed, TileCopy::Without);
+  std::vector<float> x(64, 1.0f), y(16);
+  CHECK_THROWS_WITH(qmatmul_tile_copy_simd(plain, x.data(), 1, y.data()), doctest::Contains("tile copy"));
+}
+
 TEST_CASE("AMX decision: forced where it cannot run, refused permission, a failed self-check -> one line, SIMD") {
   TileProbe good;
   good.cpu = good.permission = good.self_check = true;

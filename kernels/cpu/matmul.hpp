@@ -77,8 +77,10 @@ const char* precision_name(Precision p);
 // Q4_0/Q4_1/Q8_0; up to 8 rows, and Q4_K/Q6_K, as Vnni). All four give the same bits.
 // Amx: the tile unit (Intel AMX-INT8, kernels/cpu/tiles.hpp) for Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices
 // with a tile copy (pack_matrix), 16 outputs × up to 16 rows per tile pass, for calls of at least
-// qpath_tile_rows() rows (qpath_tile_rows_k() for the K-quants); fewer rows and the other formats
-// run on the path it falls back to (the VNNI choice). AmxEmulated: the same kernels on the software model of the tiles,
+// qpath_tile_rows() rows (qpath_tile_rows_k() for the K-quants); fewer rows of Q4_0/Q4_1/Q8_0 run on
+// 512-bit VNNI over the same tile copy (qmatmul_tile_copy_simd), so a run that mixes small and large
+// calls streams one copy of the weights; the other formats run on the path it falls back to (the VNNI
+// choice). AmxEmulated: the same kernels on the software model of the tiles,
 // on any CPU (slow; tests, SPECACTOR_CPU_PATH=amx-emulated). Every path gives the same bits.
 enum class QPath { Scalar, Avx2, Vnni, Vnni512, Amx, AmxEmulated };
 // The path the fast precision runs, decided once at first use: the widest SIMD the CPU has (between
@@ -132,6 +134,11 @@ void matmul_many(const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t
 void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y, Precision precision);
 // The fast precision with an explicit path (tests compare the paths).
 void qmatmul_path(QPath path, const WeightMatrix& w, const float* x, std::int64_t rows, float* y);
+
+// The kernel the AMX route runs for Q4_0/Q4_1/Q8_0 calls below its tile threshold: 512-bit VNNI over
+// the matrix's tile copy, so one copy of the weights is streamed at every row count (same bits as every
+// path). Throws without AVX-512 VNNI, for another format or without a tile copy (tests).
+void qmatmul_tile_copy_simd(const WeightMatrix& w, const float* x, std::int64_t rows, float* y);
 
 // 8-lane dot product used by the float kernels (attention scores): same order on every path.
 float dot8(const float* a, const float* b, std::int64_t n);

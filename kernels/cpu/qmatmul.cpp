@@ -14,7 +14,9 @@
 //   y = acc (Q8_0), y = acc + mn (Q4_0, Q4_1).
 // The SIMD kernels hold one chunk of 8 rows per register (lane = row) and broadcast 4 activation bytes
 // (AVX2: maddubs pairs summed in int16, which cannot overflow for nibbles, then madd; VNNI: dpbusd);
-// the weights are streamed once per call with a software prefetch ahead of the hardware's.
+// the weights are streamed once per call with a software prefetch ahead of the hardware's. Where the
+// AMX route runs, the 512-bit kernel also reads the tile copy's 16-row records (the same bytes a pair
+// of panels gives it) for the calls the tiles do not take, so only one copy of the weights is streamed.
 // Other formats (Q4_K, Q6_K), decoded per output row into integer quants u (and a signed copy for
 // Q6_K) and float scales: per chunk c a lane scale ws[c][l] (l = 0..7; lanes 0–3 cover elements
 // 0–15, lanes 4–7 elements 16–31) and a minimum wm[c]:
@@ -410,13 +412,44 @@ QMM512_TARGET inline __m512 join_ph(const std::uint8_t* a, const std::uint8_t* b
                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
 }
 
-// Panels at pa and pb (= pa + one panel's bytes) against RT activation rows from r0; writes
+// Where a 16-output kernel finds chunk c of its weights: two consecutive 8-row panels side by side
+// (the panel copy), or one 16-row record of the tile copy (packed.hpp), which holds the same bytes
+// in the order one register wants them: its quant block g is join(panel a's group g, panel b's), its
+// scales are the two panels' d (Q8_0: as the exact f32 values of the f16) and m. Both give the same
+// registers, so the kernel below gives the same bits from either copy.
+template <WeightType T>
+struct PanelPair {
+  static constexpr std::int64_t CB = packed::panel_chunk_bytes(T), SB = packed::scale_bytes(T);
+  const std::uint8_t* a;
+  const std::uint8_t* b;  // = a + one panel's bytes
+  QMM512_TARGET __m512i quants(std::int64_t c, int g) const {
+    return join(a + c * CB + SB + 32 * g, b + c * CB + SB + 32 * g);
+  }
+  QMM512_TARGET __m512 scales(std::int64_t c) const { return join_ph(a + c * CB, b + c * CB); }
+  QMM512_TARGET __m512 mins(std::int64_t c) const { return join_ph(a + c * CB + 16, b + c * CB + 16); }  // Q4_1
+};
+template <WeightType T>
+struct TileRecords {
+  static constexpr std::int64_t CB = packed::tile_chunk_bytes(T), QB = packed::tile_quant_bytes(T);
+  const std::uint8_t* p;
+  QMM512_TARGET __m512i quants(std::int64_t c, int g) const {
+    return _mm512_load_si512(p + c * CB + 64 * g);  // records are 64-byte aligned
+  }
+  QMM512_TARGET __m512 scales(std::int64_t c) const {
+    if constexpr (T == WeightType::Q8_0) return _mm512_load_ps(reinterpret_cast<const float*>(p + c * CB + QB));
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + c * CB + QB)));
+  }
+  QMM512_TARGET __m512 mins(std::int64_t c) const {  // Q4_1
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + c * CB + QB + 32)));
+  }
+};
+
+// Sixteen outputs (src: PanelPair or TileRecords) against RT activation rows from r0; writes
 // y[(r0 + r)·y_stride + o0 + k] for k < nvalid (≤ 16).
-template <WeightType T, int RT>
-QMM512_TARGET void panel2(const std::uint8_t* pa, const std::uint8_t* pb, std::int64_t nc, const QRows& xq,
-                          std::int64_t r0, float* y, std::int64_t y_stride, std::int64_t o0, int nvalid) {
+template <WeightType T, int RT, class Src>
+QMM512_TARGET void panel2(const Src& src, std::int64_t nc, const QRows& xq, std::int64_t r0, float* y,
+                          std::int64_t y_stride, std::int64_t o0, int nvalid) {
   constexpr bool Q8 = T == WeightType::Q8_0, U = !Q8;
-  constexpr std::int64_t CB = packed::panel_chunk_bytes(T), SB = packed::scale_bytes(T);
   const std::int8_t* xc = xq.qblock(r0, 0);
   const std::int64_t xstep = xq.rows * 32;
   const float* xd_p[RT];
@@ -433,16 +466,13 @@ QMM512_TARGET void panel2(const std::uint8_t* pa, const std::uint8_t* pb, std::i
 #pragma GCC unroll 8
   for (int r = 0; r < RT; ++r) acc[r] = _mm512_setzero_ps();
   for (std::int64_t c = 0; c < nc; ++c, xc += xstep) {
-    const std::uint8_t* ba = pa + c * CB;
-    const std::uint8_t* bb = pb + c * CB;
     __m512i isum[RT];
 #pragma GCC unroll 8
     for (int r = 0; r < RT; ++r) isum[r] = _mm512_setzero_si512();
     if constexpr (Q8) {
 #pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) {
-        const __m512i w =
-            _mm512_xor_si512(join(ba + SB + 32 * g, bb + SB + 32 * g), _mm512_set1_epi8(static_cast<char>(0x80)));
+        const __m512i w = _mm512_xor_si512(src.quants(c, g), _mm512_set1_epi8(static_cast<char>(0x80)));
 #pragma GCC unroll 8
         for (int r = 0; r < RT; ++r) QMM512_DPB(isum[r], w, xc + 32 * r + 4 * g);
       }
@@ -451,7 +481,7 @@ QMM512_TARGET void panel2(const std::uint8_t* pa, const std::uint8_t* pb, std::i
     } else {
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
-        const __m512i v = join(ba + SB + 32 * g, bb + SB + 32 * g);
+        const __m512i v = src.quants(c, g);
         const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
 #pragma GCC unroll 8
         for (int r = 0; r < RT; ++r) {
@@ -460,7 +490,7 @@ QMM512_TARGET void panel2(const std::uint8_t* pa, const std::uint8_t* pb, std::i
         }
       }
     }
-    const __m512 d = join_ph(ba, bb);
+    const __m512 d = src.scales(c);
 #pragma GCC unroll 8
     for (int r = 0; r < RT; ++r)
       acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xd_p[r][c])), _mm512_cvtepi32_ps(isum[r]), acc[r]);
@@ -470,13 +500,11 @@ QMM512_TARGET void panel2(const std::uint8_t* pa, const std::uint8_t* pb, std::i
   for (int r = 0; r < RT; ++r) mn[r] = _mm512_setzero_ps();
   if constexpr (U) {
     for (std::int64_t c = 0; c < nc; ++c) {
-      const std::uint8_t* ba = pa + c * CB;
-      const std::uint8_t* bb = pb + c * CB;
       __m512 wm;
       if constexpr (T == WeightType::Q4_1)
-        wm = join_ph(ba + 16, bb + 16);
+        wm = src.mins(c);
       else
-        wm = _mm512_mul_ps(_mm512_set1_ps(-8.0f), join_ph(ba, bb));
+        wm = _mm512_mul_ps(_mm512_set1_ps(-8.0f), src.scales(c));
 #pragma GCC unroll 8
       for (int r = 0; r < RT; ++r) mn[r] = _mm512_fmadd_ps(wm, _mm512_set1_ps(xs_p[r][c]), mn[r]);
     }
@@ -512,7 +540,7 @@ void panel_rows(QPath path, const std::uint8_t* pan, const std::uint8_t* pan2, s
   if constexpr (RT <= 4) {
     if (path == QPath::Avx2) return avx2::panel<T, RT>(pan, nc, xq, r0, y, y_stride, o0, nvalid);
   }
-  if (pan2) return vnni512::panel2<T, RT>(pan, pan2, nc, xq, r0, y, y_stride, o0, nvalid);
+  if (pan2) return vnni512::panel2<T, RT>(vnni512::PanelPair<T>{pan, pan2}, nc, xq, r0, y, y_stride, o0, nvalid);
   vnni::panel<T, RT>(pan, nc, xq, r0, y, y_stride, o0, nvalid);
 }
 
@@ -575,6 +603,49 @@ void panel_range(QPath path, const WeightMatrix& w, std::int64_t pb, std::int64_
     for (std::int64_t r0 = 0; r0 < xq.rows; r0 += per)
       panel_pass<T>(path, pan, pan2, nc, xq, r0, static_cast<int>(std::min(per, xq.rows - r0)), y, y_stride, o0,
                     nvalid);
+  }
+}
+
+// Tile panels [tb, te) of a Q4_0/Q4_1/Q8_0 matrix's tile copy on 512-bit VNNI, every activation row
+// (passes of up to 8 rows): what the AMX route runs for calls below its tile threshold, so that one
+// copy of the weights is streamed at every row count. With the panel copy read by the small calls and
+// the tile copy by the large ones, a speculative run alternating between them streamed twice the
+// weights and found neither copy in the cache: a 1-row forward of the default model took 7.0 ms
+// after 4- to 16-row ones against 4.6–4.9 ms alone (Xeon VM with AMX, 2026-12-07).
+template <WeightType T, std::size_t... R>
+constexpr auto tile_copy_table(std::index_sequence<R...>) {
+  return std::array{&vnni512::panel2<T, static_cast<int>(R) + 1, vnni512::TileRecords<T>>...};
+}
+template <WeightType T>
+void tile_copy_range(const WeightMatrix& w, std::int64_t tb, std::int64_t te, const QRows& xq, float* y,
+                     std::int64_t y_stride) {
+  static constexpr auto kPasses = tile_copy_table<T>(std::make_index_sequence<8>{});
+  const std::int64_t nc = w.in_dim / 32;
+  const auto pbytes = static_cast<std::size_t>(nc * packed::tile_chunk_bytes(T));
+  const std::uint8_t* end = packed::tile_chunk(w, te, 0);
+  prefetch_range(packed::tile_chunk(w, tb, 0), std::min(end, packed::tile_chunk(w, tb, 0) + kPrefetchAhead));
+  for (std::int64_t p = tb; p < te; ++p) {
+    const std::uint8_t* pan = packed::tile_chunk(w, p, 0);
+    const std::int64_t o0 = p * packed::kTilePanel;
+    const int nvalid = static_cast<int>(std::min(packed::kTilePanel, w.out_dim - o0));
+    prefetch_range(std::min(end, pan + kPrefetchAhead), std::min(end, pan + kPrefetchAhead + pbytes));
+    for (std::int64_t r0 = 0; r0 < xq.rows; r0 += kNarrowRows) {
+      const auto rt = static_cast<std::size_t>(std::min(kNarrowRows, xq.rows - r0));
+      kPasses[rt - 1](vnni512::TileRecords<T>{pan}, nc, xq, r0, y, y_stride, o0, nvalid);
+    }
+  }
+}
+void tile_copy_range(const WeightMatrix& w, std::int64_t tb, std::int64_t te, const QRows& xq, float* y,
+                     std::int64_t y_stride) {
+  switch (w.type) {
+    case WeightType::Q4_0:
+      return tile_copy_range<WeightType::Q4_0>(w, tb, te, xq, y, y_stride);
+    case WeightType::Q4_1:
+      return tile_copy_range<WeightType::Q4_1>(w, tb, te, xq, y, y_stride);
+    case WeightType::Q8_0:
+      return tile_copy_range<WeightType::Q8_0>(w, tb, te, xq, y, y_stride);
+    default:
+      throw std::logic_error("qmatmul: the tile copy's SIMD kernel takes Q4_0/Q4_1/Q8_0 only");
   }
 }
 
@@ -652,6 +723,9 @@ struct Route {
   QPath path = QPath::Scalar;
   QPath fallback = QPath::Scalar;
   std::int64_t tile_rows = 1, tile_rows_k = 1;
+  // Calls of Q4_0/Q4_1/Q8_0 matrices with a tile copy that the tiles do not take read that copy with
+  // 512-bit VNNI (tile_copy_range) instead of the panels.
+  bool simd_reads_tiles = false;
 };
 
 bool is_tile_path(QPath p) { return p == QPath::Amx || p == QPath::AmxEmulated; }
@@ -689,9 +763,12 @@ void qmatmul_many_path(const Route& route, const MatmulJob* jobs, int n_jobs, co
     const std::int64_t from = packed::is_kquant(w.type) ? route.tile_rows_k : route.tile_rows;
     return from > 0 && rows >= from;
   };
-  // Threads split units of output rows: tile panels (16) of what the tiles compute, 8 rows else.
+  auto reads_tile_copy = [&](const WeightMatrix& w) {
+    return route.simd_reads_tiles && w.tiles && packed::is_packed(w.type) && !on_tiles(w);
+  };
+  // Threads split units of output rows: tile panels (16) of what reads the tile copy, 8 rows else.
   auto units_of = [&](const WeightMatrix& w) {
-    const std::int64_t unit = on_tiles(w) ? packed::kTilePanel : packed::kPanel;
+    const std::int64_t unit = on_tiles(w) || reads_tile_copy(w) ? packed::kTilePanel : packed::kPanel;
     return (w.out_dim + unit - 1) / unit;
   };
   std::int64_t total = 0;  // over all matrices
@@ -707,6 +784,8 @@ void qmatmul_many_path(const Route& route, const MatmulJob* jobs, int n_jobs, co
       const std::int64_t b = std::max(begin, base) - base, e = std::min(end, base + n) - base;
       if (b < e && on_tiles(w))
         tile_range(route.path, w, b, e, xq, jobs[j].y, w.out_dim);
+      else if (b < e && reads_tile_copy(w))
+        tile_copy_range(w, b, e, xq, jobs[j].y, w.out_dim);
       else if (b < e)
         units_range(path, w, b, e, xq, jobs[j].y, w.out_dim);
       base += n;
@@ -823,8 +902,10 @@ std::pair<std::int64_t, std::string> time_tile_rows(QPath other, bool kquant) {
         for (const ProbeMatrix* m : {&q8, &q4}) {
           if (k == 0)
             tile_range(QPath::Amx, m->w, 0, packed::tile_panel_count(out), xq, y.data(), out);
-          else
+          else if (kquant)
             units_range(other, m->w, 0, packed::panel_count(out), xq, y.data(), out);
+          else  // what runs these calls below the threshold: the same tile copy on 512-bit VNNI
+            tile_copy_range(m->w, 0, packed::tile_panel_count(out), xq, y.data(), out);
         }
         best[k] = std::min(best[k], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
@@ -839,7 +920,8 @@ std::pair<std::int64_t, std::string> time_tile_rows(QPath other, bool kquant) {
                   static_cast<long long>(kTimedRows[i]), kTimedRows[i] == 1 ? "" : "s");
     words += buf;
   }
-  return {from, words + std::string(" on the tiles (against ") + qpath_name(other) + ")"};
+  return {from, words + " on the tiles (against " +
+                    (kquant ? std::string(qpath_name(other)) : std::string("512-bit VNNI on the tile copy")) + ")"};
 }
 
 // The non-tile choice: the exact precision's path and its overrides, then VNNI's width by a timing.
@@ -903,7 +985,9 @@ const QPathDecision& qpath_choice() {
 // benchmarks) the tiles for every row count and the rest on the widest SIMD.
 Route route_of(QPath p, bool by_name) {
   const QPathDecision& c = qpath_choice();
-  if (!by_name && p == c.path) return {c.path, c.fallback, c.tile_rows, c.tile_rows_k};
+  // Where AMX runs (it implies AVX-512 VNNI), the packed formats' calls below the tile threshold read
+  // the tile copy too.
+  if (!by_name && p == c.path) return {c.path, c.fallback, c.tile_rows, c.tile_rows_k, c.path == QPath::Amx};
   const QPath other = has_vnni() ? QPath::Vnni : cpu_path_available(CpuPath::Avx2) ? QPath::Avx2 : QPath::Scalar;
   return {p, is_tile_path(p) ? other : p, 1, 1};
 }
@@ -966,7 +1050,8 @@ QPathDecision decide_qpath(const std::string& want, QPath simd, const std::strin
                     : std::string(which) + " not on the tiles (slower at every row count)";
   };
   d.reason = "amx: " + calls(d.tile_rows, "Q4_0/Q4_1/Q8_0") + ", " + calls(d.tile_rows_k, "Q4_K/Q6_K") +
-             " (self-check passed; " + timings + "); the rest on " + simd_reason;
+             " (self-check passed; " + timings + "); their other calls on 512-bit VNNI over the same tile copy, " +
+             "the rest on " + simd_reason;
   return d;
 }
 
@@ -1078,6 +1163,15 @@ void matmul_many(const MatmulJob* jobs, int n_jobs, const float* x, std::int64_t
 void matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y, Precision precision) {
   const MatmulJob job{&w, y};
   matmul_many(&job, 1, x, rows, precision);
+}
+
+void qmatmul_tile_copy_simd(const WeightMatrix& w, const float* x, std::int64_t rows, float* y) {
+  if (!packed::is_packed(w.type) || !w.tiles)
+    throw std::invalid_argument("qmatmul_tile_copy_simd: a Q4_0/Q4_1/Q8_0 matrix with its tile copy is needed");
+  if (!has_vnni()) throw std::invalid_argument("qmatmul_tile_copy_simd: this CPU lacks AVX-512 VNNI");
+  const MatmulJob job{&w, y};
+  // A tile route whose tiles take no call: every call reads the tile copy on 512-bit VNNI.
+  qmatmul_many_path({QPath::AmxEmulated, QPath::Vnni, 0, 0, true}, &job, 1, x, rows);
 }
 
 void qmatmul_path(QPath path, const WeightMatrix& w, const float* x, std::int64_t rows, float* y) {
