@@ -455,9 +455,9 @@ void print_settings(const json& j, const std::string& algo, std::size_t prompt_c
     for (const auto& a : s["acceptance_by_position"]) pos += fmt::format(" {:.2f}", a.get<double>());
     std::cout << "  acceptance by position:" << (pos.empty() ? " (no drafts)" : pos) << "\n";
     if (s["drafter"].is_object() && s["drafter"].contains("block_size"))
-      std::cout << fmt::format("  block: {} tokens (the root and up to {} drafts per pass)\n",
-                               s["drafter"]["block_size"].get<std::int64_t>(),
-                               s["drafter"]["block_size"].get<std::int64_t>() - 1);
+      std::cout << fmt::format(
+          "  block: {} tokens trained (a pass runs the root and one row per draft asked, up to {})\n",
+          s["drafter"]["block_size"].get<std::int64_t>(), s["drafter"]["block_size"].get<std::int64_t>() - 1);
     std::cout << fmt::format("  time: draft {:.0f} ms, verify {:.0f} ms, actor overhead {:.1f} ms\n",
                              s["draft_ms"].get<double>(), s["verify_ms"].get<double>(), s["overhead_ms"].get<double>());
     print_budget(s["budget"]);

@@ -109,11 +109,16 @@ class BlockDrafter final : public Drafter {
     std::vector<float> logits;
     try {
       catch_up(st, n);
-      std::vector<std::int32_t> block(static_cast<std::size_t>(c.block_size), c.mask_token_id);
+      // The root and one mask row per draft asked for, not the trained block_size: rows past the chain
+      // would only be attended to by the others (the block is non-causal), at the cost of rows of
+      // their own. On the shipped prompts (4-layer drafter, block of 8, a chain of 3): a draft round
+      // −21 %, τ 2.30 → 2.29.
+      const std::int64_t rows = std::int64_t{depth} + 1;
+      std::vector<std::int32_t> block(static_cast<std::size_t>(rows), c.mask_token_id);
       block[0] = ctx.back();
       std::vector<k::KvSegment> prefix;
       for (std::int64_t l = 0; l < c.n_layers; ++l) prefix.push_back({kv_->view(l, st.seq), 0, st.fed});
-      runner_->block(block.data(), c.block_size, n - 1, prefix, logits);
+      runner_->block(block.data(), rows, n - 1, prefix, logits);
     } catch (const model::KvExhausted&) {
       return {};  // the drafter's cache is full: the target decodes plainly this step
     }

@@ -223,7 +223,8 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
                         {{"embed", rows_of(t.weights->embedding())}, {"output", rows_of(t.weights->output())}});
   sm::write_safetensors((case_dir / "features.safetensors").string(),
                         {{"features", sm::HfTensor{{13, static_cast<std::uint64_t>(c.feature_width())}, feat}}});
-  std::ofstream(case_dir / "case.json") << json{{"drafter", path}, {"tokens", tokens}, {"contexts", contexts}}.dump();
+  std::ofstream(case_dir / "case.json")
+      << json{{"drafter", path}, {"tokens", tokens}, {"contexts", contexts}, {"short_rows", 3}}.dump();
   const std::string cmd = python + " " SPECACTOR_SOURCE_DIR "/training/dflash_reference.py " + case_dir.string() +
                           " > " + (case_dir / "log").string() + " 2>&1";
   const int rc = std::system(cmd.c_str());
@@ -294,9 +295,24 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
     CHECK(worst < 1e-5);
   }
   if (dspark) CHECK(markov_moved);
-  // A depth below the block keeps the first drafts only.
-  CHECK(d->propose(1, tokens, 63, 2).tokens ==
-        std::vector<std::int32_t>(ref["contexts"][1]["tokens"].begin(), ref["contexts"][1]["tokens"].begin() + 2));
+  // A depth below the block runs a block of that many rows and the root (3 here): the reference's
+  // forward over 3 rows, not the first drafts of the whole block.
+  const json& short_ref = ref["contexts"][2];
+  REQUIRE(short_ref["rows"] == 3);
+  double closest = 1e9;
+  for (double m : short_ref["margins"].get<std::vector<double>>()) closest = std::min(closest, m);
+  CHECK(closest > 1e-4);
+  const auto short_tree = d->propose(1, tokens, 63, 2);
+  CHECK(short_tree.tokens == short_ref["tokens"].get<std::vector<std::int32_t>>());
+  if (dspark) {
+    const auto conf = short_ref["confidences"].get<std::vector<double>>();
+    REQUIRE(short_tree.scores.size() == conf.size());
+    double survival = 1.0;
+    for (std::size_t i = 0; i < conf.size(); ++i) {
+      survival *= conf[i];
+      CHECK(std::abs(short_tree.scores[i] - survival) < 1e-5);
+    }
+  }
 }
 
 }  // namespace

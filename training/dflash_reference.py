@@ -74,30 +74,31 @@ class Drafter:
         v = (x @ w[p + "v_proj.weight"].T).reshape(n, self.kv_heads, self.d)
         return rotate(k, positions, self.theta), v
 
-    def forward(self, embed, output, features, tokens):
-        """Logits [B-1, V] of the block after `tokens` given the features of tokens[:-1]."""
-        w, n = self.w, len(tokens)
+    def forward(self, embed, output, features, tokens, rows=None):
+        """Logits [rows-1, V] of the block after `tokens` given the features of tokens[:-1]; rows
+        defaults to the block size (the engine runs one row per draft it is asked for)."""
+        w, n, rows = self.w, len(tokens), rows or self.block
         ctx = rms_norm(features[: n - 1] @ w["fc.weight"].T, w["hidden_norm.weight"], self.eps)
         ctx_pos = np.arange(n - 1)
-        block = [tokens[-1]] + [self.mask] * (self.block - 1)
-        pos = np.arange(n - 1, n - 1 + self.block)
+        block = [tokens[-1]] + [self.mask] * (rows - 1)
+        pos = np.arange(n - 1, n - 1 + rows)
         x = embed[block] * self.embed_scale
         group = self.heads // self.kv_heads
         for i in range(self.layers):
             p = f"layers.{i}."
             y = rms_norm(x, w[p + "input_layernorm.weight"], self.eps)
-            q = rms_norm((y @ w[p + "self_attn.q_proj.weight"].T).reshape(self.block, self.heads, self.d),
+            q = rms_norm((y @ w[p + "self_attn.q_proj.weight"].T).reshape(rows, self.heads, self.d),
                          w[p + "self_attn.q_norm.weight"], self.eps)
             q = rotate(q, pos, self.theta)
             kc, vc = self.kv(i, ctx, ctx_pos)
             kb, vb = self.kv(i, y, pos)
             k, v = np.concatenate([kc, kb]), np.concatenate([vc, vb])
-            att = np.zeros((self.block, self.heads, self.d))
+            att = np.zeros((rows, self.heads, self.d))
             for h in range(self.heads):
                 scores = q[:, h, :] @ k[:, h // group, :].T / np.sqrt(self.d)  # every key: no causal mask
                 scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
                 att[:, h, :] = (scores / scores.sum(axis=-1, keepdims=True)) @ v[:, h // group, :]
-            x = x + att.reshape(self.block, -1) @ w[p + "self_attn.o_proj.weight"].T
+            x = x + att.reshape(rows, -1) @ w[p + "self_attn.o_proj.weight"].T
             y = rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps)
             x = x + (silu(y @ w[p + "mlp.gate_proj.weight"].T) * (y @ w[p + "mlp.up_proj.weight"].T)) @ \
                 w[p + "mlp.down_proj.weight"].T
@@ -130,9 +131,13 @@ def main():
     features = load_file(os.path.join(case, "features.safetensors"))["features"].astype(np.float64)
     drafter = Drafter(spec["drafter"])
     out = []
-    for n in spec["contexts"]:
-        logits = drafter.forward(target["embed"], target["output"], features, spec["tokens"][:n])
-        entry = {"n": n}
+    # Each context with the whole block, then (short_rows) the last one with a shorter block.
+    runs = [(n, None) for n in spec["contexts"]]
+    if spec.get("short_rows"):
+        runs.append((spec["contexts"][-1], spec["short_rows"]))
+    for n, rows in runs:
+        logits = drafter.forward(target["embed"], target["output"], features, spec["tokens"][:n], rows)
+        entry = {"n": n, "rows": rows or drafter.block}
         if drafter.dspark:
             entry["base_logits"] = logits.tolist()
             logits, entry["confidences"] = drafter.sequential(logits, spec["tokens"][n - 1])
