@@ -202,6 +202,24 @@ sm::HfTensor rows_of(const specactor::kernels::WeightMatrix& m) {
   return t;
 }
 
+// A proposal's drafts against one reference entry (and DSPARK's scores: the product of the reference's
+// confidences up to each draft); returns the entry's closest call between its best two logits.
+double check_drafts(const specactor::drafters::DraftTree& tree, const json& r, bool dspark) {
+  double closest = 1e9;
+  for (double m : r["margins"].get<std::vector<double>>()) closest = std::min(closest, m);
+  CHECK(closest > 1e-4);  // no near-tie between the reference's best two logits: the drafts are comparable
+  CHECK(tree.tokens == r["tokens"].get<std::vector<std::int32_t>>());
+  if (!dspark) return closest;
+  const auto conf = r["confidences"].get<std::vector<double>>();
+  REQUIRE(tree.scores.size() == conf.size());
+  double survival = 1.0;
+  for (std::size_t i = 0; i < conf.size(); ++i) {
+    survival *= conf[i];
+    CHECK(std::abs(tree.scores[i] - survival) < 1e-5);
+  }
+  return closest;
+}
+
 // One random drafter against the numpy reference: features handed over in two parts, a proposal after
 // each; the drafts through the drafter, the logits through the runner.
 void check_against_reference(const std::string& python, const sm::LoadedModel& t, const std::string& path,
@@ -259,20 +277,9 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
     handed = n - 1;
     const std::vector<std::int32_t> ctx(tokens.begin(), tokens.begin() + static_cast<long>(n));
     const auto tree = d->propose(1, ctx, 63, 63);
-    const auto want = r["tokens"].get<std::vector<std::int32_t>>();
-    double closest = 1e9;
-    for (double m : r["margins"].get<std::vector<double>>()) closest = std::min(closest, m);
-    CHECK(closest > 1e-4);  // no near-tie between the reference's best two logits: the drafts are comparable
-    CHECK(tree.tokens == want);
+    const double closest = check_drafts(tree, r, dspark);
     CHECK(tree.parents == std::vector<std::int32_t>{-1, 0, 1, 2, 3});
-    if (dspark) {  // each draft's score: the product of the reference's confidences up to it
-      const auto conf = r["confidences"].get<std::vector<double>>();
-      REQUIRE(tree.scores.size() == conf.size());
-      double survival = 1.0;
-      for (std::size_t i = 0; i < conf.size(); ++i) {
-        survival *= conf[i];
-        CHECK(std::abs(tree.scores[i] - survival) < 1e-5);
-      }
+    if (dspark) {
       const auto base = r["base_logits"].get<std::vector<std::vector<double>>>();
       for (std::size_t i = 0; i < base.size(); ++i) {
         const auto best = std::max_element(base[i].begin(), base[i].end()) - base[i].begin();
@@ -299,20 +306,7 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
   // forward over 3 rows, not the first drafts of the whole block.
   const json& short_ref = ref["contexts"][2];
   REQUIRE(short_ref["rows"] == 3);
-  double closest = 1e9;
-  for (double m : short_ref["margins"].get<std::vector<double>>()) closest = std::min(closest, m);
-  CHECK(closest > 1e-4);
-  const auto short_tree = d->propose(1, tokens, 63, 2);
-  CHECK(short_tree.tokens == short_ref["tokens"].get<std::vector<std::int32_t>>());
-  if (dspark) {
-    const auto conf = short_ref["confidences"].get<std::vector<double>>();
-    REQUIRE(short_tree.scores.size() == conf.size());
-    double survival = 1.0;
-    for (std::size_t i = 0; i < conf.size(); ++i) {
-      survival *= conf[i];
-      CHECK(std::abs(short_tree.scores[i] - survival) < 1e-5);
-    }
-  }
+  check_drafts(d->propose(1, tokens, 63, 2), short_ref, dspark);
 }
 
 }  // namespace
