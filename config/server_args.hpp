@@ -166,7 +166,7 @@ using OptLoadFormat = std::optional<LoadFormat>;
   X(OptString,     speculative_draft_worker_tls_key, {},  "with --speculative-draft-worker: its private key (PEM)") \
   X(OptString,     speculative_draft_worker_tls_ca, {},   "with --speculative-draft-worker: the CA (PEM) the draft host's certificate must chain to") \
   X(OptString,     speculative_draft_worker_secret_file, {}, "with --speculative-draft-worker, without TLS: the file with the cluster secret the draft host asks for (default ~/.config/specactor/cluster-secret; none: a host started with --insecure)") \
-  X(OptInt,        speculative_num_steps,      {},        "draft steps per speculative step (tree depth); unset = automatic") \
+  X(OptInt,        speculative_num_steps,      {},        "draft steps per speculative step (tree depth; DFLASH/DSPARK: the chain's drafts, and the mask rows a block runs after the root); unset = automatic") \
   X(OptInt,        speculative_eagle_topk,     {},        "branches kept per draft step (DFLASH, DSPARK: first drafts proposed, the argmax continuing the chain); 1 = chain; unset = automatic") \
   X(OptInt,        speculative_num_draft_tokens, {},      "tree nodes verified per step, root included; unset = automatic") \
   X(OptDouble,     speculative_draft_p_min,    {},        "head drafters: propose only draft tokens whose path probability under the head (the product of its probabilities from the root) reaches this, and stop drafting when no branch does; 0 = the full shape; unset = automatic (0, or the shipped head's measured value)") \
