@@ -4,9 +4,10 @@
 // Positions: the target commits t_0 … t_{n−2} and hands over their hidden rows h_0 … h_{n−2} (the
 // outputs of the drafter's target_layer_ids); the root t_{n−1} is not in its KV yet. The drafter's KV
 // holds one context row per committed position p (from h_p, at position p), filled when a proposal
-// needs it, never rolled back (nothing uncommitted is written there). A proposal runs the block
-// [t_{n−1}, MASK × (B−1)] at positions n−1 … n+B−2 — always the whole block the drafter was trained
-// on, since its rows attend to each other — and keeps the first min(depth, B−1) drafts.
+// needs it, never rolled back (nothing uncommitted is written there). A proposal runs the root and one
+// mask row per draft asked for, [t_{n−1}, MASK × d] at positions n−1 … n−1+d with d = min(depth, B−1)
+// (the rows attend to each other, so a shorter block drafts a little differently from the trained B;
+// the numpy reference takes the same rows).
 // With --speculative-use-rejection-sampling at T > 0 each draft is drawn from the drafter's
 // probabilities at its position (sent along for rejection sampling); otherwise the chain is the argmax.
 // DSPARK adds, row by row after the pass, the Markov term of the token before each draft (so draft i

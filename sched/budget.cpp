@@ -377,9 +377,13 @@ void Feedback::observe(std::int64_t requests, double tokens, double ms, bool dra
   if (!drafted) {
     b.plain.add(tokens, ms, kPlainKeep);
     b.since_plain = 0;
-    b.scale = std::max(1.0, b.scale * 0.995);
+    ++b.since_spec;
+    const bool losing = b.plain.n >= kMinPlain && b.spec.n >= kMinSpec && b.spec.rate() < b.plain.rate();
+    if (!losing || b.since_spec >= kStale) b.scale = std::max(1.0, b.scale * 0.995);
     return;
   }
+  if (b.since_spec >= kStale) b.spec = Rate{};  // the last drafted steps are old: measure afresh
+  b.since_spec = 0;
   b.spec.add(tokens, ms, kSpecKeep);
   ++b.since_plain;
   if (b.plain.n < kMinPlain || b.spec.n < kMinSpec) return;  // one odd step is not a measurement

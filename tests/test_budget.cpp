@@ -412,6 +412,30 @@ TEST_CASE("feedback: drafted steps measured slower than plain ones scale the cos
   CHECK(select_nodes(one, 1, 1.0, 100, cost, 0.0, 4.0) == std::vector<bool>{false});
 }
 
+TEST_CASE("feedback: sparse drafted steps that lose keep the scale up, and an old measurement lets it relax") {
+  // One request: plain steps 1 token in 3.3 ms, drafted ones 2 tokens in 7.1 ms (0.93×), one drafted
+  // step in 10. Relaxed on every plain step, the scale settled near 1.05^(1/10)·0.995 ≈ 1 and the
+  // budget went on drafting at a loss.
+  Feedback f;
+  for (int cycle = 0; cycle < 60; ++cycle) {
+    for (int i = 0; i < 9; ++i) f.observe(1, 1, 3.3, false);
+    f.observe(1, 2, 7.1, true);
+  }
+  CHECK(f.measured_gain(1) < 1.0);
+  CHECK(f.penalty(1) > 3.0);
+  // No drafted step for kStale plain steps: the measurement is old and the scale relaxes again.
+  const double held = f.penalty(1);
+  for (std::int64_t i = 0; i < Feedback::kStale - 1; ++i) f.observe(1, 1, 3.3, false);
+  CHECK(f.penalty(1) == held);
+  for (int i = 0; i < 400; ++i) f.observe(1, 1, 3.3, false);
+  CHECK(f.penalty(1) < 1.1);
+  // The next drafted steps are a fresh measurement: the old loss does not count against them.
+  for (int i = 0; i < 7; ++i) f.observe(1, 2.6, 7.1, true);
+  CHECK(f.measured_gain(1) == 1.0);  // 7 fresh drafted steps are not yet a measurement
+  for (int i = 0; i < 3; ++i) f.observe(1, 2.6, 7.1, true);
+  CHECK(f.measured_gain(1) > 1.0);
+}
+
 TEST_CASE("feedback: one slow drafted step among fast ones does not hold the scale up") {
   // One request: plain steps 1 token in 4 ms (0.25/ms); drafting pays, 1.6 tokens in 4.5 ms (0.36/ms),
   // but the first drafted step took 40 ms (a drafter's cold first round).
