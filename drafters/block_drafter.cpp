@@ -20,6 +20,7 @@
 #include "model/block_drafter.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -178,7 +179,9 @@ class BlockDrafter final : public Drafter {
 
   // The first `depth` rows' drafts: argmax, or drawn from the drafter's probabilities (sent along).
   // Over a draft vocabulary, q is spread back onto the target's ids (zero elsewhere). DSPARK: each row
-  // first gets the Markov term of the token before it, and the chain its scores. With
+  // first gets the Markov term of the token before it, and the chain its confidences' products as
+  // scores; DFLASH scores a draft by its path probability under the drafter's rows (the product of
+  // each row's softmax at the draft, as a head scores its nodes; the budget's table calibrates it). With
   // --speculative-eagle-topk K > 1 (argmax drafts only) the first row's next K−1 likeliest tokens
   // hang from the root as leaves, within max_nodes: the rows after the first are not conditioned on
   // the first draft, so an alternative first draft has no continuation of its own.
@@ -190,36 +193,52 @@ class BlockDrafter final : public Drafter {
     std::vector<float> q_rows, q, scores;
     std::vector<std::int32_t> alternatives;
     float survival = 1.0f;
+    std::vector<float> alt_scores;  // DFLASH: the alternatives' probabilities in row 1 (DSPARK: -1)
     for (std::int32_t i = 0; i < depth; ++i) {
       float* row = logits.data() + static_cast<std::int64_t>(i) * vocab;
       if (dspark) {
         survival *= runner_->markov(i == 0 ? root : drafts.back(), i, row);
         scores.push_back(survival);
       }
+      std::int32_t col = 0;  // the draft's column of the row
       if (sample) {
         k::sampling_probs(row, vocab, st.params, q);
-        drafts.push_back(runner_->to_target(k::sample_from_probs(q, st.rng.uniform())));
+        col = k::sample_from_probs(q, st.rng.uniform());
+        drafts.push_back(runner_->to_target(col));
         const std::size_t at = q_rows.size();
         q_rows.resize(at + static_cast<std::size_t>(full), 0.0f);
         for (std::int64_t j = 0; j < vocab; ++j) q_rows[at + static_cast<std::size_t>(runner_->to_target(j))] = q[j];
       } else {
-        drafts.push_back(runner_->to_target(k::argmax(row, vocab)));
-        if (i == 0) alternatives = next_likeliest(row, vocab, std::min(topk_ - 1, max_nodes - depth));
+        col = k::argmax(row, vocab);
+        drafts.push_back(runner_->to_target(col));
+        if (i == 0) {
+          alternatives = next_likeliest(row, vocab, std::min(topk_ - 1, max_nodes - depth));
+          for (const std::int32_t alt : alternatives) alt_scores.push_back(dspark ? -1.0f : draft_prob(row, vocab, alt));
+        }
+      }
+      if (!dspark) {  // DFLASH: the path probability under the drafter's own rows (as a head scores)
+        survival *= draft_prob(row, vocab, col);
+        scores.push_back(survival);
       }
     }
     DraftTree t = DraftTree::chain(std::move(drafts));
     if (sample) t.probs = std::move(q_rows);
     t.scores = std::move(scores);
-    for (const std::int32_t alt : alternatives) {  // no confidence of their own: scored -1 under DSPARK
-      if (!t.scores.empty()) t.scores.push_back(-1.0f);
-      t.tokens.push_back(alt);
+    for (std::size_t j = 0; j < alternatives.size(); ++j) {
+      t.scores.push_back(alt_scores[j]);
+      t.tokens.push_back(runner_->to_target(alternatives[j]));
       t.parents.push_back(-1);
     }
     return t;
   }
 
-  // The target ids of the n likeliest entries of a row after its argmax (ties to the lower id).
-  std::vector<std::int32_t> next_likeliest(const float* row, std::int64_t vocab, std::int32_t n) const {
+  // The drafter's probability of column `col` of a row: the softmax of the row at T = 1.
+  static float draft_prob(const float* row, std::int64_t vocab, std::int32_t col) {
+    return std::exp(k::token_logprob(row, vocab, 1.0f, col, 0).logprob);
+  }
+
+  // The columns of the n likeliest entries of a row after its argmax (ties to the lower id).
+  static std::vector<std::int32_t> next_likeliest(const float* row, std::int64_t vocab, std::int32_t n) {
     std::vector<std::int32_t> out;
     if (n <= 0) return out;
     std::vector<std::int32_t> ids(static_cast<std::size_t>(vocab));
@@ -227,7 +246,7 @@ class BlockDrafter final : public Drafter {
     const auto take = static_cast<std::ptrdiff_t>(std::min<std::int64_t>(vocab, std::int64_t{n} + 1));
     std::partial_sort(ids.begin(), ids.begin() + take, ids.end(),
                       [&](std::int32_t a, std::int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-    for (std::ptrdiff_t j = 1; j < take; ++j) out.push_back(runner_->to_target(ids[static_cast<std::size_t>(j)]));
+    for (std::ptrdiff_t j = 1; j < take; ++j) out.push_back(ids[static_cast<std::size_t>(j)]);
     return out;
   }
 

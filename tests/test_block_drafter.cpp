@@ -171,8 +171,9 @@ namespace {
 // catch-up does, written out here so the runner's logits can be compared.
 std::vector<float> runner_logits(const std::shared_ptr<const sm::BlockDraftWeights>& w,
                                  const std::shared_ptr<const sm::LlamaWeights>& target, const std::vector<float>& feat,
-                                 const std::vector<std::int32_t>& tokens) {
+                                 const std::vector<std::int32_t>& tokens, std::int64_t rows = 0) {
   const auto& c = w->config();
+  if (rows <= 0) rows = c.block_size;
   const auto n = static_cast<std::int64_t>(tokens.size());
   sm::BlockDraftRunner r(w, target, specactor::kernels::Precision::Exact);
   sm::KvCache kv(c.n_layers, c.n_kv_heads, c.head_dim, 4, 256, true, specactor::kernels::KvType::F32);
@@ -187,10 +188,10 @@ std::vector<float> runner_logits(const std::shared_ptr<const sm::BlockDraftWeigh
   seq.length = n - 1;
   std::vector<specactor::kernels::KvSegment> prefix;
   for (std::int64_t l = 0; l < c.n_layers; ++l) prefix.push_back({kv.view(l, seq), 0, n - 1});
-  std::vector<std::int32_t> block(static_cast<std::size_t>(c.block_size), c.mask_token_id);
+  std::vector<std::int32_t> block(static_cast<std::size_t>(rows), c.mask_token_id);
   block[0] = tokens.back();
   std::vector<float> logits;
-  r.block(block.data(), c.block_size, n - 1, prefix, logits);
+  r.block(block.data(), rows, n - 1, prefix, logits);
   kv.release(seq);
   return logits;
 }
@@ -202,19 +203,30 @@ sm::HfTensor rows_of(const specactor::kernels::WeightMatrix& m) {
   return t;
 }
 
-// A proposal's drafts against one reference entry (and DSPARK's scores: the product of the reference's
-// confidences up to each draft); returns the entry's closest call between its best two logits.
+// A proposal's drafts against one reference entry, and their scores: DSPARK's, the product of the
+// reference's confidences up to each draft; DFLASH's, the product of each row's softmax at its draft
+// (the argmax of the reference's logits). Returns the entry's closest call between its best two logits.
 double check_drafts(const specactor::drafters::DraftTree& tree, const json& r, bool dspark) {
   double closest = 1e9;
   for (double m : r["margins"].get<std::vector<double>>()) closest = std::min(closest, m);
   CHECK(closest > 1e-4);  // no near-tie between the reference's best two logits: the drafts are comparable
   CHECK(tree.tokens == r["tokens"].get<std::vector<std::int32_t>>());
-  if (!dspark) return closest;
-  const auto conf = r["confidences"].get<std::vector<double>>();
-  REQUIRE(tree.scores.size() == conf.size());
+  std::vector<double> factors;
+  if (dspark) {
+    factors = r["confidences"].get<std::vector<double>>();
+  } else {
+    for (const auto& row : r["logits"]) {
+      const auto l = row.get<std::vector<double>>();
+      const double top = *std::max_element(l.begin(), l.end());
+      double sum = 0;
+      for (const double x : l) sum += std::exp(x - top);
+      factors.push_back(1.0 / sum);
+    }
+  }
+  REQUIRE(tree.scores.size() == factors.size());
   double survival = 1.0;
-  for (std::size_t i = 0; i < conf.size(); ++i) {
-    survival *= conf[i];
+  for (std::size_t i = 0; i < factors.size(); ++i) {
+    survival *= factors[i];
     CHECK(std::abs(tree.scores[i] - survival) < 1e-5);
   }
   return closest;
@@ -286,8 +298,6 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
         const auto mine = std::max_element(r["logits"][i].begin(), r["logits"][i].end()) - r["logits"][i].begin();
         markov_moved = markov_moved || best != mine;
       }
-    } else {
-      CHECK(tree.scores.empty());
     }
     // The runner's logits (the backbone's), row by row.
     const std::vector<float> got = runner_logits(w, t.weights, feat, ctx);
@@ -366,6 +376,8 @@ TEST_CASE(
     a.page_size = 4;
     a.max_total_tokens = 256;
     a.context_length = 128;
+    a.cpu_precision = sc::CpuPrecision::Exact;  // the runner's logits below are the drafter's, to the bit
+    a.kv_cache_dtype = "float32";
     a.speculative_num_steps = 2;
     a.speculative_draft_ngram_tokens = 0;
     auto d = specactor::drafters::find_drafter(rank > 0 ? "DSPARK" : "DFLASH")(
@@ -381,7 +393,7 @@ TEST_CASE(
     const specactor::drafters::DraftTree chain = d->propose(1, toks, 6, 4);
     REQUIRE(chain.tokens.size() == 2);
     CHECK(chain.parents == std::vector<std::int32_t>{-1, 0});
-    CHECK(chain.scores.size() == (rank > 0 ? 2u : 0u));
+    CHECK(chain.scores.size() == 2u);  // DSPARK: confidences; DFLASH: path probabilities
     a.speculative_draft_ngram_tokens = 4;
     d->reconfigure(sc::freeze(a));
     const specactor::drafters::DraftTree both = d->propose(1, toks, 6, 4);
@@ -393,13 +405,10 @@ TEST_CASE(
     CHECK(std::vector<std::int32_t>(both.parents.begin(), both.parents.begin() + 2) == chain.parents);
     // The branch's last node is 4 deep, beyond the chain's 2 steps.
     CHECK(specactor::testing::path_depth(both, std::vector<std::int32_t>(toks.begin() + 5, toks.begin() + 9)) == 4);
-    if (rank > 0) {  // DSPARK: the chain keeps its confidences; the branch's own nodes have none (-1)
-      REQUIRE(both.scores.size() == both.tokens.size());
-      CHECK(std::vector<float>(both.scores.begin(), both.scores.begin() + 2) == chain.scores);
-      for (std::size_t j = 2; j < both.scores.size(); ++j) CHECK(both.scores[j] == -1.0f);
-    } else {
-      CHECK(both.scores.empty());
-    }
+    // The chain keeps its scores; the branch's own nodes have none (-1).
+    REQUIRE(both.scores.size() == both.tokens.size());
+    CHECK(std::vector<float>(both.scores.begin(), both.scores.begin() + 2) == chain.scores);
+    for (std::size_t j = 2; j < both.scores.size(); ++j) CHECK(both.scores[j] == -1.0f);
     // The budget bounds it: 3 nodes in all leave the branch 1.
     CHECK(d->propose(1, toks, 3, 4).tokens.size() == 3);
     // --speculative-eagle-topk 3: the chain, then the first row's next two likeliest tokens as leaves
@@ -412,7 +421,7 @@ TEST_CASE(
     CHECK(std::vector<std::int32_t>(wide.tokens.begin(), wide.tokens.begin() + 2) == chain.tokens);
     CHECK(wide.parents == std::vector<std::int32_t>{-1, 0, -1, -1});
     if (rank == 0) {  // the backbone's first row, ranked: the argmax, then the two leaves
-      const std::vector<float> logits = runner_logits(w, t.weights, feat, toks);
+      const std::vector<float> logits = runner_logits(w, t.weights, feat, toks, 3);  // the root and 2 rows
       std::vector<std::int32_t> order(96);
       for (std::int32_t j = 0; j < 96; ++j) order[static_cast<std::size_t>(j)] = j;
       std::stable_sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
@@ -421,7 +430,14 @@ TEST_CASE(
       CHECK(wide.tokens[0] == order[0]);
       CHECK(wide.tokens[2] == order[1]);
       CHECK(wide.tokens[3] == order[2]);
-      CHECK(wide.scores.empty());
+      // Scored by their probabilities in the first row, as the first draft is.
+      double sum = 0;
+      for (std::int32_t j = 0; j < 96; ++j) sum += std::exp(static_cast<double>(logits[static_cast<std::size_t>(j)]));
+      REQUIRE(wide.scores.size() == 4);
+      for (const std::size_t j : {0, 2, 3}) {
+        const double p = std::exp(static_cast<double>(logits[static_cast<std::size_t>(wide.tokens[j])])) / sum;
+        CHECK(wide.scores[j] == doctest::Approx(p).epsilon(1e-4));
+      }
     } else {
       REQUIRE(wide.scores.size() == 4);
       CHECK(wide.scores[2] == -1.0f);
