@@ -158,8 +158,8 @@ void print_budget(const json& b) {
       b["cost_model_one_row_ms"].get<double>(), ck);
   if (b.value("draft_scored_nodes", 0.0) > 0)
     std::cout << fmt::format(
-        "  drafter's own scores (path probabilities of a head or DFLASH, DSPARK confidences): calibration error {:.3f} over {:.0f} "
-        "nodes\n",
+        "  drafter's own scores (path probabilities of a head or DFLASH, DSPARK confidences): calibration error {:.3f} "
+        "over {:.0f} nodes\n",
         b["draft_score_calibration_error"].get<double>(), b["draft_scored_nodes"].get<double>());
   if (b.contains("memory") && !b["memory"].get<std::string>().empty())
     std::cout << "  budget memory (--speculative-budget-cache) of the first engine: " << b["memory"].get<std::string>()

@@ -213,7 +213,8 @@ class BlockDrafter final : public Drafter {
         drafts.push_back(runner_->to_target(col));
         if (i == 0) {
           alternatives = next_likeliest(row, vocab, std::min(topk_ - 1, max_nodes - depth));
-          for (const std::int32_t alt : alternatives) alt_scores.push_back(dspark ? -1.0f : draft_prob(row, vocab, alt));
+          for (const std::int32_t alt : alternatives)
+            alt_scores.push_back(dspark ? -1.0f : draft_prob(row, vocab, alt));
         }
       }
       if (!dspark) {  // DFLASH: the path probability under the drafter's own rows (as a head scores)

@@ -206,7 +206,7 @@ class AcceptanceModel {
 class Feedback {
  public:
   static constexpr std::int64_t kExplore = 32;
-  static constexpr std::int64_t kStale = 128;  // plain steps after which the drafted steps' rate is old
+  static constexpr std::int64_t kStale = 128;   // plain steps after which the drafted steps' rate is old
   static int bucket_of(std::int64_t requests);  // 1, 2, 3-4, 5-8, 9-16, 17+
   double penalty(std::int64_t requests) const { return at(requests).scale; }
   // One decode-only step: its requests, the tokens it emitted, its time, whether it drafted.

@@ -167,8 +167,8 @@ void add_engine_metrics(Exposition& x, const sched::EngineMetrics& m) {
   x.gauge("specactor:spec_budget_calibration_error",
           "acceptance model: expected calibration error of its node predictions", m.calibration_error);
   x.gauge("specactor:spec_draft_score_calibration_error",
-          "the drafter's own scores (path probabilities of a head or DFLASH, DSPARK confidences) as predictions of acceptance: "
-          "expected calibration error over the verified nodes that had one",
+          "the drafter's own scores (path probabilities of a head or DFLASH, DSPARK confidences) as predictions of "
+          "acceptance: expected calibration error over the verified nodes that had one",
           m.draft_score_calibration_error);
   x.gauge("specactor:spec_budget_step_ms", "cost model: one row's step time at a short context (ms)", m.step_ms_1);
   x.family("specactor:spec_budget_step_cost_ratio", "gauge", "cost model: c(k), k rows' step time over one row's");
