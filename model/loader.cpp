@@ -118,11 +118,11 @@ ResolvedTarget resolve_target(const config::ServerArgs& user_args) {
     const bool by_path = user->speculative_draft_model_path && !user->speculative_draft_model_path->empty();
     if (!facts.shipped_block_drafter.empty() && !by_path) {  // resolution takes the shipped one
       facts.shipped_head_defaults = shipped_head_defaults(facts.shipped_block_drafter);
-      // A block drafter's nodes have no path probabilities: a floor would be ignored.
+      // A block drafter takes no floor (--speculative-draft-p-min is a head drafter's): one would be ignored.
       if (facts.shipped_head_defaults && facts.shipped_head_defaults->p_min != 0.0)
         throw config::ConfigError(facts.shipped_block_drafter +
-                                  "/config.json: specactor.defaults.speculative_draft_p_min: a block drafter has no "
-                                  "path probabilities to floor; expected 0");
+                                  "/config.json: specactor.defaults.speculative_draft_p_min: a block drafter takes no "
+                                  "floor (a head drafter's setting); expected 0");
     }
   }
   config::Snapshot target = config::resolve_target(user, facts, runtime_facts());

@@ -474,6 +474,6 @@ TEST_CASE("a shipped block drafter's measured settings come from its config.json
            "speculative_draft_p_min": 0.2, "speculative_draft_ngram_tokens": 2, "speculative_draft_quantization": "q4_1"})");
   CHECK_THROWS_WITH_AS(sm::resolve_target(a),
                        doctest::Contains("specactor.defaults.speculative_draft_p_min: a block "
-                                         "drafter has no path probabilities to floor; expected 0"),
+                                         "drafter takes no floor (a head drafter's setting); expected 0"),
                        sc::ConfigError);
 }
