@@ -378,26 +378,21 @@ void Feedback::observe(std::int64_t requests, double tokens, double ms, bool dra
     b.plain.add(tokens, ms, kPlainKeep);
     b.since_plain = 0;
     ++b.since_spec;
-    const bool losing = b.plain.n >= kMinPlain && b.spec.n >= kMinSpec && b.spec.rate() < b.plain.rate();
-    if (!losing || b.since_spec >= kStale) b.scale = std::max(1.0, b.scale * 0.995);
+    if (b.gain() >= 1.0 || b.since_spec >= kStale) b.scale = std::max(1.0, b.scale * 0.995);
     return;
   }
   if (b.since_spec >= kStale) b.spec = Rate{};  // the last drafted steps are old: measure afresh
   b.since_spec = 0;
   b.spec.add(tokens, ms, kSpecKeep);
   ++b.since_plain;
-  if (b.plain.n < kMinPlain || b.spec.n < kMinSpec) return;  // one odd step is not a measurement
-  const double g = b.spec.rate() / b.plain.rate();
+  const double g = b.gain();  // 1 until enough steps were seen: one odd step is not a measurement
   if (g < 1.0)
     b.scale = std::min(4.0, b.scale * 1.05);
   else if (g > 1.05)
     b.scale = std::max(1.0, b.scale * 0.98);
 }
 
-double Feedback::measured_gain(std::int64_t requests) const {
-  const Bucket& b = at(requests);
-  return b.plain.n >= kMinPlain && b.spec.n >= kMinSpec && b.plain.rate() > 0 ? b.spec.rate() / b.plain.rate() : 1.0;
-}
+double Feedback::measured_gain(std::int64_t requests) const { return at(requests).gain(); }
 
 void note_plan(RequestAcceptance& r, bool probe, std::int32_t depth) {
   if (depth <= 0) {

@@ -240,6 +240,10 @@ class Feedback {
     std::int64_t since_plain = 0;
     std::int64_t since_spec = 0;  // plain steps since the last drafted one (not kept across starts)
     double scale = 1;
+    // Drafted ÷ plain tokens per ms once both have enough steps to count; 1 before.
+    double gain() const {
+      return plain.n >= kMinPlain && spec.n >= kMinSpec && plain.rate() > 0 ? spec.rate() / plain.rate() : 1.0;
+    }
   };
   const Bucket& at(std::int64_t n) const { return b_[static_cast<std::size_t>(bucket_of(n))]; }
   std::array<Bucket, 6> b_{};
