@@ -42,7 +42,10 @@ json BlockDraftConfig::to_json() const {
          {"output_multiplier", output_multiplier},
          {"final_logit_softcapping", logit_softcap},
          {"draft_vocab_size", static_cast<std::int64_t>(draft_vocab.size())}};
-  if (dspark) j["markov_rank"] = markov_rank;
+  if (dspark) {
+    j["markov_rank"] = markov_rank;
+    j["markov_first_row"] = markov_first_row;
+  }
   return j;
 }
 
@@ -155,6 +158,13 @@ BlockDraftConfig read_block_config(const std::string& path, const LlamaConfig& t
       fail("markov_rank", "must be an integer in [1, 4096] (the DSPARK Markov head's rank), got " +
                               (r ? config::printable(r->dump()) : std::string("nothing")));
     c.markov_rank = r->get<std::int64_t>();
+  }
+  if (const json* first = draft_field(j, "markov_first_row")) {
+    if (!c.dspark)
+      fail("markov_first_row", "is a DSPARK setting (the Markov head's), but this is a DFlashDraftModel");
+    if (!first->is_boolean())
+      fail("markov_first_row", "must be true or false, got " + config::printable(first->dump()));
+    c.markov_first_row = first->get<bool>();
   }
   return c;
 }
@@ -401,12 +411,14 @@ float BlockDraftRunner::markov(std::int32_t prev, std::int64_t row, float* logit
   const std::int64_t vd = out_->out_dim;
   bias_.assign(static_cast<std::size_t>(vd), 0.0f);
   float* b = bias_.data();
-  for (std::int64_t j = 0; j < r; ++j) {
-    const float ej = e[j];
-    const float* col = w2t + j * vd;
-    for (std::int64_t v = 0; v < vd; ++v) b[v] += col[v] * ej;
+  if (row > 0 || c.markov_first_row) {  // markov_first_row false: the first row stays the backbone's
+    for (std::int64_t j = 0; j < r; ++j) {
+      const float ej = e[j];
+      const float* col = w2t + j * vd;
+      for (std::int64_t v = 0; v < vd; ++v) b[v] += col[v] * ej;
+    }
+    for (std::int64_t v = 0; v < vd; ++v) logits_row[v] += b[v];
   }
-  for (std::int64_t v = 0; v < vd; ++v) logits_row[v] += b[v];
   const float* cw = w_->confidence_w();
   const float* h = xn_.data() + row * H;
   double z = w_->confidence_b();

@@ -37,7 +37,10 @@
 //                draft i is accepted when drafts 1 … i−1 were. The product c_1 ⋯ c_i is draft i's score
 //                (drafters::DraftTree::scores), which the budget turns into a verification length.
 // Tensors beyond DFLASH's: markov_head.w1.weight [V, r], markov_head.w2.weight [Vd, r],
-// confidence_head.weight [1, H + r], confidence_head.bias [1]; "dspark_config" adds markov_rank (r).
+// confidence_head.weight [1, H + r], confidence_head.bias [1]; "dspark_config" adds markov_rank (r) and
+// optionally markov_first_row (default true; false: row 1 gets no Markov term, as its token before —
+// the root — is already the block's first input, so the first draft is the backbone's own; its
+// confidence still reads e_1).
 // These four are read as float32 (from F32, F16 or BF16; any rank) and never quantized.
 #pragma once
 
@@ -59,6 +62,7 @@ struct BlockDraftConfig {
   std::string path;
   bool dspark = false;           // DSparkDraftModel: the Markov and confidence heads follow the backbone
   std::int64_t markov_rank = 0;  // DSPARK: r, the Markov head's rank
+  bool markov_first_row = true;  // DSPARK: false = the first draft row gets no Markov term (the backbone's)
   std::int64_t hidden = 0, ffn = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   double rope_base = 10000.0, norm_eps = 1e-6;
   std::int64_t block_size = 16;

@@ -92,6 +92,7 @@ TEST_CASE("DFLASH files: a malformed drafter is refused at load with one error n
       {R"({"layer_types": ["sliding_attention"]})", "'layer_types' holds \"sliding_attention\""},
       {R"({"num_hidden_layers": 0})", "'num_hidden_layers' must be at least 1"},
       {R"({"dflash_config": {"target_layer_ids": []}})", "'target_layer_ids' must be a non-empty array"},
+      {R"({"dflash_config": {"markov_first_row": false}})", "'markov_first_row' is a DSPARK setting"},
   };
   int i = 0;
   for (const Case& c : cases) {
@@ -130,6 +131,7 @@ TEST_CASE(
       {R"({"dspark_config": {"markov_rank": 16}})", "tensor 'markov_head.w1.weight'"},  // the file holds rank 8
       {R"({"dspark_config": {"mask_token_id": null}})", "'mask_token_id' is missing"},
       {R"({"hidden_size": 48})", "'hidden_size' is 48 but the target's hidden size is 32"},
+      {R"({"dspark_config": {"markov_first_row": 0}})", "'markov_first_row' must be true or false, got 0"},
   };
   int i = 0;
   for (const auto& c : cases) {
@@ -143,7 +145,12 @@ TEST_CASE(
   const auto w = sm::BlockDraftWeights::load(good, t.config, 128, sc::LoadFormat::Auto);
   CHECK(w->config().dspark);
   CHECK(w->config().markov_rank == 8);
+  CHECK(w->config().markov_first_row);  // the default
   CHECK(w->config().to_json()["kind"] == "DSPARK");
+  CHECK_FALSE(sm::BlockDraftWeights::load(dspark("first", R"({"dspark_config": {"markov_first_row": false}})"),
+                                          t.config, 128, sc::LoadFormat::Auto)
+                  ->config()
+                  .markov_first_row);
   // The algorithm must name what the checkpoint is: one error naming the flag either way.
   sm::BlockDrafterSpec plain;
   plain.block_size = 4;
@@ -310,6 +317,10 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
     MESSAGE("context " << n << ": drafts " << json(tree.tokens).dump() << ", largest logit difference " << worst
                        << ", closest call " << closest);
     CHECK(worst < 1e-5);
+    if (dspark && !c.markov_first_row) {  // the first draft is the backbone's argmax (the runner's row 1)
+      const auto col = std::max_element(got.begin(), got.begin() + static_cast<long>(V)) - got.begin();
+      CHECK(tree.tokens.at(0) == (c.draft_vocab.empty() ? col : c.draft_vocab[static_cast<std::size_t>(col)]));
+    }
   }
   if (dspark) CHECK(markov_moved);
   // A depth below the block runs a block of that many rows and the root (3 here): the reference's
@@ -330,11 +341,19 @@ TEST_CASE(
   Scratch s;
   const sm::LoadedModel t = tiny_target(s.dir);
   // Two layers, a block of 6, softcapped and scaled logits: every optional step of the forward; once over
-  // the whole vocabulary, once over a draft vocabulary of 40 ids; DFLASH, then DSPARK (Markov rank 8).
-  for (const std::int64_t rank : {0, 8})
+  // the whole vocabulary, once over a draft vocabulary of 40 ids; DFLASH, then DSPARK (Markov rank 8),
+  // then DSPARK without the first row's Markov term (markov_first_row false).
+  struct Kind {
+    std::int64_t rank;
+    bool first_row;
+  };
+  for (const Kind kind : {Kind{0, true}, Kind{8, true}, Kind{8, false}})
     for (const std::int64_t vocab : {0, 40}) {
+      const std::int64_t rank = kind.rank;
+      const bool first_row = kind.first_row;
       CAPTURE(vocab);
       CAPTURE(rank);
+      CAPTURE(first_row);
       sm::BlockDrafterSpec spec;
       spec.layers = 2;
       spec.block_size = 6;
@@ -344,7 +363,10 @@ TEST_CASE(
       spec.markov_rank = rank;
       spec.config_patch = R"({"dflash_config": {"output_multiplier": 0.7, "final_logit_softcapping": 9.0,
                             "input_embedding_scale": 1.5}})";
-      const std::string name = std::to_string(vocab) + "_" + std::to_string(rank);
+      if (!first_row)
+        spec.config_patch = R"({"dflash_config": {"output_multiplier": 0.7, "final_logit_softcapping": 9.0,
+                              "input_embedding_scale": 1.5}, "dspark_config": {"markov_first_row": false}})";
+      const std::string name = std::to_string(vocab) + "_" + std::to_string(rank) + (first_row ? "" : "_nofirst");
       const std::string path = (s.dir / ("drafter" + name)).string();
       sm::write_random_block_drafter(t.info, spec, path);
       check_against_reference(python, t, path, s.dir / ("case" + name));

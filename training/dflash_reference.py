@@ -62,6 +62,7 @@ class Drafter:
         self.embed_scale = get("input_embedding_scale", 1.0)
         self.mult = get("output_multiplier", 1.0)
         self.cap = get("final_logit_softcapping", 0.0) or 0.0
+        self.markov_first_row = get("markov_first_row", True)
         tensors = load_file(os.path.join(folder, "model.safetensors"))
         # specactor's optional draft vocabulary: the logits cover these target ids' output rows only
         self.vocab = tensors.pop("draft_vocab", None)
@@ -113,11 +114,13 @@ class Drafter:
         return int(i if self.vocab is None else self.vocab[i])
 
     def sequential(self, base, root):
-        """DSpark: each row's logits plus the Markov term of the token before it; the confidences."""
+        """DSpark: each row's logits plus the Markov term of the token before it (not the first row's
+        with markov_first_row false); the confidences."""
         w, logits, conf, prev = self.w, base.copy(), [], root
         for i in range(base.shape[0]):
             e = w["markov_head.w1.weight"][prev]
-            logits[i] += w["markov_head.w2.weight"] @ e
+            if i > 0 or self.markov_first_row:
+                logits[i] += w["markov_head.w2.weight"] @ e
             z = w["confidence_head.weight"][0] @ np.concatenate([self.hidden[i], e]) + w["confidence_head.bias"][0]
             conf.append(float(1.0 / (1.0 + np.exp(-z))))
             prev = self.to_target(logits[i].argmax())

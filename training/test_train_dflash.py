@@ -10,7 +10,7 @@ enough for CI:
   error and exit status 2 -> DSpark heads on the trained drafter's frozen backbone (--dspark --backbone
   --freeze-backbone, 12 steps): the loss falls, the held-out evaluation reports the confidence's
   calibration, the export is a DSparkDraftModel that keeps the backbone, loads and drafts losslessly with
-  DSPARK -> the DSpark flags without --dspark, or a frozen backbone without one, are refused -> a drafter
+  DSPARK; with --no-markov-first-row the first drafts are the backbone's -> the DSpark flags without --dspark, or a frozen backbone without one, are refused -> a drafter
   seeded from the target's layer (--init-from-target) has the target's weights with q/k rows in the
   drafter's RoPE order, trains and drafts losslessly; bad seeding flags are refused.
 
@@ -79,8 +79,26 @@ def dspark_checks(spec, trainer, tiny, data, backbone, tmp):
         check(fast["tokens"] == plain["tokens"], f"DSPARK output equals plain greedy output for {prompt!r}")
         drafted += fast["speculative"]["drafted"]
     check(drafted > 0, f"the DSpark drafter drafted ({drafted} drafts)")
+    # --no-markov-first-row: no Markov term on the first row, so (the backbone frozen) the first drafts
+    # are the backbone's: the same held-out acceptance at position 1, to the anchor.
+    out1, work1 = out + "-nofirst", work + "-nofirst"
+    run([*trainer, *[out1 if x == out else work1 if x == work else x for x in common], "--no-markov-first-row",
+         "--max-steps", "6", "--epochs", "50"])
+    cfg1 = json.load(open(os.path.join(out1, "config.json")))
+    base_first = json.load(open(os.path.join(backbone, "config.json")))["specactor"]["held_out"]["accepted_by_position"]
+    mine_first = cfg1["specactor"]["held_out"]["accepted_by_position"]
+    check(cfg1["dspark_config"]["markov_first_row"] is False and cfg["dspark_config"]["markov_first_row"] is True
+          and mine_first[0] == base_first[0],
+          f"--no-markov-first-row: the config says so and the first draft is the backbone's (held-out position 1 "
+          f"accepted {mine_first[0]} = {base_first[0]})")
+    fast = generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "DSPARK",
+                                                        "--speculative-draft-model-path", out1,
+                                                        "--speculative-adaptive", "false"])
+    check(fast["tokens"] == generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "NONE"])["tokens"],
+          "a DSpark drafter without the first row's Markov term drafts losslessly")
     base_args = ["--data", data, "--out", out, "--work", work]
     for args, want in (([*base_args, "--backbone", backbone], "--backbone: only applies with --dspark"),
+                       ([*base_args, "--no-markov-first-row"], "--no-markov-first-row: only applies with --dspark"),
                        ([*base_args, "--dspark", "--freeze-backbone"], "--freeze-backbone: needs --backbone"),
                        ([*base_args, "--dspark", "--backbone", data], "--backbone: ")):
         p = run([*trainer, *args], expect=2)

@@ -23,6 +23,8 @@ DSpark (model/block_drafter.hpp): the same backbone, then per row j (drafting po
 Markov term W2 W1[t_{a+j}] (the token before it: teacher-forced, which is what the engine drafts from
 whenever drafts 1..j were accepted) is added to the logits, and a confidence c_j = sigmoid(w.[h_j ;
 W1[t_{a+j}]] + b) is trained by binary cross-entropy to predict whether row j's argmax is the target's.
+With --no-markov-first-row the first row (j = 0, whose token before is the block's own first input t_a)
+gets no Markov term: the first draft is the backbone's, and the config says markov_first_row: false.
 Its loss: CE_WEIGHT x the soft cross-entropy above + TVD_WEIGHT x the total variation between the draft
 and target distributions (same position weights) + CONF_WEIGHT x the confidence's cross-entropy. With
 --backbone the backbone (and draft vocabulary) start from a trained DFlash drafter, the Markov term at
@@ -201,6 +203,9 @@ def build_fns(cfg, tx, pos_decay, mix=None):
     group, half, scale = nh // nkv, hd // 2, 1.0 / math.sqrt(hd)
     inv = jnp.asarray(cfg["rope_theta"] ** (-2.0 * np.arange(half) / hd), jnp.float32)
     weights = jnp.asarray(pos_decay ** np.arange(B - 1), jnp.float32)
+    # DSpark: the rows whose logits get the Markov term (row 0 only with markov_first_row)
+    markov_rows = jnp.asarray([1.0 if j > 0 or cfg.get("markov_first_row", True) else 0.0 for j in range(B - 1)],
+                              jnp.float32)
 
     def rms(x, w):
         return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
@@ -254,7 +259,7 @@ def build_fns(cfg, tx, pos_decay, mix=None):
             prev = jnp.take_along_axis(tok, jnp.clip(jnp.maximum(anc, 0)[..., None] + jnp.arange(B - 1), 0, T - 1)
                                        .reshape(S, -1), axis=1).reshape(anc.shape + (B - 1,))
             e = hp["w1"][prev]  # [S, A, B-1, r]
-            logits = logits + e @ hp["w2"]
+            logits = logits + (e @ hp["w2"]) * markov_rows[:, None]
             conf_logit = jnp.concatenate([hid, e], axis=-1) @ hp["cw"] + hp["cb"]
         logp = jax.nn.log_softmax(logits, axis=-1)
         # row k scores position a+k: the target's distribution after position a+k-1
@@ -369,7 +374,8 @@ def export(params, cfg, ids, out, info, heads=None):
                                 "target_layer_ids": cfg["target_layer_ids"]},
               "specactor": info}
     if heads is not None:
-        config["dspark_config"] = dict(config.pop("dflash_config"), markov_rank=cfg["rank"])
+        config["dspark_config"] = dict(config.pop("dflash_config"), markov_rank=cfg["rank"],
+                                       markov_first_row=cfg["markov_first_row"])
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
 
@@ -412,6 +418,9 @@ def main():
                     help="with --init-from-target: comma-separated target layer ids, one per drafter layer "
                          "(default: the layers right after the last capture layer, or the target's last ones where it ends first)")
     ap.add_argument("--markov-rank", type=int, default=64, help="DSpark: the Markov head's rank")
+    ap.add_argument("--no-markov-first-row", dest="markov_first_row", action="store_false",
+                    help="DSpark: no Markov term on the first draft row (its token before is the root, which the "
+                         "block already reads), so the first draft is the backbone's own")
     ap.add_argument("--ce-weight", type=float, default=0.1, help="DSpark: weight of the soft cross-entropy")
     ap.add_argument("--tvd-weight", type=float, default=0.9, help="DSpark: weight of the total variation distance")
     ap.add_argument("--conf-weight", type=float, default=1.0, help="DSpark: weight of the confidence's loss")
@@ -428,7 +437,8 @@ def main():
                      ("--tvd-weight", a.tvd_weight >= 0), ("--conf-weight", a.conf_weight >= 0)]:
         if not ok:
             fail(f"{name}: out of range")
-    for name, given in [("--backbone", bool(a.backbone)), ("--freeze-backbone", a.freeze_backbone)]:
+    for name, given in [("--backbone", bool(a.backbone)), ("--freeze-backbone", a.freeze_backbone),
+                        ("--no-markov-first-row", not a.markov_first_row)]:
         if given and not a.dspark:
             fail(f"{name}: only applies with --dspark")
     if a.freeze_backbone and not a.backbone:
@@ -457,7 +467,7 @@ def main():
            "nkv": m["num_key_value_heads"], "hd": m["head_dim"], "eps": m["rms_norm_eps"],
            "rope_theta": m["rope_theta"], "V": m["vocab_size"], "layers": a.layers, "block": a.block_size,
            "mask": a.mask_token_id, "K": len(ds.aux_layers), "target_layer_ids": list(ds.aux_layers),
-           "target_layers": m["num_hidden_layers"], "rank": a.markov_rank}
+           "target_layers": m["num_hidden_layers"], "rank": a.markov_rank, "markov_first_row": a.markov_first_row}
     init_layers = []
     if a.init_from_target:
         if not os.path.isfile(a.init_from_target):
