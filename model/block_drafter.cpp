@@ -160,8 +160,7 @@ BlockDraftConfig read_block_config(const std::string& path, const LlamaConfig& t
     c.markov_rank = r->get<std::int64_t>();
   }
   if (const json* first = draft_field(j, "markov_first_row")) {
-    if (!c.dspark)
-      fail("markov_first_row", "is a DSPARK setting (the Markov head's), but this is a DFlashDraftModel");
+    if (!c.dspark) fail("markov_first_row", "is a DSPARK setting (the Markov head's), but this is a DFlashDraftModel");
     if (!first->is_boolean())
       fail("markov_first_row", "must be true or false, got " + config::printable(first->dump()));
     c.markov_first_row = first->get<bool>();
