@@ -13,6 +13,7 @@ Speeds are printed, never asserted.
 
     python3 training/test_block_drafters_shipped.py BUILD_DIR MODEL.gguf [MIN_TAU]
 """
+import argparse
 import json
 import os
 import subprocess
@@ -26,11 +27,14 @@ def fail(msg):
 
 
 def main():
-    build, model = sys.argv[1], sys.argv[2]
-    min_tau = float(sys.argv[3]) if len(sys.argv) > 3 else 2.0
-    spec = os.path.join(build, "specactor")
+    ap = argparse.ArgumentParser(description="the shipped DFLASH and DSPARK drafters on the shipped prompts")
+    ap.add_argument("build", help="the build folder (holds specactor)")
+    ap.add_argument("model", help="the default model's GGUF")
+    ap.add_argument("min_tau", type=float, nargs="?", default=2.0, help="the least τ over the shipped prompts")
+    a = ap.parse_args()
+    spec, model, min_tau = os.path.join(a.build, "specactor"), a.model, a.min_tau
     if not os.path.isfile(model):
-        sys.exit(f"test_block_drafters_shipped: error: the model {model} is missing (run tools/setup)")
+        ap.error(f"the model {model} is missing (run tools/setup)")
     for algo, folder in (("DFLASH", "SmolLM2-135M-Instruct-dflash"), ("DSPARK", "SmolLM2-135M-Instruct-dspark")):
         shipped = json.load(open(os.path.join(ROOT, "heads", folder, "config.json")))["specactor"]["defaults"]
         cfg = subprocess.run([spec, "config", "--model-path", model, "--speculative-algorithm", algo],
