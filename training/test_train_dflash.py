@@ -5,7 +5,8 @@ enough for CI:
   a 2-block cut of the default model (`specactor shrink`) -> make-data (16 prompts) -> train_dflash.py
   for 16 steps (the logged loss must fall) -> the export has the published layout plus the draft
   vocabulary, loads in specactor (`inspect --target`) and drafts losslessly (`generate` with DFLASH
-  equals plain greedy, with drafts made) -> `--resume` continues from the checkpoint -> bad inputs
+  equals plain greedy, with drafts made) -> `--resume` continues from the checkpoint, and refuses one made
+  under another objective (--pos-decay) -> bad inputs
   (a missing data folder, a block size of 1, a mask token outside the vocabulary) each give one clear
   error and exit status 2 -> DSpark heads on the trained drafter's frozen backbone (--dspark --backbone
   --freeze-backbone, 12 steps): the loss falls, the held-out evaluation reports the confidence's
@@ -223,6 +224,10 @@ def main():
         hist = json.load(open(os.path.join(work, "history.json")))
         check("resumed from" in again.stdout and max(h["step"] for h in hist) == 20,
               "--resume continues from the checkpoint (step 16 -> 20)")
+        other = run([*trainer, *common, "--max-steps", "24", "--epochs", "50", "--resume", "--pos-decay", "0.9"],
+                    expect=2)
+        check("trained with --pos-decay" in other.stderr and other.stderr.count("\n") == 1,
+              f"--resume under another objective (--pos-decay) is one clear error: {other.stderr.strip()!r}")
         for args, want in (([*common[:2], "--data", os.path.join(tmp, "nope"), "--out", out], "manifest.json: not found"),
                            ([*common, "--block-size", "1"], "--block-size: out of range"),
                            ([*common, "--mask-token-id", "999999"], "--mask-token-id: 999999 is outside")):

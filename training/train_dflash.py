@@ -29,6 +29,8 @@ Its loss: CE_WEIGHT x the soft cross-entropy above + TVD_WEIGHT x the total vari
 and target distributions (same position weights) + CONF_WEIGHT x the confidence's cross-entropy. With
 --backbone the backbone (and draft vocabulary) start from a trained DFlash drafter, the Markov term at
 zero (so training starts from that drafter's drafts exactly); --freeze-backbone trains the heads only.
+--resume continues from --work's checkpoint, and refuses one made under another block size, layer
+count, mask token, position decay or DSpark setting (--epochs and --lr may change).
 Everything is float32 on the CPU (JAX, pinned in training/requirements-train.txt).
 """
 import argparse
@@ -533,9 +535,22 @@ def main():
     opt_state = tx.init(trainable)
     step, history = 0, []
     os.makedirs(work, exist_ok=True)
+    # What the checkpoint's numbers mean: resuming under other values would train another objective
+    # with no error (shapes alone do not show them). --epochs, --lr and the like may change.
+    settings = {"--block-size": cfg["block"], "--layers": cfg["layers"], "--pos-decay": a.pos_decay,
+                "--mask-token-id": cfg["mask"], "--dspark": a.dspark, "--freeze-backbone": a.freeze_backbone,
+                "--markov-rank": a.markov_rank if a.dspark else None,
+                "--no-markov-first-row": (not a.markov_first_row) if a.dspark else None,
+                "--ce-weight": a.ce_weight if a.dspark else None, "--tvd-weight": a.tvd_weight if a.dspark else None,
+                "--conf-weight": a.conf_weight if a.dspark else None}
     if resuming:
         try:
             z = np.load(ckpt, allow_pickle=False)
+            if "settings" in z.files:  # checkpoints before 2026-12-07 19:50 UTC carry none
+                before = json.loads(str(z["settings"]))
+                for flag, value in settings.items():
+                    if flag in before and before[flag] != value:
+                        raise DataError(f"it was trained with {flag} {before[flag]}, this run has {value}")
             leaves, treedef = jax.tree_util.tree_flatten((trainable, opt_state))
             loaded = [z[f"l{i}"] for i in range(len(leaves))]
             for i, (x, y) in enumerate(zip(leaves, loaded)):
@@ -552,7 +567,7 @@ def main():
     def save():
         leaves, _ = jax.tree_util.tree_flatten((trainable, opt_state))
         tmp = ckpt + ".tmp.npz"
-        np.savez(tmp, step=step, draft_ids=ids, history=json.dumps(history),
+        np.savez(tmp, step=step, draft_ids=ids, history=json.dumps(history), settings=json.dumps(settings),
                  **{f"l{i}": np.asarray(x) for i, x in enumerate(leaves)})
         os.replace(tmp, ckpt)
 
