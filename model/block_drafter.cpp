@@ -408,9 +408,9 @@ float BlockDraftRunner::markov(std::int32_t prev, std::int64_t row, float* logit
   const float* e = w_->markov_w1() + static_cast<std::int64_t>(prev) * r;  // e = W1[prev]
   const float* w2t = w_->markov_w2();
   const std::int64_t vd = out_->out_dim;
-  bias_.assign(static_cast<std::size_t>(vd), 0.0f);
-  float* b = bias_.data();
   if (row > 0 || c.markov_first_row) {  // markov_first_row false: the first row stays the backbone's
+    bias_.assign(static_cast<std::size_t>(vd), 0.0f);
+    float* b = bias_.data();
     for (std::int64_t j = 0; j < r; ++j) {
       const float ej = e[j];
       const float* col = w2t + j * vd;
