@@ -34,10 +34,11 @@ std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& serve
                                            std::int64_t max_new, int repeats);
 
 // Every drafter against plain decoding on the server args' device: NGRAM, STANDALONE self-speculation
-// (the first min(8, layers/2) layers), random EAGLE, EAGLE3, MTP and FROZEN_KV_MTP heads and a random
-// DFLASH drafter written for `target` to a temporary folder. Random drafters measure the drafting
-// overhead, not acceptance.
-std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& server_args,
+// (the first min(8, layers/2) layers), EAGLE, EAGLE3, MTP and FROZEN_KV_MTP heads, DFLASH and DSPARK
+// drafters. EAGLE3, DFLASH and DSPARK are the ones shipped for `model_path` (heads/, at their shipped
+// shape) where they exist; every other head or drafter is random, written for `target` to a temporary
+// folder: a random drafter measures the drafting overhead, not acceptance.
+std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& server_args, const std::string& model_path,
                                             const specactor::model::ModelInfo& target, std::int64_t target_layers,
                                             const std::string& prompts_path, std::int64_t max_new, int repeats);
 void print_drafter_rows(const std::vector<DrafterRow>& rows, const std::string& prompts_path, std::int64_t max_new,

@@ -28,6 +28,7 @@
 #include "config/resolve.hpp"
 #include "model/block_drafter.hpp"
 #include "model/head_writer.hpp"
+#include "model/loader.hpp"
 
 namespace sa = specactor::actors;
 namespace sc = specactor::config;
@@ -71,7 +72,7 @@ std::vector<DrafterRow> bench_each_drafter(const std::vector<std::string>& serve
   return rows;
 }
 
-std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& server_args,
+std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& server_args, const std::string& model_path,
                                             const specactor::model::ModelInfo& target, std::int64_t target_layers,
                                             const std::string& prompts_path, std::int64_t max_new, int repeats) {
   namespace sm = specactor::model;
@@ -82,10 +83,17 @@ std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& serv
                                          {fmt::format("STANDALONE (first {} layers)", self_layers),
                                           {"--speculative-algorithm", "STANDALONE", "--speculative-draft-num-layers",
                                            std::to_string(self_layers), "--speculative-num-steps", "2"}}};
+  // A drafter trained for this model and shipped beside it (heads/) is benched as shipped: the
+  // algorithm alone, so resolution takes the folder and its measured shape, as a user's run would.
+  const bool shipped_eagle3 = !sm::shipped_eagle3_head(model_path).empty();
   for (auto kind : {sm::HeadKind::Eagle, sm::HeadKind::Eagle3, sm::HeadKind::Mtp}) {
+    const std::string name(sm::to_string(kind));
+    if (kind == sm::HeadKind::Eagle3 && shipped_eagle3) {
+      drafters.push_back({name + " (shipped head)", {"--speculative-algorithm", name}});
+      continue;
+    }
     sm::HeadSpec spec;
     spec.kind = kind;
-    const std::string name(sm::to_string(kind));
     const std::string path = (dir / (name + ".gguf")).string();
     sm::write_random_head(target, spec, path);
     drafters.push_back(
@@ -94,16 +102,19 @@ std::vector<DrafterRow> bench_every_drafter(const std::vector<std::string>& serv
   drafters.push_back(
       {"FROZEN_KV_MTP (random head)",
        {"--speculative-algorithm", "FROZEN_KV_MTP", "--speculative-draft-model-path", (dir / "MTP.gguf").string()}});
-  sm::BlockDrafterSpec block;  // a one-layer drafter with a block of 8
-  sm::write_random_block_drafter(target, block, (dir / "dflash").string());
-  drafters.push_back(
-      {"DFLASH (random drafter)",
-       {"--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", (dir / "dflash").string()}});
-  block.markov_rank = 32;  // the same with DSPARK's Markov and confidence heads
-  sm::write_random_block_drafter(target, block, (dir / "dspark").string());
-  drafters.push_back(
-      {"DSPARK (random drafter)",
-       {"--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", (dir / "dspark").string()}});
+  for (const bool dspark : {false, true}) {
+    const std::string name = dspark ? "DSPARK" : "DFLASH";
+    if (!sm::shipped_block_drafter(model_path, dspark).empty()) {
+      drafters.push_back({name + " (shipped drafter)", {"--speculative-algorithm", name}});
+      continue;
+    }
+    sm::BlockDrafterSpec block;  // a one-layer drafter with a block of 8; DSPARK's heads of rank 32
+    if (dspark) block.markov_rank = 32;
+    const std::string path = (dir / (dspark ? "dspark" : "dflash")).string();
+    sm::write_random_block_drafter(target, block, path);
+    drafters.push_back(
+        {name + " (random drafter)", {"--speculative-algorithm", name, "--speculative-draft-model-path", path}});
+  }
   std::vector<DrafterRow> rows;
   try {
     rows = bench_each_drafter(server_args, drafters, prompts_path, max_new, repeats);

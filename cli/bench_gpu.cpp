@@ -1,8 +1,8 @@
 // cli/bench_gpu.cpp — `specactor bench --device cuda`: the device's measured copy bandwidth, decode
 // tokens/s of the CUDA forward at batch 1 and 16 (the model called directly, prompt prefilled first)
 // with the share of that bandwidth reached, then plain vs every drafter through the engine on the
-// shipped prompts (random heads for EAGLE/EAGLE3/MTP: their speedups measure overhead, not a
-// trained head's acceptance).
+// shipped prompts (the EAGLE3 head and block drafters shipped for the model where they exist, random
+// heads otherwise: a random head's speedup measures overhead, not a trained head's acceptance).
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -122,9 +122,9 @@ int bench_cuda(const std::vector<std::string>& server_args, const CudaBenchOptio
   }
   runner.reset();  // the engines below take the device memory
 
-  // Plain vs each drafter (random heads written for the head algorithms).
-  const auto rows = bench_every_drafter(server_args, m.info, c.n_layers, o.prompts_path, o.max_new_tokens,
-                                        static_cast<int>(o.repeats));
+  // Plain vs each drafter (shipped ones where the model has them, random heads otherwise).
+  const auto rows = bench_every_drafter(server_args, s->model_path, m.info, c.n_layers, o.prompts_path,
+                                        o.max_new_tokens, static_cast<int>(o.repeats));
 
   if (o.json) {
     json j = {{"model", s->model_path},

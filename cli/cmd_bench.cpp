@@ -181,8 +181,8 @@ int bench_all_drafters(const BenchOptions& o, const std::vector<std::string>& re
   const std::int64_t repeats = o.repeats ? o.repeats : 2;
   const Resolved r = resolve_from_args(rest);
   spdlog::set_level(spdlog::level::from_str(r.target->log_level));
-  const auto rows =
-      bench_every_drafter(rest, r.info, r.info.num_layers, o.prompts, o.max_new_tokens, static_cast<int>(repeats));
+  const auto rows = bench_every_drafter(rest, r.target->model_path, r.info, r.info.num_layers, o.prompts,
+                                        o.max_new_tokens, static_cast<int>(repeats));
   if (o.json) {
     std::cout << json{{"model", r.target->model_path}, {"device", "cpu"}, {"drafters", drafter_rows_json(rows)}}.dump(2)
               << "\n";

@@ -199,12 +199,20 @@ TEST_CASE("specactor bench --all-drafters: every drafter against plain decoding,
   REQUIRE_MESSAGE(r.rc == 0, r.err);
   const json j = json::parse(r.out);
   REQUIRE(j["drafters"].size() == 8);  // NGRAM, STANDALONE, EAGLE, EAGLE3, MTP, FROZEN_KV_MTP, DFLASH, DSPARK
+  std::vector<std::string> labels;
   for (const auto& d : j["drafters"]) {
     CAPTURE(d.dump());
     CHECK(d["error"] == "");
     CHECK(d["outputs_identical_to_plain"] == true);
     CHECK(d["plain_tokens_per_s"].get<double>() > 0);
+    labels.push_back(d["drafter"].get<std::string>());
   }
+  // The default model ships an EAGLE3 head and both block drafters (heads/): those are benched, not
+  // random ones; EAGLE and MTP have none shipped and stay random.
+  CHECK(labels[3] == "EAGLE3 (shipped head)");
+  CHECK(labels[2] == "EAGLE (random head)");
+  CHECK(labels[6] == "DFLASH (shipped drafter)");
+  CHECK(labels[7] == "DSPARK (shipped drafter)");
   const Run bad = run("bench --model-path " + model + " --all-drafters --speculative-algorithm NGRAM");
   CHECK(bad.rc == 2);
   CHECK(bad.err.find("--all-drafters: picks the algorithms itself") != std::string::npos);
