@@ -11,7 +11,8 @@ enough for CI:
   error and exit status 2 -> DSpark heads on the trained drafter's frozen backbone (--dspark --backbone
   --freeze-backbone, 12 steps): the loss falls, the held-out evaluation reports the confidence's
   calibration, the export is a DSparkDraftModel that keeps the backbone, loads and drafts losslessly with
-  DSPARK; with --no-markov-first-row the first drafts are the backbone's -> the DSpark flags without --dspark, or a frozen backbone without one, are refused -> a drafter
+  DSPARK; with --no-markov-first-row the first drafts are the backbone's; with --block-size 3 the heads train
+  and export at a block of 3 -> the DSpark flags without --dspark, or a frozen backbone without one, are refused -> a drafter
   seeded from the target's layer (--init-from-target) has the target's weights with q/k rows in the
   drafter's RoPE order, trains and drafts losslessly; bad seeding flags are refused.
 
@@ -97,6 +98,20 @@ def dspark_checks(spec, trainer, tiny, data, backbone, tmp):
                                                         "--speculative-adaptive", "false"])
     check(fast["tokens"] == generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "NONE"])["tokens"],
           "a DSpark drafter without the first row's Markov term drafts losslessly")
+    # --block-size with --backbone: the heads train on a shorter block than the backbone's (the engine's
+    # pass of the root and one mask row per draft asked), and the export says so.
+    out3, work3 = out + "-b3", work + "-b3"
+    run([*trainer, *[out3 if x == out else work3 if x == work else x for x in common], "--block-size", "3",
+         "--max-steps", "4", "--epochs", "50"])
+    cfg3 = json.load(open(os.path.join(out3, "config.json")))
+    check(cfg3["dspark_config"]["block_size"] == 3 and len(cfg3["specactor"]["held_out"]["accepted_by_position"]) == 2,
+          f"--block-size 3 with --backbone (block 4): heads trained and exported at a block of 3 "
+          f"(block_size {cfg3['dspark_config']['block_size']})")
+    fast = generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "DSPARK",
+                                                        "--speculative-draft-model-path", out3,
+                                                        "--speculative-adaptive", "false"])
+    check(fast["tokens"] == generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "NONE"])["tokens"],
+          "a DSpark drafter whose heads trained on a block of 3 drafts losslessly")
     base_args = ["--data", data, "--out", out, "--work", work]
     for args, want in (([*base_args, "--backbone", backbone], "--backbone: only applies with --dspark"),
                        ([*base_args, "--no-markov-first-row"], "--no-markov-first-row: only applies with --dspark"),

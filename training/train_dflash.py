@@ -387,7 +387,10 @@ def main():
     ap.add_argument("--data", required=True, nargs="+", help="the make-data folder(s), of one target")
     ap.add_argument("--out", required=True, help="the drafter folder to write (config.json + model.safetensors)")
     ap.add_argument("--work", default="", help="checkpoints and the loss log (default: OUT.work)")
-    ap.add_argument("--block-size", type=int, default=8, help="tokens per block: the root and B-1 drafts")
+    ap.add_argument("--block-size", type=int, default=None,
+                    help="tokens per block: the root and B-1 drafts (default 8; with --backbone, the backbone's: "
+                         "given, the block the heads train on, e.g. the engine's pass of the root and 3 mask rows "
+                         "at --speculative-num-steps 3)")
     ap.add_argument("--layers", type=int, default=1, help="decoder layers")
     ap.add_argument("--intermediate-size", type=int, default=0, help="MLP width (default: the target's)")
     ap.add_argument("--mask-token-id", type=int, default=DEFAULT_MASK,
@@ -411,7 +414,7 @@ def main():
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
     ap.add_argument("--dspark", action="store_true", help="train a DSpark drafter (Markov and confidence heads)")
     ap.add_argument("--backbone", default="", help="DSpark: start the backbone and draft vocabulary from this "
-                                                  "trained DFlash drafter folder (its block, layers, mask token)")
+                                                  "trained DFlash drafter folder (its layers, mask token and, without --block-size, block)")
     ap.add_argument("--freeze-backbone", action="store_true", help="DSpark with --backbone: train the heads only")
     ap.add_argument("--init-from-target", default="", metavar="GGUF",
                     help="DFlash: start the decoder layers from these layers of the target's GGUF (llama), fc and "
@@ -429,6 +432,9 @@ def main():
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
+    block_given = a.block_size is not None
+    if not block_given:
+        a.block_size = 8
     for name, ok in [("--block-size", 2 <= a.block_size <= 64), ("--layers", 1 <= a.layers <= 8),
                      ("--intermediate-size", a.intermediate_size >= 0), ("--draft-vocab", a.draft_vocab >= 2),
                      ("--pos-decay", 0 < a.pos_decay <= 1), ("--anchors-per-token", 0 < a.anchors_per_token <= 1),
@@ -493,6 +499,8 @@ def main():
     backbone, fixed = None, None
     if a.backbone:  # its block, layers, mask token and draft vocabulary replace the flags'
         backbone, fixed = load_backbone(a.backbone, cfg, fail)
+        if block_given:  # a block other than the backbone's trained one (the engine's shorter pass)
+            cfg["block"] = a.block_size
         a.draft_vocab, a.block_size = len(fixed), cfg["block"]
     try:
         if resuming:
