@@ -81,37 +81,36 @@ def dspark_checks(spec, trainer, tiny, data, backbone, tmp):
         check(fast["tokens"] == plain["tokens"], f"DSPARK output equals plain greedy output for {prompt!r}")
         drafted += fast["speculative"]["drafted"]
     check(drafted > 0, f"the DSpark drafter drafted ({drafted} drafts)")
+    def variant(suffix, flags, steps):
+        """The same heads trained again into out+suffix with more flags: its config."""
+        o, w = out + suffix, work + suffix
+        run([*trainer, *[o if x == out else w if x == work else x for x in common], *flags, "--max-steps", steps,
+             "--epochs", "50"])
+        return o, json.load(open(os.path.join(o, "config.json")))
+
+    def lossless(folder, what):
+        args = ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", folder,
+                "--speculative-adaptive", "false"]
+        plain = generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "NONE"])
+        check(generate(spec, tiny, "Name three colors.", args)["tokens"] == plain["tokens"], what)
+
     # --no-markov-first-row: no Markov term on the first row, so (the backbone frozen) the first drafts
     # are the backbone's: the same held-out acceptance at position 1, to the anchor.
-    out1, work1 = out + "-nofirst", work + "-nofirst"
-    run([*trainer, *[out1 if x == out else work1 if x == work else x for x in common], "--no-markov-first-row",
-         "--max-steps", "6", "--epochs", "50"])
-    cfg1 = json.load(open(os.path.join(out1, "config.json")))
+    out1, cfg1 = variant("-nofirst", ["--no-markov-first-row"], "6")
     base_first = json.load(open(os.path.join(backbone, "config.json")))["specactor"]["held_out"]["accepted_by_position"]
     mine_first = cfg1["specactor"]["held_out"]["accepted_by_position"]
     check(cfg1["dspark_config"]["markov_first_row"] is False and cfg["dspark_config"]["markov_first_row"] is True
           and mine_first[0] == base_first[0],
           f"--no-markov-first-row: the config says so and the first draft is the backbone's (held-out position 1 "
           f"accepted {mine_first[0]} = {base_first[0]})")
-    fast = generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "DSPARK",
-                                                        "--speculative-draft-model-path", out1,
-                                                        "--speculative-adaptive", "false"])
-    check(fast["tokens"] == generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "NONE"])["tokens"],
-          "a DSpark drafter without the first row's Markov term drafts losslessly")
+    lossless(out1, "a DSpark drafter without the first row's Markov term drafts losslessly")
     # --block-size with --backbone: the heads train on a shorter block than the backbone's (the engine's
     # pass of the root and one mask row per draft asked), and the export says so.
-    out3, work3 = out + "-b3", work + "-b3"
-    run([*trainer, *[out3 if x == out else work3 if x == work else x for x in common], "--block-size", "3",
-         "--max-steps", "4", "--epochs", "50"])
-    cfg3 = json.load(open(os.path.join(out3, "config.json")))
+    out3, cfg3 = variant("-b3", ["--block-size", "3"], "4")
     check(cfg3["dspark_config"]["block_size"] == 3 and len(cfg3["specactor"]["held_out"]["accepted_by_position"]) == 2,
           f"--block-size 3 with --backbone (block 4): heads trained and exported at a block of 3 "
           f"(block_size {cfg3['dspark_config']['block_size']})")
-    fast = generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "DSPARK",
-                                                        "--speculative-draft-model-path", out3,
-                                                        "--speculative-adaptive", "false"])
-    check(fast["tokens"] == generate(spec, tiny, "Name three colors.", ["--speculative-algorithm", "NONE"])["tokens"],
-          "a DSpark drafter whose heads trained on a block of 3 drafts losslessly")
+    lossless(out3, "a DSpark drafter whose heads trained on a block of 3 drafts losslessly")
     base_args = ["--data", data, "--out", out, "--work", work]
     for args, want in (([*base_args, "--backbone", backbone], "--backbone: only applies with --dspark"),
                        ([*base_args, "--no-markov-first-row"], "--no-markov-first-row: only applies with --dspark"),
