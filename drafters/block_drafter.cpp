@@ -14,7 +14,9 @@
 // is chosen from logits that saw draft i−1) and a confidence per row; each draft's score is the product
 // of the confidences up to it (the predicted probability that it is accepted), from which the budget
 // picks how much of the chain the target verifies.
-// --speculative-eagle-topk K adds the first row's next K−1 likeliest tokens as leaves below the root;
+// --speculative-eagle-topk K adds the first row's next K−1 likeliest tokens as leaves below the root
+// (scored: DFLASH by their probabilities in that row, DSPARK by what the first draft's confidence
+// leaves, (1 − c₁) split as the row's probabilities split the rest);
 // --speculative-draft-ngram-tokens / --speculative-draft-suffix-tokens merge a prompt-lookup or suffix
 // branch into the tree (drafters/branches.hpp), as for the head drafters.
 #include "model/block_drafter.hpp"
@@ -28,6 +30,7 @@
 #include "config/resolve.hpp"
 #include "drafters/branches.hpp"
 #include "drafters/drafter.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/sampling.hpp"
 #include "model/runner.hpp"
 
@@ -110,7 +113,10 @@ class BlockDrafter final : public Drafter {
     if (st.broken || st.rows != n - 1 || depth <= 0) return {};  // features do not line up, or nothing asked
     std::vector<float> logits;
     try {
-      catch_up(st, n);
+      // Fresh context rows (those committed since the last round, a few) ride along with the block's
+      // pass; a longer backlog (after steps without drafts) is taken in first, 256 rows at a time.
+      const std::int64_t fresh = n - 1 - st.fed;
+      if (fresh > model::BlockDraftRunner::kMaxFresh) catch_up(st, n);
       // The root and one mask row per draft asked for, not the trained block_size: rows past the chain
       // would only be attended to by the others (the block is non-causal), at the cost of rows of
       // their own. On the shipped prompts (4-layer drafter, block of 8, a chain of 3): a draft round
@@ -118,9 +124,20 @@ class BlockDrafter final : public Drafter {
       const std::int64_t rows = std::int64_t{depth} + 1;
       std::vector<std::int32_t> block(static_cast<std::size_t>(rows), c.mask_token_id);
       block[0] = ctx.back();
+      const std::int64_t p0 = st.fed, nc = n - 1 - p0;
+      if (nc > 0) kv_->reserve(st.seq, n - 1);
       std::vector<k::KvSegment> prefix;
-      for (std::int64_t l = 0; l < c.n_layers; ++l) prefix.push_back({kv_->view(l, st.seq), 0, st.fed});
-      runner_->block(block.data(), rows, n - 1, prefix, logits);
+      for (std::int64_t l = 0; l < c.n_layers; ++l) prefix.push_back({kv_->view(l, st.seq), 0, n - 1});
+      std::vector<std::int32_t> pos(static_cast<std::size_t>(nc));
+      for (std::int64_t i = 0; i < nc; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(p0 + i);
+      const std::int64_t row = c.kv_row();
+      const model::BlockDraftRunner::FreshContext in{st.feat.data(), nc, pos.data(),
+                                                     [&](int l, const float* kk, const float* vv) {
+                                                       for (std::int64_t i = 0; i < nc; ++i)
+                                                         kv_->write(l, st.seq, p0 + i, kk + i * row, vv + i * row);
+                                                     }};
+      runner_->block(block.data(), rows, n - 1, prefix, logits, nc > 0 ? &in : nullptr);
+      if (nc > 0) commit_context(st, n);
     } catch (const model::KvExhausted&) {
       return {};  // the drafter's cache is full: the target decodes plainly this step
     }
@@ -173,7 +190,13 @@ class BlockDrafter final : public Drafter {
                      runner_->ctx_v(static_cast<int>(l)) + i * row);
       st.seq.length = p0 + cnt;
     }
-    st.feat.erase(st.feat.begin(), st.feat.begin() + (n - 1 - st.fed) * width);
+    commit_context(st, n);
+  }
+
+  // The context rows up to n − 1 are in the drafter's KV: their features are no longer needed.
+  void commit_context(State& st, std::int64_t n) {
+    st.seq.length = n - 1;
+    st.feat.erase(st.feat.begin(), st.feat.begin() + (n - 1 - st.fed) * weights_->config().feature_width());
     st.fed = n - 1;
   }
 
@@ -193,7 +216,7 @@ class BlockDrafter final : public Drafter {
     std::vector<float> q_rows, q, scores;
     std::vector<std::int32_t> alternatives;
     float survival = 1.0f;
-    std::vector<float> alt_scores;  // DFLASH: the alternatives' probabilities in row 1 (DSPARK: -1)
+    std::vector<float> alt_scores;  // the alternatives' scores (see below)
     for (std::int32_t i = 0; i < depth; ++i) {
       float* row = logits.data() + static_cast<std::int64_t>(i) * vocab;
       if (dspark) {
@@ -211,14 +234,24 @@ class BlockDrafter final : public Drafter {
       } else {
         col = k::argmax(row, vocab);
         drafts.push_back(runner_->to_target(col));
+        if (!dspark || i == 0) softmax_row(row, vocab);  // probs_: the row's softmax
         if (i == 0) {
           alternatives = next_likeliest(row, vocab, std::min(topk_ - 1, max_nodes - depth));
-          for (const std::int32_t alt : alternatives)
-            alt_scores.push_back(dspark ? -1.0f : draft_prob(row, vocab, alt));
+          // DFLASH: an alternative's probability in the first row. DSPARK: the first draft is accepted
+          // with its confidence c₁; otherwise the target's token is one of the others, split as the
+          // row's probabilities split the rest: (1 − c₁) · p_alt / (1 − p_first).
+          const double rest = 1.0 - static_cast<double>(probs_[static_cast<std::size_t>(col)]);
+          for (const std::int32_t alt : alternatives) {
+            const double p = probs_[static_cast<std::size_t>(alt)];
+            alt_scores.push_back(!dspark    ? static_cast<float>(p)
+                                 : rest > 0 ? static_cast<float>((1.0 - scores[0]) * std::min(1.0, p / rest))
+                                            : 0.0f);
+          }
         }
       }
       if (!dspark) {  // DFLASH: the path probability under the drafter's own rows (as a head scores)
-        survival *= draft_prob(row, vocab, col);
+        if (sample) softmax_row(row, vocab);
+        survival *= probs_[static_cast<std::size_t>(col)];
         scores.push_back(survival);
       }
     }
@@ -233,9 +266,10 @@ class BlockDrafter final : public Drafter {
     return t;
   }
 
-  // The drafter's probability of column `col` of a row: the softmax of the row at T = 1.
-  static float draft_prob(const float* row, std::int64_t vocab, std::int32_t col) {
-    return std::exp(k::token_logprob(row, vocab, 1.0f, col, 0).logprob);
+  // probs_ = the softmax of a row at T = 1 (the drafter's probabilities: exp_approx, vectorised).
+  void softmax_row(const float* row, std::int64_t vocab) {
+    probs_.assign(row, row + vocab);
+    k::softmax_cpu(probs_.data(), vocab);
   }
 
   // The columns of the n likeliest entries of a row after its argmax (ties to the lower id).
@@ -260,6 +294,7 @@ class BlockDrafter final : public Drafter {
   std::unique_ptr<model::BlockDraftRunner> runner_;
   std::unique_ptr<model::KvCache> kv_;
   std::map<std::uint64_t, State> states_;
+  std::vector<float> probs_;  // a row's softmax (chain())
 };
 
 }  // namespace

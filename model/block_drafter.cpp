@@ -276,10 +276,13 @@ std::shared_ptr<const BlockDraftWeights> BlockDraftWeights::load(const std::stri
     const bool dummy = format == config::LoadFormat::Dummy;
     w->w1_ = float_table(*w->source_, path, "markov_head.w1.weight", target.vocab_size, r, dummy);
     const std::vector<float> w2 = float_table(*w->source_, path, "markov_head.w2.weight", vd, r, dummy);
-    w->w2_.resize(w2.size());  // kept transposed, [r × Vd]: the bias is r rows of Vd added in turn
-    for (std::int64_t v = 0; v < vd; ++v)
-      for (std::int64_t j = 0; j < r; ++j)
-        w->w2_[static_cast<std::size_t>(j * vd + v)] = w2[static_cast<std::size_t>(v * r + j)];
+    // Kept as a float32 matrix [Vd × r'] for the matmul kernel, r' = r rounded up to 32 (its block), the
+    // extra columns zero: their products add exact zeros.
+    const std::int64_t rp = (r + 31) / 32 * 32;
+    w->w2_.assign(static_cast<std::size_t>(vd * rp), 0.0f);
+    for (std::int64_t v = 0; v < vd; ++v) std::copy_n(w2.begin() + v * r, r, w->w2_.begin() + v * rp);
+    w->w2m_ = {k::WeightType::F32, vd, rp, reinterpret_cast<const std::uint8_t*>(w->w2_.data()),
+               static_cast<std::size_t>(rp) * sizeof(float)};
     w->conf_w_ = float_table(*w->source_, path, "confidence_head.weight", 1, H + r, dummy);
     w->conf_b_ = float_table(*w->source_, path, "confidence_head.bias", 1, 1, dummy)[0];
   }
@@ -341,7 +344,7 @@ void BlockDraftRunner::qkv(const BlockLayerWeights& bl, const float* in, std::in
   if (with_q) k::rope_apply_cpu(q_.data(), n, c.n_heads, c.head_dim, c.head_dim, rope_.data(), true);
 }
 
-void BlockDraftRunner::context(const float* features, std::int64_t n, const std::int32_t* positions) {
+void BlockDraftRunner::project_context(const float* features, std::int64_t n) {
   const BlockDraftConfig& c = config();
   const std::int64_t H = c.hidden;
   x_.resize(static_cast<std::size_t>(n * H));
@@ -349,6 +352,11 @@ void BlockDraftRunner::context(const float* features, std::int64_t n, const std:
   k::matmul(w_->fc(), features, n, x_.data(), precision_);
   k::rmsnorm_cpu(c_.data(), x_.data(), w_->hidden_norm(), static_cast<int>(n), static_cast<int>(H),
                  static_cast<float>(c.norm_eps));
+}
+
+void BlockDraftRunner::context(const float* features, std::int64_t n, const std::int32_t* positions) {
+  const BlockDraftConfig& c = config();
+  project_context(features, n);
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     qkv(w_->layers()[static_cast<std::size_t>(l)], c_.data(), n, positions, false);
     ctx_k_[static_cast<std::size_t>(l)] = k_;
@@ -357,34 +365,47 @@ void BlockDraftRunner::context(const float* features, std::int64_t n, const std:
 }
 
 void BlockDraftRunner::block(const std::int32_t* tokens, std::int64_t b, std::int64_t first_pos,
-                             const std::vector<k::KvSegment>& prefix, std::vector<float>& logits) {
+                             const std::vector<k::KvSegment>& prefix, std::vector<float>& logits,
+                             const FreshContext* fresh) {
   const BlockDraftConfig& c = config();
   const std::int64_t H = c.hidden, QD = c.n_heads * c.head_dim, KD = c.kv_row();
   const auto eps = static_cast<float>(c.norm_eps);
   if (b < 2 || b > 64 || static_cast<std::int64_t>(prefix.size()) != c.n_layers)
     throw std::logic_error("BlockDraftRunner::block: 2 to 64 rows and one prefix per layer");
+  const std::int64_t nc = fresh ? fresh->n : 0;
+  if (nc < 0 || nc > kMaxFresh || (nc > 0 && !fresh->write))
+    throw std::logic_error(
+        "BlockDraftRunner::block: at most kMaxFresh fresh context rows, and somewhere to write them");
+  // The rows each layer's q/k/v products take: the fresh context rows (the same in every layer), then
+  // the block's normed rows.
+  in_.resize(static_cast<std::size_t>((nc + b) * H));
+  if (nc > 0) {
+    project_context(fresh->features, nc);
+    std::copy(c_.begin(), c_.end(), in_.begin());
+  }
   x_.resize(static_cast<std::size_t>(b * H));
   for (std::int64_t i = 0; i < b; ++i) {
     k::weight_row(target_->embedding(), tokens[i], x_.data() + i * H);
     if (c.embed_scale != 1.0)
       for (std::int64_t d = 0; d < H; ++d) x_[static_cast<std::size_t>(i * H + d)] *= static_cast<float>(c.embed_scale);
   }
-  std::vector<std::int32_t> pos(static_cast<std::size_t>(b));
-  for (std::int64_t i = 0; i < b; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(first_pos + i);
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(nc + b));
+  for (std::int64_t i = 0; i < nc; ++i) pos[static_cast<std::size_t>(i)] = fresh->positions[i];
+  for (std::int64_t i = 0; i < b; ++i) pos[static_cast<std::size_t>(nc + i)] = static_cast<std::int32_t>(first_pos + i);
   const std::uint64_t all = b == 64 ? ~0ull : (1ull << b) - 1;
   const std::vector<std::uint64_t> mask(static_cast<std::size_t>(b), all);  // non-causal inside the block
   static const std::int32_t page0 = 0;
-  xn_.resize(x_.size());
   att_.resize(static_cast<std::size_t>(b * QD));
-  LayerTailScratch tail;
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     const BlockLayerWeights& bl = w_->layers()[static_cast<std::size_t>(l)];
-    k::rmsnorm_cpu(xn_.data(), x_.data(), bl.layer.attn_norm, static_cast<int>(b), static_cast<int>(H), eps);
-    qkv(bl, xn_.data(), b, pos.data(), true);
-    const k::PagedKvView rows{k_.data(), v_.data(), &page0, 64, 64 * KD, KD};
-    k::attention_segments_cpu(q_.data(), b, c.n_heads, c.n_kv_heads, c.head_dim, prefix[static_cast<std::size_t>(l)],
-                              {rows, 0, b}, mask.data(), 1.0f / std::sqrt(static_cast<float>(c.head_dim)), att_.data());
-    layer_tail(bl.layer, b, H, c.ffn, eps, precision_, att_.data(), x_.data(), tail);
+    k::rmsnorm_cpu(in_.data() + nc * H, x_.data(), bl.layer.attn_norm, static_cast<int>(b), static_cast<int>(H), eps);
+    qkv(bl, in_.data(), nc + b, pos.data(), true);
+    if (nc > 0) fresh->write(static_cast<int>(l), k_.data(), v_.data());
+    const k::PagedKvView rows{k_.data() + nc * KD, v_.data() + nc * KD, &page0, 64, 64 * KD, KD};
+    k::attention_segments_cpu(q_.data() + nc * QD, b, c.n_heads, c.n_kv_heads, c.head_dim,
+                              prefix[static_cast<std::size_t>(l)], {rows, 0, b}, mask.data(),
+                              1.0f / std::sqrt(static_cast<float>(c.head_dim)), att_.data());
+    layer_tail(bl.layer, b, H, c.ffn, eps, precision_, att_.data(), x_.data(), tail_);
   }
   // Rows 1 … b−1: the drafter's final norm, the target's output head.
   const std::int64_t m = b - 1;
@@ -403,20 +424,17 @@ float BlockDraftRunner::markov(std::int32_t prev, std::int64_t row, float* logit
   const BlockDraftConfig& c = config();
   if (!c.dspark) throw std::logic_error("BlockDraftRunner::markov: a DSPARK drafter only");
   const std::int64_t H = c.hidden, r = c.markov_rank;
-  // A lookup and r·Vd products per row, in float32 in a fixed order (row j of W2ᵀ times e_j, j = 0 … r−1),
-  // the same in every precision.
+  // A lookup and r·Vd products per row: W2 · e through the float32 matmul kernel (the same bits on every
+  // instruction path and in every precision), e zero-padded to W2's padded rank.
   const float* e = w_->markov_w1() + static_cast<std::int64_t>(prev) * r;  // e = W1[prev]
-  const float* w2t = w_->markov_w2();
+  const k::WeightMatrix& w2 = w_->markov_w2();
   const std::int64_t vd = out_->out_dim;
   if (row > 0 || c.markov_first_row) {  // markov_first_row false: the first row stays the backbone's
-    bias_.assign(static_cast<std::size_t>(vd), 0.0f);
-    float* b = bias_.data();
-    for (std::int64_t j = 0; j < r; ++j) {
-      const float ej = e[j];
-      const float* col = w2t + j * vd;
-      for (std::int64_t v = 0; v < vd; ++v) b[v] += col[v] * ej;
-    }
-    for (std::int64_t v = 0; v < vd; ++v) logits_row[v] += b[v];
+    e_pad_.assign(static_cast<std::size_t>(w2.in_dim), 0.0f);
+    std::copy_n(e, r, e_pad_.begin());
+    bias_.resize(static_cast<std::size_t>(vd));
+    k::matmul(w2, e_pad_.data(), 1, bias_.data());
+    for (std::int64_t v = 0; v < vd; ++v) logits_row[v] += bias_[static_cast<std::size_t>(v)];
   }
   const float* cw = w_->confidence_w();
   const float* h = xn_.data() + row * H;

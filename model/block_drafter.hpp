@@ -45,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -53,6 +54,7 @@
 #include "config/server_args.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "model/draft_files.hpp"
 #include "model/llama.hpp"
 #include "model/model_info.hpp"
 
@@ -96,9 +98,10 @@ class BlockDraftWeights {
   const kernels::WeightMatrix& fc() const { return fc_; }
   const float* hidden_norm() const { return hidden_norm_; }
   const float* norm() const { return norm_; }
-  // DSPARK only, float32 row-major: W1 [V × r], W2ᵀ [r × Vd], the confidence weights [H + r] and bias.
+  // DSPARK only, float32 row-major: W1 [V × r], W2 [Vd × r'] (r' = r rounded up to 32, zero columns
+  // past r), the confidence weights [H + r] and bias.
   const float* markov_w1() const { return w1_.data(); }
-  const float* markov_w2() const { return w2_.data(); }
+  const kernels::WeightMatrix& markov_w2() const { return w2m_; }
   const float* confidence_w() const { return conf_w_.data(); }
   float confidence_b() const { return conf_b_; }
 
@@ -110,6 +113,7 @@ class BlockDraftWeights {
   const float* hidden_norm_ = nullptr;
   const float* norm_ = nullptr;
   std::vector<float> w1_, w2_, conf_w_;
+  kernels::WeightMatrix w2m_;
   float conf_b_ = 0.0f;
   std::vector<std::vector<std::uint8_t>> owned_;
 };
@@ -137,25 +141,44 @@ class BlockDraftRunner {
                                         : config().draft_vocab[static_cast<std::size_t>(i)];
   }
 
+  // Context rows a block takes in on its way (see block()): n committed positions' features, and where
+  // each layer's keys and values of them go (n rows of kv_row floats each) before that layer's
+  // attention reads its prefix.
+  struct FreshContext {
+    const float* features = nullptr;  // n × feature_width
+    std::int64_t n = 0;
+    const std::int32_t* positions = nullptr;
+    std::function<void(int layer, const float* k, const float* v)> write;
+  };
+  // At most this many fresh context rows ride along with a block; more are taken in by context() first.
+  static constexpr std::int64_t kMaxFresh = 16;
+
   // One block of `b` tokens (b ≤ 64) from position `first_pos`, each layer attending to prefix[layer]
   // (its context KV) and to the whole block: the logits of rows 1 … b−1 ((b−1) × vocab(), over the
-  // draft vocabulary when the drafter has one).
+  // draft vocabulary when the drafter has one). With `fresh` (n ≤ kMaxFresh rows), each layer first
+  // computes those rows' keys and values in the same matrix products as the block's own rows and hands
+  // them to fresh->write, so prefix[layer] must already span them: the same values as context() and a
+  // write of its rows before block(), bit for bit (a row's product does not depend on the rows beside
+  // it), with each layer's k/v weights read once per round instead of twice.
   void block(const std::int32_t* tokens, std::int64_t b, std::int64_t first_pos,
-             const std::vector<kernels::KvSegment>& prefix, std::vector<float>& logits);
+             const std::vector<kernels::KvSegment>& prefix, std::vector<float>& logits,
+             const FreshContext* fresh = nullptr);
   // DSPARK, after block(): adds the Markov term of `prev` (the token before draft row `row`, 0-based
   // over the b−1 drafted rows) to that row's logits (vocab() floats) and returns the row's confidence.
   float markov(std::int32_t prev, std::int64_t row, float* logits_row);
 
  private:
   void qkv(const BlockLayerWeights& ly, const float* in, std::int64_t n, const std::int32_t* positions, bool with_q);
+  void project_context(const float* features, std::int64_t n);  // c_ = hidden_norm(fc(features))
   std::shared_ptr<const BlockDraftWeights> w_;
   std::shared_ptr<const LlamaWeights> target_;
   kernels::Precision precision_;
   std::vector<std::vector<float>> ctx_k_, ctx_v_;
-  std::vector<float> c_, x_, xn_, q_, k_, v_, att_, rope_, norm_tmp_, bias_;
+  std::vector<float> c_, x_, xn_, in_, e_pad_, q_, k_, v_, att_, rope_, norm_tmp_, bias_;
   std::vector<float> hot_;                        // the draft vocabulary's output rows, float32 (exact precision)
   std::vector<std::uint8_t> hot_q_, hot_packed_;  // the same as Q8_0 (fast precision), and its packed copy
   kernels::WeightMatrix hot_m_;
+  LayerTailScratch tail_;
   const kernels::WeightMatrix* out_ = nullptr;  // the output head the logits use
 };
 

@@ -178,7 +178,8 @@ namespace {
 // catch-up does, written out here so the runner's logits can be compared.
 std::vector<float> runner_logits(const std::shared_ptr<const sm::BlockDraftWeights>& w,
                                  const std::shared_ptr<const sm::LlamaWeights>& target, const std::vector<float>& feat,
-                                 const std::vector<std::int32_t>& tokens, std::int64_t rows = 0) {
+                                 const std::vector<std::int32_t>& tokens, std::int64_t rows = 0,
+                                 bool markov_first = false) {
   const auto& c = w->config();
   if (rows <= 0) rows = c.block_size;
   const auto n = static_cast<std::int64_t>(tokens.size());
@@ -199,6 +200,7 @@ std::vector<float> runner_logits(const std::shared_ptr<const sm::BlockDraftWeigh
   block[0] = tokens.back();
   std::vector<float> logits;
   r.block(block.data(), rows, n - 1, prefix, logits);
+  if (markov_first) r.markov(tokens.back(), 0, logits.data());  // DSPARK: the first row as its drafts see it
   kv.release(seq);
   return logits;
 }
@@ -442,8 +444,8 @@ TEST_CASE(
     REQUIRE(wide.tokens.size() == 4);
     CHECK(std::vector<std::int32_t>(wide.tokens.begin(), wide.tokens.begin() + 2) == chain.tokens);
     CHECK(wide.parents == std::vector<std::int32_t>{-1, 0, -1, -1});
-    if (rank == 0) {  // the backbone's first row, ranked: the argmax, then the two leaves
-      const std::vector<float> logits = runner_logits(w, t.weights, feat, toks, 3);  // the root and 2 rows
+    {  // the first row (DSPARK: with the root's Markov term), ranked: the argmax, then the two leaves
+      const std::vector<float> logits = runner_logits(w, t.weights, feat, toks, 3, rank > 0);  // the root and 2 rows
       std::vector<std::int32_t> order(96);
       for (std::int32_t j = 0; j < 96; ++j) order[static_cast<std::size_t>(j)] = j;
       std::stable_sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
@@ -452,21 +454,121 @@ TEST_CASE(
       CHECK(wide.tokens[0] == order[0]);
       CHECK(wide.tokens[2] == order[1]);
       CHECK(wide.tokens[3] == order[2]);
-      // Scored by their probabilities in the first row, as the first draft is.
       double sum = 0;
       for (std::int32_t j = 0; j < 96; ++j) sum += std::exp(static_cast<double>(logits[static_cast<std::size_t>(j)]));
+      auto prob = [&](std::size_t j) {
+        return std::exp(static_cast<double>(logits[static_cast<std::size_t>(wide.tokens[j])])) / sum;
+      };
       REQUIRE(wide.scores.size() == 4);
-      for (const std::size_t j : {0, 2, 3}) {
-        const double p = std::exp(static_cast<double>(logits[static_cast<std::size_t>(wide.tokens[j])])) / sum;
-        CHECK(wide.scores[j] == doctest::Approx(p).epsilon(1e-4));
+      if (rank == 0) {  // DFLASH: scored by their probabilities in the first row, as the first draft is
+        for (const std::size_t j : {0, 2, 3}) CHECK(wide.scores[j] == doctest::Approx(prob(j)).epsilon(1e-4));
+      } else {  // DSPARK: what the first draft's confidence leaves, split as the row splits the rest
+        const double c1 = wide.scores[0];
+        CHECK(c1 > 0.0);
+        CHECK(c1 < 1.0);
+        for (const std::size_t j : {2, 3})
+          CHECK(wide.scores[j] == doctest::Approx((1.0 - c1) * prob(j) / (1.0 - prob(0))).epsilon(1e-4));
+        CHECK(wide.scores[2] >= wide.scores[3]);
       }
-    } else {
-      REQUIRE(wide.scores.size() == 4);
-      CHECK(wide.scores[2] == -1.0f);
-      CHECK(wide.scores[3] == -1.0f);
     }
     CHECK(d->propose(1, toks, 3, 4).tokens.size() == 3);  // the budget leaves one leaf
   }
+}
+
+TEST_CASE("DFLASH and DSPARK: context rows taken in with a block equal those taken in before it, bit for bit") {
+  Scratch s;
+  const sm::LoadedModel t = tiny_target(s.dir);
+  namespace k = specactor::kernels;
+  for (const std::int64_t rank : {0, 8})
+    for (const k::Precision precision : {k::Precision::Exact, k::Precision::Fast}) {
+      CAPTURE(rank);
+      CAPTURE(k::precision_name(precision));
+      sm::BlockDrafterSpec spec;
+      spec.layers = 2;
+      spec.block_size = 6;
+      spec.seed = 9;
+      spec.scale = 0.3f;
+      spec.markov_rank = rank;
+      const std::string path = (s.dir / ("fresh" + std::to_string(rank))).string();
+      sm::write_random_block_drafter(t.info, spec, path);
+      const auto w =
+          sm::BlockDraftWeights::load(path, t.config, 128, sc::LoadFormat::Auto,
+                                      precision == k::Precision::Fast ? k::WeightType::Q8_0 : k::WeightType::F32);
+      const auto& c = w->config();
+      const std::int64_t n = 31, row = c.kv_row();  // 30 committed positions, the root at 30
+      std::mt19937 rng(11);
+      std::normal_distribution<float> gauss(0.0f, 1.0f);
+      std::vector<float> feat(static_cast<std::size_t>((n - 1) * c.feature_width()));
+      for (auto& x : feat) x = gauss(rng);
+      std::vector<std::int32_t> pos(static_cast<std::size_t>(n - 1));
+      for (std::int64_t i = 0; i < n - 1; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+      std::vector<std::int32_t> block(4, c.mask_token_id);
+      block[0] = 17;
+      // The runner: all 30 rows through context(), or 20 there and the last 10 with the block.
+      auto run = [&](std::int64_t before, std::vector<float>& first, std::vector<float>& again) {
+        sm::BlockDraftRunner r(w, t.weights, precision);
+        sm::KvCache kv(c.n_layers, c.n_kv_heads, c.head_dim, 4, 256, true, k::KvType::F16);
+        sm::KvCache::Seq seq;
+        kv.reserve(seq, n - 1);
+        r.context(feat.data(), before, pos.data());
+        for (std::int64_t l = 0; l < c.n_layers; ++l)
+          for (std::int64_t i = 0; i < before; ++i)
+            kv.write(l, seq, i, r.ctx_k(static_cast<int>(l)) + i * row, r.ctx_v(static_cast<int>(l)) + i * row);
+        std::vector<k::KvSegment> prefix;
+        for (std::int64_t l = 0; l < c.n_layers; ++l) prefix.push_back({kv.view(l, seq), 0, n - 1});
+        const sm::BlockDraftRunner::FreshContext fresh{
+            feat.data() + before * c.feature_width(), n - 1 - before, pos.data() + before,
+            [&](int l, const float* kk, const float* vv) {
+              for (std::int64_t i = before; i < n - 1; ++i)
+                kv.write(l, seq, i, kk + (i - before) * row, vv + (i - before) * row);
+            }};
+        r.block(block.data(), 4, n - 1, prefix, first, before < n - 1 ? &fresh : nullptr);
+        r.block(block.data(), 4, n - 1, prefix, again);  // what the KV now holds, read back
+        kv.release(seq);
+      };
+      std::vector<float> a1, a2, b1, b2;
+      run(n - 1, a1, a2);
+      run(20, b1, b2);
+      CHECK(a1 == b1);
+      CHECK(a2 == b2);
+      CHECK(a1 == a2);
+      // The drafter: 30 rows at once (a backlog past kMaxFresh, taken in before the block), or in
+      // parts of 10 (each with its block): the same drafts and scores.
+      sc::ServerArgs a;
+      a.model_path = t.info.path;
+      a.speculative_algorithm = rank > 0 ? sc::SpecAlgorithm::Dspark : sc::SpecAlgorithm::Dflash;
+      a.speculative_draft_model_path = path;
+      a.page_size = 4;
+      a.max_total_tokens = 256;
+      a.context_length = 128;
+      a.cpu_precision = precision == k::Precision::Fast ? sc::CpuPrecision::Fast : sc::CpuPrecision::Exact;
+      a.speculative_num_steps = 3;
+      a.speculative_eagle_topk = 2;
+      a.speculative_draft_ngram_tokens = 0;
+      std::vector<std::int32_t> toks(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i)
+        toks[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7 + 3) % 90);
+      const std::vector<std::int32_t> no_pages;
+      auto drafter_of = [&] {
+        return specactor::drafters::find_drafter(rank > 0 ? "DSPARK" : "DFLASH")(
+            sc::freeze(a), {t.info, t.tokenizer, t.weights, nullptr});
+      };
+      auto whole = drafter_of();
+      whole->observe(1, {feat, 0, no_pages, 0});
+      const auto once = whole->propose(1, toks, 5, 3);
+      auto parts = drafter_of();
+      specactor::drafters::DraftTree last;
+      for (std::int64_t upto = 10; upto <= n - 1; upto += 10) {
+        const std::vector<float> part(feat.begin() + (upto - 10) * c.feature_width(),
+                                      feat.begin() + upto * c.feature_width());
+        parts->observe(1, {part, upto - 10, no_pages, 0});
+        last = parts->propose(1, std::vector<std::int32_t>(toks.begin(), toks.begin() + upto + 1), 5, 3);
+        CHECK(last.tokens.size() == 4u);
+      }
+      CHECK(last.tokens == once.tokens);
+      CHECK(last.parents == once.parents);
+      CHECK(last.scores == once.scores);
+    }
 }
 
 TEST_CASE("a shipped block drafter's measured settings come from its config.json, and a floor there is refused") {
