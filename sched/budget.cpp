@@ -226,7 +226,8 @@ double CostModel::draft_ms(std::int64_t levels) const {
     draft_a_ = std::max(0.0, upper_median(cuts));
     draft_fresh_ = true;
   }
-  if (draft_same_ > 0) return draft_a_ * std::max(1.0, static_cast<double>(levels) / draft_same_);
+  if (draft_same_ > 0)
+    return one_pass_ ? draft_a_ : draft_a_ * std::max(1.0, static_cast<double>(levels) / draft_same_);
   return draft_a_ + draft_b_ * static_cast<double>(levels);
 }
 

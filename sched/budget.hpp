@@ -87,7 +87,16 @@ class CostModel {
   // depth, a head's or a self-speculation draft's grows with it; priced flat, a one-level probe's
   // cost made three levels look as cheap as one and probes "paid" at batch 1 where a level costs
   // about a target step). The line takes over once depths vary.
+  // A one-pass drafter (set_one_pass: DFLASH, DSPARK) drafts every level of a round in the same pass,
+  // whose weights are read once however many rows it runs: while every round asked the same levels,
+  // m for any depth. Priced as more passes, a block drafter that had asked one level for 32 rounds (its
+  // probes, or a cautious start) saw a second level at twice a round and never asked for one again:
+  // DSPARK drafted one level for a whole run (2026-12-08) where another run of it drafted three.
   double draft_ms(std::int64_t levels) const;
+  void set_one_pass(bool one_pass) {
+    one_pass_ = one_pass;
+    draft_fresh_ = false;
+  }
   std::int64_t draft_rounds() const { return draft_rounds_; }
 
  private:
@@ -117,6 +126,7 @@ class CostModel {
   mutable bool draft_fresh_ = false;
   mutable double draft_a_ = 0, draft_b_ = 0;
   mutable double draft_same_ = -1;  // > 0: every round in the ring asked this many levels
+  bool one_pass_ = false;
 };
 
 // Acceptance bookkeeping of one request (kept in its Sequence).

@@ -32,6 +32,8 @@ DraftShape draft_shape_of(const config::Snapshot& draft, drafters::DrafterNeeds 
     d.num_steps = std::max(d.num_steps, branch);
   }
   d.adaptive = draft->speculative_adaptive;
+  d.one_pass = draft->speculative_algorithm == config::SpecAlgorithm::Dflash ||
+               draft->speculative_algorithm == config::SpecAlgorithm::Dspark;
   d.needs = std::move(needs);
   return d;
 }

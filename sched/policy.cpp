@@ -44,7 +44,10 @@ void Scheduler::set_target(std::int64_t kv_pages, std::shared_ptr<const model::T
   target_known_ = true;
 }
 
-void Scheduler::set_draft(DraftShape shape) { draft_ = std::move(shape); }
+void Scheduler::set_draft(DraftShape shape) {
+  draft_ = std::move(shape);
+  cost_.set_one_pass(draft_.one_pass);
+}
 
 void Scheduler::seed_costs(const std::vector<std::pair<std::int64_t, double>>& probe) {
   for (const auto& [rows, ms] : probe) cost_.seed(rows, ms);

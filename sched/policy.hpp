@@ -63,6 +63,7 @@ struct DraftShape {
   std::int64_t num_draft_tokens = 1;  // tree size including the root (and a head's prompt-lookup branch)
   std::int64_t num_steps = 1;         // maximum depth (likewise)
   bool adaptive = false;              // --speculative-adaptive: the budget decides depths and nodes
+  bool one_pass = false;              // a block drafter: one pass drafts every level (CostModel::set_one_pass)
   drafters::DrafterNeeds needs;
 };
 DraftShape draft_shape_of(const config::Snapshot& draft, drafters::DrafterNeeds needs);

@@ -98,6 +98,32 @@ TEST_CASE("cost model: ring medians shrug off spikes, a line fits the buckets, b
   CHECK(empty.step_ms(4, 0) == 0.0);
 }
 
+TEST_CASE("budget: a one-pass drafter's second level is not priced as a second pass") {
+  // A block drafter at batch 1 on the AMD EPYC of 2026-12-08: a step of one row ~3.2 ms, a verified
+  // row ~0.4 ms more, a round ~1 ms whatever its depth; its last 32 rounds all asked one level.
+  // Levels reached with P 0.6, 0.35, 0.2.
+  auto plan = [](bool one_pass) {
+    CostModel c = linear_cost(2.8, 0.4);
+    c.set_one_pass(one_pass);
+    for (int i = 0; i < 32; ++i) c.observe_draft(1, 1.0);
+    DepthAsk a;
+    a.max_depth = 3;
+    a.level_probs = {0.6, 0.35, 0.2};
+    return std::make_pair(c.draft_ms(3), plan_depths({a}, 1, 1.0, 100, c)[0]);
+  };
+  const auto [heads_ms, heads_depth] = plan(false);
+  const auto [block_ms, block_depth] = plan(true);
+  CHECK(heads_ms == doctest::Approx(3.0));  // a head: three levels are three head steps
+  CHECK(heads_depth == 1);                  // and only the first pays
+  CHECK(block_ms == doctest::Approx(1.0));  // one pass, whatever its depth
+  CHECK(block_depth == 3);                  // the rows alone decide: every level pays
+  // Once depths vary, the line through them decides for both.
+  CostModel c = linear_cost(2.8, 0.4);
+  c.set_one_pass(true);
+  for (std::int64_t l : {1, 2, 3, 1, 2, 3}) c.observe_draft(l, 0.9 + 0.05 * static_cast<double>(l));
+  CHECK(c.draft_ms(3) == doctest::Approx(1.05).epsilon(0.01));
+}
+
 TEST_CASE("budget: drafting deepens when acceptance is high, stops when it collapses, comes back by probes") {
   const CostModel cost = [] {
     CostModel c = linear_cost(10.0, 2.0);  // a row costs ~17 % of a step, a draft level ~4 %
