@@ -224,8 +224,19 @@ double CostModel::draft_ms(std::int64_t levels) const {
     std::vector<double> cuts;
     for (const auto& [levels_i, ms] : pts) cuts.push_back(ms - draft_b_ * levels_i);
     draft_a_ = std::max(0.0, upper_median(cuts));
+    draft_own_.clear();
+    for (const auto& pt : pts) {
+      const double lv = pt.first;
+      if (std::any_of(draft_own_.begin(), draft_own_.end(), [&](const auto& o) { return o.first == lv; })) continue;
+      std::vector<double> same_level;
+      for (const auto& [l2, ms2] : pts)
+        if (l2 == lv) same_level.push_back(ms2);
+      if (same_level.size() >= 3) draft_own_.emplace_back(lv, upper_median(same_level));
+    }
     draft_fresh_ = true;
   }
+  for (const auto& [lv, ms] : draft_own_)
+    if (lv == static_cast<double>(levels)) return ms;
   if (draft_same_ > 0)
     return one_pass_ ? draft_a_ : draft_a_ * std::max(1.0, static_cast<double>(levels) / draft_same_);
   return draft_a_ + draft_b_ * static_cast<double>(levels);

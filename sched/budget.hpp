@@ -92,6 +92,10 @@ class CostModel {
   // m for any depth. Priced as more passes, a block drafter that had asked one level for 32 rounds (its
   // probes, or a cautious start) saw a second level at twice a round and never asked for one again:
   // DSPARK drafted one level for a whole run (2026-12-08) where another run of it drafted three.
+  // A level count that three or more rounds in the window asked is predicted by their median, as a
+  // step's row count is: with depth-1 probes and one slow round of 3 levels (15 ms against ~0.6) the
+  // line's every slope ran through that one round, one level cost 7 ms, and DFLASH drafted in 166 of
+  // 10,929 steps of a run (2026-12-08) while the slow round stayed in the window.
   double draft_ms(std::int64_t levels) const;
   void set_one_pass(bool one_pass) {
     one_pass_ = one_pass;
@@ -125,7 +129,8 @@ class CostModel {
   std::int64_t since() const { return steps_ - kStaleSteps; }  // the oldest stamp that still counts
   mutable bool draft_fresh_ = false;
   mutable double draft_a_ = 0, draft_b_ = 0;
-  mutable double draft_same_ = -1;  // > 0: every round in the ring asked this many levels
+  mutable double draft_same_ = -1;                            // > 0: every round in the ring asked this many levels
+  mutable std::vector<std::pair<double, double>> draft_own_;  // (levels, median) of levels asked ≥ 3 times
   bool one_pass_ = false;
 };
 

@@ -124,6 +124,31 @@ TEST_CASE("budget: a one-pass drafter's second level is not priced as a second p
   CHECK(c.draft_ms(3) == doctest::Approx(1.05).epsilon(0.01));
 }
 
+TEST_CASE("budget: one slow round at a depth seldom asked does not price the depth asked every round") {
+  // DFLASH at batch 1 (2026-12-08): probes of one level at ~0.6 ms, and one round of 3 levels that took
+  // 15 ms. Every slope of the line ran through that round: one level priced at ~7 ms, two steps' time,
+  // so nothing was drafted but the rare probe, and the slow round never left the window.
+  for (const bool one_pass : {false, true}) {
+    CAPTURE(one_pass);
+    CostModel c = linear_cost(2.8, 0.4);
+    c.set_one_pass(one_pass);
+    c.observe_draft(1, 0.55);
+    c.observe_draft(1, 0.73);
+    c.observe_draft(3, 15.1);
+    CHECK(c.draft_ms(1) > 5.0);  // two rounds of one level say little yet: the line decides
+    for (int i = 0; i < 4; ++i) c.observe_draft(1, 0.6);
+    CHECK(c.draft_ms(1) == doctest::Approx(0.6));  // asked in six rounds: their median
+    CHECK(c.draft_ms(3) > 5.0);                    // the slow depth stays dear while it is in the window
+    DepthAsk a;
+    a.max_depth = 3;
+    a.level_probs = {0.6, 0.35, 0.2};
+    CHECK(plan_depths({a}, 1, 1.0, 100, c)[0] == 1);  // so drafting goes on at one level
+    // 32 rounds later the slow one has left the window.
+    for (int i = 0; i < 32; ++i) c.observe_draft(1, 0.6);
+    CHECK(c.draft_ms(3) == doctest::Approx(one_pass ? 0.6 : 1.8));
+  }
+}
+
 TEST_CASE("budget: drafting deepens when acceptance is high, stops when it collapses, comes back by probes") {
   const CostModel cost = [] {
     CostModel c = linear_cost(10.0, 2.0);  // a row costs ~17 % of a step, a draft level ~4 %
