@@ -52,6 +52,32 @@ sm::LoadedModel tiny_target(const fs::path& dir) {
   return sm::load_model(*sc::freeze(a));
 }
 
+// A random drafter's spec: `layers` layers, a block of `block`, weights ~ N(0, scale²) from `seed`,
+// DSPARK heads of rank `rank` when it is above 0.
+sm::BlockDrafterSpec spec_of(std::int64_t layers, std::int64_t block, std::uint32_t seed, float scale,
+                             std::int64_t rank) {
+  sm::BlockDrafterSpec spec;
+  spec.layers = layers;
+  spec.block_size = block;
+  spec.seed = seed;
+  spec.scale = scale;
+  spec.markov_rank = rank;
+  return spec;
+}
+
+// The settings a drafter test runs a block drafter at (DSPARK when rank > 0): the tiny target, pages
+// of 4, 256 tokens of KV, a context of 128.
+sc::ServerArgs block_args(const sm::LoadedModel& t, const std::string& path, std::int64_t rank) {
+  sc::ServerArgs a;
+  a.model_path = t.info.path;
+  a.speculative_algorithm = rank > 0 ? sc::SpecAlgorithm::Dspark : sc::SpecAlgorithm::Dflash;
+  a.speculative_draft_model_path = path;
+  a.page_size = 4;
+  a.max_total_tokens = 256;
+  a.context_length = 128;
+  return a;
+}
+
 std::string drafter(const sm::LoadedModel& t, const fs::path& dir, const std::string& name, const std::string& patch,
                     std::int64_t layers = 1, std::int64_t block = 4) {
   sm::BlockDrafterSpec spec;
@@ -273,15 +299,9 @@ void check_against_reference(const std::string& python, const sm::LoadedModel& t
   const json ref = json::parse(std::ifstream(case_dir / "reference.json"));
 
   // Through the drafter: features handed over in two parts, a proposal after each.
-  sc::ServerArgs a;
-  a.model_path = t.info.path;
-  a.speculative_algorithm = dspark ? sc::SpecAlgorithm::Dspark : sc::SpecAlgorithm::Dflash;
-  a.speculative_draft_model_path = path;
+  sc::ServerArgs a = block_args(t, path, dspark ? 1 : 0);
   a.cpu_precision = sc::CpuPrecision::Exact;
   a.kv_cache_dtype = "float32";
-  a.page_size = 4;
-  a.max_total_tokens = 256;
-  a.context_length = 128;
   a.speculative_num_steps = c.block_size - 1;  // the whole block (resolution caps the steps at it)
   auto d = specactor::drafters::find_drafter(dspark ? "DSPARK" : "DFLASH")(sc::freeze(a),
                                                                            {t.info, t.tokenizer, t.weights, nullptr});
@@ -356,13 +376,8 @@ TEST_CASE(
       CAPTURE(vocab);
       CAPTURE(rank);
       CAPTURE(first_row);
-      sm::BlockDrafterSpec spec;
-      spec.layers = 2;
-      spec.block_size = 6;
-      spec.seed = 21;
-      spec.scale = 0.3f;
+      sm::BlockDrafterSpec spec = spec_of(2, 6, 21, 0.3f, rank);
       spec.draft_vocab = vocab;
-      spec.markov_rank = rank;
       spec.config_patch = R"({"dflash_config": {"output_multiplier": 0.7, "final_logit_softcapping": 9.0,
                             "input_embedding_scale": 1.5}})";
       if (!first_row)
@@ -393,13 +408,7 @@ TEST_CASE(
     const std::string path = (s.dir / ("branch" + std::to_string(rank))).string();
     sm::write_random_block_drafter(t.info, spec, path);
     const auto w = sm::BlockDraftWeights::load(path, t.config, 128, sc::LoadFormat::Auto);
-    sc::ServerArgs a;
-    a.model_path = t.info.path;
-    a.speculative_algorithm = rank > 0 ? sc::SpecAlgorithm::Dspark : sc::SpecAlgorithm::Dflash;
-    a.speculative_draft_model_path = path;
-    a.page_size = 4;
-    a.max_total_tokens = 256;
-    a.context_length = 128;
+    sc::ServerArgs a = block_args(t, path, rank);
     a.cpu_precision = sc::CpuPrecision::Exact;  // the runner's logits below are the drafter's, to the bit
     a.kv_cache_dtype = "float32";
     a.speculative_num_steps = 2;
@@ -483,12 +492,7 @@ TEST_CASE("DFLASH and DSPARK: context rows taken in with a block equal those tak
     for (const k::Precision precision : {k::Precision::Exact, k::Precision::Fast}) {
       CAPTURE(rank);
       CAPTURE(k::precision_name(precision));
-      sm::BlockDrafterSpec spec;
-      spec.layers = 2;
-      spec.block_size = 6;
-      spec.seed = 9;
-      spec.scale = 0.3f;
-      spec.markov_rank = rank;
+      const sm::BlockDrafterSpec spec = spec_of(2, 6, 9, 0.3f, rank);
       const std::string path = (s.dir / ("fresh" + std::to_string(rank))).string();
       sm::write_random_block_drafter(t.info, spec, path);
       const auto w =
@@ -534,13 +538,7 @@ TEST_CASE("DFLASH and DSPARK: context rows taken in with a block equal those tak
       CHECK(a1 == a2);
       // The drafter: 30 rows at once (a backlog past kMaxFresh, taken in before the block), or in
       // parts of 10 (each with its block): the same drafts and scores.
-      sc::ServerArgs a;
-      a.model_path = t.info.path;
-      a.speculative_algorithm = rank > 0 ? sc::SpecAlgorithm::Dspark : sc::SpecAlgorithm::Dflash;
-      a.speculative_draft_model_path = path;
-      a.page_size = 4;
-      a.max_total_tokens = 256;
-      a.context_length = 128;
+      sc::ServerArgs a = block_args(t, path, rank);
       a.cpu_precision = precision == k::Precision::Fast ? sc::CpuPrecision::Fast : sc::CpuPrecision::Exact;
       a.speculative_num_steps = 3;
       a.speculative_eagle_topk = 2;
